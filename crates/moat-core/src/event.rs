@@ -1,0 +1,105 @@
+//! Events: the record of every decision. Names follow the architecture deck.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+macro_rules! event_types {
+    ($($(#[$meta:meta])* $variant:ident => $text:literal),+ $(,)?) => {
+        /// Every event type Moat emits.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+        pub enum EventType {
+            $($(#[$meta])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl EventType {
+            pub const ALL: &'static [EventType] = &[$(EventType::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(EventType::$variant => $text),+ }
+            }
+        }
+    };
+}
+
+event_types! {
+    RunnerSelected => "runner.selected",
+    RunnerStarted => "runner.started",
+    RunnerPolicyLoaded => "runner.policy.loaded",
+    RunnerManifestLoaded => "runner.manifest.loaded",
+    RunnerManifestRefreshed => "runner.manifest.refreshed",
+    RunnerManifestRefreshFailed => "runner.manifest.refresh_failed",
+    RunnerRejected => "runner.rejected",
+    CapabilityRequested => "capability.requested",
+    CapabilityGranted => "capability.granted",
+    CapabilityDenied => "capability.denied",
+    /// The sandbox was set up and the program is about to start.
+    SandboxExecStarted => "sandbox.exec.started",
+    /// The sandbox refused to start: a protection could not be applied.
+    SandboxExecDenied => "sandbox.exec.denied",
+    /// The program ended; carries the full report.
+    SandboxExecFinished => "sandbox.exec.finished",
+    /// The seccomp layer refused a syscall (one event per syscall name, counted).
+    SandboxSyscallDenied => "sandbox.syscall.denied",
+    /// A run used `danger-full-access`. Emitted every time.
+    SandboxDangerFullAccess => "sandbox.danger_full_access",
+    ArtifactCreated => "artifact.created",
+    ProcessTimeout => "process.timeout",
+    NetworkDenied => "network.denied",
+    PathDenied => "path.denied",
+    RunCreated => "run.created",
+    RunStarted => "run.started",
+    RunFinished => "run.finished",
+    ApprovalRequested => "approval.requested",
+    ApprovalGranted => "approval.granted",
+    ApprovalDenied => "approval.denied",
+    ApprovalExpired => "approval.expired",
+}
+
+/// One event. `data` holds the type-specific payload: ids, hashes, decisions,
+/// denial reasons, enforcement reports — never secrets or large output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    /// RFC 3339 UTC timestamp.
+    pub at: String,
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    pub data: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_names_are_the_decks() {
+        let names: Vec<_> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+        for deck in [
+            "runner.manifest.refresh_failed",
+            "capability.denied",
+            "sandbox.exec.finished",
+            "process.timeout",
+            "path.denied",
+        ] {
+            assert!(names.contains(&deck), "{deck}");
+        }
+        let json = serde_json::to_string(&EventType::SandboxExecStarted).unwrap_or_default();
+        assert_eq!(json, "\"sandbox.exec.started\"");
+    }
+}
+
+/// Where a layer sends its events (a JSON-lines file, the ledger, a test vector).
+pub trait EventSink {
+    fn emit(&mut self, event: Event);
+}
+
+impl EventSink for Vec<Event> {
+    fn emit(&mut self, event: Event) {
+        self.push(event);
+    }
+}

@@ -1,0 +1,148 @@
+//! What a sandboxed run did, and what was really enforced while it did it.
+//!
+//! Modelled on the `landlock` crate's `RestrictionStatus`: every layer says
+//! whether it was fully enforced, degraded, or not enforced, and why.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::mode::{NetworkMode, RootView, SandboxMode};
+
+/// How a sandboxed program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum ExitStatus {
+    /// The program called `exit` (or returned from `main`).
+    Exited { code: i32 },
+    /// The program was killed by a signal.
+    Signaled { signal: i32 },
+    /// The sandbox could not be set up; the program never ran.
+    NotStarted,
+    /// The program could not be executed (not found, not executable).
+    ExecFailed { errno: i32 },
+}
+
+/// How far a protection layer was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerStatus {
+    /// Applied as requested.
+    Enforced,
+    /// Applied in part; `detail` says what is missing. Only with `allowDegraded`.
+    Degraded,
+    /// Not applied. Only with `allowDegraded`, or when the mode does not ask for it.
+    NotEnforced,
+}
+
+/// One layer of the sandbox and what happened to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerReport {
+    pub status: LayerStatus,
+    pub detail: String,
+}
+
+impl LayerReport {
+    pub fn enforced(detail: impl Into<String>) -> Self {
+        LayerReport {
+            status: LayerStatus::Enforced,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn degraded(detail: impl Into<String>) -> Self {
+        LayerReport {
+            status: LayerStatus::Degraded,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn not_enforced(detail: impl Into<String>) -> Self {
+        LayerReport {
+            status: LayerStatus::NotEnforced,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn is_enforced(&self) -> bool {
+        self.status == LayerStatus::Enforced
+    }
+}
+
+/// The enforcement actually applied, layer by layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Enforcement {
+    pub mode: SandboxMode,
+    pub network: NetworkMode,
+    pub root_view: RootView,
+    /// Host uid the sandboxed program runs as (never 0).
+    pub host_uid: u32,
+    /// Host gid the sandboxed program runs as.
+    pub host_gid: u32,
+    /// user, mount, pid, net, ipc, uts and cgroup namespaces.
+    pub namespaces: LayerReport,
+    /// tmpfs root, read-only system binds, declared roots, fresh /proc, minimal /dev.
+    pub filesystem: LayerReport,
+    /// Landlock filesystem rules and scoping.
+    pub landlock: LayerReport,
+    /// Landlock ABI the kernel offered (0 = none).
+    pub landlock_abi: u32,
+    /// seccomp-bpf deny list.
+    pub seccomp: LayerReport,
+    /// Capabilities dropped and `no_new_privs` set.
+    pub privileges: LayerReport,
+    /// Cgroup limits (memory, pids, CPU).
+    pub cgroup: LayerReport,
+    /// rlimits (NOFILE, FSIZE, CORE, CPU).
+    pub rlimits: LayerReport,
+}
+
+/// A syscall that the seccomp layer refused, and how often.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SyscallDenial {
+    pub syscall: String,
+    pub count: u64,
+}
+
+/// What one output stream produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputReport {
+    /// Bytes kept (at most the cap).
+    pub bytes: u64,
+    /// The program wrote more than the cap; the stream was closed.
+    pub truncated: bool,
+}
+
+/// The report of one sandboxed run. Written whether the program exits, is
+/// killed, times out, or the launcher is interrupted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxReport {
+    pub run_id: String,
+    pub exit: ExitStatus,
+    /// Exit status the `moat exec` command returns for this run.
+    pub exit_code: i32,
+    pub wall_ms: u64,
+    /// User + system CPU time of the whole tree.
+    pub cpu_ms: u64,
+    /// Peak memory of the whole tree (cgroup), or of the largest process when
+    /// cgroups were not available.
+    pub peak_memory_bytes: u64,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    /// The launcher was interrupted (SIGINT/SIGTERM/SIGHUP) and stopped the run.
+    pub interrupted: bool,
+    pub stdout: OutputReport,
+    pub stderr: OutputReport,
+    /// Syscalls the seccomp layer refused while the program ran.
+    pub denied_syscalls: Vec<SyscallDenial>,
+    /// Peak resident memory of the launcher itself, in KiB.
+    pub launcher_peak_rss_kib: u64,
+    /// Why the sandbox could not be set up, naming the layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_error: Option<String>,
+    pub enforcement: Enforcement,
+}

@@ -1,0 +1,22 @@
+//! JSON Schemas of the public types, as checked in under `docs/schema/`.
+
+use schemars::schema_for;
+
+/// `(file stem, pretty JSON schema)` for every public wire type.
+pub fn all() -> Vec<(&'static str, String)> {
+    let schemas = [
+        ("sandbox-report", schema_for!(crate::SandboxReport)),
+        ("event", schema_for!(crate::Event)),
+        ("limits", schema_for!(crate::Limits)),
+        ("sandbox-mode", schema_for!(crate::SandboxMode)),
+        ("network-mode", schema_for!(crate::NetworkMode)),
+    ];
+    schemas
+        .into_iter()
+        .map(|(name, schema)| {
+            let text = serde_json::to_string_pretty(&schema)
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+            (name, text + "\n")
+        })
+        .collect()
+}

@@ -1,0 +1,168 @@
+//! Cgroup limits for one run: v2 first, v1 as the fallback (hybrid hosts).
+//!
+//! Each run gets `<the launcher's own cgroup>/moat/<run id>`, created before the
+//! program starts and removed after it ends. Existing cgroups are only read.
+
+mod v1;
+mod v2;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use moat_core::Limits;
+
+/// What one run's cgroup measured.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CgroupStats {
+    pub(crate) cpu_ns: Option<u64>,
+    pub(crate) peak_memory_bytes: Option<u64>,
+    pub(crate) oom_kills: u64,
+}
+
+/// A created cgroup (v1: one directory per controller; v2: one directory).
+pub(crate) trait RunCgroup {
+    fn attach(&self, pid: libc::pid_t) -> io::Result<()>;
+    fn stats(&self) -> CgroupStats;
+    /// Removes the run's directories (and `moat` if it is left empty).
+    fn remove(&self) -> io::Result<()>;
+    /// Where it lives, for the report.
+    fn describe(&self) -> String;
+}
+
+/// Why no cgroup could be made.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct CgroupError(pub(crate) String);
+
+/// Creates the run's cgroup with `limits` applied.
+pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>, CgroupError> {
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| CgroupError(format!("reading /proc/self/cgroup: {e}")))?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| CgroupError(format!("reading /proc/self/mountinfo: {e}")))?;
+    let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits) {
+        Ok(cgroup) => return Ok(Box::new(cgroup)),
+        Err(e) => e.0,
+    };
+    match v1::Cgroup::create(&own, &mountinfo, run_id, limits) {
+        Ok(cgroup) => Ok(Box::new(cgroup)),
+        Err(e) => Err(CgroupError(format!("v2: {v2_reason}; v1: {}", e.0))),
+    }
+}
+
+/// Mount points of cgroup filesystems: `(fstype, super options, mount point)`.
+fn cgroup_mounts(mountinfo: &str) -> Vec<(&str, &str, &str)> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            let mut right = right.split(' ');
+            let fstype = right.next()?;
+            let options = right.nth(1)?;
+            fstype
+                .starts_with("cgroup")
+                .then_some((fstype, options, mount_point))
+        })
+        .collect()
+}
+
+/// The cgroup path of this process for a v1 controller, or for v2 (`""`).
+fn own_path<'a>(own: &'a str, controller: &str) -> Option<&'a str> {
+    own.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        let matches = if controller.is_empty() {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        matches.then_some(path)
+    })
+}
+
+fn join(base: &str, path: &str) -> PathBuf {
+    Path::new(base).join(path.trim_start_matches('/'))
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `key value` lines (memory.events, memory.oom_control, cpu.stat).
+fn read_keyed(path: &Path, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|line| {
+            let (k, v) = line.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
+}
+
+fn make_dir(path: &Path) -> io::Result<()> {
+    match std::fs::create_dir(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(io::Error::new(
+            e.kind(),
+            format!("creating {}: {e}", path.display()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `rmdir` with a short retry: a pids cgroup stays busy for a moment while
+/// exiting children drain.
+fn remove_dir(path: &Path) -> io::Result<()> {
+    let mut delay = Duration::from_micros(200);
+    for _ in 0..12 {
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(delay);
+                delay = delay.saturating_mul(2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    std::fs::remove_dir(path)
+}
+
+/// Removes the shared `moat` parent if no other run uses it.
+fn remove_parent_if_empty(run_dir: &Path) {
+    if let Some(parent) = run_dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_own_paths_per_controller() {
+        let own = "9:name=systemd:/\n4:memory:/process_api/abc\n2:cpu,cpuacct:/x\n0::/\n";
+        assert_eq!(own_path(own, "memory"), Some("/process_api/abc"));
+        assert_eq!(own_path(own, "cpuacct"), Some("/x"));
+        assert_eq!(own_path(own, ""), Some("/"));
+        assert_eq!(own_path(own, "pids"), None);
+    }
+
+    #[test]
+    fn lists_cgroup_mounts() {
+        let info = "35 24 0:30 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+                    30 24 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                    22 1 0:21 / /proc rw - proc proc rw\n";
+        let mounts = cgroup_mounts(info);
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0], ("cgroup", "rw,memory", "/sys/fs/cgroup/memory"));
+    }
+}

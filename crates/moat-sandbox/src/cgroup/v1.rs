@@ -1,0 +1,117 @@
+//! Cgroup v1: one directory per controller hierarchy.
+
+use std::path::{Path, PathBuf};
+
+use moat_core::Limits;
+
+use super::{CgroupError, CgroupStats, RunCgroup};
+
+pub(crate) struct Cgroup {
+    memory: PathBuf,
+    pids: PathBuf,
+    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+}
+
+impl Cgroup {
+    pub(crate) fn create(
+        own: &str,
+        mountinfo: &str,
+        run_id: &str,
+        limits: &Limits,
+    ) -> Result<Self, CgroupError> {
+        let mounts = super::cgroup_mounts(mountinfo);
+        let run_dir = |controller: &str| -> Option<PathBuf> {
+            let (_, _, mount_point) = mounts.iter().find(|(fstype, options, _)| {
+                *fstype == "cgroup" && options.split(',').any(|o| o == controller)
+            })?;
+            let own_path = super::own_path(own, controller)?;
+            Some(super::join(mount_point, own_path).join("moat").join(run_id))
+        };
+        let missing = |c: &str| CgroupError(format!("no v1 {c} controller mounted"));
+        let cgroup = Cgroup {
+            memory: run_dir("memory").ok_or_else(|| missing("memory"))?,
+            pids: run_dir("pids").ok_or_else(|| missing("pids"))?,
+            cpu: run_dir("cpu"),
+            cpuacct: run_dir("cpuacct"),
+        };
+        if limits.cpu_millis.is_some() && cgroup.cpu.is_none() {
+            return Err(missing("cpu"));
+        }
+        if let Err(e) = cgroup.make(limits) {
+            let _ = cgroup.remove();
+            return Err(CgroupError(e.to_string()));
+        }
+        Ok(cgroup)
+    }
+
+    fn dirs(&self) -> Vec<&Path> {
+        let mut dirs = vec![self.memory.as_path(), self.pids.as_path()];
+        for dir in [&self.cpu, &self.cpuacct].into_iter().flatten() {
+            if !dirs.contains(&dir.as_path()) {
+                dirs.push(dir);
+            }
+        }
+        dirs
+    }
+
+    fn make(&self, limits: &Limits) -> std::io::Result<()> {
+        for dir in self.dirs() {
+            if let Some(parent) = dir.parent() {
+                super::make_dir(parent)?;
+            }
+            super::make_dir(dir)?;
+        }
+        super::write(
+            &self.memory.join("memory.limit_in_bytes"),
+            &limits.memory_bytes.to_string(),
+        )?;
+        // Without this, swap would let the tree exceed its memory limit.
+        let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            super::write(&memsw, &limits.memory_bytes.to_string())?;
+        }
+        super::write(&self.pids.join("pids.max"), &limits.pids.to_string())?;
+        if let (Some(millis), Some(cpu)) = (limits.cpu_millis, &self.cpu) {
+            super::write(&cpu.join("cpu.cfs_period_us"), "100000")?;
+            super::write(&cpu.join("cpu.cfs_quota_us"), &(millis * 100).to_string())?;
+        }
+        Ok(())
+    }
+}
+
+impl RunCgroup for Cgroup {
+    fn attach(&self, pid: libc::pid_t) -> std::io::Result<()> {
+        for dir in self.dirs() {
+            super::write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> CgroupStats {
+        CgroupStats {
+            cpu_ns: self
+                .cpuacct
+                .as_ref()
+                .and_then(|d| super::read_u64(&d.join("cpuacct.usage"))),
+            peak_memory_bytes: super::read_u64(&self.memory.join("memory.max_usage_in_bytes")),
+            oom_kills: super::read_keyed(&self.memory.join("memory.oom_control"), "oom_kill")
+                .unwrap_or(0),
+        }
+    }
+
+    fn remove(&self) -> std::io::Result<()> {
+        let mut first_error = None;
+        for dir in self.dirs() {
+            if let Err(e) = super::remove_dir(dir) {
+                first_error.get_or_insert(e);
+            }
+            super::remove_parent_if_empty(dir);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn describe(&self) -> String {
+        format!("cgroup v1 at {}", self.memory.display())
+    }
+}

@@ -1,0 +1,114 @@
+//! Cgroup v2: one directory in the unified hierarchy.
+//!
+//! The launcher's own cgroup must already delegate `memory` and `pids` (and
+//! `cpu` when a CPU limit is asked for) to its children: Moat enables them on
+//! its own `moat` directory but never changes a cgroup it did not create.
+
+use std::path::PathBuf;
+
+use moat_core::Limits;
+
+use super::{CgroupError, CgroupStats, RunCgroup};
+
+pub(crate) struct Cgroup {
+    dir: PathBuf,
+}
+
+impl Cgroup {
+    pub(crate) fn create(
+        own: &str,
+        mountinfo: &str,
+        run_id: &str,
+        limits: &Limits,
+    ) -> Result<Self, CgroupError> {
+        let mounts = super::cgroup_mounts(mountinfo);
+        let (_, _, mount_point) = mounts
+            .iter()
+            .find(|(fstype, _, _)| *fstype == "cgroup2")
+            .ok_or_else(|| CgroupError("no cgroup2 hierarchy mounted".into()))?;
+        let own_path = super::own_path(own, "")
+            .ok_or_else(|| CgroupError("this process has no cgroup2 path".into()))?;
+        let base = super::join(mount_point, own_path);
+        let mut wanted = vec!["memory", "pids"];
+        if limits.cpu_millis.is_some() {
+            wanted.push("cpu");
+        }
+        let delegated =
+            std::fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|c| !delegated.split_whitespace().any(|d| d == **c))
+            .collect();
+        if !missing.is_empty() {
+            return Err(CgroupError(format!(
+                "{} does not delegate {:?} to its children (run moat in a cgroup with \
+                 those controllers enabled in cgroup.subtree_control, e.g. a systemd unit \
+                 with Delegate=yes)",
+                base.display(),
+                missing
+            )));
+        }
+        let moat = base.join("moat");
+        let cgroup = Cgroup {
+            dir: moat.join(run_id),
+        };
+        let made = (|| {
+            super::make_dir(&moat)?;
+            let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+            super::write(&moat.join("cgroup.subtree_control"), &enable.join(" "))?;
+            super::make_dir(&cgroup.dir)?;
+            super::write(
+                &cgroup.dir.join("memory.max"),
+                &limits.memory_bytes.to_string(),
+            )?;
+            super::write(&cgroup.dir.join("memory.swap.max"), "0").or_else(|e| {
+                // No swap controller (swap accounting off): there is no swap to limit.
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })?;
+            super::write(&cgroup.dir.join("pids.max"), &limits.pids.to_string())?;
+            if let Some(millis) = limits.cpu_millis {
+                super::write(
+                    &cgroup.dir.join("cpu.max"),
+                    &format!("{} 100000", millis * 100),
+                )?;
+            }
+            Ok::<(), std::io::Error>(())
+        })();
+        if let Err(e) = made {
+            let _ = cgroup.remove();
+            return Err(CgroupError(e.to_string()));
+        }
+        Ok(cgroup)
+    }
+}
+
+impl RunCgroup for Cgroup {
+    fn attach(&self, pid: libc::pid_t) -> std::io::Result<()> {
+        super::write(&self.dir.join("cgroup.procs"), &pid.to_string())
+    }
+
+    fn stats(&self) -> CgroupStats {
+        CgroupStats {
+            cpu_ns: super::read_keyed(&self.dir.join("cpu.stat"), "usage_usec").map(|us| us * 1000),
+            peak_memory_bytes: super::read_u64(&self.dir.join("memory.peak")),
+            oom_kills: super::read_keyed(&self.dir.join("memory.events"), "oom_kill").unwrap_or(0),
+        }
+    }
+
+    fn remove(&self) -> std::io::Result<()> {
+        // Anything still inside (there should be nothing: the pid namespace is
+        // gone) is killed first so the directory can go.
+        let _ = super::write(&self.dir.join("cgroup.kill"), "1");
+        let removed = super::remove_dir(&self.dir);
+        super::remove_parent_if_empty(&self.dir);
+        removed
+    }
+
+    fn describe(&self) -> String {
+        format!("cgroup v2 at {}", self.dir.display())
+    }
+}

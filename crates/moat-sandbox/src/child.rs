@@ -1,0 +1,405 @@
+//! The two processes inside the sandbox.
+//!
+//! *init* is the clone itself: pid 1 of the new pid namespace. It waits for
+//! the launcher to map its ids, builds the root, forks the program, then reaps
+//! zombies and forwards signals until the program exits — at which point it
+//! exits too, and the kernel kills whatever the program left behind.
+//!
+//! The *payload* is init's child: it confines itself (rlimits, capabilities,
+//! Landlock, seccomp) and `execve`s the program. Both report to the launcher
+//! over the status pipe in one-line messages (see [`Message`]).
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use crate::confine::{self, LandlockPlan, Rlimit};
+use crate::error::{Layer, SetupError};
+use crate::mounts::RootPlan;
+use crate::seccomp::{self, SeccompPrograms};
+use crate::sys;
+
+/// Descriptors the child uses; the launcher's ends are closed first thing.
+pub(crate) struct ChildFds {
+    pub(crate) sync_read: RawFd,
+    pub(crate) status_write: RawFd,
+    pub(crate) stdout_write: RawFd,
+    pub(crate) stderr_write: RawFd,
+    pub(crate) notify_send: RawFd,
+    pub(crate) launcher_ends: Vec<RawFd>,
+}
+
+/// What the payload needs to confine itself and exec.
+pub(crate) struct ExecPlan {
+    pub(crate) argv: Vec<CString>,
+    pub(crate) envp: Vec<CString>,
+    /// Paths to try in order (the program, or each `PATH` entry joined with it).
+    pub(crate) candidates: Vec<CString>,
+    pub(crate) cwd: CString,
+    pub(crate) rlimits: Vec<Rlimit>,
+    pub(crate) landlock: LandlockPlan,
+    pub(crate) seccomp: SeccompPrograms,
+    /// `RLIMIT_NPROC` applied when the run has no pids cgroup.
+    pub(crate) nproc_floor: u64,
+}
+
+pub(crate) struct ChildPlan {
+    pub(crate) fds: ChildFds,
+    pub(crate) root: RootPlan,
+    pub(crate) inside_uid: u32,
+    pub(crate) inside_gid: u32,
+    pub(crate) clear_groups: bool,
+    pub(crate) new_netns: bool,
+    pub(crate) exec: ExecPlan,
+}
+
+/// Lines on the status pipe, child → launcher.
+pub(crate) enum Message {
+    /// `E <layer>\t<message>`: setup failed; the program never ran.
+    Setup(SetupError),
+    /// `X <errno>`: `execve` failed.
+    Exec(i32),
+    /// `S e <code>` / `S s <signal>`: how the program ended.
+    Exited(i32),
+    Signaled(i32),
+    /// `L <1|0>\t<detail>`: Landlock result.
+    Landlock(bool, String),
+    /// `C <1|0>`: seccomp installed with (1) or without (0) user notification.
+    Seccomp(bool),
+}
+
+impl Message {
+    fn encode(&self) -> String {
+        let clean = |s: &str| s.replace(['\n', '\t'], " ");
+        match self {
+            Message::Setup(e) => format!("E {}\t{}\n", e.layer.as_str(), clean(&e.message)),
+            Message::Exec(errno) => format!("X {errno}\n"),
+            Message::Exited(code) => format!("S e {code}\n"),
+            Message::Signaled(signal) => format!("S s {signal}\n"),
+            Message::Landlock(full, detail) => {
+                format!("L {}\t{}\n", u8::from(*full), clean(detail))
+            }
+            Message::Seccomp(notify) => format!("C {}\n", u8::from(*notify)),
+        }
+    }
+
+    pub(crate) fn decode(line: &str) -> Option<Message> {
+        let (tag, rest) = line.split_once(' ')?;
+        Some(match tag {
+            "E" => {
+                let (layer, message) = rest.split_once('\t')?;
+                Message::Setup(SetupError::new(Layer::from_name(layer), message))
+            }
+            "X" => Message::Exec(rest.parse().ok()?),
+            "S" => match rest.split_once(' ')? {
+                ("e", code) => Message::Exited(code.parse().ok()?),
+                ("s", signal) => Message::Signaled(signal.parse().ok()?),
+                _ => return None,
+            },
+            "L" => {
+                let (full, detail) = rest.split_once('\t')?;
+                Message::Landlock(full == "1", detail.to_owned())
+            }
+            "C" => Message::Seccomp(rest == "1"),
+            _ => return None,
+        })
+    }
+}
+
+fn send(fd: RawFd, message: &Message) {
+    // Nothing useful can be done if the launcher is gone.
+    let _ = sys::write_all(fd, message.encode().as_bytes());
+}
+
+fn exit(code: i32) -> ! {
+    // SAFETY: _exit never returns and runs no destructors or atexit handlers,
+    // which belong to the launcher process we were copied from.
+    unsafe { libc::_exit(code) }
+}
+
+/// Entry point of the clone. Never returns.
+pub(crate) fn init_main(mut plan: ChildPlan) -> ! {
+    match init_setup(&mut plan) {
+        Ok(()) => init_run(plan),
+        Err(e) => {
+            send(plan.fds.status_write, &Message::Setup(e));
+            exit(125)
+        }
+    }
+}
+
+fn wait_token(fd: RawFd, expected: &[u8]) -> Result<u8, SetupError> {
+    let mut byte = [0u8; 1];
+    match sys::read(fd, &mut byte) {
+        Ok(1) if expected.contains(&byte[0]) => Ok(byte[0]),
+        Ok(1) => Err(SetupError::new(
+            Layer::Launcher,
+            "the launcher aborted the setup",
+        )),
+        Ok(_) => Err(SetupError::new(Layer::Launcher, "the launcher went away")),
+        Err(e) => Err(SetupError::io(
+            Layer::Launcher,
+            "waiting for the launcher",
+            e,
+        )),
+    }
+}
+
+fn init_setup(plan: &mut ChildPlan) -> Result<(), SetupError> {
+    for fd in &plan.fds.launcher_ends {
+        // SAFETY: these are our copies of the launcher's pipe ends; closing them
+        // only affects this process.
+        unsafe { libc::close(*fd) };
+    }
+    wait_token(plan.fds.sync_read, b"M")?;
+    become_sandbox_user(plan)?;
+    // After the id change (which resets it), so the sandbox dies with the launcher.
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+        return Err(SetupError::io(
+            Layer::Launcher,
+            "PR_SET_PDEATHSIG",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    plan.root.build()?;
+    // SAFETY: the name is a valid buffer of the given length.
+    if unsafe { libc::sethostname(c"moat".as_ptr(), 4) } != 0 {
+        return Err(SetupError::io(
+            Layer::Namespaces,
+            "sethostname",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if plan.new_netns {
+        loopback_up().map_err(|e| SetupError::io(Layer::Network, "bringing up lo", e))?;
+    }
+    // `C`: placed in the run's cgroup; `N`: no cgroup (degraded), so the pids
+    // limit falls back to RLIMIT_NPROC.
+    if wait_token(plan.fds.sync_read, b"CN")? == b'N' {
+        let nproc = plan.exec.nproc_floor;
+        plan.exec.rlimits.push(Rlimit {
+            resource: libc::RLIMIT_NPROC,
+            soft: nproc,
+            hard: nproc,
+        });
+    }
+    // Now that the launcher has placed us in the run's cgroup, make it our root.
+    // SAFETY: unshare with a flag constant only.
+    if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
+        return Err(SetupError::io(
+            Layer::Namespaces,
+            "cgroup namespace",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Switches to the sandbox's own uid/gid inside the user namespace, which the
+/// launcher mapped to an unprivileged host id. Capabilities within the new
+/// namespace survive the switch: they are dropped later, in the payload.
+fn become_sandbox_user(plan: &ChildPlan) -> Result<(), SetupError> {
+    let fail =
+        |what: &str| SetupError::io(Layer::UserMapping, what, std::io::Error::last_os_error());
+    let (uid, gid) = (plan.inside_uid, plan.inside_gid);
+    // SAFETY: plain id syscalls.
+    if unsafe { libc::setresgid(gid, gid, gid) } != 0 {
+        return Err(fail("setresgid"));
+    }
+    // SAFETY: an empty group list with a null pointer is valid.
+    if plan.clear_groups && unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+        return Err(fail("setgroups"));
+    }
+    // SAFETY: plain id syscall.
+    if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
+        return Err(fail("setresuid"));
+    }
+    Ok(())
+}
+
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain socket creation.
+    let sock =
+        sys::cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: ifreq is plain old data; zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: ifr is a valid ifreq naming "lo"; the ioctls read and write it.
+    let result = unsafe {
+        sys::cvt(libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut ifr)).and_then(|_| {
+            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            sys::cvt(libc::ioctl(sock, libc::SIOCSIFFLAGS, &ifr))
+        })
+    };
+    // SAFETY: sock is ours.
+    unsafe { libc::close(sock) };
+    result.map(|_| ())
+}
+
+static PAYLOAD_PID: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward_signal(signal: libc::c_int) {
+    let pid = PAYLOAD_PID.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, signal) };
+    }
+}
+
+const FORWARDED: &[libc::c_int] = &[
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+fn init_run(plan: ChildPlan) -> ! {
+    // SAFETY: the process is single-threaded (a clone of the single-threaded
+    // launcher), so fork has no lock or thread hazards.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        payload_main(&plan.exec, &plan.fds);
+    }
+    if pid < 0 {
+        let e = SetupError::io(Layer::Launcher, "fork", std::io::Error::last_os_error());
+        send(plan.fds.status_write, &Message::Setup(e));
+        exit(125);
+    }
+    PAYLOAD_PID.store(pid, Ordering::Relaxed);
+    for fd in [
+        plan.fds.stdout_write,
+        plan.fds.stderr_write,
+        plan.fds.notify_send,
+    ] {
+        // SAFETY: init's copies; the payload holds its own.
+        unsafe { libc::close(fd) };
+    }
+    // SAFETY: installing a plain, async-signal-safe handler and unblocking the
+    // signals the launcher blocked before the clone.
+    unsafe {
+        for signal in FORWARDED {
+            libc::signal(*signal, forward_signal as *const () as libc::sighandler_t);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid int to fill.
+        let reaped = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if reaped < 0 {
+            if sys::errno() == libc::EINTR {
+                continue;
+            }
+            exit(125);
+        }
+        if reaped != pid {
+            continue; // an orphan re-parented to us
+        }
+        if libc::WIFEXITED(status) {
+            let code = libc::WEXITSTATUS(status);
+            send(plan.fds.status_write, &Message::Exited(code));
+            exit(code);
+        }
+        if libc::WIFSIGNALED(status) {
+            let signal = libc::WTERMSIG(status);
+            send(plan.fds.status_write, &Message::Signaled(signal));
+            exit(128 + signal);
+        }
+    }
+}
+
+fn payload_main(exec: &ExecPlan, fds: &ChildFds) -> ! {
+    match confine_and_exec(exec, fds) {
+        Ok(errno) => {
+            send(fds.status_write, &Message::Exec(errno));
+            exit(if errno == libc::ENOENT { 127 } else { 126 })
+        }
+        Err(e) => {
+            send(fds.status_write, &Message::Setup(e));
+            exit(125)
+        }
+    }
+}
+
+/// Returns only if every candidate failed to exec, with the most telling errno.
+fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> {
+    let fail = |layer, what: &str| SetupError::io(layer, what, std::io::Error::last_os_error());
+    // SAFETY: setsid/dup2 on descriptors we own; resetting dispositions and the
+    // mask is what a fresh program expects (the launcher ignores SIGPIPE and
+    // blocks the forwarded signals).
+    unsafe {
+        if libc::setsid() < 0 {
+            return Err(fail(Layer::Launcher, "setsid"));
+        }
+        if libc::dup2(fds.stdout_write, 1) < 0 || libc::dup2(fds.stderr_write, 2) < 0 {
+            return Err(fail(Layer::Launcher, "dup2"));
+        }
+        for signal in 1..libc::SIGRTMAX() {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+    confine::apply_rlimits(&exec.rlimits)?;
+    confine::drop_privileges()?;
+    // SAFETY: cwd is NUL-terminated.
+    if unsafe { libc::chdir(exec.cwd.as_ptr()) } != 0 {
+        return Err(fail(
+            Layer::Filesystem,
+            &format!("chdir {}", exec.cwd.to_string_lossy()),
+        ));
+    }
+    let (full, detail) = confine::apply_landlock(&exec.landlock)?;
+    send(fds.status_write, &Message::Landlock(full, detail));
+    install_seccomp(exec, fds)?;
+    sys::cloexec_from(3).map_err(|e| SetupError::io(Layer::Launcher, "close_range", e))?;
+
+    let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = exec.envp.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let mut best = libc::ENOENT;
+    for candidate in &exec.candidates {
+        // SAFETY: argv and envp are null-terminated arrays of NUL-terminated
+        // strings that outlive the call.
+        unsafe { libc::execve(candidate.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        let errno = sys::errno();
+        if errno != libc::ENOENT && errno != libc::ENOTDIR {
+            best = errno;
+        }
+    }
+    Ok(best)
+}
+
+fn install_seccomp(exec: &ExecPlan, fds: &ChildFds) -> Result<(), SetupError> {
+    let notify = match seccomp::install(&exec.seccomp.notify, true) {
+        Ok(Some(listener)) => {
+            let sent = sys::send_fd(fds.notify_send, listener);
+            // SAFETY: the listener is ours; the launcher now holds its own copy.
+            unsafe { libc::close(listener) };
+            sent.map_err(|e| SetupError::io(Layer::Seccomp, "handing the listener over", e))?;
+            true
+        }
+        Ok(None) => false,
+        Err(_) => {
+            // No user notification here: enforce the same list with plain EPERM.
+            seccomp::install(&exec.seccomp.errno, false)
+                .map_err(|e| SetupError::io(Layer::Seccomp, "installing the filter", e))?;
+            false
+        }
+    };
+    // SAFETY: the launcher's copy of the socket end stays open; ours is done.
+    unsafe { libc::close(fds.notify_send) };
+    send(fds.status_write, &Message::Seccomp(notify));
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! The last steps before `execve`, taken by the sandboxed process on itself:
+//! rlimits, dropping every capability, `no_new_privs`, Landlock.
+
+use std::io;
+use std::path::PathBuf;
+
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, RestrictionStatus,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+
+use crate::error::{Layer, SetupError};
+
+/// One `setrlimit` to apply; the hard limit is never raised above the current one.
+#[derive(Clone, Copy)]
+pub(crate) struct Rlimit {
+    pub(crate) resource: libc::__rlimit_resource_t,
+    pub(crate) soft: u64,
+    pub(crate) hard: u64,
+}
+
+pub(crate) fn apply_rlimits(limits: &[Rlimit]) -> Result<(), SetupError> {
+    for limit in limits {
+        let mut current = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: current is a valid rlimit to fill.
+        crate::sys::cvt(unsafe { libc::getrlimit(limit.resource, &mut current) })
+            .map_err(|e| SetupError::io(Layer::Rlimits, "getrlimit", e))?;
+        let hard = limit.hard.min(current.rlim_max);
+        let wanted = libc::rlimit {
+            rlim_cur: limit.soft.min(hard),
+            rlim_max: hard,
+        };
+        // SAFETY: wanted is a valid rlimit.
+        crate::sys::cvt(unsafe { libc::setrlimit(limit.resource, &wanted) }).map_err(|e| {
+            SetupError::io(Layer::Rlimits, format!("setrlimit {}", limit.resource), e)
+        })?;
+    }
+    Ok(())
+}
+
+const SECURE_ALL_LOCKED: libc::c_ulong = 0xEF; // every SECBIT_* and its lock, but KEEP_CAPS itself
+const CAP_V3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Drops every capability for good: securebits locked so that even uid 0 inside
+/// the namespace regains nothing at `execve`, bounding and ambient sets
+/// emptied, all sets cleared, and `no_new_privs` set.
+pub(crate) fn drop_privileges() -> Result<(), SetupError> {
+    let fail = |what: &str| SetupError::io(Layer::Privileges, what, io::Error::last_os_error());
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECURE_ALL_LOCKED) } != 0 {
+        return Err(fail("locking securebits"));
+    }
+    for cap in 0..64 {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap) } != 0 {
+            if crate::sys::errno() == libc::EINVAL {
+                break; // past the last capability this kernel knows
+            }
+            return Err(fail("dropping the bounding set"));
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    if unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        return Err(fail("clearing ambient capabilities"));
+    }
+    let header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: header and data are the v3 layouts capset expects (two data words).
+    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } != 0 {
+        return Err(fail("clearing capabilities"));
+    }
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(fail("setting no_new_privs"));
+    }
+    Ok(())
+}
+
+/// The Landlock rules of one run, as paths inside the sandbox.
+pub(crate) struct LandlockPlan {
+    /// Trees where everything is allowed (writable roots, `/tmp`).
+    pub(crate) writable: Vec<PathBuf>,
+    /// `danger-full-access`: the whole root is writable.
+    pub(crate) everything_writable: bool,
+    pub(crate) allow_degraded: bool,
+}
+
+/// The ABI this code asks for: filesystem rights up to V5, scopes from V6.
+const FS_ABI: ABI = ABI::V5;
+
+/// Landlock ABI the running kernel offers (0 = none).
+pub(crate) fn kernel_abi() -> u32 {
+    // SAFETY: the version query takes a null attribute pointer and size 0.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    u32::try_from(abi).unwrap_or(0)
+}
+
+/// Restricts this process. Returns a one-line description of what holds.
+pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(bool, String), SetupError> {
+    let fail = |e: &dyn std::fmt::Display| SetupError::new(Layer::Landlock, e.to_string());
+    let level = if plan.allow_degraded {
+        CompatLevel::BestEffort
+    } else {
+        CompatLevel::HardRequirement
+    };
+    let read = AccessFs::from_read(FS_ABI);
+    let all = AccessFs::from_all(FS_ABI);
+    let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(level)
+        .handle_access(all)
+        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
+        .and_then(|r| r.create())
+        .map_err(|e| fail(&e))?;
+    let root_access = if plan.everything_writable { all } else { read };
+    let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> =
+        vec![(PathBuf::from("/"), root_access)];
+    rules.extend(plan.writable.iter().map(|p| (p.clone(), all)));
+    for dev in ["null", "zero", "full", "random", "urandom"] {
+        rules.push((PathBuf::from("/dev").join(dev), device));
+    }
+    for (path, access) in rules {
+        let fd = PathFd::new(&path).map_err(|e| fail(&e))?;
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| fail(&e))?;
+    }
+    let status: RestrictionStatus = ruleset.restrict_self().map_err(|e| fail(&e))?;
+    let fully = status.ruleset == RulesetStatus::FullyEnforced;
+    let what = match status.ruleset {
+        RulesetStatus::FullyEnforced => "fully enforced",
+        RulesetStatus::PartiallyEnforced => "partially enforced (kernel ABI too old)",
+        RulesetStatus::NotEnforced => "not enforced (Landlock unavailable)",
+    };
+    if !fully && !plan.allow_degraded {
+        return Err(SetupError::new(Layer::Landlock, what));
+    }
+    Ok((
+        fully,
+        format!(
+            "filesystem rules (ABI {}) and signal/abstract-socket scoping {what}",
+            FS_ABI as u32
+        ),
+    ))
+}

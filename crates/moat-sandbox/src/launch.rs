@@ -1,0 +1,843 @@
+//! The launcher: plans a run, clones the sandbox, finishes its setup from the
+//! outside (id maps, idmapped roots, cgroup), supervises it and writes the
+//! report. See DESIGN.md, "OS sandbox", for the sequence.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime};
+
+use moat_core::{
+    Enforcement, Event, EventSink, EventType, ExitStatus, LayerReport, NetworkMode, OutputReport,
+    SandboxMode, SandboxReport, SyscallDenial,
+};
+use serde_json::json;
+
+use crate::cgroup::{self, RunCgroup};
+use crate::child::{self, ChildFds, ChildPlan, ExecPlan, Message};
+use crate::confine::{self, LandlockPlan, Rlimit};
+use crate::error::{Layer, SetupError, SpecError};
+use crate::mounts::RootPlan;
+use crate::seccomp;
+use crate::spec::SandboxSpec;
+use crate::supervise::{self, OutputMode, Stream, Watched};
+use crate::sys::{self, Forked};
+
+/// `PATH` inside the sandbox.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub report: SandboxReport,
+    /// Captured output ([`OutputMode::Capture`] only), at most the cap.
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `spec` in a fresh sandbox and waits for it.
+///
+/// Returns `Err` only when the spec itself is wrong (nothing was started).
+/// Every other failure — a layer that cannot be applied, a program that
+/// cannot be executed — is reported in the outcome (exit code 125, 126, 127)
+/// and in the events. The caller must be single-threaded.
+pub fn run(
+    mut spec: SandboxSpec,
+    output: OutputMode,
+    sink: &mut dyn EventSink,
+) -> Result<RunOutcome, SpecError> {
+    spec.validate()?;
+    let started = Instant::now();
+    let mut events = Emitter {
+        sink,
+        run_id: spec.run_id.clone(),
+    };
+    events.emit(EventType::SandboxExecStarted, started_data(&spec));
+    if spec.mode == SandboxMode::DangerFullAccess {
+        events.emit(
+            EventType::SandboxDangerFullAccess,
+            json!({"mode": spec.mode, "warning": "the host root is writable from the sandbox"}),
+        );
+    }
+    let mut state = RunState::new(&spec);
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let result = launch(
+        &spec,
+        output,
+        &mut events,
+        &mut state,
+        &mut stdout,
+        &mut stderr,
+    );
+    let report = state.into_report(&spec, result, started);
+    if let Some(error) = &report.setup_error {
+        events.emit(EventType::SandboxExecDenied, json!({"reason": error}));
+    }
+    if report.timed_out {
+        events.emit(
+            EventType::ProcessTimeout,
+            json!({"timeoutMs": spec.limits.timeout_ms, "killed": "process tree"}),
+        );
+    }
+    events.emit(
+        EventType::SandboxExecFinished,
+        serde_json::to_value(&report).unwrap_or_default(),
+    );
+    Ok(RunOutcome {
+        report,
+        stdout,
+        stderr,
+    })
+}
+
+struct Emitter<'a> {
+    sink: &'a mut dyn EventSink,
+    run_id: String,
+}
+
+impl Emitter<'_> {
+    fn emit(&mut self, event_type: EventType, data: serde_json::Value) {
+        self.sink.emit(Event {
+            event_type,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            run_id: self.run_id.clone(),
+            op_id: None,
+            correlation_id: None,
+            data,
+        });
+    }
+}
+
+/// Arguments are not recorded: they may carry data the caller considers secret.
+fn started_data(spec: &SandboxSpec) -> serde_json::Value {
+    let roots: Vec<_> = spec
+        .mounts
+        .iter()
+        .map(|m| json!({"inside": m.inside, "writable": spec.is_writable(m)}))
+        .collect();
+    json!({
+        "program": spec.argv.first(),
+        "argc": spec.argv.len(),
+        "mode": spec.mode,
+        "network": spec.network,
+        "rootView": spec.root_view,
+        "roots": roots,
+        "limits": spec.limits,
+    })
+}
+
+/// What the run learned, layer by layer, as it went.
+struct RunState {
+    enforcement: Enforcement,
+    landlock_reached: bool,
+    exit: Option<ExitStatus>,
+    exec_errno: Option<i32>,
+    timed_out: bool,
+    interrupted: bool,
+    denied: Vec<SyscallDenial>,
+    stdout: OutputReport,
+    stderr: OutputReport,
+    cpu_ms: u64,
+    peak_memory_bytes: u64,
+    oom_killed: bool,
+}
+
+impl RunState {
+    fn new(spec: &SandboxSpec) -> Self {
+        let not_reached = || LayerReport::not_enforced("not reached");
+        RunState {
+            enforcement: Enforcement {
+                mode: spec.mode,
+                network: spec.network,
+                root_view: spec.root_view,
+                host_uid: 0,
+                host_gid: 0,
+                namespaces: not_reached(),
+                filesystem: not_reached(),
+                landlock: not_reached(),
+                landlock_abi: confine::kernel_abi(),
+                seccomp: not_reached(),
+                privileges: not_reached(),
+                cgroup: not_reached(),
+                rlimits: not_reached(),
+            },
+            landlock_reached: false,
+            exit: None,
+            exec_errno: None,
+            timed_out: false,
+            interrupted: false,
+            denied: Vec::new(),
+            stdout: OutputReport::default(),
+            stderr: OutputReport::default(),
+            cpu_ms: 0,
+            peak_memory_bytes: 0,
+            oom_killed: false,
+        }
+    }
+
+    fn into_report(
+        mut self,
+        spec: &SandboxSpec,
+        result: Result<(), SetupError>,
+        started: Instant,
+    ) -> SandboxReport {
+        let setup_error = result.err();
+        if !self.landlock_reached {
+            for layer in [
+                &mut self.enforcement.rlimits,
+                &mut self.enforcement.privileges,
+            ] {
+                *layer = LayerReport::not_enforced("not reached");
+            }
+        }
+        let exit = match (&setup_error, self.exec_errno, self.exit) {
+            (Some(_), _, _) => ExitStatus::NotStarted,
+            (None, Some(errno), _) => ExitStatus::ExecFailed { errno },
+            (None, None, Some(exit)) => exit,
+            (None, None, None) => ExitStatus::NotStarted,
+        };
+        let exit_code = match exit {
+            _ if setup_error.is_some() => 125,
+            _ if self.timed_out => 124,
+            ExitStatus::Exited { code } => code,
+            ExitStatus::Signaled { signal } => 128 + signal,
+            ExitStatus::ExecFailed { errno } if errno == libc::ENOENT => 127,
+            ExitStatus::ExecFailed { .. } => 126,
+            ExitStatus::NotStarted => 125,
+        };
+        SandboxReport {
+            run_id: spec.run_id.clone(),
+            exit,
+            exit_code,
+            wall_ms: started.elapsed().as_millis() as u64,
+            cpu_ms: self.cpu_ms,
+            peak_memory_bytes: self.peak_memory_bytes,
+            timed_out: self.timed_out,
+            oom_killed: self.oom_killed,
+            interrupted: self.interrupted,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            denied_syscalls: self.denied,
+            launcher_peak_rss_kib: launcher_peak_rss_kib(),
+            setup_error: setup_error.map(|e| e.to_string()),
+            enforcement: self.enforcement,
+        }
+    }
+}
+
+fn launcher_peak_rss_kib() -> u64 {
+    // SAFETY: rusage is plain old data for getrusage to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: usage is a valid rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    usage.ru_maxrss.max(0) as u64
+}
+
+/// Which ids the program has inside and on the host.
+struct Identity {
+    inside: (u32, u32),
+    host: (u32, u32),
+    launched_by_root: bool,
+}
+
+/// Launched by root, the program runs as an unprivileged host id and acts,
+/// inside, as the owner of its first declared root (writable first), whose
+/// files the idmapped mounts show as its own. Launched by anyone else, it keeps
+/// that user's id.
+fn identity(spec: &SandboxSpec) -> Result<Identity, SetupError> {
+    // SAFETY: plain id queries.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if euid != 0 {
+        return Ok(Identity {
+            inside: (euid, egid),
+            host: (euid, egid),
+            launched_by_root: false,
+        });
+    }
+    if spec.unprivileged_id.0 == 0 || spec.unprivileged_id.1 == 0 {
+        return Err(SetupError::new(
+            Layer::UserMapping,
+            "the sandbox must not run as host uid or gid 0",
+        ));
+    }
+    let owner = spec
+        .mounts
+        .iter()
+        .filter(|m| spec.is_writable(m))
+        .chain(spec.mounts.iter())
+        .find_map(|m| std::fs::metadata(&m.host).ok())
+        .map_or((0, 0), |meta| (meta.uid(), meta.gid()));
+    Ok(Identity {
+        inside: owner,
+        host: spec.unprivileged_id,
+        launched_by_root: true,
+    })
+}
+
+fn exec_plan(spec: &SandboxSpec) -> Result<ExecPlan, SetupError> {
+    let bad = |what: &str| SetupError::new(Layer::Exec, format!("{what} contains a NUL byte"));
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), SANDBOX_PATH.into()),
+        ("HOME".into(), "/tmp".into()),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    for (name, value) in &spec.env {
+        match env.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = value.clone(),
+            None => env.push((name.clone(), value.clone())),
+        }
+    }
+    env.retain(|(name, _)| name != "RUN_ID");
+    env.push(("RUN_ID".into(), spec.run_id.clone()));
+    let path = env
+        .iter()
+        .find(|(n, _)| n == "PATH")
+        .map_or(SANDBOX_PATH.to_owned(), |(_, v)| v.clone());
+    let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+    let candidates: Vec<PathBuf> = if program.contains('/') {
+        vec![PathBuf::from(program)]
+    } else {
+        path.split(':')
+            .filter(|dir| dir.starts_with('/'))
+            .map(|dir| Path::new(dir).join(program))
+            .collect()
+    };
+    let mut writable: Vec<PathBuf> = spec
+        .mounts
+        .iter()
+        .filter(|m| spec.is_writable(m))
+        .map(|m| m.inside.clone())
+        .collect();
+    writable.push(PathBuf::from("/tmp"));
+    let limits = &spec.limits;
+    let cpu = limits.cpu_seconds_floor();
+    Ok(ExecPlan {
+        argv: spec
+            .argv
+            .iter()
+            .map(|a| CString::new(a.as_str()).map_err(|_| bad("an argument")))
+            .collect::<Result<_, _>>()?,
+        envp: env
+            .iter()
+            .map(|(n, v)| CString::new(format!("{n}={v}")).map_err(|_| bad("the environment")))
+            .collect::<Result<_, _>>()?,
+        candidates: candidates
+            .iter()
+            .map(|c| sys::cstring(c).map_err(|_| bad("the program path")))
+            .collect::<Result<_, _>>()?,
+        cwd: sys::cstring(&spec.effective_cwd()).map_err(|_| bad("the cwd"))?,
+        rlimits: vec![
+            rlimit(libc::RLIMIT_NOFILE, limits.open_files, limits.open_files),
+            rlimit(
+                libc::RLIMIT_FSIZE,
+                limits.file_size_bytes,
+                limits.file_size_bytes,
+            ),
+            rlimit(libc::RLIMIT_CORE, 0, 0),
+            rlimit(libc::RLIMIT_CPU, cpu, cpu + 1),
+        ],
+        landlock: LandlockPlan {
+            writable,
+            everything_writable: spec.mode == SandboxMode::DangerFullAccess,
+            allow_degraded: spec.allow_degraded,
+        },
+        seccomp: seccomp::compile()?,
+        nproc_floor: limits.pids,
+    })
+}
+
+fn rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Rlimit {
+    Rlimit {
+        resource,
+        soft,
+        hard,
+    }
+}
+
+/// Kills and reaps the clone unless the run reached its normal end.
+struct ChildGuard {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    reaped: bool,
+}
+
+impl ChildGuard {
+    /// Reaps the clone (init); returns its wait status and resource usage.
+    fn reap(&mut self) -> (i32, libc::rusage) {
+        let mut status = 0;
+        // SAFETY: rusage is plain old data for wait4 to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: status and usage are valid; pid is our own child.
+            let r = unsafe { libc::wait4(self.pid, &mut status, libc::__WALL, &mut usage) };
+            if r >= 0 || sys::errno() != libc::EINTR {
+                break;
+            }
+        }
+        self.reaped = true;
+        (status, usage)
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = sys::pidfd_send_signal(&self.pidfd, libc::SIGKILL);
+            self.reap();
+        }
+    }
+}
+
+/// Removes the run's cgroup whatever happens.
+struct CgroupGuard(Box<dyn RunCgroup>);
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        let _ = self.0.remove();
+    }
+}
+
+/// Blocks the interrupting signals (so they reach our signalfd) and restores
+/// the previous mask afterwards.
+struct SignalGuard {
+    previous: libc::sigset_t,
+    fd: Option<OwnedFd>,
+}
+
+const INTERRUPTS: &[libc::c_int] = &[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+impl SignalGuard {
+    fn new() -> Self {
+        // SAFETY: sigset_t values are plain old data manipulated only through
+        // the libc helpers; signalfd returns a new descriptor or -1.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in INTERRUPTS {
+                libc::sigaddset(&mut set, *signal);
+            }
+            libc::sigprocmask(libc::SIG_BLOCK, &set, &mut previous);
+            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
+            SignalGuard {
+                previous,
+                fd: (fd >= 0).then(|| OwnedFd::from_raw_fd(fd)),
+            }
+        }
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in new().
+        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut()) };
+    }
+}
+
+fn io_err(layer: Layer, what: &str) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
+    move |e| SetupError::io(layer, what, e)
+}
+
+fn launch(
+    spec: &SandboxSpec,
+    output: OutputMode,
+    events: &mut Emitter<'_>,
+    state: &mut RunState,
+    stdout_buf: &mut Vec<u8>,
+    stderr_buf: &mut Vec<u8>,
+) -> Result<(), SetupError> {
+    let threads = sys::thread_count().map_err(io_err(Layer::Launcher, "counting threads"))?;
+    if threads > 1 {
+        return Err(SetupError::new(
+            Layer::Launcher,
+            "the launcher must be single-threaded when it clones the sandbox",
+        ));
+    }
+    let id = identity(spec)?;
+    state.enforcement.host_uid = id.host.0;
+    state.enforcement.host_gid = id.host.1;
+    let idmap = id.launched_by_root && !spec.mounts.is_empty();
+    let mut root = RootPlan::new(spec, id.inside, idmap);
+    let mut fs_notes = Vec::new();
+    if idmap {
+        if let Err(e) = root.prepare_idmapped() {
+            if !spec.allow_degraded {
+                return Err(e);
+            }
+            fs_notes.push(format!("idmapped roots unavailable ({e}): plain binds"));
+            root = RootPlan::new(spec, id.inside, false);
+        }
+    }
+    let exec = exec_plan(spec)?;
+    let new_netns = spec.network != NetworkMode::Full;
+
+    let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));
+    let (sync_read, sync_write) = pipe("sync pipe")?;
+    let (status_read, status_write) = pipe("status pipe")?;
+    let (stdout_read, stdout_write) = pipe("stdout pipe")?;
+    let (stderr_read, stderr_write) = pipe("stderr pipe")?;
+    let (notify_receive, notify_send) =
+        sys::socketpair().map_err(io_err(Layer::Launcher, "notify socket"))?;
+    let mut signals = SignalGuard::new();
+
+    let mut flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS;
+    if new_netns {
+        flags |= libc::CLONE_NEWNET;
+    }
+    let forked = sys::clone3(flags as u64).map_err(io_err(Layer::Namespaces, "clone3"))?;
+    let (pid, pidfd) = match forked {
+        Forked::Child => child::init_main(ChildPlan {
+            fds: ChildFds {
+                sync_read: sync_read.as_raw_fd(),
+                status_write: status_write.as_raw_fd(),
+                stdout_write: stdout_write.as_raw_fd(),
+                stderr_write: stderr_write.as_raw_fd(),
+                notify_send: notify_send.as_raw_fd(),
+                launcher_ends: [
+                    &sync_write,
+                    &status_read,
+                    &stdout_read,
+                    &stderr_read,
+                    &notify_receive,
+                ]
+                .iter()
+                .map(|fd| fd.as_raw_fd())
+                .chain(signals.fd.as_ref().map(|fd| fd.as_raw_fd()))
+                .collect(),
+            },
+            root,
+            inside_uid: id.inside.0,
+            inside_gid: id.inside.1,
+            clear_groups: id.launched_by_root,
+            new_netns,
+            exec,
+        }),
+        Forked::Parent { pid, pidfd } => (pid, pidfd),
+    };
+    drop((
+        sync_read,
+        status_write,
+        stdout_write,
+        stderr_write,
+        notify_send,
+    ));
+    let mut guard = ChildGuard {
+        pid,
+        pidfd,
+        reaped: false,
+    };
+    let mut status_lines = String::new();
+    let result = setup_and_supervise(
+        spec,
+        output,
+        events,
+        state,
+        SetupParts {
+            id: &id,
+            root: &root,
+            guard: &mut guard,
+            sync_write,
+            status_read: &status_read,
+            stdout_read,
+            stderr_read,
+            notify_receive,
+            signals: signals.fd.take(),
+            status_lines: &mut status_lines,
+            stdout_buf,
+            stderr_buf,
+        },
+    );
+    let mut ns = vec!["user", "mount", "pid", "ipc", "uts", "cgroup"];
+    if new_netns {
+        ns.push("net (loopback only)");
+    }
+    let mut ns_detail = format!("new {} namespaces", ns.join(", "));
+    if !new_netns {
+        ns_detail.push_str("; the host network namespace is shared (--network full)");
+    }
+    state.enforcement.namespaces = LayerReport::enforced(ns_detail);
+    let mut fs = format!(
+        "{} root on a read-only tmpfs, pivot_root, old root detached; fresh /proc; /dev with \
+         null zero full random urandom; /tmp tmpfs {}",
+        spec.root_view,
+        moat_core::size::format_size(spec.limits.tmp_size_bytes)
+    );
+    for m in &spec.mounts {
+        let how = if spec.is_writable(m) { "rw" } else { "ro" };
+        let mapped = if idmap && fs_notes.is_empty() {
+            ", idmapped"
+        } else {
+            ""
+        };
+        fs.push_str(&format!("; {} ({how}{mapped})", m.inside.display()));
+    }
+    for note in &fs_notes {
+        fs.push_str("; ");
+        fs.push_str(note);
+    }
+    state.enforcement.filesystem = if fs_notes.is_empty() {
+        LayerReport::enforced(fs)
+    } else {
+        LayerReport::degraded(fs)
+    };
+    apply_messages(&status_lines, state, spec)?;
+    result
+}
+
+struct SetupParts<'a> {
+    id: &'a Identity,
+    root: &'a RootPlan,
+    guard: &'a mut ChildGuard,
+    sync_write: OwnedFd,
+    status_read: &'a OwnedFd,
+    stdout_read: OwnedFd,
+    stderr_read: OwnedFd,
+    notify_receive: OwnedFd,
+    signals: Option<OwnedFd>,
+    status_lines: &'a mut String,
+    stdout_buf: &'a mut Vec<u8>,
+    stderr_buf: &'a mut Vec<u8>,
+}
+
+fn setup_and_supervise(
+    spec: &SandboxSpec,
+    output: OutputMode,
+    events: &mut Emitter<'_>,
+    state: &mut RunState,
+    parts: SetupParts<'_>,
+) -> Result<(), SetupError> {
+    let SetupParts {
+        id,
+        root,
+        guard,
+        sync_write,
+        status_read,
+        stdout_read,
+        stderr_read,
+        notify_receive,
+        signals,
+        status_lines,
+        stdout_buf,
+        stderr_buf,
+    } = parts;
+    let deadline = Instant::now() + std::time::Duration::from_millis(spec.limits.timeout_ms);
+    // Failures of the child before it reports are read from the status pipe
+    // even when the launcher's own step fails afterwards.
+    let outside = (|| {
+        write_id_maps(guard.pid, id)?;
+        if id.launched_by_root && root.sources.iter().any(|s| s.idmap) {
+            let userns = std::fs::File::open(format!("/proc/{}/ns/user", guard.pid))
+                .map_err(io_err(Layer::UserMapping, "opening the user namespace"))?;
+            let failed = root.apply_idmap(&OwnedFd::from(userns));
+            if let Some((path, e)) = failed.first() {
+                return Err(SetupError::new(
+                    Layer::Filesystem,
+                    format!(
+                        "cannot idmap {path}: {e} (this filesystem does not support idmapped mounts)"
+                    ),
+                ));
+            }
+        }
+        sys::write_all(sync_write.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
+        let cgroup = place_in_cgroup(spec, guard.pid, state)?;
+        let token = if cgroup.is_some() { b"C" } else { b"N" };
+        sys::write_all(sync_write.as_raw_fd(), token).map_err(io_err(Layer::Launcher, "sync"))?;
+        Ok(cgroup)
+    })();
+    let cgroup = match outside {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            drop(sync_write);
+            let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
+            guard.reap();
+            read_status(status_read, status_lines);
+            return Err(e);
+        }
+    };
+    let cap = spec.limits.max_output_bytes;
+    let mut stdout = Stream::new(stdout_read, output, 1, cap);
+    let mut stderr = Stream::new(stderr_read, output, 2, cap);
+    let supervision = supervise::supervise(
+        Watched {
+            pidfd: &guard.pidfd,
+            stdout: &mut stdout,
+            stderr: &mut stderr,
+            notify_receive: Some(notify_receive),
+            signals,
+            deadline,
+        },
+        &mut |syscall| {
+            events.emit(
+                EventType::SandboxSyscallDenied,
+                json!({"syscall": syscall, "layer": "seccomp", "errno": "EPERM"}),
+            )
+        },
+    );
+    drop(sync_write);
+    let (status, usage) = guard.reap();
+    read_status(status_read, status_lines);
+
+    state.timed_out = supervision.timed_out;
+    state.interrupted = supervision.interrupted;
+    state.denied = supervision
+        .denied
+        .into_iter()
+        .map(|(syscall, count)| SyscallDenial { syscall, count })
+        .collect();
+    for (report, stream, buf) in [
+        (&mut state.stdout, &mut stdout, stdout_buf),
+        (&mut state.stderr, &mut stderr, stderr_buf),
+    ] {
+        report.bytes = stream.kept;
+        report.truncated = stream.truncated;
+        *buf = std::mem::take(&mut stream.captured);
+    }
+    state.exit = Some(if libc::WIFEXITED(status) {
+        ExitStatus::Exited {
+            code: libc::WEXITSTATUS(status),
+        }
+    } else {
+        ExitStatus::Signaled {
+            signal: libc::WTERMSIG(status),
+        }
+    });
+    let rusage_cpu_ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+    state.cpu_ms = rusage_cpu_ms(usage.ru_utime) + rusage_cpu_ms(usage.ru_stime);
+    state.peak_memory_bytes = usage.ru_maxrss.max(0) as u64 * 1024;
+    if let Some(cgroup) = &cgroup {
+        let stats = cgroup.0.stats();
+        if let Some(ns) = stats.cpu_ns {
+            state.cpu_ms = ns / 1_000_000;
+        }
+        if let Some(peak) = stats.peak_memory_bytes {
+            state.peak_memory_bytes = peak;
+        }
+        state.oom_killed = stats.oom_kills > 0;
+    }
+    Ok(())
+}
+
+fn write_id_maps(pid: libc::pid_t, id: &Identity) -> Result<(), SetupError> {
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let write = |file: &str, text: String| {
+        std::fs::write(proc.join(file), text)
+            .map_err(|e| SetupError::io(Layer::UserMapping, format!("writing {file}"), e))
+    };
+    if !id.launched_by_root {
+        write("setgroups", "deny".into())?;
+    }
+    write("uid_map", format!("{} {} 1\n", id.inside.0, id.host.0))?;
+    write("gid_map", format!("{} {} 1\n", id.inside.1, id.host.1))
+}
+
+fn place_in_cgroup(
+    spec: &SandboxSpec,
+    pid: libc::pid_t,
+    state: &mut RunState,
+) -> Result<Option<CgroupGuard>, SetupError> {
+    let limits = &spec.limits;
+    let created = cgroup::create(&spec.run_id, limits).and_then(|cg| {
+        let guard = CgroupGuard(cg);
+        guard
+            .0
+            .attach(pid)
+            .map_err(|e| cgroup::CgroupError(format!("attaching the sandbox: {e}")))?;
+        Ok(guard)
+    });
+    match created {
+        Ok(guard) => {
+            let cpu = limits.cpu_millis.map_or("unlimited".to_owned(), |m| {
+                format!("{}.{:03} CPUs", m / 1000, m % 1000)
+            });
+            state.enforcement.cgroup = LayerReport::enforced(format!(
+                "{}: memory {}, pids {}, cpu {cpu}; removed after the run",
+                guard.0.describe(),
+                moat_core::size::format_size(limits.memory_bytes),
+                limits.pids,
+            ));
+            Ok(Some(guard))
+        }
+        Err(e) if spec.allow_degraded => {
+            state.enforcement.cgroup = LayerReport::not_enforced(format!(
+                "{e}; no memory or CPU limit, pids bounded by RLIMIT_NPROC {} only",
+                limits.pids
+            ));
+            Ok(None)
+        }
+        Err(e) => Err(SetupError::new(
+            Layer::Cgroup,
+            format!("{e} (pass --allow-degraded to run without cgroup limits)"),
+        )),
+    }
+}
+
+/// Reads the status pipe to its end (every writer is gone once init is reaped).
+fn read_status(fd: &OwnedFd, into: &mut String) {
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: pfd is one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 1000) } <= 0 {
+            return;
+        }
+        match sys::read(fd.as_raw_fd(), &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => into.push_str(&String::from_utf8_lossy(buf.get(..n).unwrap_or_default())),
+        }
+    }
+}
+
+fn apply_messages(lines: &str, state: &mut RunState, spec: &SandboxSpec) -> Result<(), SetupError> {
+    let mut setup_error = None;
+    for message in lines.lines().filter_map(Message::decode) {
+        match message {
+            Message::Setup(e) => {
+                setup_error.get_or_insert(e);
+            }
+            Message::Exec(errno) => state.exec_errno = Some(errno),
+            Message::Exited(code) => state.exit = Some(ExitStatus::Exited { code }),
+            Message::Signaled(signal) => state.exit = Some(ExitStatus::Signaled { signal }),
+            Message::Landlock(full, detail) => {
+                state.landlock_reached = true;
+                state.enforcement.landlock = if full {
+                    LayerReport::enforced(detail)
+                } else {
+                    LayerReport::degraded(detail)
+                };
+                let limits = &spec.limits;
+                state.enforcement.rlimits = LayerReport::enforced(format!(
+                    "NOFILE {}, FSIZE {}, CORE 0, CPU {}s",
+                    limits.open_files,
+                    moat_core::size::format_size(limits.file_size_bytes),
+                    limits.cpu_seconds_floor()
+                ));
+                state.enforcement.privileges = LayerReport::enforced(
+                    "all capabilities dropped (bounding, ambient, effective, permitted, \
+                     inheritable), securebits locked, no_new_privs",
+                );
+            }
+            Message::Seccomp(notify) => {
+                state.enforcement.seccomp = LayerReport::enforced(if notify {
+                    "deny list with architecture check; denials reported to the launcher"
+                } else {
+                    "deny list with architecture check (EPERM; denials not observable here)"
+                });
+            }
+        }
+    }
+    match setup_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

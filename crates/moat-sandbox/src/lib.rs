@@ -1,0 +1,24 @@
+//! Moat's Linux launcher: a [`SandboxSpec`] in, a supervised, confined child
+//! out, and a [`moat_core::SandboxReport`] saying what was really enforced.
+//!
+//! Layers, in the order they are applied: user, mount, pid, net, ipc, uts and
+//! cgroup namespaces; a tmpfs root with read-only system binds, declared roots
+//! and `pivot_root`; an unprivileged host id; cgroup limits; rlimits; every
+//! capability dropped and `no_new_privs`; Landlock; seccomp. Each step fails
+//! closed unless the spec allows degrading, and the report says which held.
+
+mod cgroup;
+mod child;
+mod confine;
+pub mod error;
+mod launch;
+mod mounts;
+mod seccomp;
+pub mod spec;
+mod supervise;
+mod sys;
+
+pub use error::{Layer, SetupError, SpecError};
+pub use launch::{RunOutcome, SANDBOX_PATH, run};
+pub use spec::{BindMount, SandboxSpec};
+pub use supervise::OutputMode;

@@ -1,0 +1,455 @@
+//! The sandbox's root filesystem: planned by the launcher before the clone,
+//! built by the sandbox's init inside its own mount namespace.
+//!
+//! Every host path is cloned as a detached mount (`open_tree`) before anything
+//! is mounted, then attached under a fresh tmpfs that becomes `/` through
+//! `pivot_root`; the old root is detached. Nothing of the host is reachable
+//! but what the plan names.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use moat_core::{NetworkMode, RootView, SandboxMode};
+
+use crate::error::{Layer, SetupError};
+use crate::spec::SandboxSpec;
+use crate::sys;
+
+/// Where the new root is assembled before `pivot_root` (a private tmpfs
+/// mounted over the mount namespace's own copy of `/tmp`).
+const STAGE: &str = "/tmp";
+
+const ATTR_RO: u64 = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+const ATTR_RW: u64 = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+
+/// A host tree to be attached somewhere in the new root.
+pub(crate) struct Source {
+    host: CString,
+    /// Include the mounts below `host` (system dirs); declared roots that are
+    /// idmapped take only their own mount.
+    recursive: bool,
+    attrs: u64,
+    /// Whether the launcher (root) idmaps this tree to the sandbox user.
+    pub(crate) idmap: bool,
+    /// The detached tree, cloned by the launcher before the clone when idmapped.
+    pub(crate) prepared: Option<OwnedFd>,
+}
+
+enum Op {
+    Dir(PathBuf),
+    File(PathBuf, Vec<u8>),
+    Symlink(PathBuf, PathBuf),
+    Attach(PathBuf, usize),
+    Tmpfs(PathBuf, String, bool),
+    Proc(PathBuf),
+}
+
+/// The whole root filesystem of one run.
+pub(crate) struct RootPlan {
+    pub(crate) sources: Vec<Source>,
+    ops: Vec<Op>,
+    root_size: String,
+}
+
+/// How `moat exec --root host-ro` hides credentials and sockets.
+const MASKED_HOST_PATHS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+];
+const MASKED_HOME_ENTRIES: &[&str] = &[
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".kube",
+    ".docker",
+    ".config/gcloud",
+    ".azure",
+    ".netrc",
+    ".git-credentials",
+    ".pgpass",
+];
+/// Top-level host entries never shown in `host-ro`: credentials, live sockets,
+/// kernel interfaces, and what the sandbox builds itself.
+const HOST_SKIPPED: &[&str] = &["proc", "dev", "tmp", "sys", "run", "root", "lost+found"];
+
+const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+const ETC_ENTRIES: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "os-release",
+    "debian_version",
+    "services",
+    "protocols",
+    "mime.types",
+];
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+impl RootPlan {
+    /// Plans the root for `spec`, running as `inside` uid/gid. Reads host
+    /// metadata only; mounts nothing.
+    pub(crate) fn new(spec: &SandboxSpec, inside: (u32, u32), idmap: bool) -> Self {
+        let mut plan = RootPlan {
+            sources: Vec::new(),
+            ops: Vec::new(),
+            root_size: "size=2m,nr_inodes=4096,mode=0755".to_owned(),
+        };
+        match (spec.mode, spec.root_view) {
+            (SandboxMode::DangerFullAccess, _) => plan.host_view(false),
+            (_, RootView::HostRo) => plan.host_view(true),
+            (_, RootView::Minimal) => plan.minimal_view(spec.network, inside),
+        }
+        plan.devices();
+        plan.ops.push(Op::Dir("/proc".into()));
+        plan.ops.push(Op::Proc("/proc".into()));
+        plan.ops.push(Op::Dir("/tmp".into()));
+        plan.ops.push(Op::Tmpfs(
+            "/tmp".into(),
+            format!(
+                "size={},mode=1777,uid={},gid={}",
+                spec.limits.tmp_size_bytes, inside.0, inside.1
+            ),
+            false,
+        ));
+        for mount in &spec.mounts {
+            let writable = spec.is_writable(mount);
+            let is_file = mount.host.is_file();
+            plan.declare_parents(&mount.inside);
+            plan.ops.push(if is_file {
+                Op::File(mount.inside.clone(), Vec::new())
+            } else {
+                Op::Dir(mount.inside.clone())
+            });
+            let index = plan.source(
+                &mount.host,
+                !idmap,
+                if writable { ATTR_RW } else { ATTR_RO },
+                idmap,
+            );
+            plan.ops.push(Op::Attach(mount.inside.clone(), index));
+        }
+        plan
+    }
+
+    fn source(&mut self, host: &Path, recursive: bool, attrs: u64, idmap: bool) -> usize {
+        let host = CString::new(host.as_os_str().as_bytes()).unwrap_or_default();
+        self.sources.push(Source {
+            host,
+            recursive,
+            attrs,
+            idmap,
+            prepared: None,
+        });
+        self.sources.len() - 1
+    }
+
+    fn declare_parents(&mut self, inside: &Path) {
+        let mut parents: Vec<&Path> = inside.ancestors().skip(1).collect();
+        parents.reverse();
+        for parent in parents {
+            if parent != Path::new("/") && parent != Path::new("/tmp") {
+                self.ops.push(Op::Dir(parent.to_path_buf()));
+            }
+        }
+    }
+
+    /// Mirrors a host entry: a symlink stays a symlink, a directory or file is
+    /// attached read-only. Missing entries are skipped.
+    fn mirror(&mut self, host: &Path, inside: &Path, attrs: u64) {
+        let Ok(meta) = std::fs::symlink_metadata(host) else {
+            return;
+        };
+        if meta.file_type().is_symlink() {
+            if let Ok(target) = std::fs::read_link(host) {
+                self.ops.push(Op::Symlink(inside.to_path_buf(), target));
+            }
+        } else if meta.is_dir() || meta.is_file() {
+            self.ops.push(if meta.is_dir() {
+                Op::Dir(inside.to_path_buf())
+            } else {
+                Op::File(inside.to_path_buf(), Vec::new())
+            });
+            let index = self.source(host, true, attrs, false);
+            self.ops.push(Op::Attach(inside.to_path_buf(), index));
+        }
+    }
+
+    fn minimal_view(&mut self, network: NetworkMode, inside: (u32, u32)) {
+        for dir in SYSTEM_DIRS {
+            let path = Path::new("/").join(dir);
+            self.mirror(&path, &path, ATTR_RO);
+        }
+        self.ops.push(Op::Dir("/etc".into()));
+        for entry in ETC_ENTRIES {
+            let path = Path::new("/etc").join(entry);
+            self.mirror(&path, &path, ATTR_RO);
+        }
+        if network == NetworkMode::Full {
+            for entry in ["resolv.conf", "hosts", "gai.conf"] {
+                let path = Path::new("/etc").join(entry);
+                self.mirror(&path, &path, ATTR_RO);
+            }
+        } else {
+            self.ops.push(Op::File(
+                "/etc/hosts".into(),
+                b"127.0.0.1\tlocalhost moat\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_vec(),
+            ));
+        }
+        let (uid, gid) = inside;
+        let user = if uid == 0 { "root" } else { "sandbox" };
+        let group = if gid == 0 { "root" } else { "sandbox" };
+        let mut passwd = format!("{user}:x:{uid}:{gid}:Moat sandbox:/tmp:/bin/sh\n");
+        let mut groups = format!("{group}:x:{gid}:\n");
+        if uid != 65534 {
+            passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+        }
+        if gid != 65534 {
+            groups.push_str("nogroup:x:65534:\n");
+        }
+        self.ops
+            .push(Op::File("/etc/passwd".into(), passwd.into_bytes()));
+        self.ops
+            .push(Op::File("/etc/group".into(), groups.into_bytes()));
+    }
+
+    fn host_view(&mut self, masked: bool) {
+        let attrs = if masked { ATTR_RO } else { ATTR_RW };
+        let mut entries: Vec<PathBuf> = std::fs::read_dir("/")
+            .map(|dir| dir.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        entries.sort();
+        for path in entries {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if HOST_SKIPPED.contains(&name) || name == "workspace" {
+                if matches!(name, "root" | "run" | "sys") {
+                    self.ops.push(Op::Dir(path));
+                }
+                continue;
+            }
+            self.mirror(&path, &path, attrs);
+        }
+        if !masked {
+            return;
+        }
+        let mut masks: Vec<PathBuf> = MASKED_HOST_PATHS.iter().map(PathBuf::from).collect();
+        if let Ok(homes) = std::fs::read_dir("/home") {
+            for home in homes.filter_map(Result::ok) {
+                masks.extend(MASKED_HOME_ENTRIES.iter().map(|e| home.path().join(e)));
+            }
+        }
+        for path in masks {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => self.ops.push(Op::Tmpfs(
+                    path,
+                    "size=4k,nr_inodes=1,mode=0555".into(),
+                    true,
+                )),
+                Ok(meta) if meta.is_file() => {
+                    let index = self.source(Path::new("/dev/null"), false, ATTR_RO, false);
+                    self.ops.push(Op::Attach(path, index));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn devices(&mut self) {
+        self.ops.push(Op::Dir("/dev".into()));
+        for dev in DEVICES {
+            let path = Path::new("/dev").join(dev);
+            self.ops.push(Op::File(path.clone(), Vec::new()));
+            let index = self.source(
+                &path,
+                false,
+                libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
+                false,
+            );
+            self.ops.push(Op::Attach(path, index));
+        }
+        for (link, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+            ("shm", "/tmp"),
+        ] {
+            self.ops.push(Op::Symlink(
+                Path::new("/dev").join(link),
+                PathBuf::from(target),
+            ));
+        }
+    }
+
+    /// Launcher side, before the clone: clones the trees that will be idmapped
+    /// (only root may idmap a mount) and sets their mount flags.
+    pub(crate) fn prepare_idmapped(&mut self) -> Result<(), SetupError> {
+        for source in self.sources.iter_mut().filter(|s| s.idmap) {
+            let fd = sys::open_tree(
+                libc::AT_FDCWD,
+                &source.host,
+                libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(|e| SetupError::io(Layer::Filesystem, display(&source.host), e))?;
+            sys::mount_setattr(fd.as_raw_fd(), false, source.attrs, 0, None)
+                .map_err(|e| SetupError::io(Layer::Filesystem, display(&source.host), e))?;
+            source.prepared = Some(fd);
+        }
+        Ok(())
+    }
+
+    /// Launcher side, after the user namespace exists: maps the owner of each
+    /// idmapped tree to the sandbox user. Returns the trees it could not map.
+    pub(crate) fn apply_idmap(&self, userns: &OwnedFd) -> Vec<(String, io::Error)> {
+        let mut failed = Vec::new();
+        for source in &self.sources {
+            if let Some(fd) = &source.prepared {
+                let set = libc::MOUNT_ATTR_IDMAP;
+                if let Err(e) =
+                    sys::mount_setattr(fd.as_raw_fd(), false, set, 0, Some(userns.as_raw_fd()))
+                {
+                    failed.push((display(&source.host), e));
+                }
+            }
+        }
+        failed
+    }
+
+    /// Sandbox side: builds the root and pivots into it. Runs as the sandbox
+    /// init, with full capabilities in its own user namespace only.
+    pub(crate) fn build(&mut self) -> Result<(), SetupError> {
+        let fs = |what: &str, e: io::Error| SetupError::io(Layer::Filesystem, what, e);
+        sys::mount(c"none", c"/", c"", libc::MS_REC | libc::MS_PRIVATE, None)
+            .map_err(|e| fs("making / private", e))?;
+        let mut trees = Vec::with_capacity(self.sources.len());
+        for source in &mut self.sources {
+            let tree = match source.prepared.take() {
+                Some(fd) => fd,
+                None => {
+                    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
+                    if source.recursive {
+                        flags |= libc::AT_RECURSIVE as u32;
+                    }
+                    let fd = sys::open_tree(libc::AT_FDCWD, &source.host, flags)
+                        .map_err(|e| fs(&display(&source.host), e))?;
+                    sys::mount_setattr(fd.as_raw_fd(), source.recursive, source.attrs, 0, None)
+                        .map_err(|e| fs(&display(&source.host), e))?;
+                    fd
+                }
+            };
+            trees.push(tree);
+        }
+        let stage = cpath(Path::new(STAGE))?;
+        let opts = CString::new(self.root_size.as_str()).unwrap_or_default();
+        sys::mount(
+            c"moat-root",
+            &stage,
+            c"tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&opts),
+        )
+        .map_err(|e| fs("mounting the root tmpfs", e))?;
+        for op in &self.ops {
+            run_op(op, &trees)?;
+        }
+        pivot_into(&stage)
+    }
+}
+
+fn staged(inside: &Path) -> Result<CString, SetupError> {
+    let relative = inside.strip_prefix("/").unwrap_or(inside);
+    cpath(&Path::new(STAGE).join(relative))
+}
+
+fn cpath(path: &Path) -> Result<CString, SetupError> {
+    sys::cstring(path).map_err(|e| SetupError::io(Layer::Filesystem, path.display(), e))
+}
+
+fn display(path: &CString) -> String {
+    String::from_utf8_lossy(path.as_bytes()).into_owned()
+}
+
+fn run_op(op: &Op, trees: &[OwnedFd]) -> Result<(), SetupError> {
+    let fail = |path: &Path, e: io::Error| SetupError::io(Layer::Filesystem, path.display(), e);
+    match op {
+        Op::Dir(path) => {
+            let target = staged(path)?;
+            // SAFETY: target is a NUL-terminated path.
+            if unsafe { libc::mkdir(target.as_ptr(), 0o755) } != 0 && sys::errno() != libc::EEXIST {
+                return Err(fail(path, io::Error::last_os_error()));
+            }
+        }
+        Op::File(path, contents) => {
+            let target = staged(path)?;
+            std::fs::write(
+                Path::new(std::ffi::OsStr::from_bytes(target.as_bytes())),
+                contents,
+            )
+            .map_err(|e| fail(path, e))?;
+        }
+        Op::Symlink(path, to) => {
+            let target = staged(path)?;
+            let to = cpath(to)?;
+            // SAFETY: both paths are NUL-terminated.
+            if unsafe { libc::symlink(to.as_ptr(), target.as_ptr()) } != 0 {
+                return Err(fail(path, io::Error::last_os_error()));
+            }
+        }
+        Op::Attach(path, index) => {
+            let target = staged(path)?;
+            let tree = trees.get(*index).ok_or_else(|| {
+                SetupError::new(Layer::Filesystem, "internal: mount plan out of order")
+            })?;
+            sys::move_mount(tree, libc::AT_FDCWD, &target).map_err(|e| fail(path, e))?;
+        }
+        Op::Tmpfs(path, options, read_only) => {
+            let target = staged(path)?;
+            let options = CString::new(options.as_str()).unwrap_or_default();
+            let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+            if *read_only {
+                flags |= libc::MS_RDONLY;
+            }
+            sys::mount(c"tmpfs", &target, c"tmpfs", flags, Some(&options))
+                .map_err(|e| fail(path, e))?;
+        }
+        Op::Proc(path) => {
+            let target = staged(path)?;
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            sys::mount(c"proc", &target, c"proc", flags, None).map_err(|e| fail(path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `pivot_root` into the staged tmpfs, detach the old root, and make the new
+/// root itself read-only (its writable parts are separate mounts).
+fn pivot_into(stage: &CString) -> Result<(), SetupError> {
+    let fs = |what: &str, e: io::Error| SetupError::io(Layer::Filesystem, what, e);
+    // SAFETY: stage is a NUL-terminated path.
+    sys::cvt(unsafe { libc::chdir(stage.as_ptr()) }).map_err(|e| fs("chdir to new root", e))?;
+    sys::pivot_root(c".", c".").map_err(|e| fs("pivot_root", e))?;
+    // SAFETY: "." is a valid path; the old root is stacked on it after pivot_root.
+    sys::cvt(unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) })
+        .map_err(|e| fs("detaching the old root", e))?;
+    // SAFETY: "/" is a valid path.
+    sys::cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map_err(|e| fs("chdir /", e))?;
+    let root = sys::open_tree(libc::AT_FDCWD, c"/", libc::OPEN_TREE_CLOEXEC)
+        .map_err(|e| fs("opening the new root", e))?;
+    sys::mount_setattr(root.as_raw_fd(), false, ATTR_RO, 0, None)
+        .map_err(|e| fs("making the new root read-only", e))?;
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Thin, checked wrappers over the raw syscalls the launcher needs and that
+//! `libc` does not wrap. Every `unsafe` block of the crate that talks to the
+//! kernel directly lives here or next to the state it protects.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Converts a `-1`-on-error return into `io::Result`.
+pub(crate) fn cvt<T: Copy + PartialEq + From<i8>>(ret: T) -> io::Result<T> {
+    if ret == T::from(-1) {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub(crate) fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// The result of [`clone3`] as seen by each side.
+pub(crate) enum Forked {
+    Parent { pid: libc::pid_t, pidfd: OwnedFd },
+    Child,
+}
+
+/// `clone3` with fork semantics (no shared memory, the child runs on a copy of
+/// the caller's stack) into the namespaces in `flags`, returning a pidfd.
+///
+/// The caller must be single-threaded: the child is a copy of this one thread.
+pub(crate) fn clone3(flags: u64) -> io::Result<Forked> {
+    let mut pidfd: RawFd = -1;
+    // SAFETY: clone_args is plain old data; zero is a valid value for every field.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = flags | libc::CLONE_PIDFD as u64;
+    args.pidfd = std::ptr::addr_of_mut!(pidfd) as u64;
+    args.exit_signal = libc::SIGCHLD as u64;
+    // SAFETY: args is a valid clone_args of the size we pass; with no CLONE_VM and
+    // a zero stack the child continues on a private copy of our stack, exactly as
+    // after fork(2). The kernel writes the pidfd into `pidfd`, which outlives the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            std::ptr::addr_of_mut!(args),
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    match cvt(ret)? {
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent {
+            pid: pid as libc::pid_t,
+            // SAFETY: CLONE_PIDFD succeeded, so `pidfd` is a fresh descriptor we own.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        }),
+    }
+}
+
+/// `open_tree(2)`: a detached copy of the mount at `path` (with `OPEN_TREE_CLONE`).
+pub(crate) fn open_tree(dirfd: RawFd, path: &CStr, flags: u32) -> io::Result<OwnedFd> {
+    // SAFETY: path is NUL-terminated and lives across the call.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) })?;
+    // SAFETY: open_tree returned a new descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `move_mount(2)` of the detached mount `from` onto `to` (relative to `to_dirfd`).
+pub(crate) fn move_mount(from: &OwnedFd, to_dirfd: RawFd, to: &CStr) -> io::Result<()> {
+    let empty = c"";
+    // SAFETY: both strings are NUL-terminated and outlive the call; `from` is open.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            empty.as_ptr(),
+            to_dirfd,
+            to.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// `mount_setattr(2)` on the mount referred to by `fd` (and, with `recursive`,
+/// every mount below it).
+pub(crate) fn mount_setattr(
+    fd: RawFd,
+    recursive: bool,
+    set: u64,
+    clear: u64,
+    userns_fd: Option<RawFd>,
+) -> io::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: userns_fd.map_or(0, |fd| fd as u64),
+    };
+    let mut flags = libc::AT_EMPTY_PATH as u32;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as u32;
+    }
+    let empty = c"";
+    // SAFETY: attr is a valid mount_attr of the size passed; the path is "".
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            empty.as_ptr(),
+            flags,
+            std::ptr::addr_of!(attr),
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// Classic `mount(2)`.
+pub(crate) fn mount(
+    source: &CStr,
+    target: &CStr,
+    fstype: &CStr,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let data = data.map_or(std::ptr::null(), |d| d.as_ptr().cast::<libc::c_void>());
+    // SAFETY: all strings are NUL-terminated and outlive the call.
+    cvt(unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data,
+        )
+    })?;
+    Ok(())
+}
+
+/// `pivot_root(2)`.
+pub(crate) fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    cvt(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })?;
+    Ok(())
+}
+
+/// `pidfd_send_signal(2)`: signals exactly the process behind `pidfd`, never a
+/// recycled pid.
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+    // SAFETY: a null siginfo is allowed; the pidfd is open.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+/// Marks every descriptor from `first` up as close-on-exec.
+pub(crate) fn cloexec_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing; it only sets flags.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    })?;
+    Ok(())
+}
+
+/// A pipe whose both ends are close-on-exec.
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A connected pair of close-on-exec unix stream sockets.
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds has room for the two descriptors socketpair writes.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair succeeded, so both descriptors are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes all of `buf` to a raw descriptor, retrying on `EINTR`.
+pub(crate) fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid slice for its length.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        buf = buf.get(n as usize..).unwrap_or_default();
+    }
+    Ok(())
+}
+
+/// Reads into `buf` from a raw descriptor, retrying on `EINTR`; 0 means end of file.
+pub(crate) fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid, writable slice for its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// The errno of the last failed libc call.
+pub(crate) fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Number of threads in this process (the launcher must be single-threaded to clone).
+pub(crate) fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// Sends one descriptor over a unix socket (`SCM_RIGHTS`).
+pub(crate) fn send_fd(socket: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: msghdr is plain old data; zero is valid for every field.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: msg_control points at `space` bytes, enough for one cmsg with one fd;
+    // CMSG_FIRSTHDR and CMSG_DATA stay inside that buffer.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+    }
+    // SAFETY: msg and everything it points at are valid for the call.
+    cvt(unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) })?;
+    Ok(())
+}
+
+/// Receives one descriptor sent with [`send_fd`]; `None` at end of stream.
+pub(crate) fn recv_fd(socket: RawFd) -> io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: msghdr is plain old data; zero is valid for every field.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: msg and its buffers are valid for the call.
+    let n = cvt(unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) })?;
+    if n == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR returns null or a header
+    // inside it, and we check type and length before reading the descriptor.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Ok(None);
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+        Ok(Some(OwnedFd::from_raw_fd(fd)))
+    }
+}

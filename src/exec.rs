@@ -1,0 +1,352 @@
+//! `moat exec`: run one program in the OS sandbox.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use moat_core::size::parse_size;
+use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
+use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
+
+const EXAMPLES: &str = "\
+Examples:
+  moat exec -- /bin/echo hello
+  moat exec --workspace ./project -- make test
+  moat exec --mode read-only --input ./data --output ./out -- python3 /workspace/input/job.py
+  moat exec --memory 128M --pids 64 --timeout 10s --report - -- ./build.sh
+
+Inside the sandbox the program sees only the system directories (/usr, /bin,
+/lib...), a private /tmp, /proc and a minimal /dev, plus the roots you declare:
+--workspace at /workspace, --input at /workspace/input (read-only), --output at
+/workspace/output. It has no network unless --network full, no capabilities, a
+scrubbed environment (PATH, HOME, TMPDIR, LANG, RUN_ID and --env names only), and
+runs as an unprivileged host user even when moat runs as root.
+
+Exit status: the program's own; 128+N if killed by signal N; 124 on timeout;
+125 if the sandbox could not be set up (the message names the layer); 126 if the
+program is not executable; 127 if it is not found; 2 for bad flags or paths.";
+
+/// Run a program in a fresh sandbox and wait for it.
+#[derive(Args)]
+#[command(after_long_help = EXAMPLES, after_help = "Run `moat exec --help` for examples.")]
+pub struct ExecArgs {
+    /// What the program may write: read-only, workspace-write or danger-full-access.
+    #[arg(long, value_name = "MODE", default_value = "workspace-write")]
+    mode: SandboxMode,
+
+    /// Network: off (only loopback) or full (the host's network).
+    #[arg(long, value_name = "MODE", default_value = "off")]
+    network: NetworkMode,
+
+    /// Mount DIR at /workspace (writable only in workspace-write).
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+
+    /// Mount DIR read-only at /workspace/input.
+    #[arg(long, value_name = "DIR")]
+    input: Option<PathBuf>,
+
+    /// Mount DIR writable at /workspace/output (read-only in read-only mode).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
+
+    /// Mount HOST read-only at INSIDE (default: the same path). Repeatable.
+    #[arg(long = "ro", value_name = "HOST[:INSIDE]")]
+    read_only: Vec<String>,
+
+    /// Mount HOST writable at INSIDE (default: the same path). Repeatable.
+    #[arg(long = "rw", value_name = "HOST[:INSIDE]")]
+    read_write: Vec<String>,
+
+    /// Root filesystem: minimal (system dirs only) or host-ro (the host, read-only,
+    /// with credentials and sockets masked).
+    #[arg(long, value_name = "VIEW", default_value = "minimal")]
+    root: RootView,
+
+    /// Wall-clock limit (e.g. 500ms, 30s, 5m); the whole process tree is killed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    timeout: Duration,
+
+    /// Memory limit for the whole tree (e.g. 128M, 2G).
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
+    memory: u64,
+
+    /// Most processes and threads alive at once.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pids: u64,
+
+    /// CPU bandwidth in CPUs (e.g. 0.5, 1.5). Default: unlimited.
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpus)]
+    cpus: Option<u64>,
+
+    /// Bytes of stdout and of stderr kept (each); the stream is closed past it.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
+    max_output: u64,
+
+    /// Size of the private /tmp.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
+    tmp_size: u64,
+
+    /// Pass NAME from moat's environment (or set NAME=VALUE). Repeatable.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+
+    /// Run even if a protection cannot be applied (e.g. no cgroups for an
+    /// unprivileged user); the report says what was enforced.
+    #[arg(long)]
+    allow_degraded: bool,
+
+    /// Write the JSON report to FILE (`-` = standard error).
+    #[arg(long, value_name = "FILE")]
+    report: Option<String>,
+
+    /// Write the events as JSON lines to FILE (`-` = standard error).
+    #[arg(long, value_name = "FILE")]
+    events: Option<String>,
+
+    /// Capture the program's output and print one JSON document (exit code,
+    /// stdout, stderr, report) on standard output instead.
+    #[arg(long)]
+    json: bool,
+
+    /// The program and its arguments (no shell is involved).
+    #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
+    command: Vec<String>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))
+}
+
+fn parse_cpus(text: &str) -> Result<u64, String> {
+    let cpus: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of CPUs (examples: 0.5, 2)"))?;
+    if !(0.01..=1024.0).contains(&cpus) {
+        return Err("CPUs must be between 0.01 and 1024".into());
+    }
+    Ok((cpus * 1000.0).round() as u64)
+}
+
+pub fn main(args: ExecArgs) -> ExitCode {
+    match run(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("moat exec: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: ExecArgs) -> anyhow::Result<u8> {
+    let spec = build_spec(&args)?;
+    let mut events = EventWriter::open(args.events.as_deref())?;
+    let mut report_out = match args.report.as_deref() {
+        None => None,
+        Some("-") => Some(Output::Stderr),
+        Some(path) => Some(Output::File(
+            File::create(path).with_context(|| format!("--report {path}"))?,
+        )),
+    };
+    if spec.mode == SandboxMode::DangerFullAccess {
+        eprintln!(
+            "moat: WARNING: danger-full-access: the host root is writable from inside the \
+             sandbox (as host uid {}). Use it on a development machine only.",
+            spec.unprivileged_id.0
+        );
+    }
+    let output = if args.json {
+        OutputMode::Capture
+    } else {
+        OutputMode::Forward
+    };
+    let memory = spec.limits.memory_bytes;
+    let timeout = spec.limits.timeout_ms;
+    let outcome = moat_sandbox::run(spec, output, &mut events)?;
+    let report = &outcome.report;
+    if let Some(out) = &mut report_out {
+        let text = serde_json::to_string_pretty(report)?;
+        out.write_line(&text).context("writing the report")?;
+    }
+    if args.json {
+        let doc = serde_json::json!({
+            "exitCode": report.exit_code,
+            "stdout": String::from_utf8_lossy(&outcome.stdout),
+            "stderr": String::from_utf8_lossy(&outcome.stderr),
+            "report": report,
+        });
+        println!("{doc}");
+    }
+    if let Some(error) = &report.setup_error {
+        eprintln!("moat: sandbox setup failed: {error}");
+    } else if report.timed_out {
+        eprintln!("moat: timed out after {timeout} ms; the process tree was killed");
+    } else if report.oom_killed {
+        eprintln!(
+            "moat: the memory limit ({}) was reached; the out-of-memory killer stopped the program",
+            moat_core::size::format_size(memory)
+        );
+    } else if let ExitStatus::ExecFailed { errno } = report.exit {
+        let program = args.command.first().map(String::as_str).unwrap_or_default();
+        let why = io::Error::from_raw_os_error(errno);
+        eprintln!("moat: cannot execute {program} in the sandbox: {why}");
+    }
+    Ok(u8::try_from(report.exit_code).unwrap_or(255))
+}
+
+fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
+    match args.mode {
+        SandboxMode::ArtifactWrite => bail!(
+            "--mode artifact-write belongs to the capability shell (`moat shell`); \
+             moat exec takes read-only, workspace-write or danger-full-access"
+        ),
+        _ if matches!(
+            args.network,
+            NetworkMode::ProxyOnly | NetworkMode::Allowlist
+        ) =>
+        {
+            bail!(
+                "--network {} needs the egress proxy, which is not in this build yet; \
+             use off or full",
+                args.network
+            )
+        }
+        _ => {}
+    }
+    let mut spec = SandboxSpec::new(run_id(), args.command.clone());
+    spec.mode = args.mode;
+    spec.network = args.network;
+    spec.root_view = args.root;
+    spec.allow_degraded = args.allow_degraded;
+    spec.limits = Limits {
+        timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
+        memory_bytes: args.memory,
+        pids: args.pids,
+        cpu_millis: args.cpus,
+        max_output_bytes: args.max_output,
+        tmp_size_bytes: args.tmp_size,
+        ..Limits::default()
+    };
+    let mut mount = |host: &Path, inside: &str, writable: bool| {
+        spec.mounts.push(BindMount {
+            host: host.to_path_buf(),
+            inside: PathBuf::from(inside),
+            writable,
+        })
+    };
+    if let Some(dir) = &args.workspace {
+        mount(dir, "/workspace", true);
+    }
+    if let Some(dir) = &args.input {
+        mount(dir, "/workspace/input", false);
+    }
+    if let Some(dir) = &args.output {
+        mount(dir, "/workspace/output", true);
+    }
+    for (list, writable) in [(&args.read_only, false), (&args.read_write, true)] {
+        for item in list {
+            let (host, inside) = split_bind(item)?;
+            spec.mounts.push(BindMount {
+                host,
+                inside,
+                writable,
+            });
+        }
+    }
+    for item in &args.env {
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => {
+                let value = std::env::var(item).with_context(|| {
+                    format!("--env {item}: not set (or not UTF-8) in moat's environment")
+                })?;
+                (item.clone(), value)
+            }
+        };
+        spec.env.push((name, value));
+    }
+    Ok(spec)
+}
+
+/// `HOST[:INSIDE]`; without INSIDE the root appears at its canonical host path.
+fn split_bind(item: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let (host, inside) = match item.rsplit_once(':') {
+        Some((host, inside)) if inside.starts_with('/') && !host.is_empty() => {
+            (PathBuf::from(host), Some(PathBuf::from(inside)))
+        }
+        _ => (PathBuf::from(item), None),
+    };
+    let inside = match inside {
+        Some(inside) => inside,
+        None => std::fs::canonicalize(&host).with_context(|| format!("{}", host.display()))?,
+    };
+    Ok((host, inside))
+}
+
+fn run_id() -> String {
+    let mut bytes = [0u8; 8];
+    let random =
+        File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes));
+    if random.is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        bytes = (nanos ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("run-{hex}")
+}
+
+enum Output {
+    Stderr,
+    File(File),
+}
+
+impl Output {
+    fn write_line(&mut self, text: &str) -> io::Result<()> {
+        match self {
+            Output::Stderr => writeln!(io::stderr().lock(), "{text}"),
+            Output::File(file) => {
+                writeln!(file, "{text}")?;
+                file.flush()
+            }
+        }
+    }
+}
+
+/// JSON-lines events, written as they happen.
+struct EventWriter {
+    out: Option<Output>,
+}
+
+impl EventWriter {
+    fn open(target: Option<&str>) -> anyhow::Result<Self> {
+        let out = match target {
+            None => None,
+            Some("-") => Some(Output::Stderr),
+            Some(path) => Some(Output::File(
+                File::create(path).with_context(|| format!("--events {path}"))?,
+            )),
+        };
+        Ok(EventWriter { out })
+    }
+}
+
+impl EventSink for EventWriter {
+    fn emit(&mut self, event: Event) {
+        if let Some(out) = &mut self.out {
+            if let Ok(line) = serde_json::to_string(&event) {
+                if let Err(e) = out.write_line(&line) {
+                    eprintln!("moat: cannot write an event: {e}");
+                }
+            }
+        }
+    }
+}

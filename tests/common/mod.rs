@@ -1,0 +1,223 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! Shared helpers of the sandbox test suite: run the real `moat` binary,
+//! collect its report and events, plant and check canaries on the host.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+pub const MOAT: &str = env!("CARGO_BIN_EXE_moat");
+
+/// The attack probe (`examples/probe.rs`), built by `cargo test`.
+pub fn probe() -> PathBuf {
+    let path = Path::new(MOAT)
+        .parent()
+        .map(|dir| dir.join("examples").join("probe"))
+        .unwrap_or_default();
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (which builds examples)",
+        path.display()
+    );
+    path
+}
+
+/// Arguments that bind the probe read-only at /probe/probe.
+pub fn with_probe() -> Vec<String> {
+    let dir = probe().parent().map(Path::to_path_buf).unwrap_or_default();
+    vec!["--ro".into(), format!("{}:/probe", dir.display())]
+}
+
+/// What one `moat exec` did, host side.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub report: Value,
+    pub events: Vec<Value>,
+}
+
+impl Run {
+    pub fn events_of(&self, event_type: &str) -> Vec<&Value> {
+        self.events
+            .iter()
+            .filter(|e| e["type"] == event_type)
+            .collect()
+    }
+
+    /// The seccomp layer's denial of `syscall` was recorded as an event.
+    pub fn assert_syscall_denied_event(&self, syscall: &str) {
+        let found = self
+            .events_of("sandbox.syscall.denied")
+            .iter()
+            .any(|e| e["data"]["syscall"] == syscall);
+        assert!(
+            found,
+            "no sandbox.syscall.denied event for {syscall}: {:#?}",
+            self.events
+        );
+        let counted = self.report["deniedSyscalls"]
+            .as_array()
+            .is_some_and(|list| list.iter().any(|d| d["syscall"] == syscall));
+        assert!(counted, "report does not count {syscall}: {}", self.report);
+    }
+
+    pub fn layer(&self, layer: &str) -> &str {
+        self.report["enforcement"][layer]["status"]
+            .as_str()
+            .unwrap_or("missing")
+    }
+}
+
+/// Runs `moat exec ARGS -- PROGRAM...` with report and events captured.
+pub fn exec(args: &[&str], program: &[&str]) -> Run {
+    exec_as(MOAT, args, program, None)
+}
+
+pub fn exec_as(moat: &str, args: &[&str], program: &[&str], uid: Option<u32>) -> Run {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_world_accessible(dir.path());
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).expect("chown");
+    }
+    let report = dir.path().join("report.json");
+    let events = dir.path().join("events.jsonl");
+    let mut command = match uid {
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".into(),
+                moat.into(),
+            ]);
+            c
+        }
+        None => Command::new(moat),
+    };
+    command
+        .arg("exec")
+        .arg("--report")
+        .arg(&report)
+        .arg("--events")
+        .arg(&events)
+        .args(args)
+        .arg("--")
+        .args(program)
+        .stdin(Stdio::null());
+    let output = command.output().expect("running moat");
+    let report = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let events = std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("event is JSON"))
+        .collect();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        report,
+        events,
+    }
+}
+
+/// Runs the probe check `check [arg]` in a default sandbox plus `args`.
+pub fn probe_run(args: &[&str], check: &[&str]) -> Run {
+    let mut all: Vec<String> = with_probe();
+    all.extend(args.iter().map(|s| s.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let mut program = vec!["/probe/probe"];
+    program.extend_from_slice(check);
+    exec(&all, &program)
+}
+
+pub fn make_world_accessible(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// A unique token for canaries and process markers.
+pub fn token() -> String {
+    let mut bytes = [0u8; 8];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("urandom");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A host file with a random name and random content outside every sandbox
+/// root; removed on drop. `assert_intact` proves nothing touched it.
+pub struct Canary {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub content: String,
+}
+
+impl Canary {
+    pub fn plant() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(format!("canary-{}", token()));
+        let content = format!("secret-{}", token());
+        std::fs::write(&path, &content).expect("plant canary");
+        Canary { dir, path, content }
+    }
+
+    pub fn assert_intact(&self) {
+        let now = std::fs::read_to_string(&self.path).expect("canary still there");
+        assert_eq!(now, self.content, "canary was modified");
+        let entries = std::fs::read_dir(self.dir.path())
+            .expect("canary dir")
+            .count();
+        assert_eq!(entries, 1, "something was created next to the canary");
+    }
+}
+
+/// Host processes whose command line contains `marker`.
+pub fn host_processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+    {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(marker) {
+            found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// A workspace directory with one file, removed on drop.
+pub fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("hello.txt"), "hello\n").expect("write");
+    dir
+}
+
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// The finished event carries the report and says what was enforced.
+pub fn assert_all_layers_enforced(run: &Run) {
+    for layer in [
+        "namespaces",
+        "filesystem",
+        "landlock",
+        "seccomp",
+        "privileges",
+        "cgroup",
+        "rlimits",
+    ] {
+        assert_eq!(run.layer(layer), "enforced", "{layer}: {}", run.report);
+    }
+    let finished = run.events_of("sandbox.exec.finished");
+    assert_eq!(finished.len(), 1, "{:#?}", run.events);
+}

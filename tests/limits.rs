@@ -1,0 +1,97 @@
+//! Resource limits: the host stays fine whatever the program does.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+#[test]
+fn a_fork_bomb_is_contained_by_the_pids_limit() {
+    let marker = format!("bomb{}", token());
+    let script = format!("b() {{ b | b & }}; b; sleep 1 # {marker}");
+    let run = exec(
+        &["--pids", "64", "--timeout", "5s"],
+        &["/bin/sh", "-c", &script],
+    );
+    assert!(
+        run.stderr.contains("fork") || run.code != 0,
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.report["enforcement"]["cgroup"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("pids 64")
+    );
+    // The host can still fork, and nothing of the bomb is left.
+    assert!(Command::new("/bin/true").status().unwrap().success());
+    assert!(
+        host_processes_with(&marker).is_empty(),
+        "{:?}",
+        host_processes_with(&marker)
+    );
+}
+
+#[test]
+fn the_memory_limit_kills_a_large_allocation_and_says_oom() {
+    let run = probe_run(&["--memory", "128M"], &["alloc", "1024"]);
+    assert_eq!(run.code, 137, "SIGKILL: {} {}", run.stdout, run.stderr);
+    assert_eq!(run.report["oomKilled"], true, "{}", run.report);
+    assert_eq!(run.report["exit"]["signal"], 9);
+    let peak = run.report["peakMemoryBytes"].as_u64().unwrap();
+    assert!(peak <= 128 << 20, "peak {peak}");
+    assert!(run.stderr.contains("memory limit"), "{}", run.stderr);
+}
+
+#[test]
+fn the_timeout_kills_a_double_forked_daemon() {
+    let marker = format!(
+        "9{}",
+        &token()[..7].replace(|c: char| !c.is_ascii_digit(), "7")
+    );
+    let script =
+        format!("setsid /bin/sh -c 'sleep {marker}' & (sleep {marker} &) ; sleep {marker}");
+    let run = exec(&["--timeout", "1s"], &["/bin/sh", "-c", &script]);
+    assert_eq!(run.code, 124);
+    assert_eq!(run.report["timedOut"], true);
+    assert_eq!(
+        run.events_of("process.timeout").len(),
+        1,
+        "{:#?}",
+        run.events
+    );
+    let left: Vec<String> = host_processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn output_is_capped_while_reading_and_the_launcher_stays_small() {
+    let run = exec(
+        &["--max-output", "1M", "--timeout", "20s"],
+        &["/usr/bin/yes"],
+    );
+    assert!(run.stdout.len() <= 1 << 20, "{}", run.stdout.len());
+    assert_eq!(run.report["stdout"]["truncated"], true);
+    assert_eq!(run.report["stdout"]["bytes"], 1 << 20);
+    // yes died of SIGPIPE when the stream closed; it did not run to the timeout.
+    assert_eq!(run.report["timedOut"], false);
+    let rss = run.report["launcherPeakRssKib"].as_u64().unwrap();
+    assert!(rss < 16 * 1024, "launcher peak RSS {rss} KiB");
+}
+
+#[test]
+fn a_full_tmp_gives_enospc_not_a_full_host_disk() {
+    let name = format!("fill-{}", token());
+    let script = format!("dd if=/dev/zero of=/tmp/{name} bs=1M count=8");
+    let run = exec(&["--tmp-size", "2M"], &["/bin/sh", "-c", &script]);
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr.contains("No space left on device"),
+        "{}",
+        run.stderr
+    );
+    assert!(!std::path::Path::new("/tmp").join(&name).exists());
+}

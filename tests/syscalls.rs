@@ -1,0 +1,144 @@
+//! The seccomp deny list: each forbidden syscall fails with EPERM inside, and
+//! the refusal reaches the launcher and is recorded as an event.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+
+fn assert_denied(check: &str, syscall: &str) {
+    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let run = probe_run(&[], &[check]);
+    assert_eq!(
+        run.stdout.trim(),
+        "errno=1",
+        "{check}: {} {}",
+        run.stdout,
+        run.stderr
+    );
+    run.assert_syscall_denied_event(syscall);
+    assert_eq!(
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
+        mounts_before,
+        "{check} changed the host's mounts"
+    );
+    assert_all_layers_enforced(&run);
+}
+
+#[test]
+fn ptrace_is_denied() {
+    assert_denied("ptrace", "ptrace");
+}
+
+#[test]
+fn mount_and_umount_are_denied() {
+    assert_denied("mount", "mount");
+    assert_denied("umount", "umount2");
+}
+
+#[test]
+fn namespace_creation_is_denied() {
+    assert_denied("unshare", "unshare");
+    assert_denied("unshare-net", "unshare");
+    assert_denied("setns", "setns");
+    assert_denied("clone-newuser", "clone");
+}
+
+#[test]
+fn clone3_is_steered_to_clone_where_flags_are_visible() {
+    let run = probe_run(&[], &["clone3"]);
+    assert_eq!(run.stdout.trim(), "errno=38", "ENOSYS: {}", run.stdout);
+    // Ordinary process creation still works (libc falls back to clone).
+    let shell = exec(&[], &["/bin/sh", "-c", "/bin/true & wait; echo forked"]);
+    assert_eq!(shell.stdout.trim(), "forked");
+}
+
+#[test]
+fn keyrings_are_denied() {
+    assert_denied("keyctl", "keyctl");
+    assert_denied("add_key", "add_key");
+}
+
+#[test]
+fn bpf_io_uring_perf_and_userfaultfd_are_denied() {
+    assert_denied("bpf", "bpf");
+    assert_denied("io_uring", "io_uring_setup");
+    assert_denied("perf_event_open", "perf_event_open");
+    assert_denied("userfaultfd", "userfaultfd");
+}
+
+#[test]
+fn chroot_and_pivot_root_are_denied() {
+    assert_denied("chroot", "chroot");
+    assert_denied("pivot_root", "pivot_root");
+}
+
+#[test]
+fn packet_and_raw_sockets_are_denied() {
+    assert_denied("packet-socket", "socket");
+    assert_denied("raw-socket", "socket");
+}
+
+#[test]
+fn the_x32_abi_cannot_bypass_the_filter() {
+    let run = probe_run(&[], &["x32"]);
+    assert_eq!(run.stdout.trim(), "errno=1", "{}", run.stdout);
+    run.assert_syscall_denied_event("x32#39");
+}
+
+/// TIOCSTI on a real terminal: the classic way out of a sandbox that shares
+/// the launcher's tty is to push keystrokes into it.
+#[test]
+fn tiocsti_cannot_inject_into_the_launchers_terminal() {
+    // SAFETY: standard pty allocation; descriptors are closed at the end.
+    let (master, slave_path) = unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(master >= 0);
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(master));
+        (master, name.to_string_lossy().into_owned())
+    };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&slave_path)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let mut args = vec![
+        "exec".to_owned(),
+        "--events".into(),
+        events.display().to_string(),
+    ];
+    args.extend(with_probe());
+    for check in ["tiocsti", "tiocsti-highbits"] {
+        let output = std::process::Command::new(MOAT)
+            .args(&args)
+            .args(["--", "/probe/probe", check])
+            .stdin(slave.try_clone().unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            "errno=1",
+            "{check}"
+        );
+        let log = std::fs::read_to_string(&events).unwrap();
+        assert!(log.contains("\"syscall\":\"ioctl\""), "{log}");
+    }
+    // Nothing was pushed into the terminal's input queue.
+    let mut pending: libc::c_int = -1;
+    // SAFETY: FIONREAD writes one int.
+    unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&slave),
+            libc::FIONREAD,
+            &mut pending,
+        )
+    };
+    drop(slave);
+    // SAFETY: closing the master we opened.
+    unsafe { libc::close(master) };
+    assert_eq!(pending, 0);
+}

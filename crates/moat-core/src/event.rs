@@ -72,6 +72,17 @@ pub struct Event {
     pub data: serde_json::Value,
 }
 
+/// Where a layer sends its events (a JSON-lines file, the ledger, a test vector).
+pub trait EventSink {
+    fn emit(&mut self, event: Event);
+}
+
+impl EventSink for Vec<Event> {
+    fn emit(&mut self, event: Event) {
+        self.push(event);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,16 +101,5 @@ mod tests {
         }
         let json = serde_json::to_string(&EventType::SandboxExecStarted).unwrap_or_default();
         assert_eq!(json, "\"sandbox.exec.started\"");
-    }
-}
-
-/// Where a layer sends its events (a JSON-lines file, the ledger, a test vector).
-pub trait EventSink {
-    fn emit(&mut self, event: Event);
-}
-
-impl EventSink for Vec<Event> {
-    fn emit(&mut self, event: Event) {
-        self.push(event);
     }
 }

@@ -13,10 +13,16 @@ use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use std::path::{Path, PathBuf};
+
+use moat_core::SandboxMode;
+
 use crate::confine::{self, LandlockPlan, Rlimit};
 use crate::error::{Layer, SetupError};
-use crate::mounts::RootPlan;
+use crate::launch::SANDBOX_PATH;
+use crate::mounts::{IdmappedRoots, RootPlan};
 use crate::seccomp::{self, SeccompPrograms};
+use crate::spec::SandboxSpec;
 use crate::sys;
 
 /// Descriptors the child uses; the launcher's ends are closed first thing.
@@ -43,14 +49,99 @@ pub(crate) struct ExecPlan {
     pub(crate) nproc_floor: u64,
 }
 
-pub(crate) struct ChildPlan {
+/// Everything init starts from. The root and exec plans are computed by init
+/// itself, in parallel with the launcher's own post-clone work.
+pub(crate) struct ChildPlan<'a> {
     pub(crate) fds: ChildFds,
-    pub(crate) root: RootPlan,
+    pub(crate) spec: &'a SandboxSpec,
+    pub(crate) idmapped: &'a IdmappedRoots,
     pub(crate) inside_uid: u32,
     pub(crate) inside_gid: u32,
     pub(crate) clear_groups: bool,
     pub(crate) new_netns: bool,
-    pub(crate) exec: ExecPlan,
+}
+
+impl ExecPlan {
+    fn from_spec(spec: &SandboxSpec) -> Result<ExecPlan, SetupError> {
+        let bad = |what: &str| SetupError::new(Layer::Exec, format!("{what} contains a NUL byte"));
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), SANDBOX_PATH.into()),
+            ("HOME".into(), "/tmp".into()),
+            ("TMPDIR".into(), "/tmp".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        for (name, value) in &spec.env {
+            match env.iter_mut().find(|(n, _)| n == name) {
+                Some(slot) => slot.1 = value.clone(),
+                None => env.push((name.clone(), value.clone())),
+            }
+        }
+        env.retain(|(name, _)| name != "RUN_ID");
+        env.push(("RUN_ID".into(), spec.run_id.clone()));
+        let path = env
+            .iter()
+            .find(|(n, _)| n == "PATH")
+            .map_or(SANDBOX_PATH.to_owned(), |(_, v)| v.clone());
+        let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+        let candidates: Vec<PathBuf> = if program.contains('/') {
+            vec![PathBuf::from(program)]
+        } else {
+            path.split(':')
+                .filter(|dir| dir.starts_with('/'))
+                .map(|dir| Path::new(dir).join(program))
+                .collect()
+        };
+        let mut writable: Vec<PathBuf> = spec
+            .mounts
+            .iter()
+            .filter(|m| spec.is_writable(m))
+            .map(|m| m.inside.clone())
+            .collect();
+        writable.push(PathBuf::from("/tmp"));
+        let limits = &spec.limits;
+        let cpu = limits.cpu_seconds_floor();
+        Ok(ExecPlan {
+            argv: spec
+                .argv
+                .iter()
+                .map(|a| CString::new(a.as_str()).map_err(|_| bad("an argument")))
+                .collect::<Result<_, _>>()?,
+            envp: env
+                .iter()
+                .map(|(n, v)| CString::new(format!("{n}={v}")).map_err(|_| bad("the environment")))
+                .collect::<Result<_, _>>()?,
+            candidates: candidates
+                .iter()
+                .map(|c| sys::cstring(c).map_err(|_| bad("the program path")))
+                .collect::<Result<_, _>>()?,
+            cwd: sys::cstring(&spec.effective_cwd()).map_err(|_| bad("the cwd"))?,
+            rlimits: vec![
+                rlimit(libc::RLIMIT_NOFILE, limits.open_files, limits.open_files),
+                rlimit(
+                    libc::RLIMIT_FSIZE,
+                    limits.file_size_bytes,
+                    limits.file_size_bytes,
+                ),
+                rlimit(libc::RLIMIT_CORE, 0, 0),
+                rlimit(libc::RLIMIT_CPU, cpu, cpu + 1),
+            ],
+            landlock: LandlockPlan {
+                writable,
+                everything_writable: spec.mode == SandboxMode::DangerFullAccess,
+                allow_degraded: spec.allow_degraded,
+            },
+            seccomp: seccomp::compile()?,
+            nproc_floor: limits.pids,
+        })
+    }
+}
+
+fn rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Rlimit {
+    Rlimit {
+        resource,
+        soft,
+        hard,
+    }
 }
 
 /// Lines on the status pipe, child → launcher.
@@ -118,9 +209,9 @@ fn exit(code: i32) -> ! {
 }
 
 /// Entry point of the clone. Never returns.
-pub(crate) fn init_main(mut plan: ChildPlan) -> ! {
-    match init_setup(&mut plan) {
-        Ok(()) => init_run(plan),
+pub(crate) fn init_main(plan: ChildPlan<'_>) -> ! {
+    match init_setup(&plan) {
+        Ok(exec) => init_run(&plan, exec),
         Err(e) => {
             send(plan.fds.status_write, &Message::Setup(e));
             exit(125)
@@ -145,12 +236,15 @@ fn wait_token(fd: RawFd, expected: &[u8]) -> Result<u8, SetupError> {
     }
 }
 
-fn init_setup(plan: &mut ChildPlan) -> Result<(), SetupError> {
+fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     for fd in &plan.fds.launcher_ends {
         // SAFETY: these are our copies of the launcher's pipe ends; closing them
         // only affects this process.
         unsafe { libc::close(*fd) };
     }
+    // Planning reads host metadata and small /etc files; it needs no ids yet.
+    let root = RootPlan::new(plan.spec, (plan.inside_uid, plan.inside_gid), plan.idmapped);
+    let mut exec = ExecPlan::from_spec(plan.spec)?;
     wait_token(plan.fds.sync_read, b"M")?;
     become_sandbox_user(plan)?;
     // After the id change (which resets it), so the sandbox dies with the launcher.
@@ -162,7 +256,7 @@ fn init_setup(plan: &mut ChildPlan) -> Result<(), SetupError> {
             std::io::Error::last_os_error(),
         ));
     }
-    plan.root.build()?;
+    root.build()?;
     // SAFETY: the name is a valid buffer of the given length.
     if unsafe { libc::sethostname(c"moat".as_ptr(), 4) } != 0 {
         return Err(SetupError::io(
@@ -177,8 +271,8 @@ fn init_setup(plan: &mut ChildPlan) -> Result<(), SetupError> {
     // `C`: placed in the run's cgroup; `N`: no cgroup (degraded), so the pids
     // limit falls back to RLIMIT_NPROC.
     if wait_token(plan.fds.sync_read, b"CN")? == b'N' {
-        let nproc = plan.exec.nproc_floor;
-        plan.exec.rlimits.push(Rlimit {
+        let nproc = exec.nproc_floor;
+        exec.rlimits.push(Rlimit {
             resource: libc::RLIMIT_NPROC,
             soft: nproc,
             hard: nproc,
@@ -193,13 +287,13 @@ fn init_setup(plan: &mut ChildPlan) -> Result<(), SetupError> {
             std::io::Error::last_os_error(),
         ));
     }
-    Ok(())
+    Ok(exec)
 }
 
 /// Switches to the sandbox's own uid/gid inside the user namespace, which the
 /// launcher mapped to an unprivileged host id. Capabilities within the new
 /// namespace survive the switch: they are dropped later, in the payload.
-fn become_sandbox_user(plan: &ChildPlan) -> Result<(), SetupError> {
+fn become_sandbox_user(plan: &ChildPlan<'_>) -> Result<(), SetupError> {
     let fail =
         |what: &str| SetupError::io(Layer::UserMapping, what, std::io::Error::last_os_error());
     let (uid, gid) = (plan.inside_uid, plan.inside_gid);
@@ -258,12 +352,12 @@ const FORWARDED: &[libc::c_int] = &[
     libc::SIGUSR2,
 ];
 
-fn init_run(plan: ChildPlan) -> ! {
+fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
     // SAFETY: the process is single-threaded (a clone of the single-threaded
     // launcher), so fork has no lock or thread hazards.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        payload_main(&plan.exec, &plan.fds);
+        payload_main(&exec, &plan.fds);
     }
     if pid < 0 {
         let e = SetupError::io(Layer::Launcher, "fork", std::io::Error::last_os_error());
@@ -331,7 +425,7 @@ fn payload_main(exec: &ExecPlan, fds: &ChildFds) -> ! {
 /// Returns only if every candidate failed to exec, with the most telling errno.
 fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> {
     let fail = |layer, what: &str| SetupError::io(layer, what, std::io::Error::last_os_error());
-    // SAFETY: setsid/dup2 on descriptors we own; resetting dispositions and the
+    // SAFETY: setsid/dup2 on descriptors we own; resetting SIGPIPE and the
     // mask is what a fresh program expects (the launcher ignores SIGPIPE and
     // blocks the forwarded signals).
     unsafe {
@@ -341,11 +435,9 @@ fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> 
         if libc::dup2(fds.stdout_write, 1) < 0 || libc::dup2(fds.stderr_write, 2) < 0 {
             return Err(fail(Layer::Launcher, "dup2"));
         }
-        for signal in 1..libc::SIGRTMAX() {
-            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::signal(signal, libc::SIG_DFL);
-            }
-        }
+        // The Rust runtime ignores SIGPIPE; handlers reset themselves at exec,
+        // and other ignored signals are the caller's choice, kept as `env` keeps them.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());

@@ -156,9 +156,8 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(bool, String), Setu
     let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> =
         vec![(PathBuf::from("/"), root_access)];
     rules.extend(plan.writable.iter().map(|p| (p.clone(), all)));
-    for dev in ["null", "zero", "full", "random", "urandom"] {
-        rules.push((PathBuf::from("/dev").join(dev), device));
-    }
+    // /dev holds only the five device nodes and symlinks, in the read-only root.
+    rules.push((PathBuf::from("/dev"), device));
     for (path, access) in rules {
         let fd = PathFd::new(&path).map_err(|e| fail(&e))?;
         ruleset = ruleset

@@ -2,10 +2,9 @@
 //! outside (id maps, idmapped roots, cgroup), supervises it and writes the
 //! report. See DESIGN.md, "OS sandbox", for the sequence.
 
-use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
 use moat_core::{
@@ -15,11 +14,10 @@ use moat_core::{
 use serde_json::json;
 
 use crate::cgroup::{self, RunCgroup};
-use crate::child::{self, ChildFds, ChildPlan, ExecPlan, Message};
-use crate::confine::{self, LandlockPlan, Rlimit};
+use crate::child::{self, ChildFds, ChildPlan, Message};
+use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
-use crate::mounts::RootPlan;
-use crate::seccomp;
+use crate::mounts::IdmappedRoots;
 use crate::spec::SandboxSpec;
 use crate::supervise::{self, OutputMode, Stream, Watched};
 use crate::sys::{self, Forked};
@@ -276,87 +274,6 @@ fn identity(spec: &SandboxSpec) -> Result<Identity, SetupError> {
     })
 }
 
-fn exec_plan(spec: &SandboxSpec) -> Result<ExecPlan, SetupError> {
-    let bad = |what: &str| SetupError::new(Layer::Exec, format!("{what} contains a NUL byte"));
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), SANDBOX_PATH.into()),
-        ("HOME".into(), "/tmp".into()),
-        ("TMPDIR".into(), "/tmp".into()),
-        ("LANG".into(), "C.UTF-8".into()),
-    ];
-    for (name, value) in &spec.env {
-        match env.iter_mut().find(|(n, _)| n == name) {
-            Some(slot) => slot.1 = value.clone(),
-            None => env.push((name.clone(), value.clone())),
-        }
-    }
-    env.retain(|(name, _)| name != "RUN_ID");
-    env.push(("RUN_ID".into(), spec.run_id.clone()));
-    let path = env
-        .iter()
-        .find(|(n, _)| n == "PATH")
-        .map_or(SANDBOX_PATH.to_owned(), |(_, v)| v.clone());
-    let program = spec.argv.first().map(String::as_str).unwrap_or_default();
-    let candidates: Vec<PathBuf> = if program.contains('/') {
-        vec![PathBuf::from(program)]
-    } else {
-        path.split(':')
-            .filter(|dir| dir.starts_with('/'))
-            .map(|dir| Path::new(dir).join(program))
-            .collect()
-    };
-    let mut writable: Vec<PathBuf> = spec
-        .mounts
-        .iter()
-        .filter(|m| spec.is_writable(m))
-        .map(|m| m.inside.clone())
-        .collect();
-    writable.push(PathBuf::from("/tmp"));
-    let limits = &spec.limits;
-    let cpu = limits.cpu_seconds_floor();
-    Ok(ExecPlan {
-        argv: spec
-            .argv
-            .iter()
-            .map(|a| CString::new(a.as_str()).map_err(|_| bad("an argument")))
-            .collect::<Result<_, _>>()?,
-        envp: env
-            .iter()
-            .map(|(n, v)| CString::new(format!("{n}={v}")).map_err(|_| bad("the environment")))
-            .collect::<Result<_, _>>()?,
-        candidates: candidates
-            .iter()
-            .map(|c| sys::cstring(c).map_err(|_| bad("the program path")))
-            .collect::<Result<_, _>>()?,
-        cwd: sys::cstring(&spec.effective_cwd()).map_err(|_| bad("the cwd"))?,
-        rlimits: vec![
-            rlimit(libc::RLIMIT_NOFILE, limits.open_files, limits.open_files),
-            rlimit(
-                libc::RLIMIT_FSIZE,
-                limits.file_size_bytes,
-                limits.file_size_bytes,
-            ),
-            rlimit(libc::RLIMIT_CORE, 0, 0),
-            rlimit(libc::RLIMIT_CPU, cpu, cpu + 1),
-        ],
-        landlock: LandlockPlan {
-            writable,
-            everything_writable: spec.mode == SandboxMode::DangerFullAccess,
-            allow_degraded: spec.allow_degraded,
-        },
-        seccomp: seccomp::compile()?,
-        nproc_floor: limits.pids,
-    })
-}
-
-fn rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Rlimit {
-    Rlimit {
-        resource,
-        soft,
-        hard,
-    }
-}
-
 /// Kills and reaps the clone unless the run reached its normal end.
 struct ChildGuard {
     pid: libc::pid_t,
@@ -459,19 +376,19 @@ fn launch(
     let id = identity(spec)?;
     state.enforcement.host_uid = id.host.0;
     state.enforcement.host_gid = id.host.1;
-    let idmap = id.launched_by_root && !spec.mounts.is_empty();
-    let mut root = RootPlan::new(spec, id.inside, idmap);
     let mut fs_notes = Vec::new();
-    if idmap {
-        if let Err(e) = root.prepare_idmapped() {
-            if !spec.allow_degraded {
-                return Err(e);
+    let idmapped = if id.launched_by_root && !spec.mounts.is_empty() {
+        match IdmappedRoots::prepare(spec) {
+            Ok(roots) => roots,
+            Err(e) if spec.allow_degraded => {
+                fs_notes.push(format!("idmapped roots unavailable ({e}): plain binds"));
+                IdmappedRoots::none()
             }
-            fs_notes.push(format!("idmapped roots unavailable ({e}): plain binds"));
-            root = RootPlan::new(spec, id.inside, false);
+            Err(e) => return Err(e),
         }
-    }
-    let exec = exec_plan(spec)?;
+    } else {
+        IdmappedRoots::none()
+    };
     let new_netns = spec.network != NetworkMode::Full;
 
     let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));
@@ -512,12 +429,12 @@ fn launch(
                 .chain(signals.fd.as_ref().map(|fd| fd.as_raw_fd()))
                 .collect(),
             },
-            root,
+            spec,
+            idmapped: &idmapped,
             inside_uid: id.inside.0,
             inside_gid: id.inside.1,
             clear_groups: id.launched_by_root,
             new_netns,
-            exec,
         }),
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
@@ -541,7 +458,7 @@ fn launch(
         state,
         SetupParts {
             id: &id,
-            root: &root,
+            idmapped: &idmapped,
             guard: &mut guard,
             sync_write,
             status_read: &status_read,
@@ -571,10 +488,10 @@ fn launch(
     );
     for m in &spec.mounts {
         let how = if spec.is_writable(m) { "rw" } else { "ro" };
-        let mapped = if idmap && fs_notes.is_empty() {
-            ", idmapped"
-        } else {
+        let mapped = if idmapped.is_empty() {
             ""
+        } else {
+            ", idmapped"
         };
         fs.push_str(&format!("; {} ({how}{mapped})", m.inside.display()));
     }
@@ -593,7 +510,7 @@ fn launch(
 
 struct SetupParts<'a> {
     id: &'a Identity,
-    root: &'a RootPlan,
+    idmapped: &'a IdmappedRoots,
     guard: &'a mut ChildGuard,
     sync_write: OwnedFd,
     status_read: &'a OwnedFd,
@@ -615,7 +532,7 @@ fn setup_and_supervise(
 ) -> Result<(), SetupError> {
     let SetupParts {
         id,
-        root,
+        idmapped,
         guard,
         sync_write,
         status_read,
@@ -632,18 +549,10 @@ fn setup_and_supervise(
     // even when the launcher's own step fails afterwards.
     let outside = (|| {
         write_id_maps(guard.pid, id)?;
-        if id.launched_by_root && root.sources.iter().any(|s| s.idmap) {
+        if !idmapped.is_empty() {
             let userns = std::fs::File::open(format!("/proc/{}/ns/user", guard.pid))
                 .map_err(io_err(Layer::UserMapping, "opening the user namespace"))?;
-            let failed = root.apply_idmap(&OwnedFd::from(userns));
-            if let Some((path, e)) = failed.first() {
-                return Err(SetupError::new(
-                    Layer::Filesystem,
-                    format!(
-                        "cannot idmap {path}: {e} (this filesystem does not support idmapped mounts)"
-                    ),
-                ));
-            }
+            idmapped.apply(spec, &OwnedFd::from(userns))?;
         }
         sys::write_all(sync_write.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
         let cgroup = place_in_cgroup(spec, guard.pid, state)?;

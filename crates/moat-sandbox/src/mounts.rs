@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -32,10 +32,75 @@ pub(crate) struct Source {
     /// idmapped take only their own mount.
     recursive: bool,
     attrs: u64,
-    /// Whether the launcher (root) idmaps this tree to the sandbox user.
-    pub(crate) idmap: bool,
-    /// The detached tree, cloned by the launcher before the clone when idmapped.
-    pub(crate) prepared: Option<OwnedFd>,
+    /// The detached, idmapped tree the launcher cloned before the clone
+    /// (inherited descriptor).
+    prepared: Option<RawFd>,
+}
+
+/// Declared roots cloned and idmapped by the launcher (only root may idmap
+/// a mount): the owner of each root appears, inside, as the sandbox user.
+pub(crate) struct IdmappedRoots {
+    /// One slot per declared mount of the spec, in order.
+    trees: Vec<Option<OwnedFd>>,
+}
+
+impl IdmappedRoots {
+    pub(crate) fn none() -> Self {
+        IdmappedRoots { trees: Vec::new() }
+    }
+
+    /// Launcher side, before the clone: clones each declared root as a
+    /// detached mount with its final flags.
+    pub(crate) fn prepare(spec: &SandboxSpec) -> Result<Self, SetupError> {
+        let mut trees = Vec::with_capacity(spec.mounts.len());
+        for mount in &spec.mounts {
+            let host = cpath(&mount.host)?;
+            let fail = |e| SetupError::io(Layer::Filesystem, mount.host.display(), e);
+            let fd = sys::open_tree(
+                libc::AT_FDCWD,
+                &host,
+                libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(fail)?;
+            let attrs = if spec.is_writable(mount) {
+                ATTR_RW
+            } else {
+                ATTR_RO
+            };
+            sys::mount_setattr(fd.as_raw_fd(), false, attrs, 0, None).map_err(fail)?;
+            trees.push(Some(fd));
+        }
+        Ok(IdmappedRoots { trees })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.trees.iter().all(Option::is_none)
+    }
+
+    fn raw(&self, index: usize) -> Option<RawFd> {
+        self.trees.get(index)?.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Launcher side, once the user namespace exists: maps each root's owner
+    /// to the sandbox user. Returns the first root that could not be mapped.
+    pub(crate) fn apply(&self, spec: &SandboxSpec, userns: &OwnedFd) -> Result<(), SetupError> {
+        for (tree, mount) in self.trees.iter().zip(&spec.mounts) {
+            if let Some(fd) = tree {
+                let set = libc::MOUNT_ATTR_IDMAP;
+                sys::mount_setattr(fd.as_raw_fd(), false, set, 0, Some(userns.as_raw_fd()))
+                    .map_err(|e| {
+                        SetupError::new(
+                            Layer::Filesystem,
+                            format!(
+                                "cannot idmap {}: {e} (does its filesystem support idmapped mounts?)",
+                                mount.host.display()
+                            ),
+                        )
+                    })?;
+            }
+        }
+        Ok(())
+    }
 }
 
 enum Op {
@@ -49,7 +114,7 @@ enum Op {
 
 /// The whole root filesystem of one run.
 pub(crate) struct RootPlan {
-    pub(crate) sources: Vec<Source>,
+    sources: Vec<Source>,
     ops: Vec<Op>,
     root_size: String,
 }
@@ -81,6 +146,8 @@ const MASKED_HOME_ENTRIES: &[&str] = &[
 const HOST_SKIPPED: &[&str] = &["proc", "dev", "tmp", "sys", "run", "root", "lost+found"];
 
 const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/// The `/etc` a program needs without a network (the network modes add
+/// resolver and TLS files). `passwd`, `group` and `hosts` are written fresh.
 const ETC_ENTRIES: &[&str] = &[
     "ld.so.cache",
     "ld.so.conf",
@@ -89,21 +156,19 @@ const ETC_ENTRIES: &[&str] = &[
     "timezone",
     "nsswitch.conf",
     "alternatives",
-    "ssl",
-    "ca-certificates",
-    "ca-certificates.conf",
     "os-release",
     "debian_version",
-    "services",
-    "protocols",
-    "mime.types",
 ];
+/// Small files are copied into the root tmpfs instead of bind-mounted: a copy
+/// is cheaper to make than a mount, and costs nothing at teardown.
+const COPY_LIMIT: u64 = 256 << 10;
+const COPY_DIR_ENTRIES: usize = 16;
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 
 impl RootPlan {
     /// Plans the root for `spec`, running as `inside` uid/gid. Reads host
     /// metadata only; mounts nothing.
-    pub(crate) fn new(spec: &SandboxSpec, inside: (u32, u32), idmap: bool) -> Self {
+    pub(crate) fn new(spec: &SandboxSpec, inside: (u32, u32), idmapped: &IdmappedRoots) -> Self {
         let mut plan = RootPlan {
             sources: Vec::new(),
             ops: Vec::new(),
@@ -126,7 +191,7 @@ impl RootPlan {
             ),
             false,
         ));
-        for mount in &spec.mounts {
+        for (i, mount) in spec.mounts.iter().enumerate() {
             let writable = spec.is_writable(mount);
             let is_file = mount.host.is_file();
             plan.declare_parents(&mount.inside);
@@ -135,24 +200,23 @@ impl RootPlan {
             } else {
                 Op::Dir(mount.inside.clone())
             });
-            let index = plan.source(
-                &mount.host,
-                !idmap,
-                if writable { ATTR_RW } else { ATTR_RO },
-                idmap,
-            );
+            let attrs = if writable { ATTR_RW } else { ATTR_RO };
+            let index = plan.source(&mount.host, true, attrs);
+            if let Some(fd) = idmapped.raw(i) {
+                plan.sources[index].prepared = Some(fd);
+                plan.sources[index].recursive = false;
+            }
             plan.ops.push(Op::Attach(mount.inside.clone(), index));
         }
         plan
     }
 
-    fn source(&mut self, host: &Path, recursive: bool, attrs: u64, idmap: bool) -> usize {
+    fn source(&mut self, host: &Path, recursive: bool, attrs: u64) -> usize {
         let host = CString::new(host.as_os_str().as_bytes()).unwrap_or_default();
         self.sources.push(Source {
             host,
             recursive,
             attrs,
-            idmap,
             prepared: None,
         });
         self.sources.len() - 1
@@ -184,9 +248,40 @@ impl RootPlan {
             } else {
                 Op::File(inside.to_path_buf(), Vec::new())
             });
-            let index = self.source(host, true, attrs, false);
+            let index = self.source(host, true, attrs);
             self.ops.push(Op::Attach(inside.to_path_buf(), index));
         }
+    }
+
+    /// Like [`RootPlan::mirror`], but small files are copied and small
+    /// directories of small files rebuilt, rather than mounted.
+    fn copy_or_mirror(&mut self, host: &Path, depth: u32) {
+        let Ok(meta) = std::fs::symlink_metadata(host) else {
+            return;
+        };
+        if meta.is_file() && meta.len() <= COPY_LIMIT {
+            if let Ok(content) = std::fs::read(host) {
+                self.ops.push(Op::File(host.to_path_buf(), content));
+                return;
+            }
+        }
+        if meta.is_dir() && depth > 0 {
+            let entries: Vec<PathBuf> = std::fs::read_dir(host)
+                .map(|d| {
+                    d.take(COPY_DIR_ENTRIES + 1)
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if entries.len() <= COPY_DIR_ENTRIES {
+                self.ops.push(Op::Dir(host.to_path_buf()));
+                for entry in entries {
+                    self.copy_or_mirror(&entry, depth - 1);
+                }
+                return;
+            }
+        }
+        self.mirror(host, host, ATTR_RO);
     }
 
     fn minimal_view(&mut self, network: NetworkMode, inside: (u32, u32)) {
@@ -195,16 +290,24 @@ impl RootPlan {
             self.mirror(&path, &path, ATTR_RO);
         }
         self.ops.push(Op::Dir("/etc".into()));
-        for entry in ETC_ENTRIES {
-            let path = Path::new("/etc").join(entry);
-            self.mirror(&path, &path, ATTR_RO);
-        }
-        if network == NetworkMode::Full {
-            for entry in ["resolv.conf", "hosts", "gai.conf"] {
-                let path = Path::new("/etc").join(entry);
-                self.mirror(&path, &path, ATTR_RO);
-            }
+        let network_entries: &[&str] = if network == NetworkMode::Full {
+            &[
+                "resolv.conf",
+                "hosts",
+                "gai.conf",
+                "ssl",
+                "ca-certificates",
+                "services",
+                "protocols",
+            ]
         } else {
+            &[]
+        };
+        for entry in ETC_ENTRIES.iter().chain(network_entries) {
+            let path = Path::new("/etc").join(entry);
+            self.copy_or_mirror(&path, 1);
+        }
+        if network != NetworkMode::Full {
             self.ops.push(Op::File(
                 "/etc/hosts".into(),
                 b"127.0.0.1\tlocalhost moat\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_vec(),
@@ -260,7 +363,7 @@ impl RootPlan {
                     true,
                 )),
                 Ok(meta) if meta.is_file() => {
-                    let index = self.source(Path::new("/dev/null"), false, ATTR_RO, false);
+                    let index = self.source(Path::new("/dev/null"), false, ATTR_RO);
                     self.ops.push(Op::Attach(path, index));
                 }
                 _ => {}
@@ -277,7 +380,6 @@ impl RootPlan {
                 &path,
                 false,
                 libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
-                false,
             );
             self.ops.push(Op::Attach(path, index));
         }
@@ -295,49 +397,16 @@ impl RootPlan {
         }
     }
 
-    /// Launcher side, before the clone: clones the trees that will be idmapped
-    /// (only root may idmap a mount) and sets their mount flags.
-    pub(crate) fn prepare_idmapped(&mut self) -> Result<(), SetupError> {
-        for source in self.sources.iter_mut().filter(|s| s.idmap) {
-            let fd = sys::open_tree(
-                libc::AT_FDCWD,
-                &source.host,
-                libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(|e| SetupError::io(Layer::Filesystem, display(&source.host), e))?;
-            sys::mount_setattr(fd.as_raw_fd(), false, source.attrs, 0, None)
-                .map_err(|e| SetupError::io(Layer::Filesystem, display(&source.host), e))?;
-            source.prepared = Some(fd);
-        }
-        Ok(())
-    }
-
-    /// Launcher side, after the user namespace exists: maps the owner of each
-    /// idmapped tree to the sandbox user. Returns the trees it could not map.
-    pub(crate) fn apply_idmap(&self, userns: &OwnedFd) -> Vec<(String, io::Error)> {
-        let mut failed = Vec::new();
-        for source in &self.sources {
-            if let Some(fd) = &source.prepared {
-                let set = libc::MOUNT_ATTR_IDMAP;
-                if let Err(e) =
-                    sys::mount_setattr(fd.as_raw_fd(), false, set, 0, Some(userns.as_raw_fd()))
-                {
-                    failed.push((display(&source.host), e));
-                }
-            }
-        }
-        failed
-    }
-
     /// Sandbox side: builds the root and pivots into it. Runs as the sandbox
     /// init, with full capabilities in its own user namespace only.
-    pub(crate) fn build(&mut self) -> Result<(), SetupError> {
+    pub(crate) fn build(&self) -> Result<(), SetupError> {
         let fs = |what: &str, e: io::Error| SetupError::io(Layer::Filesystem, what, e);
         sys::mount(c"none", c"/", c"", libc::MS_REC | libc::MS_PRIVATE, None)
             .map_err(|e| fs("making / private", e))?;
+        let mut owned = Vec::with_capacity(self.sources.len());
         let mut trees = Vec::with_capacity(self.sources.len());
-        for source in &mut self.sources {
-            let tree = match source.prepared.take() {
+        for source in &self.sources {
+            let tree = match source.prepared {
                 Some(fd) => fd,
                 None => {
                     let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
@@ -348,7 +417,9 @@ impl RootPlan {
                         .map_err(|e| fs(&display(&source.host), e))?;
                     sys::mount_setattr(fd.as_raw_fd(), source.recursive, source.attrs, 0, None)
                         .map_err(|e| fs(&display(&source.host), e))?;
-                    fd
+                    let raw = fd.as_raw_fd();
+                    owned.push(fd);
+                    raw
                 }
             };
             trees.push(tree);
@@ -383,7 +454,7 @@ fn display(path: &CString) -> String {
     String::from_utf8_lossy(path.as_bytes()).into_owned()
 }
 
-fn run_op(op: &Op, trees: &[OwnedFd]) -> Result<(), SetupError> {
+fn run_op(op: &Op, trees: &[RawFd]) -> Result<(), SetupError> {
     let fail = |path: &Path, e: io::Error| SetupError::io(Layer::Filesystem, path.display(), e);
     match op {
         Op::Dir(path) => {
@@ -414,7 +485,7 @@ fn run_op(op: &Op, trees: &[OwnedFd]) -> Result<(), SetupError> {
             let tree = trees.get(*index).ok_or_else(|| {
                 SetupError::new(Layer::Filesystem, "internal: mount plan out of order")
             })?;
-            sys::move_mount(tree, libc::AT_FDCWD, &target).map_err(|e| fail(path, e))?;
+            sys::move_mount(*tree, libc::AT_FDCWD, &target).map_err(|e| fail(path, e))?;
         }
         Op::Tmpfs(path, options, read_only) => {
             let target = staged(path)?;

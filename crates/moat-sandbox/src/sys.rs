@@ -68,13 +68,13 @@ pub(crate) fn open_tree(dirfd: RawFd, path: &CStr, flags: u32) -> io::Result<Own
 }
 
 /// `move_mount(2)` of the detached mount `from` onto `to` (relative to `to_dirfd`).
-pub(crate) fn move_mount(from: &OwnedFd, to_dirfd: RawFd, to: &CStr) -> io::Result<()> {
+pub(crate) fn move_mount(from: RawFd, to_dirfd: RawFd, to: &CStr) -> io::Result<()> {
     let empty = c"";
     // SAFETY: both strings are NUL-terminated and outlive the call; `from` is open.
     cvt(unsafe {
         libc::syscall(
             libc::SYS_move_mount,
-            from.as_raw_fd(),
+            from,
             empty.as_ptr(),
             to_dirfd,
             to.as_ptr(),

@@ -1,7 +1,8 @@
 //! Cgroup limits for one run: v2 first, v1 as the fallback (hybrid hosts).
 //!
 //! Each run gets `<the launcher's own cgroup>/moat/<run id>`, created before the
-//! program starts and removed after it ends. Existing cgroups are only read.
+//! program starts and removed after it ends; the `moat` directory itself is
+//! created once and left, empty, for the next run. Existing cgroups are only read.
 
 mod v1;
 mod v2;
@@ -24,7 +25,8 @@ pub(crate) struct CgroupStats {
 pub(crate) trait RunCgroup {
     fn attach(&self, pid: libc::pid_t) -> io::Result<()>;
     fn stats(&self) -> CgroupStats;
-    /// Removes the run's directories (and `moat` if it is left empty).
+    /// Removes the run's directories. The shared, empty `moat` parent stays:
+    /// removing it would race with a concurrent run creating its own.
     fn remove(&self) -> io::Result<()>;
     /// Where it lives, for the report.
     fn describe(&self) -> String;
@@ -134,13 +136,6 @@ fn remove_dir(path: &Path) -> io::Result<()> {
         }
     }
     std::fs::remove_dir(path)
-}
-
-/// Removes the shared `moat` parent if no other run uses it.
-fn remove_parent_if_empty(run_dir: &Path) {
-    if let Some(parent) = run_dir.parent() {
-        let _ = std::fs::remove_dir(parent);
-    }
 }
 
 #[cfg(test)]

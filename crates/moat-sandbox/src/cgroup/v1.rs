@@ -32,8 +32,9 @@ impl Cgroup {
         let cgroup = Cgroup {
             memory: run_dir("memory").ok_or_else(|| missing("memory"))?,
             pids: run_dir("pids").ok_or_else(|| missing("pids"))?,
-            cpu: run_dir("cpu"),
-            cpuacct: run_dir("cpuacct"),
+            // The CPU hierarchies cost a directory each per run: only with a CPU limit.
+            cpu: limits.cpu_millis.and(run_dir("cpu")),
+            cpuacct: limits.cpu_millis.and(run_dir("cpuacct")),
         };
         if limits.cpu_millis.is_some() && cgroup.cpu.is_none() {
             return Err(missing("cpu"));
@@ -66,10 +67,12 @@ impl Cgroup {
             &self.memory.join("memory.limit_in_bytes"),
             &limits.memory_bytes.to_string(),
         )?;
-        // Without this, swap would let the tree exceed its memory limit.
+        // Without this, swap would let the tree exceed its memory limit. The file
+        // exists only with swap accounting; without it there is no swap to limit.
         let memsw = self.memory.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
-            super::write(&memsw, &limits.memory_bytes.to_string())?;
+        match super::write(&memsw, &limits.memory_bytes.to_string()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
         super::write(&self.pids.join("pids.max"), &limits.pids.to_string())?;
         if let (Some(millis), Some(cpu)) = (limits.cpu_millis, &self.cpu) {
@@ -106,7 +109,6 @@ impl RunCgroup for Cgroup {
             if let Err(e) = super::remove_dir(dir) {
                 first_error.get_or_insert(e);
             }
-            super::remove_parent_if_empty(dir);
         }
         first_error.map_or(Ok(()), Err)
     }

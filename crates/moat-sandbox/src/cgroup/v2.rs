@@ -103,9 +103,7 @@ impl RunCgroup for Cgroup {
         // Anything still inside (there should be nothing: the pid namespace is
         // gone) is killed first so the directory can go.
         let _ = super::write(&self.dir.join("cgroup.kill"), "1");
-        let removed = super::remove_dir(&self.dir);
-        super::remove_parent_if_empty(&self.dir);
-        removed
+        super::remove_dir(&self.dir)
     }
 
     fn describe(&self) -> String {

@@ -352,18 +352,70 @@ const FORWARDED: &[libc::c_int] = &[
     libc::SIGUSR2,
 ];
 
+/// What the payload runs from: it shares init's memory until it execs.
+struct PayloadArgs<'a> {
+    exec: &'a ExecPlan,
+    fds: &'a ChildFds,
+}
+
+extern "C" fn payload_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the PayloadArgs that spawn_payload passed, alive in
+    // init's (shared, suspended) frame until this process execs or exits.
+    let args = unsafe { &*arg.cast::<PayloadArgs<'_>>() };
+    payload_main(args.exec, args.fds)
+}
+
+/// Starts the payload the way `posix_spawn` does: `CLONE_VM | CLONE_VFORK` on
+/// a stack of its own. No page tables are copied and no copy-on-write faults
+/// follow, and init sleeps until the payload has exec'd (or failed), so the
+/// payload usually runs on init's CPU without a cross-CPU wake-up.
+fn spawn_payload(exec: &ExecPlan, fds: &ChildFds) -> std::io::Result<libc::pid_t> {
+    const STACK: usize = 1 << 20;
+    const GUARD: usize = 64 << 10;
+    // SAFETY: a fresh anonymous private mapping; nothing else refers to it.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            STACK + GUARD,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the lowest GUARD bytes of our own mapping become a guard page,
+    // so a stack overflow faults instead of writing over init's memory.
+    unsafe { libc::mprotect(base, GUARD, libc::PROT_NONE) };
+    let mut args = PayloadArgs { exec, fds };
+    // SAFETY: the stack top is inside our mapping (stacks grow down); with
+    // CLONE_VFORK init is suspended until the payload execs or exits, so the
+    // shared memory, including `args` and the allocator, has one user at a time;
+    // without CLONE_FILES, CLONE_FS or CLONE_THREAD the payload gets its own
+    // descriptors, cwd, credentials, rlimits and seccomp/Landlock state.
+    let pid = unsafe {
+        libc::clone(
+            payload_entry,
+            base.cast::<u8>().add(STACK + GUARD).cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(args).cast(),
+        )
+    };
+    // The stack stays mapped: init is about to become a reaper for good.
+    sys::cvt(pid)
+}
+
 fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
-    // SAFETY: the process is single-threaded (a clone of the single-threaded
-    // launcher), so fork has no lock or thread hazards.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        payload_main(&exec, &plan.fds);
-    }
-    if pid < 0 {
-        let e = SetupError::io(Layer::Launcher, "fork", std::io::Error::last_os_error());
-        send(plan.fds.status_write, &Message::Setup(e));
-        exit(125);
-    }
+    let pid = match spawn_payload(&exec, &plan.fds) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let e = SetupError::io(Layer::Launcher, "starting the program", e);
+            send(plan.fds.status_write, &Message::Setup(e));
+            exit(125);
+        }
+    };
     PAYLOAD_PID.store(pid, Ordering::Relaxed);
     for fd in [
         plan.fds.stdout_write,

@@ -235,9 +235,12 @@ impl RootPlan {
     /// Mirrors a host entry: a symlink stays a symlink, a directory or file is
     /// attached read-only. Missing entries are skipped.
     fn mirror(&mut self, host: &Path, inside: &Path, attrs: u64) {
-        let Ok(meta) = std::fs::symlink_metadata(host) else {
-            return;
-        };
+        if let Ok(meta) = std::fs::symlink_metadata(host) {
+            self.mirror_entry(host, inside, &meta, attrs);
+        }
+    }
+
+    fn mirror_entry(&mut self, host: &Path, inside: &Path, meta: &std::fs::Metadata, attrs: u64) {
         if meta.file_type().is_symlink() {
             if let Ok(target) = std::fs::read_link(host) {
                 self.ops.push(Op::Symlink(inside.to_path_buf(), target));
@@ -260,7 +263,7 @@ impl RootPlan {
             return;
         };
         if meta.is_file() && meta.len() <= COPY_LIMIT {
-            if let Ok(content) = std::fs::read(host) {
+            if let Some(content) = read_small(host, meta.len()) {
                 self.ops.push(Op::File(host.to_path_buf(), content));
                 return;
             }
@@ -281,7 +284,7 @@ impl RootPlan {
                 return;
             }
         }
-        self.mirror(host, host, ATTR_RO);
+        self.mirror_entry(host, host, &meta, ATTR_RO);
     }
 
     fn minimal_view(&mut self, network: NetworkMode, inside: (u32, u32)) {
@@ -376,11 +379,8 @@ impl RootPlan {
         for dev in DEVICES {
             let path = Path::new("/dev").join(dev);
             self.ops.push(Op::File(path.clone(), Vec::new()));
-            let index = self.source(
-                &path,
-                false,
-                libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
-            );
+            // Device nodes can neither be executed nor be set-id: no flags to set.
+            let index = self.source(&path, false, 0);
             self.ops.push(Op::Attach(path, index));
         }
         for (link, target) in [
@@ -415,8 +415,10 @@ impl RootPlan {
                     }
                     let fd = sys::open_tree(libc::AT_FDCWD, &source.host, flags)
                         .map_err(|e| fs(&display(&source.host), e))?;
-                    sys::mount_setattr(fd.as_raw_fd(), source.recursive, source.attrs, 0, None)
-                        .map_err(|e| fs(&display(&source.host), e))?;
+                    if source.attrs != 0 {
+                        sys::mount_setattr(fd.as_raw_fd(), source.recursive, source.attrs, 0, None)
+                            .map_err(|e| fs(&display(&source.host), e))?;
+                    }
                     let raw = fd.as_raw_fd();
                     owned.push(fd);
                     raw
@@ -439,6 +441,17 @@ impl RootPlan {
         }
         pivot_into(&stage)
     }
+}
+
+/// Reads a file whose size is known, without the extra `stat` of `fs::read`.
+fn read_small(path: &Path, size: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut content = Vec::with_capacity(usize::try_from(size).ok()? + 1);
+    std::fs::File::open(path)
+        .ok()?
+        .read_to_end(&mut content)
+        .ok()?;
+    Some(content)
 }
 
 fn staged(inside: &Path) -> Result<CString, SetupError> {

@@ -145,6 +145,16 @@ fn main() {
                 ) as i64
             }
             "kill" => libc::kill(arg.parse().unwrap_or(1), 0) as i64,
+            "open-rw" => libc::open(cstr(&arg).as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) as i64,
+            "init-caps" => {
+                let status = std::fs::read_to_string("/proc/1/status").unwrap_or_default();
+                let eff = status
+                    .lines()
+                    .find(|l| l.starts_with("CapEff:"))
+                    .unwrap_or("none");
+                println!("{}", eff.split_whitespace().last().unwrap_or("none"));
+                return;
+            }
             "alloc" => {
                 // Allocate and touch ARG MiB, one page at a time.
                 let mib: usize = arg.parse().unwrap_or(1024);

@@ -232,3 +232,48 @@ fn network_full_is_an_explicit_choice_and_reported() {
         "{detail}"
     );
 }
+
+/// init is the only process in the sandbox that ever held capabilities (in
+/// the sandbox's user namespace, to build the root). The program must not be
+/// able to reach into it, and by the time the program runs it holds none.
+#[test]
+fn the_program_cannot_take_over_init() {
+    for (as_user, extra) in [(None, vec![]), (Some(65534), vec!["--allow-degraded"])] {
+        let bin = tempfile::tempdir().unwrap();
+        make_world_accessible(bin.path());
+        for (from, name) in [(std::path::PathBuf::from(MOAT), "moat"), (probe(), "probe")] {
+            let to = bin.path().join(name);
+            std::fs::copy(from, &to).unwrap();
+        }
+        let moat = bin.path().join("moat");
+        let probe_dir = format!("{}:/probe", bin.path().display());
+        let mut args = vec!["--ro", probe_dir.as_str()];
+        args.extend(&extra);
+        for target in ["/proc/1/mem", "/proc/1/environ"] {
+            let run = exec_as(
+                moat.to_str().unwrap(),
+                &args,
+                &["/probe/probe", "open-rw", target],
+                as_user,
+            );
+            assert_eq!(
+                run.stdout.trim(),
+                "errno=13",
+                "{as_user:?} {target}: {}",
+                run.stderr
+            );
+        }
+        let caps = exec_as(
+            moat.to_str().unwrap(),
+            &args,
+            &["/bin/sh", "-c", "sleep 0.2; /probe/probe init-caps"],
+            as_user,
+        );
+        assert_eq!(
+            caps.stdout.trim(),
+            "0000000000000000",
+            "{as_user:?}: {}",
+            caps.stderr
+        );
+    }
+}

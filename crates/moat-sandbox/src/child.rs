@@ -408,6 +408,20 @@ fn spawn_payload(exec: &ExecPlan, fds: &ChildFds) -> std::io::Result<libc::pid_t
 }
 
 fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
+    // init keeps full capabilities in the sandbox's user namespace until the
+    // program is started: make sure the program cannot reach into it through
+    // /proc/1/mem and friends (non-dumpable needs CAP_SYS_PTRACE over the
+    // host's user namespace to attach).
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        let e = SetupError::io(
+            Layer::Privileges,
+            "PR_SET_DUMPABLE",
+            std::io::Error::last_os_error(),
+        );
+        send(plan.fds.status_write, &Message::Setup(e));
+        exit(125);
+    }
     let pid = match spawn_payload(&exec, &plan.fds) {
         Ok(pid) => pid,
         Err(e) => {
@@ -417,6 +431,14 @@ fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
         }
     };
     PAYLOAD_PID.store(pid, Ordering::Relaxed);
+    // From here init only reaps and forwards signals: it needs no capability,
+    // and gives them all up while the program runs.
+    if let Err(e) = confine::drop_privileges() {
+        // SAFETY: kill of our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        send(plan.fds.status_write, &Message::Setup(e));
+        exit(125);
+    }
     for fd in [
         plan.fds.stdout_write,
         plan.fds.stderr_write,

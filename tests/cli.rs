@@ -46,6 +46,8 @@ fn bad_flags_and_paths_exit_2_with_a_message() {
             "/bin/true",
         ],
         vec!["exec", "--rw", "/tmp:/usr/evil", "--", "/bin/true"],
+        vec!["exec", "--rw", "/:/host", "--", "/bin/true"],
+        vec!["exec", "--ro", "/proc/self/root:/host", "--", "/bin/true"],
         vec![
             "exec",
             "--env",

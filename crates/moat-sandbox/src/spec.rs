@@ -190,6 +190,13 @@ fn resolve_host(path: &Path) -> Result<PathBuf, SpecError> {
         reason,
     };
     let resolved = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
+    if resolved == Path::new("/") {
+        return Err(bad(
+            "the host root cannot be a declared root (use --root host-ro to see the host \
+             read-only)"
+                .into(),
+        ));
+    }
     let meta = std::fs::metadata(&resolved).map_err(|e| bad(e.to_string()))?;
     if !(meta.is_dir() || meta.is_file()) {
         return Err(bad(

@@ -99,7 +99,18 @@ fn main() {
                 )
             }
             "x32" => libc::syscall(libc::SYS_getpid | 0x4000_0000),
+            "int80" => {
+                // getpid (20) through the i386 entry point; -EPERM comes back in eax.
+                let mut eax: i32 = 20;
+                std::arch::asm!("int 0x80", inout("eax") eax, options(nostack));
+                if eax < 0 {
+                    println!("errno={}", -eax);
+                    return;
+                }
+                0
+            }
             "packet-socket" => libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) as i64,
+            "vsock" => libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) as i64,
             "raw-socket" => libc::socket(
                 libc::AF_INET,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,

@@ -146,6 +146,7 @@ pub fn main(args: ExecArgs) -> ExitCode {
 }
 
 fn run(args: ExecArgs) -> anyhow::Result<u8> {
+    moat_sandbox::hold_interrupts();
     let spec = build_spec(&args)?;
     let mut events = EventWriter::open(args.events.as_deref())?;
     let mut report_out = match args.report.as_deref() {

@@ -56,6 +56,7 @@ fn bad_flags_and_paths_exit_2_with_a_message() {
             "/bin/true",
         ],
         vec!["exec", "--timeout", "soon", "--", "/bin/true"],
+        vec!["exec", "--timeout", "999999999999s", "--", "/bin/true"],
         vec!["exec"],
     ] {
         let output = Command::new(MOAT)

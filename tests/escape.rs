@@ -80,25 +80,86 @@ fn absolute_host_paths_are_invisible_in_the_minimal_root() {
 
 #[test]
 fn host_ro_root_masks_credentials_and_private_tmp() {
-    let canary = Canary::plant();
+    let in_tmp = Canary::plant_in("/tmp");
+    let in_var = Canary::plant();
     let script = format!(
-        "cat /etc/shadow; ls -A /root; ls -A /run; cat {}; \
-         test -r /etc/passwd && echo PASSWD-READABLE; touch /etc/moat-{} || echo ETC-READONLY",
-        canary.path.display(),
-        token()
+        "cat /etc/shadow; ls -A /root; ls -A /run; cat {tmp}; cat {var}; \
+         echo pwned > {var} || echo VAR-READONLY; \
+         test -r /etc/passwd && echo PASSWD-READABLE; touch /etc/moat-{t} || echo ETC-READONLY",
+        tmp = in_tmp.path.display(),
+        var = in_var.path.display(),
+        t = token()
     );
     let run = exec(&["--root", "host-ro"], &["/bin/sh", "-c", &script]);
     assert!(run.stdout.contains("PASSWD-READABLE"), "{}", run.stdout);
     assert!(run.stdout.contains("ETC-READONLY"), "{}", run.stdout);
+    assert!(run.stdout.contains("VAR-READONLY"), "{}", run.stdout);
     assert!(
         !run.stdout.contains("root:"),
         "shadow leaked: {}",
         run.stdout
     );
-    assert!(!run.stdout.contains(&canary.content));
-    canary.assert_intact();
+    // The host is visible read-only, but /tmp is the sandbox's own.
+    assert!(run.stdout.contains(&in_var.content), "{}", run.stdout);
+    assert!(!run.stdout.contains(&in_tmp.content), "{}", run.stdout);
+    in_tmp.assert_intact();
+    in_var.assert_intact();
     assert_eq!(run.report["enforcement"]["rootView"], "host-ro");
     assert_all_layers_enforced(&run);
+}
+
+#[test]
+fn declared_roots_must_not_go_through_symlinks() {
+    let canary = Canary::plant();
+    let ws = workspace();
+    let link = ws.path().join("escape");
+    std::os::unix::fs::symlink(canary.dir.path(), &link).unwrap();
+    for flag in ["--workspace", "--output", "--rw"] {
+        let output = std::process::Command::new(MOAT)
+            .args(["exec", flag, path_str(&link), "--", "/bin/true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(stderr.contains("symbolic link"), "{stderr}");
+    }
+    // A nested mount point is never created through a symlink either.
+    let inner = workspace();
+    let output = std::process::Command::new(MOAT)
+        .args(["exec", "--workspace", path_str(ws.path())])
+        .arg("--ro")
+        .arg(format!(
+            "{}:/workspace/escape/planted",
+            path_str(inner.path())
+        ))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    canary.assert_intact();
+}
+
+#[test]
+fn a_nested_file_root_leaves_the_outer_roots_file_untouched() {
+    let ws = workspace();
+    std::fs::write(ws.path().join("config"), "original\n").unwrap();
+    let replacement = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(replacement.path(), "replacement\n").unwrap();
+    let bind = format!("{}:/workspace/config", replacement.path().display());
+    let run = exec(
+        &["--workspace", path_str(ws.path()), "--ro", &bind],
+        &["/bin/cat", "/workspace/config"],
+    );
+    assert_eq!(run.stdout, "replacement\n", "{}", run.stderr);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("config")).unwrap(),
+        "original\n"
+    );
 }
 
 #[test]

@@ -78,10 +78,14 @@ fn env_flag_passes_only_the_named_variable() {
 
 #[test]
 fn only_standard_descriptors_are_open() {
-    // Leak a descriptor into moat on purpose: it must not reach the program.
+    // Leak a descriptor into moat on purpose (close-on-exec cleared, so moat
+    // really inherits it): it must not reach the program.
     let leaked = std::fs::File::open("/etc/hostname").unwrap();
-    let _keep = leaked;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&leaked);
+    // SAFETY: clearing FD_CLOEXEC on a descriptor this test owns.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
     let run = probe_run(&[], &["fds"]);
+    drop(leaked);
     assert_eq!(run.stdout.trim(), "0,1,2", "{}", run.stderr);
 }
 
@@ -276,4 +280,46 @@ fn the_program_cannot_take_over_init() {
             caps.stderr
         );
     }
+}
+
+#[test]
+fn a_terminal_on_stdin_is_replaced_by_dev_null() {
+    // SAFETY: standard pty allocation; the master is closed at the end.
+    let (master, slave_path) = unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(master >= 0);
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(master));
+        (master, name.to_string_lossy().into_owned())
+    };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&slave_path)
+        .unwrap();
+    let output = Command::new(MOAT)
+        .args(["exec", "--", "/usr/bin/readlink", "/proc/self/fd/0"])
+        .stdin(slave)
+        .output()
+        .unwrap();
+    // SAFETY: closing the master opened above.
+    unsafe { libc::close(master) };
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "/dev/null");
+    // A pipe is passed on.
+    let mut piped = Command::new(MOAT)
+        .args(["exec", "--", "/bin/cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    piped
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"through a pipe")
+        .unwrap();
+    let out = piped.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through a pipe");
 }

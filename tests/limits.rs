@@ -95,3 +95,25 @@ fn a_full_tmp_gives_enospc_not_a_full_host_disk() {
     );
     assert!(!std::path::Path::new("/tmp").join(&name).exists());
 }
+
+#[test]
+fn a_reader_that_never_reads_does_not_stop_the_timeout() {
+    let started = std::time::Instant::now();
+    let mut child = Command::new(MOAT)
+        .args(["exec", "--timeout", "1s", "--", "/usr/bin/yes"])
+        .stdout(std::process::Stdio::piped()) // never read
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("moat did not end with its reader stalled");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(124));
+}

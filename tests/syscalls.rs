@@ -83,7 +83,25 @@ fn packet_and_raw_sockets_are_denied() {
 fn the_x32_abi_cannot_bypass_the_filter() {
     let run = probe_run(&[], &["x32"]);
     assert_eq!(run.stdout.trim(), "errno=1", "{}", run.stdout);
-    run.assert_syscall_denied_event("x32#39");
+    run.assert_syscall_denied_event("x32-abi");
+}
+
+#[test]
+fn the_i386_entry_point_cannot_bypass_the_filter() {
+    let run = probe_run(&[], &["int80"]);
+    assert_eq!(run.stdout.trim(), "errno=1", "{}", run.stdout);
+    run.assert_syscall_denied_event("i386-abi");
+}
+
+#[test]
+fn vsock_is_denied() {
+    assert_denied_socket("vsock");
+}
+
+fn assert_denied_socket(check: &str) {
+    let run = probe_run(&[], &[check]);
+    assert_eq!(run.stdout.trim(), "errno=1", "{check}: {}", run.stdout);
+    run.assert_syscall_denied_event("socket");
 }
 
 /// TIOCSTI on a real terminal: the classic way out of a sandbox that shares

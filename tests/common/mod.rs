@@ -153,6 +153,8 @@ pub fn token() -> String {
 
 /// A host file with a random name and random content outside every sandbox
 /// root; removed on drop. `assert_intact` proves nothing touched it.
+/// Planted under /var/tmp by default: unlike /tmp (always replaced by the
+/// sandbox's own), /var/tmp would be visible if the host root leaked in.
 pub struct Canary {
     pub dir: tempfile::TempDir,
     pub path: PathBuf,
@@ -161,7 +163,15 @@ pub struct Canary {
 
 impl Canary {
     pub fn plant() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Self::plant_in("/var/tmp")
+    }
+
+    pub fn plant_in(parent: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("moat-canary-")
+            .tempdir_in(parent)
+            .expect("tempdir");
+        make_world_accessible(dir.path());
         let path = dir.path().join(format!("canary-{}", token()));
         let content = format!("secret-{}", token());
         std::fs::write(&path, &content).expect("plant canary");

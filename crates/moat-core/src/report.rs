@@ -133,6 +133,8 @@ pub struct SandboxReport {
     pub peak_memory_bytes: u64,
     pub timed_out: bool,
     pub oom_killed: bool,
+    /// A fork or clone was refused because the pids limit was reached.
+    pub pids_limit_hit: bool,
     /// The launcher was interrupted (SIGINT/SIGTERM/SIGHUP) and stopped the run.
     pub interrupted: bool,
     pub stdout: OutputReport,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use std::path::{Path, PathBuf};
 
-use moat_core::SandboxMode;
+use moat_core::{LayerStatus, SandboxMode};
 
 use crate::confine::{self, LandlockPlan, Rlimit};
 use crate::error::{Layer, SetupError};
@@ -153,8 +153,8 @@ pub(crate) enum Message {
     /// `S e <code>` / `S s <signal>`: how the program ended.
     Exited(i32),
     Signaled(i32),
-    /// `L <1|0>\t<detail>`: Landlock result.
-    Landlock(bool, String),
+    /// `L <2|1|0>\t<detail>`: Landlock enforced, degraded or not.
+    Landlock(LayerStatus, String),
     /// `C <1|0>`: seccomp installed with (1) or without (0) user notification.
     Seccomp(bool),
 }
@@ -167,8 +167,13 @@ impl Message {
             Message::Exec(errno) => format!("X {errno}\n"),
             Message::Exited(code) => format!("S e {code}\n"),
             Message::Signaled(signal) => format!("S s {signal}\n"),
-            Message::Landlock(full, detail) => {
-                format!("L {}\t{}\n", u8::from(*full), clean(detail))
+            Message::Landlock(status, detail) => {
+                let level = match status {
+                    LayerStatus::Enforced => 2,
+                    LayerStatus::Degraded => 1,
+                    LayerStatus::NotEnforced => 0,
+                };
+                format!("L {level}\t{}\n", clean(detail))
             }
             Message::Seccomp(notify) => format!("C {}\n", u8::from(*notify)),
         }
@@ -189,7 +194,12 @@ impl Message {
             },
             "L" => {
                 let (full, detail) = rest.split_once('\t')?;
-                Message::Landlock(full == "1", detail.to_owned())
+                let status = match full {
+                    "2" => LayerStatus::Enforced,
+                    "1" => LayerStatus::Degraded,
+                    _ => LayerStatus::NotEnforced,
+                };
+                Message::Landlock(status, detail.to_owned())
             }
             "C" => Message::Seccomp(rest == "1"),
             _ => return None,
@@ -509,6 +519,22 @@ fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> 
         if libc::dup2(fds.stdout_write, 1) < 0 || libc::dup2(fds.stderr_write, 2) < 0 {
             return Err(fail(Layer::Launcher, "dup2"));
         }
+        // stdin is passed on only when it is a pipe or a file, which the program
+        // can just read; anything else (a terminal, a socket) could be written
+        // to or controlled, past the output cap: the program gets /dev/null.
+        let mut st: libc::stat = std::mem::zeroed();
+        let kind = if libc::fstat(0, &mut st) == 0 {
+            st.st_mode & libc::S_IFMT
+        } else {
+            0
+        };
+        if kind != libc::S_IFIFO && kind != libc::S_IFREG {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+            if null < 0 || libc::dup2(null, 0) < 0 {
+                return Err(fail(Layer::Launcher, "stdin from /dev/null"));
+            }
+            libc::close(null);
+        }
         // The Rust runtime ignores SIGPIPE; handlers reset themselves at exec,
         // and other ignored signals are the caller's choice, kept as `env` keeps them.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -525,8 +551,8 @@ fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> 
             &format!("chdir {}", exec.cwd.to_string_lossy()),
         ));
     }
-    let (full, detail) = confine::apply_landlock(&exec.landlock)?;
-    send(fds.status_write, &Message::Landlock(full, detail));
+    let (status, detail) = confine::apply_landlock(&exec.landlock)?;
+    send(fds.status_write, &Message::Landlock(status, detail));
     install_seccomp(exec, fds)?;
     sys::cloexec_from(3).map_err(|e| SetupError::io(Layer::Launcher, "close_range", e))?;
 

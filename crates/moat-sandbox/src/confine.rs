@@ -9,6 +9,8 @@ use landlock::{
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
+use moat_core::LayerStatus;
+
 use crate::error::{Layer, SetupError};
 
 /// One `setrlimit` to apply; the hard limit is never raised above the current one.
@@ -136,7 +138,7 @@ pub(crate) fn kernel_abi() -> u32 {
 }
 
 /// Restricts this process. Returns a one-line description of what holds.
-pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(bool, String), SetupError> {
+pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(LayerStatus, String), SetupError> {
     let fail = |e: &dyn std::fmt::Display| SetupError::new(Layer::Landlock, e.to_string());
     let level = if plan.allow_degraded {
         CompatLevel::BestEffort
@@ -165,17 +167,22 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(bool, String), Setu
             .map_err(|e| fail(&e))?;
     }
     let status: RestrictionStatus = ruleset.restrict_self().map_err(|e| fail(&e))?;
-    let fully = status.ruleset == RulesetStatus::FullyEnforced;
-    let what = match status.ruleset {
-        RulesetStatus::FullyEnforced => "fully enforced",
-        RulesetStatus::PartiallyEnforced => "partially enforced (kernel ABI too old)",
-        RulesetStatus::NotEnforced => "not enforced (Landlock unavailable)",
+    let (layer, what) = match status.ruleset {
+        RulesetStatus::FullyEnforced => (LayerStatus::Enforced, "fully enforced"),
+        RulesetStatus::PartiallyEnforced => (
+            LayerStatus::Degraded,
+            "partially enforced (kernel ABI too old)",
+        ),
+        RulesetStatus::NotEnforced => (
+            LayerStatus::NotEnforced,
+            "not enforced (Landlock unavailable)",
+        ),
     };
-    if !fully && !plan.allow_degraded {
+    if layer != LayerStatus::Enforced && !plan.allow_degraded {
         return Err(SetupError::new(Layer::Landlock, what));
     }
     Ok((
-        fully,
+        layer,
         format!(
             "filesystem rules (ABI {}) and signal/abstract-socket scoping {what}",
             FS_ABI as u32

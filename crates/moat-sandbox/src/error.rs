@@ -68,6 +68,8 @@ impl fmt::Display for Layer {
 pub enum SpecError {
     #[error("no program given")]
     EmptyArgv,
+    #[error("run id `{0}` must be 1-64 characters of [A-Za-z0-9._-], not starting with `.`")]
+    BadRunId(String),
     #[error("argument {index} contains a NUL byte")]
     NulInArgument { index: usize },
     #[error("environment variable `{0}` has an invalid name or value")]
@@ -80,8 +82,12 @@ pub enum SpecError {
     DuplicateMount(PathBuf),
     #[error("cwd {0} is not an absolute path")]
     BadCwd(PathBuf),
-    #[error("limit {name} must be at least {min}")]
-    LimitTooSmall { name: &'static str, min: u64 },
+    #[error("limit {name} must be between {min} and {max}")]
+    LimitOutOfRange {
+        name: &'static str,
+        min: u64,
+        max: u64,
+    },
     #[error("network mode {0} needs the egress proxy, which this build does not have yet")]
     UnsupportedNetwork(moat_core::NetworkMode),
 }

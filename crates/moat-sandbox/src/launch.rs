@@ -3,7 +3,6 @@
 //! report. See DESIGN.md, "OS sandbox", for the sequence.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
@@ -140,6 +139,7 @@ struct RunState {
     cpu_ms: u64,
     peak_memory_bytes: u64,
     oom_killed: bool,
+    pids_limit_hit: bool,
 }
 
 impl RunState {
@@ -172,6 +172,7 @@ impl RunState {
             cpu_ms: 0,
             peak_memory_bytes: 0,
             oom_killed: false,
+            pids_limit_hit: false,
         }
     }
 
@@ -214,6 +215,7 @@ impl RunState {
             peak_memory_bytes: self.peak_memory_bytes,
             timed_out: self.timed_out,
             oom_killed: self.oom_killed,
+            pids_limit_hit: self.pids_limit_hit,
             interrupted: self.interrupted,
             stdout: self.stdout,
             stderr: self.stderr,
@@ -244,7 +246,7 @@ struct Identity {
 /// inside, as the owner of its first declared root (writable first), whose
 /// files the idmapped mounts show as its own. Launched by anyone else, it keeps
 /// that user's id.
-fn identity(spec: &SandboxSpec) -> Result<Identity, SetupError> {
+fn identity(spec: &SandboxSpec, root_owner: Option<(u32, u32)>) -> Result<Identity, SetupError> {
     // SAFETY: plain id queries.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     if euid != 0 {
@@ -260,15 +262,8 @@ fn identity(spec: &SandboxSpec) -> Result<Identity, SetupError> {
             "the sandbox must not run as host uid or gid 0",
         ));
     }
-    let owner = spec
-        .mounts
-        .iter()
-        .filter(|m| spec.is_writable(m))
-        .chain(spec.mounts.iter())
-        .find_map(|m| std::fs::metadata(&m.host).ok())
-        .map_or((0, 0), |meta| (meta.uid(), meta.gid()));
     Ok(Identity {
-        inside: owner,
+        inside: root_owner.unwrap_or((0, 0)),
         host: spec.unprivileged_id,
         launched_by_root: true,
     })
@@ -308,12 +303,25 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Removes the run's cgroup whatever happens.
-struct CgroupGuard(Box<dyn RunCgroup>);
+/// Removes the run's cgroup whatever happens: explicitly at the end of a
+/// run (where a failure is reported), or on drop if the run was cut short.
+struct CgroupGuard(Option<Box<dyn RunCgroup>>);
+
+impl CgroupGuard {
+    fn get(&self) -> Option<&dyn RunCgroup> {
+        self.0.as_deref()
+    }
+
+    fn remove(mut self) -> std::io::Result<()> {
+        self.0.take().map_or(Ok(()), |cgroup| cgroup.remove())
+    }
+}
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        let _ = self.0.remove();
+        if let Some(cgroup) = self.0.take() {
+            let _ = cgroup.remove();
+        }
     }
 }
 
@@ -325,6 +333,23 @@ struct SignalGuard {
 }
 
 const INTERRUPTS: &[libc::c_int] = &[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Blocks SIGINT, SIGTERM, SIGHUP and SIGQUIT for the rest of the calling
+/// (single-threaded) process. [`run`] receives them through a signalfd and
+/// forwards them to the sandbox; a command-line tool calls this first so that
+/// an interrupt arriving after a run cannot kill it before it has written the
+/// report.
+pub fn hold_interrupts() {
+    // SAFETY: sigset_t is manipulated only through the libc helpers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in INTERRUPTS {
+            libc::sigaddset(&mut set, *signal);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
 
 impl SignalGuard {
     fn new() -> Self {
@@ -344,6 +369,32 @@ impl SignalGuard {
                 fd: (fd >= 0).then(|| OwnedFd::from_raw_fd(fd)),
             }
         }
+    }
+}
+
+impl SignalGuard {
+    /// Takes any interrupt still pending (arrived after the supervision loop
+    /// ended), so restoring the mask cannot kill the launcher before the
+    /// report is written. Returns whether there was one.
+    fn take_pending(&self) -> bool {
+        let mut any = false;
+        // SAFETY: sigset_t manipulated through the libc helpers; a zero
+        // timeout makes sigtimedwait a non-blocking poll of pending signals.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in INTERRUPTS {
+                libc::sigaddset(&mut set, *signal);
+            }
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) > 0 {
+                any = true;
+            }
+        }
+        any
     }
 }
 
@@ -373,11 +424,10 @@ fn launch(
             "the launcher must be single-threaded when it clones the sandbox",
         ));
     }
-    let id = identity(spec)?;
-    state.enforcement.host_uid = id.host.0;
-    state.enforcement.host_gid = id.host.1;
+    // SAFETY: plain id query.
+    let launched_by_root = unsafe { libc::geteuid() } == 0;
     let mut fs_notes = Vec::new();
-    let idmapped = if id.launched_by_root && !spec.mounts.is_empty() {
+    let idmapped = if launched_by_root && !spec.mounts.is_empty() {
         match IdmappedRoots::prepare(spec) {
             Ok(roots) => roots,
             Err(e) if spec.allow_degraded => {
@@ -389,6 +439,9 @@ fn launch(
     } else {
         IdmappedRoots::none()
     };
+    let id = identity(spec, idmapped.owner)?;
+    state.enforcement.host_uid = id.host.0;
+    state.enforcement.host_gid = id.host.1;
     let new_netns = spec.network != NetworkMode::Full;
 
     let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));
@@ -471,6 +524,9 @@ fn launch(
             stderr_buf,
         },
     );
+    if signals.take_pending() {
+        state.interrupted = true;
+    }
     let mut ns = vec!["user", "mount", "pid", "ipc", "uts", "cgroup"];
     if new_netns {
         ns.push("net (loopback only)");
@@ -544,7 +600,10 @@ fn setup_and_supervise(
         stdout_buf,
         stderr_buf,
     } = parts;
-    let deadline = Instant::now() + std::time::Duration::from_millis(spec.limits.timeout_ms);
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(std::time::Duration::from_millis(spec.limits.timeout_ms))
+        .unwrap_or(now + std::time::Duration::from_secs(86_400 * 30));
     // Failures of the child before it reports are read from the status pipe
     // even when the launcher's own step fails afterwards.
     let outside = (|| {
@@ -582,10 +641,16 @@ fn setup_and_supervise(
             signals,
             deadline,
         },
-        &mut |syscall| {
+        &mut |syscall, arch, nr| {
             events.emit(
                 EventType::SandboxSyscallDenied,
-                json!({"syscall": syscall, "layer": "seccomp", "errno": "EPERM"}),
+                json!({
+                    "syscall": syscall,
+                    "arch": format!("0x{arch:x}"),
+                    "nr": nr,
+                    "layer": "seccomp",
+                    "errno": "EPERM",
+                }),
             )
         },
     );
@@ -598,7 +663,10 @@ fn setup_and_supervise(
     state.denied = supervision
         .denied
         .into_iter()
-        .map(|(syscall, count)| SyscallDenial { syscall, count })
+        .map(|(syscall, count)| SyscallDenial {
+            syscall: syscall.to_owned(),
+            count,
+        })
         .collect();
     for (report, stream, buf) in [
         (&mut state.stdout, &mut stdout, stdout_buf),
@@ -620,8 +688,7 @@ fn setup_and_supervise(
     let rusage_cpu_ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
     state.cpu_ms = rusage_cpu_ms(usage.ru_utime) + rusage_cpu_ms(usage.ru_stime);
     state.peak_memory_bytes = usage.ru_maxrss.max(0) as u64 * 1024;
-    if let Some(cgroup) = &cgroup {
-        let stats = cgroup.0.stats();
+    if let Some(stats) = cgroup.as_ref().and_then(|c| c.get()).map(|c| c.stats()) {
         if let Some(ns) = stats.cpu_ns {
             state.cpu_ms = ns / 1_000_000;
         }
@@ -629,6 +696,15 @@ fn setup_and_supervise(
             state.peak_memory_bytes = peak;
         }
         state.oom_killed = stats.oom_kills > 0;
+        state.pids_limit_hit = stats.pids_limit_hits > 0;
+    }
+    if let Some(cgroup) = cgroup {
+        if let Err(e) = cgroup.remove() {
+            state.enforcement.cgroup.detail = format!(
+                "{}; removing it failed: {e}",
+                state.enforcement.cgroup.detail
+            );
+        }
     }
     Ok(())
 }
@@ -653,9 +729,10 @@ fn place_in_cgroup(
 ) -> Result<Option<CgroupGuard>, SetupError> {
     let limits = &spec.limits;
     let created = cgroup::create(&spec.run_id, limits).and_then(|cg| {
-        let guard = CgroupGuard(cg);
+        let guard = CgroupGuard(Some(cg));
         guard
-            .0
+            .get()
+            .ok_or_else(|| cgroup::CgroupError("internal: no cgroup".into()))?
             .attach(pid)
             .map_err(|e| cgroup::CgroupError(format!("attaching the sandbox: {e}")))?;
         Ok(guard)
@@ -666,8 +743,8 @@ fn place_in_cgroup(
                 format!("{}.{:03} CPUs", m / 1000, m % 1000)
             });
             state.enforcement.cgroup = LayerReport::enforced(format!(
-                "{}: memory {}, pids {}, cpu {cpu}; removed after the run",
-                guard.0.describe(),
+                "{}: memory {}, pids {}, cpu {cpu}",
+                guard.get().map(|c| c.describe()).unwrap_or_default(),
                 moat_core::size::format_size(limits.memory_bytes),
                 limits.pids,
             ));
@@ -717,13 +794,9 @@ fn apply_messages(lines: &str, state: &mut RunState, spec: &SandboxSpec) -> Resu
             Message::Exec(errno) => state.exec_errno = Some(errno),
             Message::Exited(code) => state.exit = Some(ExitStatus::Exited { code }),
             Message::Signaled(signal) => state.exit = Some(ExitStatus::Signaled { signal }),
-            Message::Landlock(full, detail) => {
+            Message::Landlock(status, detail) => {
                 state.landlock_reached = true;
-                state.enforcement.landlock = if full {
-                    LayerReport::enforced(detail)
-                } else {
-                    LayerReport::degraded(detail)
-                };
+                state.enforcement.landlock = LayerReport { status, detail };
                 let limits = &spec.limits;
                 state.enforcement.rlimits = LayerReport::enforced(format!(
                     "NOFILE {}, FSIZE {}, CORE 0, CPU {}s",

@@ -19,6 +19,6 @@ mod supervise;
 mod sys;
 
 pub use error::{Layer, SetupError, SpecError};
-pub use launch::{RunOutcome, SANDBOX_PATH, run};
+pub use launch::{RunOutcome, SANDBOX_PATH, hold_interrupts, run};
 pub use spec::{BindMount, SandboxSpec};
 pub use supervise::OutputMode;

@@ -42,24 +42,35 @@ pub(crate) struct Source {
 pub(crate) struct IdmappedRoots {
     /// One slot per declared mount of the spec, in order.
     trees: Vec<Option<OwnedFd>>,
+    /// uid/gid owning the first writable root (else the first root): the
+    /// identity the sandbox user takes inside.
+    pub(crate) owner: Option<(u32, u32)>,
 }
 
 impl IdmappedRoots {
     pub(crate) fn none() -> Self {
-        IdmappedRoots { trees: Vec::new() }
+        IdmappedRoots {
+            trees: Vec::new(),
+            owner: None,
+        }
     }
 
     /// Launcher side, before the clone: clones each declared root as a
-    /// detached mount with its final flags.
+    /// detached mount with its final flags. The tree is cloned from a handle
+    /// opened without following symbolic links, and its owner read from that
+    /// same handle, so what is mounted is what was checked.
     pub(crate) fn prepare(spec: &SandboxSpec) -> Result<Self, SetupError> {
         let mut trees = Vec::with_capacity(spec.mounts.len());
+        let mut owners = Vec::with_capacity(spec.mounts.len());
         for mount in &spec.mounts {
-            let host = cpath(&mount.host)?;
             let fail = |e| SetupError::io(Layer::Filesystem, mount.host.display(), e);
+            let handle = sys::open_no_symlinks(&mount.host).map_err(fail)?;
+            let st = sys::fstat(handle.as_raw_fd()).map_err(fail)?;
+            owners.push((spec.is_writable(mount), (st.st_uid, st.st_gid)));
             let fd = sys::open_tree(
-                libc::AT_FDCWD,
-                &host,
-                libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+                handle.as_raw_fd(),
+                c"",
+                libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as u32,
             )
             .map_err(fail)?;
             let attrs = if spec.is_writable(mount) {
@@ -70,7 +81,12 @@ impl IdmappedRoots {
             sys::mount_setattr(fd.as_raw_fd(), false, attrs, 0, None).map_err(fail)?;
             trees.push(Some(fd));
         }
-        Ok(IdmappedRoots { trees })
+        let owner = owners
+            .iter()
+            .find(|(writable, _)| *writable)
+            .or(owners.first())
+            .map(|(_, owner)| *owner);
+        Ok(IdmappedRoots { trees, owner })
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -105,7 +121,11 @@ impl IdmappedRoots {
 
 enum Op {
     Dir(PathBuf),
+    /// A file written fresh into the root tmpfs (copied or synthesised).
     File(PathBuf, Vec<u8>),
+    /// An empty file to mount over; if it exists (a nested root's mount point
+    /// inside an outer root) it is left untouched.
+    MountPoint(PathBuf),
     Symlink(PathBuf, PathBuf),
     Attach(PathBuf, usize),
     Tmpfs(PathBuf, String, bool),
@@ -196,7 +216,7 @@ impl RootPlan {
             let is_file = mount.host.is_file();
             plan.declare_parents(&mount.inside);
             plan.ops.push(if is_file {
-                Op::File(mount.inside.clone(), Vec::new())
+                Op::MountPoint(mount.inside.clone())
             } else {
                 Op::Dir(mount.inside.clone())
             });
@@ -249,7 +269,7 @@ impl RootPlan {
             self.ops.push(if meta.is_dir() {
                 Op::Dir(inside.to_path_buf())
             } else {
-                Op::File(inside.to_path_buf(), Vec::new())
+                Op::MountPoint(inside.to_path_buf())
             });
             let index = self.source(host, true, attrs);
             self.ops.push(Op::Attach(inside.to_path_buf(), index));
@@ -262,7 +282,11 @@ impl RootPlan {
         let Ok(meta) = std::fs::symlink_metadata(host) else {
             return;
         };
-        if meta.is_file() && meta.len() <= COPY_LIMIT {
+        // Only what anyone may read is copied (a copy is world-readable); the
+        // rest is bound, keeping its owner and mode.
+        let world_readable =
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o004 != 0;
+        if meta.is_file() && meta.len() <= COPY_LIMIT && world_readable {
             if let Some(content) = read_small(host, meta.len()) {
                 self.ops.push(Op::File(host.to_path_buf(), content));
                 return;
@@ -353,21 +377,32 @@ impl RootPlan {
             return;
         }
         let mut masks: Vec<PathBuf> = MASKED_HOST_PATHS.iter().map(PathBuf::from).collect();
-        if let Ok(homes) = std::fs::read_dir("/home") {
-            for home in homes.filter_map(Result::ok) {
-                masks.extend(MASKED_HOME_ENTRIES.iter().map(|e| home.path().join(e)));
-            }
+        for home in home_directories() {
+            masks.extend(MASKED_HOME_ENTRIES.iter().map(|e| home.join(e)));
         }
+        let mut seen = std::collections::HashSet::new();
         for path in masks {
-            match std::fs::symlink_metadata(&path) {
+            // A masked entry may be a symlink (dotfile managers): mask what it
+            // points to. The host view mirrors host paths at the same place.
+            let Ok(target) = std::fs::canonicalize(&path) else {
+                continue;
+            };
+            if !seen.insert(target.clone())
+                || HOST_SKIPPED
+                    .iter()
+                    .any(|s| target.starts_with(Path::new("/").join(s)))
+            {
+                continue;
+            }
+            match std::fs::metadata(&target) {
                 Ok(meta) if meta.is_dir() => self.ops.push(Op::Tmpfs(
-                    path,
+                    target,
                     "size=4k,nr_inodes=1,mode=0555".into(),
                     true,
                 )),
                 Ok(meta) if meta.is_file() => {
                     let index = self.source(Path::new("/dev/null"), false, ATTR_RO);
-                    self.ops.push(Op::Attach(path, index));
+                    self.ops.push(Op::Attach(target, index));
                 }
                 _ => {}
             }
@@ -378,7 +413,7 @@ impl RootPlan {
         self.ops.push(Op::Dir("/dev".into()));
         for dev in DEVICES {
             let path = Path::new("/dev").join(dev);
-            self.ops.push(Op::File(path.clone(), Vec::new()));
+            self.ops.push(Op::MountPoint(path.clone()));
             // Device nodes can neither be executed nor be set-id: no flags to set.
             let index = self.source(&path, false, 0);
             self.ops.push(Op::Attach(path, index));
@@ -443,6 +478,23 @@ impl RootPlan {
     }
 }
 
+/// Home directories: every entry of /home, plus the homes named in /etc/passwd.
+fn home_directories() -> Vec<PathBuf> {
+    let mut homes: Vec<PathBuf> = std::fs::read_dir("/home")
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    for line in passwd.lines() {
+        if let Some(home) = line.split(':').nth(5) {
+            let home = PathBuf::from(home);
+            if home.is_absolute() && home != Path::new("/") && !homes.contains(&home) {
+                homes.push(home);
+            }
+        }
+    }
+    homes
+}
+
 /// Reads a file whose size is known, without the extra `stat` of `fs::read`.
 fn read_small(path: &Path, size: u64) -> Option<Vec<u8>> {
     use std::io::Read;
@@ -484,6 +536,19 @@ fn run_op(op: &Op, trees: &[RawFd]) -> Result<(), SetupError> {
                 contents,
             )
             .map_err(|e| fail(path, e))?;
+        }
+        Op::MountPoint(path) => {
+            let target = staged(path)?;
+            // Read-only, no truncation, no symlink: an existing mount point in
+            // a (possibly read-only) outer root is opened, never modified.
+            let flags = libc::O_RDONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+            // SAFETY: target is NUL-terminated; the descriptor is closed at once.
+            let fd = unsafe { libc::open(target.as_ptr(), flags, 0o644) };
+            if fd < 0 {
+                return Err(fail(path, io::Error::last_os_error()));
+            }
+            // SAFETY: fd was just opened by us.
+            unsafe { libc::close(fd) };
         }
         Op::Symlink(path, to) => {
             let target = staged(path)?;

@@ -1,11 +1,14 @@
 //! What to run and under which confinement: the launcher's only input.
 
 use std::collections::HashSet;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use moat_core::{Limits, NetworkMode, RootView, SandboxMode};
 
 use crate::error::SpecError;
+use crate::sys;
 
 /// A host path made visible inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +46,9 @@ pub struct SandboxSpec {
     pub unprivileged_id: (u32, u32),
 }
 
+/// Longest wall-clock limit accepted.
+pub const MAX_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
+
 /// Paths inside the sandbox that the launcher builds itself.
 const RESERVED: &[&str] = &[
     "/", "/proc", "/dev", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
@@ -67,6 +73,16 @@ impl SandboxSpec {
 
     /// Checks the spec and resolves host paths. Nothing is started before this passes.
     pub fn validate(&mut self) -> Result<(), SpecError> {
+        let id_ok = !self.run_id.is_empty()
+            && self.run_id.len() <= 64
+            && !self.run_id.starts_with('.')
+            && self
+                .run_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !id_ok {
+            return Err(SpecError::BadRunId(self.run_id.clone()));
+        }
         if self.argv.is_empty() || self.argv[0].is_empty() {
             return Err(SpecError::EmptyArgv);
         }
@@ -124,42 +140,59 @@ impl SandboxSpec {
                 .inside
                 .strip_prefix(&outer.inside)
                 .unwrap_or(Path::new(""));
-            let point = outer.host.join(relative);
-            if point.symlink_metadata().is_ok() {
-                continue;
-            }
-            let made = if inner.host.is_dir() {
-                std::fs::create_dir_all(&point)
-            } else {
-                point
-                    .parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|()| std::fs::File::create(&point).map(drop))
-            };
-            made.map_err(|e| SpecError::BadHostPath {
-                path: point.clone(),
+            let bad = |e: std::io::Error| SpecError::BadHostPath {
+                path: outer.host.join(relative),
                 reason: format!(
                     "cannot create the mount point for {}: {e}",
                     inner.inside.display()
                 ),
-            })?;
+            };
+            // Walk from the outer root's handle one component at a time, never
+            // following a symbolic link: the outer root may be writable by a
+            // previous sandbox.
+            let mut dir = sys::open_no_symlinks(&outer.host).map_err(bad)?;
+            let owner = sys::fstat(dir.as_raw_fd()).map_err(bad)?;
+            let owner = (owner.st_uid, owner.st_gid);
+            let parts: Vec<_> = relative.components().collect();
+            for (n, part) in parts.iter().enumerate() {
+                let name = std::ffi::CString::new(part.as_os_str().as_bytes())
+                    .map_err(|_| bad(std::io::ErrorKind::InvalidInput.into()))?;
+                let last = n + 1 == parts.len();
+                let is_dir = !last || inner.host.is_dir();
+                sys::make_mount_point(&dir, &name, is_dir, owner).map_err(bad)?;
+                if !last {
+                    dir = sys::openat2(
+                        dir.as_raw_fd(),
+                        &name,
+                        (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+                        0,
+                        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
+                    )
+                    .map_err(bad)?;
+                }
+            }
         }
         Ok(())
     }
 
     fn check_limits(&self) -> Result<(), SpecError> {
         let l = &self.limits;
-        let checks: [(&'static str, u64, u64); 6] = [
-            ("timeout", l.timeout_ms, 1),
-            ("memory", l.memory_bytes, 4 << 20),
-            ("pids", l.pids, 2),
-            ("tmp-size", l.tmp_size_bytes, 4096),
-            ("open files", l.open_files, 16),
-            ("cpus", l.cpu_millis.unwrap_or(10), 10),
+        let checks: [(&'static str, u64, u64, u64); 6] = [
+            ("timeout (ms)", l.timeout_ms, 1, MAX_TIMEOUT_MS),
+            ("memory", l.memory_bytes, 4 << 20, u64::MAX),
+            ("pids", l.pids, 2, 4_194_304),
+            ("tmp-size", l.tmp_size_bytes, 4096, u64::MAX),
+            ("open files", l.open_files, 16, 1 << 20),
+            (
+                "cpus (thousandths)",
+                l.cpu_millis.unwrap_or(10),
+                10,
+                1_024_000,
+            ),
         ];
-        for (name, value, min) in checks {
-            if value < min {
-                return Err(SpecError::LimitTooSmall { name, min });
+        for (name, value, min, max) in checks {
+            if !(min..=max).contains(&value) {
+                return Err(SpecError::LimitOutOfRange { name, min, max });
             }
         }
         Ok(())
@@ -197,8 +230,22 @@ fn resolve_host(path: &Path) -> Result<PathBuf, SpecError> {
                 .into(),
         ));
     }
-    let meta = std::fs::metadata(&resolved).map_err(|e| bad(e.to_string()))?;
-    if !(meta.is_dir() || meta.is_file()) {
+    // A symbolic link on the way would let whoever controls it choose what
+    // gets mounted (and, launched by root, whose files the sandbox may own).
+    let absolute = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
+    let fd = sys::open_no_symlinks(&absolute).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            bad(format!(
+                "goes through a symbolic link; pass the resolved path ({})",
+                resolved.display()
+            ))
+        } else {
+            bad(e.to_string())
+        }
+    })?;
+    let st = sys::fstat(fd.as_raw_fd()).map_err(|e| bad(e.to_string()))?;
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFDIR && kind != libc::S_IFREG {
         return Err(bad(
             "only directories and regular files can be mounted".into()
         ));

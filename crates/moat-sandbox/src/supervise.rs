@@ -19,9 +19,19 @@ pub enum OutputMode {
 }
 
 /// One output stream, read under a byte cap.
+///
+/// When forwarding, what was read waits in `pending` until the launcher's
+/// own output can take it (polled for `POLLOUT`, written a chunk at a time),
+/// and the source is not read meanwhile: a slow reader of `moat`'s output
+/// slows the program down (as a pipe would) but never stalls the loop that
+/// enforces the timeout and answers seccomp.
 pub(crate) struct Stream {
     source: Option<OwnedFd>,
     forward_to: Option<RawFd>,
+    /// Largest write that cannot block once the target polls writable.
+    chunk: usize,
+    pending: Vec<u8>,
+    sent: usize,
     cap: u64,
     pub(crate) kept: u64,
     pub(crate) truncated: bool,
@@ -30,9 +40,17 @@ pub(crate) struct Stream {
 
 impl Stream {
     pub(crate) fn new(source: OwnedFd, mode: OutputMode, target: RawFd, cap: u64) -> Self {
+        let chunk = match sys::fstat(target).map(|st| st.st_mode & libc::S_IFMT) {
+            Ok(libc::S_IFREG) => 64 << 10,
+            Ok(libc::S_IFCHR) => 512, // a terminal wakes writers at a few hundred bytes free
+            _ => libc::PIPE_BUF,
+        };
         Stream {
             source: Some(source),
             forward_to: (mode == OutputMode::Forward).then_some(target),
+            chunk,
+            pending: Vec::new(),
+            sent: 0,
             cap,
             kept: 0,
             truncated: false,
@@ -40,8 +58,20 @@ impl Stream {
         }
     }
 
-    fn is_open(&self) -> bool {
-        self.source.is_some()
+    fn is_done(&self) -> bool {
+        self.source.is_none() && self.sent >= self.pending.len()
+    }
+
+    fn readable_fd(&self) -> Option<RawFd> {
+        let waiting = self.sent < self.pending.len();
+        self.source
+            .as_ref()
+            .filter(|_| !waiting)
+            .map(AsRawFd::as_raw_fd)
+    }
+
+    fn writable_fd(&self) -> Option<RawFd> {
+        self.forward_to.filter(|_| self.sent < self.pending.len())
     }
 
     /// Reads what is available. Past the cap the stream is closed, so the
@@ -58,18 +88,35 @@ impl Stream {
         let room = self.cap.saturating_sub(self.kept);
         let keep = (n as u64).min(room) as usize;
         let chunk = buf.get(..keep).unwrap_or_default();
-        match self.forward_to {
-            Some(target) => {
-                if sys::write_all(target, chunk).is_err() {
-                    // Our reader went away: stop reading, as a pipeline would.
-                    self.source = None;
-                }
-            }
-            None => self.captured.extend_from_slice(chunk),
+        if self.forward_to.is_some() {
+            self.pending.clear();
+            self.pending.extend_from_slice(chunk);
+            self.sent = 0;
+        } else {
+            self.captured.extend_from_slice(chunk);
         }
         self.kept += keep as u64;
         if keep < n {
             self.truncated = true;
+            self.source = None;
+        }
+    }
+
+    /// Writes one chunk of what is pending (the target polled writable).
+    fn flush(&mut self) {
+        let Some(target) = self.forward_to else {
+            return;
+        };
+        let end = self.pending.len().min(self.sent + self.chunk);
+        let chunk = self.pending.get(self.sent..end).unwrap_or_default();
+        // SAFETY: chunk is a valid slice for its length.
+        let n = unsafe { libc::write(target, chunk.as_ptr().cast(), chunk.len()) };
+        if n >= 0 {
+            self.sent += n as usize;
+        } else if sys::errno() != libc::EINTR && sys::errno() != libc::EAGAIN {
+            // Our reader went away: stop reading, as a pipeline would.
+            self.pending.clear();
+            self.sent = 0;
             self.source = None;
         }
     }
@@ -79,7 +126,7 @@ impl Stream {
 pub(crate) struct Supervision {
     pub(crate) timed_out: bool,
     pub(crate) interrupted: bool,
-    pub(crate) denied: BTreeMap<String, u64>,
+    pub(crate) denied: BTreeMap<&'static str, u64>,
 }
 
 pub(crate) struct Watched<'a> {
@@ -97,7 +144,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// Grace between forwarding an interrupt and killing the tree.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
-pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(&str)) -> Supervision {
+pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(&str, u32, i32)) -> Supervision {
     let Watched {
         pidfd,
         stdout,
@@ -120,7 +167,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(&str)) -> Supe
     loop {
         let now = Instant::now();
         if let Some(at) = exited_at {
-            if (!stdout.is_open() && !stderr.is_open()) || now >= at + DRAIN {
+            if (stdout.is_done() && stderr.is_done()) || now >= at + DRAIN {
                 break;
             }
         } else if now >= kill_at && !killed {
@@ -138,34 +185,40 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(&str)) -> Supe
         let timeout = wake_at.saturating_duration_since(now);
         let timeout_ms = i32::try_from(timeout.as_millis().saturating_add(1)).unwrap_or(i32::MAX);
 
-        let mut slots: Vec<(Slot, libc::pollfd)> = Vec::with_capacity(6);
-        let mut add = |slot: Slot, fd: RawFd| {
+        let mut slots: Vec<(Slot, libc::pollfd)> = Vec::with_capacity(8);
+        let mut add = |slot: Slot, fd: RawFd, events: libc::c_short| {
             slots.push((
                 slot,
                 libc::pollfd {
                     fd,
-                    events: libc::POLLIN,
+                    events,
                     revents: 0,
                 },
             ))
         };
         if exited_at.is_none() {
-            add(Slot::Exit, pidfd.as_raw_fd());
+            add(Slot::Exit, pidfd.as_raw_fd(), libc::POLLIN);
         }
-        if let Some(fd) = &stdout.source {
-            add(Slot::Stdout, fd.as_raw_fd());
+        if let Some(fd) = stdout.readable_fd() {
+            add(Slot::Stdout, fd, libc::POLLIN);
         }
-        if let Some(fd) = &stderr.source {
-            add(Slot::Stderr, fd.as_raw_fd());
+        if let Some(fd) = stderr.readable_fd() {
+            add(Slot::Stderr, fd, libc::POLLIN);
+        }
+        if let Some(fd) = stdout.writable_fd() {
+            add(Slot::StdoutFlush, fd, libc::POLLOUT);
+        }
+        if let Some(fd) = stderr.writable_fd() {
+            add(Slot::StderrFlush, fd, libc::POLLOUT);
         }
         if let Some(fd) = &notify_receive {
-            add(Slot::NotifyReceive, fd.as_raw_fd());
+            add(Slot::NotifyReceive, fd.as_raw_fd(), libc::POLLIN);
         }
         if let Some(fd) = &listener {
-            add(Slot::Listener, fd.as_raw_fd());
+            add(Slot::Listener, fd.as_raw_fd(), libc::POLLIN);
         }
         if let Some(fd) = &signals {
-            add(Slot::Signals, fd.as_raw_fd());
+            add(Slot::Signals, fd.as_raw_fd(), libc::POLLIN);
         }
         let mut pollfds: Vec<libc::pollfd> = slots.iter().map(|(_, p)| *p).collect();
         // SAFETY: pollfds is a valid array of the length passed.
@@ -187,6 +240,8 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(&str)) -> Supe
                 Slot::Exit => exited_at = Some(Instant::now()),
                 Slot::Stdout => stdout.pump(&mut buf),
                 Slot::Stderr => stderr.pump(&mut buf),
+                Slot::StdoutFlush => stdout.flush(),
+                Slot::StderrFlush => stderr.flush(),
                 Slot::NotifyReceive => {
                     if let Some(fd) = &notify_receive {
                         if let Ok(Some(received)) = sys::recv_fd(fd.as_raw_fd()) {
@@ -225,6 +280,8 @@ enum Slot {
     Exit,
     Stdout,
     Stderr,
+    StdoutFlush,
+    StderrFlush,
     NotifyReceive,
     Listener,
     Signals,
@@ -234,8 +291,8 @@ enum Slot {
 /// syscall is never allowed to continue.
 fn answer_notification(
     listener: RawFd,
-    denied: &mut BTreeMap<String, u64>,
-    on_denial: &mut dyn FnMut(&str),
+    denied: &mut BTreeMap<&'static str, u64>,
+    on_denial: &mut dyn FnMut(&str, u32, i32),
 ) {
     // SAFETY: seccomp_notif is plain old data and must be zeroed before RECV.
     let mut notif: libc::seccomp_notif = unsafe { std::mem::zeroed() };
@@ -244,10 +301,10 @@ fn answer_notification(
         return; // the caller died before we took it
     }
     let name = seccomp::describe(notif.data.arch, notif.data.nr);
-    let count = denied.entry(name.clone()).or_insert(0);
+    let count = denied.entry(name).or_insert(0);
     *count += 1;
     if *count == 1 {
-        on_denial(&name);
+        on_denial(name, notif.data.arch, notif.data.nr);
     }
     let response = libc::seccomp_notif_resp {
         id: notif.id,

@@ -311,3 +311,123 @@ pub(crate) fn recv_fd(socket: RawFd) -> io::Result<Option<OwnedFd>> {
         Ok(Some(OwnedFd::from_raw_fd(fd)))
     }
 }
+
+/// `openat2(2)` relative to `dirfd` (`AT_FDCWD` for the cwd) with `resolve`
+/// flags such as `RESOLVE_NO_SYMLINKS` or `RESOLVE_BENEATH`.
+pub(crate) fn openat2(
+    dirfd: RawFd,
+    path: &CStr,
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    // SAFETY: open_how is plain old data; zero is valid for every field.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags;
+    how.mode = mode;
+    how.resolve = resolve;
+    // SAFETY: how is a valid open_how of the size passed; path is NUL-terminated.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            path.as_ptr(),
+            std::ptr::addr_of!(how),
+            std::mem::size_of::<libc::open_how>(),
+        )
+    })?;
+    // SAFETY: openat2 returned a new descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// An `O_PATH` handle on `path`, refusing any symbolic link on the way.
+pub(crate) fn open_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
+    openat2(
+        libc::AT_FDCWD,
+        &cstring(path)?,
+        (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        0,
+        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `fstat(2)`.
+pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data for the kernel to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid, writable stat.
+    cvt(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// Creates `name` (one component) in `dir`: a directory, or an empty regular
+/// file, owned by `owner`. Never follows a symbolic link and never truncates;
+/// an existing entry of the right type is left alone.
+pub(crate) fn make_mount_point(
+    dir: &OwnedFd,
+    name: &CStr,
+    is_dir: bool,
+    owner: (u32, u32),
+) -> io::Result<()> {
+    let created = if is_dir {
+        // SAFETY: name is NUL-terminated; dir is an open directory.
+        cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) }).map(|_| ())
+    } else {
+        // SAFETY: as above; O_EXCL|O_NOFOLLOW never opens an existing entry.
+        cvt(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o644,
+            )
+        })
+        // SAFETY: the descriptor just opened is ours.
+        .map(|fd| unsafe {
+            libc::close(fd);
+        })
+    };
+    match created {
+        Ok(()) => {
+            // SAFETY: name is NUL-terminated; AT_SYMLINK_NOFOLLOW keeps it to the entry itself.
+            cvt(unsafe {
+                libc::fchownat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    owner.0,
+                    owner.1,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+            Ok(())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            // SAFETY: stat is plain old data for the kernel to fill.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            cvt(unsafe {
+                libc::fstatat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+            let kind = st.st_mode & libc::S_IFMT;
+            let right = if is_dir {
+                kind == libc::S_IFDIR
+            } else {
+                kind == libc::S_IFREG
+            };
+            if right {
+                Ok(())
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "exists and is not of the mounted type (a symlink?)",
+                ))
+            }
+        }
+        Err(e) => Err(e),
+    }
+}

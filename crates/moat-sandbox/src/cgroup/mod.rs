@@ -19,6 +19,8 @@ pub(crate) struct CgroupStats {
     pub(crate) cpu_ns: Option<u64>,
     pub(crate) peak_memory_bytes: Option<u64>,
     pub(crate) oom_kills: u64,
+    /// Times a fork was refused because `pids.max` was reached.
+    pub(crate) pids_limit_hits: u64,
 }
 
 /// A created cgroup (v1: one directory per controller; v2: one directory).
@@ -108,6 +110,13 @@ fn read_keyed(path: &Path, key: &str) -> Option<u64> {
             let (k, v) = line.split_once(' ')?;
             (k == key).then(|| v.trim().parse().ok()).flatten()
         })
+}
+
+/// Creates a run's own directory: it must not exist yet (two runs with one id
+/// would otherwise share, and one would kill the other's processes).
+fn make_run_dir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))
 }
 
 fn make_dir(path: &Path) -> io::Result<()> {

@@ -61,7 +61,7 @@ impl Cgroup {
             if let Some(parent) = dir.parent() {
                 super::make_dir(parent)?;
             }
-            super::make_dir(dir)?;
+            super::make_run_dir(dir)?;
         }
         super::write(
             &self.memory.join("memory.limit_in_bytes"),
@@ -100,6 +100,7 @@ impl RunCgroup for Cgroup {
             peak_memory_bytes: super::read_u64(&self.memory.join("memory.max_usage_in_bytes")),
             oom_kills: super::read_keyed(&self.memory.join("memory.oom_control"), "oom_kill")
                 .unwrap_or(0),
+            pids_limit_hits: super::read_keyed(&self.pids.join("pids.events"), "max").unwrap_or(0),
         }
     }
 

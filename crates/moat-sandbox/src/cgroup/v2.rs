@@ -28,26 +28,37 @@ impl Cgroup {
             .ok_or_else(|| CgroupError("no cgroup2 hierarchy mounted".into()))?;
         let own_path = super::own_path(own, "")
             .ok_or_else(|| CgroupError("this process has no cgroup2 path".into()))?;
-        let base = super::join(mount_point, own_path);
+        let own = super::join(mount_point, own_path);
         let mut wanted = vec!["memory", "pids"];
         if limits.cpu_millis.is_some() {
             wanted.push("cpu");
         }
-        let delegated =
-            std::fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
-        let missing: Vec<_> = wanted
-            .iter()
-            .filter(|c| !delegated.split_whitespace().any(|d| d == **c))
-            .collect();
-        if !missing.is_empty() {
-            return Err(CgroupError(format!(
-                "{} does not delegate {:?} to its children (run moat in a cgroup with \
-                 those controllers enabled in cgroup.subtree_control, e.g. a systemd unit \
-                 with Delegate=yes)",
-                base.display(),
-                missing
-            )));
-        }
+        let delegates = |dir: &std::path::Path| {
+            let enabled =
+                std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+            wanted
+                .iter()
+                .all(|c| enabled.split_whitespace().any(|e| e == *c))
+        };
+        // A cgroup that holds processes cannot enable controllers for its
+        // children (cgroup v2's no-internal-process rule), so moat, which sits
+        // in its own cgroup, usually creates its subtree next to itself: in the
+        // parent, when that parent delegates the controllers (systemd:
+        // Delegate=yes with DelegateSubgroup=, or any delegated subtree whose
+        // processes live in leaves).
+        let base = [Some(own.as_path()), own.parent()]
+            .into_iter()
+            .flatten()
+            .find(|dir| delegates(dir))
+            .map(std::path::Path::to_path_buf)
+            .ok_or_else(|| {
+                CgroupError(format!(
+                    "neither {} nor its parent delegates {wanted:?} to its children \
+                     (run moat in a leaf of a delegated cgroup, e.g. a systemd unit with \
+                     Delegate=yes and DelegateSubgroup=supervisor)",
+                    own.display()
+                ))
+            })?;
         let moat = base.join("moat");
         let cgroup = Cgroup {
             dir: moat.join(run_id),
@@ -56,7 +67,7 @@ impl Cgroup {
             super::make_dir(&moat)?;
             let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
             super::write(&moat.join("cgroup.subtree_control"), &enable.join(" "))?;
-            super::make_dir(&cgroup.dir)?;
+            super::make_run_dir(&cgroup.dir)?;
             super::write(
                 &cgroup.dir.join("memory.max"),
                 &limits.memory_bytes.to_string(),
@@ -96,6 +107,7 @@ impl RunCgroup for Cgroup {
             cpu_ns: super::read_keyed(&self.dir.join("cpu.stat"), "usage_usec").map(|us| us * 1000),
             peak_memory_bytes: super::read_u64(&self.dir.join("memory.peak")),
             oom_kills: super::read_keyed(&self.dir.join("memory.events"), "oom_kill").unwrap_or(0),
+            pids_limit_hits: super::read_keyed(&self.dir.join("pids.events"), "max").unwrap_or(0),
         }
     }
 

@@ -1,6 +1,8 @@
 //! `moat`: the command-line face of Moat.
 
 mod exec;
+mod files;
+mod manifest;
 
 use std::process::ExitCode;
 
@@ -14,14 +16,18 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     Exec(exec::ExecArgs),
+    Manifest(manifest::ManifestArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Exec(args) => exec::main(args),
+        Command::Manifest(args) => manifest::main(args),
     }
 }

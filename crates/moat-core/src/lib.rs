@@ -3,16 +3,24 @@
 //! Nothing here performs I/O. Types are serde-serialisable with camelCase
 //! field names (the wire protocol) and derive JSON Schemas (see [`schema`]).
 
+pub mod denial;
 pub mod event;
+pub mod hash;
 pub mod limits;
+pub mod manifest;
 pub mod mode;
+pub mod op;
 pub mod report;
 pub mod schema;
+pub mod sign;
 pub mod size;
 
+pub use denial::DenialReason;
 pub use event::{Event, EventSink, EventType};
 pub use limits::Limits;
+pub use manifest::{Manifest, ManifestError, SignedManifest};
 pub use mode::{NetworkMode, RootView, SandboxMode};
+pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{
     Enforcement, ExitStatus, LayerReport, LayerStatus, OutputReport, SandboxReport, SyscallDenial,
 };

@@ -10,6 +10,24 @@ pub fn all() -> Vec<(&'static str, String)> {
         ("limits", schema_for!(crate::Limits)),
         ("sandbox-mode", schema_for!(crate::SandboxMode)),
         ("network-mode", schema_for!(crate::NetworkMode)),
+        ("envelope", schema_for!(crate::Envelope)),
+        ("op-result", schema_for!(crate::OpResult)),
+        ("denial-reason", schema_for!(crate::DenialReason)),
+        ("manifest", schema_for!(crate::Manifest)),
+        ("signed-manifest", schema_for!(crate::SignedManifest)),
+        (
+            "args-artifact-read",
+            schema_for!(crate::op::ArtifactReadArgs),
+        ),
+        (
+            "args-artifact-write",
+            schema_for!(crate::op::ArtifactWriteArgs),
+        ),
+        (
+            "args-artifact-list",
+            schema_for!(crate::op::ArtifactListArgs),
+        ),
+        ("args-exec-argv", schema_for!(crate::op::ExecArgvArgs)),
     ];
     schemas
         .into_iter()

@@ -25,3 +25,35 @@ fn checked_in_schemas_match_the_code() {
         "out of date: {stale:?}; run MOAT_BLESS=1 cargo test -p moat-core --test schemas"
     );
 }
+
+/// The denial reasons table in docs/protocol.md is generated from the code.
+#[test]
+fn the_denial_reason_table_matches_the_code() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/protocol.md");
+    let mut table = String::from("| reason | meaning |\n|---|---|\n");
+    for reason in moat_core::DenialReason::ALL {
+        table.push_str(&format!(
+            "| `{}` | {} |\n",
+            reason.as_str(),
+            reason.describe()
+        ));
+    }
+    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    let (start, end) = (
+        "<!-- denial-reasons:start -->\n",
+        "<!-- denial-reasons:end -->",
+    );
+    let (Some(a), Some(b)) = (doc.find(start), doc.find(end)) else {
+        panic!("docs/protocol.md lacks the denial-reasons markers");
+    };
+    let current = &doc[a + start.len()..b];
+    if std::env::var_os("MOAT_BLESS").is_some() {
+        let updated = format!("{}{table}{}", &doc[..a + start.len()], &doc[b..]);
+        std::fs::write(&path, updated).unwrap();
+    } else {
+        assert_eq!(
+            current, table,
+            "run MOAT_BLESS=1 cargo test -p moat-core --test schemas"
+        );
+    }
+}

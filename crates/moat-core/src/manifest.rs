@@ -1,0 +1,302 @@
+//! The runner manifest: what a runner may do, hashed canonically and signed
+//! by the control plane's key.
+
+use std::time::{Duration, SystemTime};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::hash::{CanonicalError, canonical_hash};
+use crate::limits::Limits;
+use crate::mode::{NetworkMode, SandboxMode};
+use crate::op::OpKind;
+use crate::sign::{PrivateKey, PublicKey, SignError};
+
+/// An executable the manifest allows, by its path inside the sandbox,
+/// optionally pinned by the SHA-256 of its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowedExecutable {
+    /// Absolute path inside the sandbox, e.g. `/usr/bin/python3`.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// The most network an operation may ask for, and the allowed domains.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkPolicy {
+    pub mode: NetworkMode,
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
+}
+
+/// Which parts of the workspace may be read and written (relative paths).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FilesystemPolicy {
+    /// Readable roots, e.g. `["input", "output"]`; `"."` is the whole workspace.
+    pub read_roots: Vec<String>,
+    /// Writable roots, e.g. `["output"]`.
+    pub write_roots: Vec<String>,
+}
+
+/// The manifest proper (what is hashed and signed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    pub runner_version: String,
+    pub environment: String,
+    pub policy_hash: String,
+    pub allowed_ops: Vec<OpKind>,
+    #[serde(default)]
+    pub allowed_tools: Vec<String>,
+    pub allowed_executables: Vec<AllowedExecutable>,
+    pub sandbox_modes: Vec<SandboxMode>,
+    pub network_policy: NetworkPolicy,
+    pub filesystem: FilesystemPolicy,
+    /// Environment variable names an operation may set.
+    #[serde(default)]
+    pub env_passthrough: Vec<String>,
+    /// Ceilings for any single operation.
+    pub limits: Limits,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// Base64 Ed25519 public key of the control plane that signs capabilities.
+    pub control_plane_public_key: String,
+}
+
+/// A manifest with its canonical hash and the signature over that hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SignedManifest {
+    pub manifest: Manifest,
+    /// `sha256(JCS(manifest))`, hex.
+    pub manifest_hash: String,
+    /// Base64 Ed25519 signature over the hex hash's bytes.
+    pub signature: String,
+    /// Base64 public key of the signer.
+    pub signed_by: String,
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("the manifest is not signed (sign it with `moat manifest sign`)")]
+    Unsigned,
+    #[error("the manifest hash does not match its content (edited after signing?)")]
+    HashMismatch,
+    #[error("signed by {signer}, which is not the trusted key")]
+    UntrustedSigner { signer: String },
+    #[error("bad signature: {0}")]
+    Signature(#[from] SignError),
+    #[error("{field} is not an RFC 3339 time: {value}")]
+    BadTime { field: &'static str, value: String },
+    #[error("the manifest expired at {0}")]
+    Expired(String),
+    #[error("the manifest is not valid before {0}")]
+    NotYetValid(String),
+    #[error("the manifest is stale: created at {created}, more than {max_age_hours} h ago")]
+    Stale { created: String, max_age_hours: u64 },
+    #[error("the manifest is invalid: {0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Canonical(#[from] CanonicalError),
+}
+
+/// How far in the future `createdAt` may be (clock skew).
+const SKEW: Duration = Duration::from_secs(300);
+
+impl Manifest {
+    pub fn hash(&self) -> Result<String, CanonicalError> {
+        canonical_hash(self)
+    }
+
+    pub fn sign(self, key: &PrivateKey) -> Result<SignedManifest, ManifestError> {
+        self.check_shape()?;
+        let manifest_hash = self.hash()?;
+        Ok(SignedManifest {
+            signature: key.sign(manifest_hash.as_bytes()),
+            signed_by: key.public().to_base64(),
+            manifest_hash,
+            manifest: self,
+        })
+    }
+
+    fn time(field: &'static str, value: &str) -> Result<SystemTime, ManifestError> {
+        humantime::parse_rfc3339_weak(value).map_err(|_| ManifestError::BadTime {
+            field,
+            value: value.to_owned(),
+        })
+    }
+
+    /// Checks that the manifest is well formed (independent of time).
+    pub fn check_shape(&self) -> Result<(), ManifestError> {
+        let invalid = |m: &str| Err(ManifestError::Invalid(m.to_owned()));
+        let created = Self::time("createdAt", &self.created_at)?;
+        let expires = Self::time("expiresAt", &self.expires_at)?;
+        if expires <= created {
+            return invalid("expiresAt is not after createdAt");
+        }
+        if self.allowed_ops.is_empty() {
+            return invalid("allowedOps is empty");
+        }
+        if self.sandbox_modes.is_empty() {
+            return invalid("sandboxModes is empty");
+        }
+        for exe in &self.allowed_executables {
+            if !exe.path.starts_with('/') || exe.path.contains("/../") || exe.path.ends_with("/..")
+            {
+                return invalid("allowedExecutables paths must be absolute, without `..`");
+            }
+            if let Some(hash) = &exe.sha256 {
+                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return invalid("allowedExecutables sha256 must be 64 hex digits");
+                }
+            }
+        }
+        for root in self
+            .filesystem
+            .read_roots
+            .iter()
+            .chain(&self.filesystem.write_roots)
+        {
+            if root.starts_with('/') || root.split('/').any(|c| c == "..") {
+                return invalid("filesystem roots must be relative, without `..`");
+            }
+        }
+        PublicKey::from_base64(&self.control_plane_public_key)?;
+        Ok(())
+    }
+
+    /// Checks the validity window against `now`. `max_age` refuses manifests
+    /// created too long ago (stale) even if not expired.
+    pub fn check_time(
+        &self,
+        now: SystemTime,
+        max_age: Option<Duration>,
+    ) -> Result<(), ManifestError> {
+        let created = Self::time("createdAt", &self.created_at)?;
+        let expires = Self::time("expiresAt", &self.expires_at)?;
+        if now >= expires {
+            return Err(ManifestError::Expired(self.expires_at.clone()));
+        }
+        if created > now + SKEW {
+            return Err(ManifestError::NotYetValid(self.created_at.clone()));
+        }
+        if let Some(max_age) = max_age {
+            if now.duration_since(created).unwrap_or_default() > max_age {
+                return Err(ManifestError::Stale {
+                    created: self.created_at.clone(),
+                    max_age_hours: max_age.as_secs() / 3600,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SignedManifest {
+    /// Verifies hash and signature against `trusted` (the key the operator
+    /// trusts — never the key the manifest names for itself), then shape.
+    pub fn verify(&self, trusted: &PublicKey) -> Result<&Manifest, ManifestError> {
+        if self.signature.is_empty() {
+            return Err(ManifestError::Unsigned);
+        }
+        if self.manifest.hash()? != self.manifest_hash {
+            return Err(ManifestError::HashMismatch);
+        }
+        if PublicKey::from_base64(&self.signed_by).ok().as_ref() != Some(trusted) {
+            return Err(ManifestError::UntrustedSigner {
+                signer: self.signed_by.clone(),
+            });
+        }
+        trusted.verify(self.manifest_hash.as_bytes(), &self.signature)?;
+        self.manifest.check_shape()?;
+        Ok(&self.manifest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample(key: &PrivateKey) -> Manifest {
+        Manifest {
+            runner_version: "0.1.0".into(),
+            environment: "dev".into(),
+            policy_hash: "0".repeat(64),
+            allowed_ops: vec![OpKind::ArtifactRead],
+            allowed_tools: vec![],
+            allowed_executables: vec![AllowedExecutable {
+                path: "/bin/echo".into(),
+                sha256: None,
+            }],
+            sandbox_modes: vec![SandboxMode::WorkspaceWrite],
+            network_policy: NetworkPolicy {
+                mode: NetworkMode::Off,
+                allow_domains: vec![],
+            },
+            filesystem: FilesystemPolicy {
+                read_roots: vec![".".into()],
+                write_roots: vec!["output".into()],
+            },
+            env_passthrough: vec![],
+            limits: Limits::default(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            expires_at: "2026-01-08T00:00:00Z".into(),
+            control_plane_public_key: key.public().to_base64(),
+        }
+    }
+
+    #[test]
+    fn signed_manifests_verify_and_edits_are_caught() {
+        let key = PrivateKey::from_seed([1; 32]);
+        let signed = sample(&key).sign(&key).unwrap();
+        assert!(signed.verify(&key.public()).is_ok());
+        let mut edited = signed.clone();
+        edited.manifest.allowed_ops.push(OpKind::ExecArgv);
+        assert!(matches!(
+            edited.verify(&key.public()),
+            Err(ManifestError::HashMismatch)
+        ));
+        let other = PrivateKey::from_seed([2; 32]);
+        let resigned = edited.manifest.clone().sign(&other).unwrap();
+        assert!(matches!(
+            resigned.verify(&key.public()),
+            Err(ManifestError::UntrustedSigner { .. })
+        ));
+        let mut unsigned = signed;
+        unsigned.signature.clear();
+        assert!(matches!(
+            unsigned.verify(&key.public()),
+            Err(ManifestError::Unsigned)
+        ));
+    }
+
+    #[test]
+    fn time_window_is_enforced() {
+        let key = PrivateKey::from_seed([1; 32]);
+        let m = sample(&key);
+        let at = |t: &str| humantime::parse_rfc3339(t).unwrap();
+        assert!(m.check_time(at("2026-01-02T00:00:00Z"), None).is_ok());
+        assert!(matches!(
+            m.check_time(at("2026-01-09T00:00:00Z"), None),
+            Err(ManifestError::Expired(_))
+        ));
+        assert!(matches!(
+            m.check_time(at("2025-12-01T00:00:00Z"), None),
+            Err(ManifestError::NotYetValid(_))
+        ));
+        assert!(matches!(
+            m.check_time(
+                at("2026-01-05T00:00:00Z"),
+                Some(Duration::from_secs(24 * 3600))
+            ),
+            Err(ManifestError::Stale { .. })
+        ));
+    }
+}

@@ -1,0 +1,210 @@
+//! The operation envelope an agent sends, the typed arguments of each
+//! operation, and the result Moat answers with.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::denial::DenialReason;
+use crate::mode::NetworkMode;
+
+/// One operation request. Unknown fields are refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Envelope {
+    pub id: String,
+    pub run_id: String,
+    pub correlation_id: String,
+    pub op: String,
+    /// The operation's arguments; their schema depends on `op`.
+    pub args: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// A signed capability from the control plane (managed mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_decision_ref: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// The operations Moat knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    ArtifactRead,
+    ArtifactWrite,
+    ArtifactList,
+    ExecArgv,
+    HttpRequest,
+    BrowserStep,
+}
+
+impl OpKind {
+    pub const ALL: &'static [OpKind] = &[
+        OpKind::ArtifactRead,
+        OpKind::ArtifactWrite,
+        OpKind::ArtifactList,
+        OpKind::ExecArgv,
+        OpKind::HttpRequest,
+        OpKind::BrowserStep,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::ArtifactRead => "artifact_read",
+            OpKind::ArtifactWrite => "artifact_write",
+            OpKind::ArtifactList => "artifact_list",
+            OpKind::ExecArgv => "exec_argv",
+            OpKind::HttpRequest => "http_request",
+            OpKind::BrowserStep => "browser_step",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<OpKind> {
+        OpKind::ALL.iter().copied().find(|k| k.as_str() == text)
+    }
+}
+
+/// `artifact_read`: read a file under a workspace root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactReadArgs {
+    /// Relative to the workspace, e.g. `input/data.csv` or `output/report.md`.
+    pub path: String,
+    /// Most bytes returned inline; the rest is reported as truncated.
+    pub max_bytes: u64,
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// `artifact_write`: write a file under an output root, atomically.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactWriteArgs {
+    pub path: String,
+    /// UTF-8 content (exactly one of `content` and `contentBase64`).
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub content_base64: Option<String>,
+    /// Refuse content larger than this.
+    pub max_bytes: u64,
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+/// `artifact_list`: list a directory under a workspace root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactListArgs {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+    #[serde(default)]
+    pub max_entries: Option<u64>,
+}
+
+/// `exec_argv`: run an allowed executable in the OS sandbox. No shell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecArgvArgs {
+    pub argv: Vec<String>,
+    /// Relative to the workspace.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub network: Option<NetworkMode>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
+    /// Names from the manifest's pass-through list, with values.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OpStatus {
+    Ok,
+    Denied,
+    Error,
+    Timeout,
+}
+
+/// A reference to an artifact produced by an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactRef {
+    pub sha256: String,
+    pub size: u64,
+    pub kind: String,
+    pub label: String,
+}
+
+/// The answer to one envelope (one JSON line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpResult {
+    /// The envelope's id (empty when the line could not be read as one).
+    pub id: String,
+    pub status: OpStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<DenialReason>,
+    /// A human-readable explanation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The event recorded for this outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<ArtifactRef>,
+}
+
+impl OpResult {
+    pub fn denied(id: &str, reason: DenialReason, message: impl Into<String>) -> Self {
+        OpResult {
+            id: id.to_owned(),
+            status: OpStatus::Denied,
+            result: None,
+            reason: Some(reason),
+            message: Some(message.into()),
+            event_type: None,
+            artifacts: Vec::new(),
+        }
+    }
+
+    pub fn ok(id: &str, result: serde_json::Value) -> Self {
+        OpResult {
+            id: id.to_owned(),
+            status: OpStatus::Ok,
+            result: Some(result),
+            reason: None,
+            message: None,
+            event_type: None,
+            artifacts: Vec::new(),
+        }
+    }
+
+    pub fn error(id: &str, message: impl Into<String>) -> Self {
+        OpResult {
+            id: id.to_owned(),
+            status: OpStatus::Error,
+            result: None,
+            reason: None,
+            message: Some(message.into()),
+            event_type: None,
+            artifacts: Vec::new(),
+        }
+    }
+}

@@ -2,7 +2,10 @@
 
 mod exec;
 mod files;
+mod ledger;
 mod manifest;
+mod shell;
+mod state;
 
 use std::process::ExitCode;
 
@@ -22,6 +25,8 @@ struct Cli {
 enum Command {
     Exec(exec::ExecArgs),
     Manifest(manifest::ManifestArgs),
+    Shell(shell::ShellArgs),
+    Ledger(ledger::LedgerArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,5 +34,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Exec(args) => exec::main(args),
         Command::Manifest(args) => manifest::main(args),
+        Command::Shell(args) => shell::main(args),
+        Command::Ledger(args) => ledger::main(args),
     }
 }

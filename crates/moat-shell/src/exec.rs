@@ -1,0 +1,295 @@
+//! `exec_argv`: an allowed executable, run through the OS sandbox.
+
+use std::path::{Path, PathBuf};
+
+use moat_core::op::{ArtifactRef, ExecArgvArgs};
+use moat_core::{
+    DenialReason, Envelope, Event, EventSink, Manifest, NetworkMode, OpStatus, SandboxMode,
+};
+use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
+
+use crate::workspace::{Refusal, Workspace, components};
+
+/// Output kept inline in the result; beyond it the full (capped) stream is
+/// saved as an artifact.
+pub const INLINE_OUTPUT: usize = 16 << 10;
+
+/// The checked parameters of one run.
+pub struct Plan {
+    pub spec: SandboxSpec,
+}
+
+fn refuse(reason: DenialReason, message: impl Into<String>) -> Refusal {
+    Refusal::new(reason, message)
+}
+
+/// Where an inside path lives on the host: `/workspace/...` maps into the
+/// workspace; system paths are the host's own (the minimal root binds them).
+fn host_path(workspace: &Path, inside: &str) -> PathBuf {
+    match inside.strip_prefix("/workspace") {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            workspace.join(rest.trim_start_matches('/'))
+        }
+        _ => PathBuf::from(inside),
+    }
+}
+
+fn network_rank(mode: NetworkMode) -> u8 {
+    match mode {
+        NetworkMode::Off => 0,
+        NetworkMode::ProxyOnly => 1,
+        NetworkMode::Allowlist => 2,
+        NetworkMode::Full => 3,
+    }
+}
+
+/// Resolves and checks the executable against the manifest's allowlist
+/// (path, and content hash when pinned). Returns the inside path to run.
+fn allowed_executable(
+    manifest: &Manifest,
+    workspace: &Path,
+    program: &str,
+) -> Result<String, Refusal> {
+    let candidates: Vec<String> = if program.starts_with('/') {
+        vec![program.to_owned()]
+    } else if program.contains('/') {
+        return Err(refuse(
+            DenialReason::ExecutableNotAllowed,
+            format!("{program}: give an absolute path or a bare name"),
+        ));
+    } else {
+        SANDBOX_PATH
+            .split(':')
+            .map(|dir| format!("{dir}/{program}"))
+            .collect()
+    };
+    let resolved = candidates
+        .into_iter()
+        .find(|c| host_path(workspace, c).is_file())
+        .ok_or_else(|| {
+            refuse(
+                DenialReason::ExecutableNotAllowed,
+                format!("{program}: not found"),
+            )
+        })?;
+    let canonical = std::fs::canonicalize(host_path(workspace, &resolved)).map_err(|e| {
+        refuse(
+            DenialReason::ExecutableNotAllowed,
+            format!("{program}: {e}"),
+        )
+    })?;
+    let entry = manifest
+        .allowed_executables
+        .iter()
+        .find(|allowed| {
+            std::fs::canonicalize(host_path(workspace, &allowed.path))
+                .ok()
+                .as_ref()
+                == Some(&canonical)
+        })
+        .ok_or_else(|| {
+            refuse(
+                DenialReason::ExecutableNotAllowed,
+                format!(
+                    "{program} ({}) is not in the manifest's allowedExecutables",
+                    resolved
+                ),
+            )
+        })?;
+    if let Some(expected) = &entry.sha256 {
+        let content = std::fs::read(&canonical).map_err(|e| {
+            refuse(
+                DenialReason::ExecutableNotAllowed,
+                format!("{program}: {e}"),
+            )
+        })?;
+        let actual = moat_core::hash::sha256_hex(&content);
+        if !actual.eq_ignore_ascii_case(expected) {
+            return Err(refuse(
+                DenialReason::ExecutableNotAllowed,
+                format!("{program}: content hash {actual} is not the pinned {expected}"),
+            ));
+        }
+    }
+    Ok(resolved)
+}
+
+/// Checks `args` against the manifest and builds the sandbox spec.
+pub fn plan(
+    manifest: &Manifest,
+    workspace: &Workspace,
+    mode: SandboxMode,
+    envelope: &Envelope,
+    args: &ExecArgvArgs,
+    sandbox_run_id: String,
+) -> Result<Plan, Refusal> {
+    let Some(program) = args.argv.first() else {
+        return Err(refuse(DenialReason::InvalidArgs, "argv is empty"));
+    };
+    if args.argv.iter().any(|a| a.contains('\0')) {
+        return Err(refuse(
+            DenialReason::InvalidArgs,
+            "an argument contains a NUL byte",
+        ));
+    }
+    let resolved = allowed_executable(manifest, &workspace.path, program)?;
+    let cwd = match args.cwd.as_deref().or(envelope.cwd.as_deref()) {
+        None => PathBuf::from("/workspace"),
+        Some(cwd) => Path::new("/workspace").join(components(cwd)?.join("/")),
+    };
+    for name in args.env.keys() {
+        if !manifest
+            .env_passthrough
+            .iter()
+            .any(|allowed| allowed == name)
+        {
+            return Err(refuse(
+                DenialReason::EnvNotAllowed,
+                format!("{name} is not in the manifest's envPassthrough"),
+            ));
+        }
+    }
+    let network = args
+        .network
+        .or(envelope.network)
+        .unwrap_or(NetworkMode::Off);
+    if network_rank(network) > network_rank(manifest.network_policy.mode) {
+        return Err(refuse(
+            DenialReason::NetworkNotAllowed,
+            format!(
+                "network {network} asked, the manifest grants {}",
+                manifest.network_policy.mode
+            ),
+        ));
+    }
+    if matches!(network, NetworkMode::ProxyOnly | NetworkMode::Allowlist) {
+        return Err(refuse(
+            DenialReason::NetworkNotAllowed,
+            format!("network {network} needs the egress proxy, which this build does not have yet"),
+        ));
+    }
+    let ceiling = &manifest.limits;
+    let timeout_ms = args
+        .timeout_ms
+        .or(envelope.timeout_ms)
+        .unwrap_or(ceiling.timeout_ms);
+    let max_output = args
+        .max_output_bytes
+        .or(envelope.max_output_bytes)
+        .unwrap_or(ceiling.max_output_bytes);
+    if timeout_ms > ceiling.timeout_ms || max_output > ceiling.max_output_bytes {
+        return Err(refuse(
+            DenialReason::LimitExceeded,
+            format!(
+                "timeout {timeout_ms} ms / output {max_output} B asked; the manifest allows {} ms / {} B",
+                ceiling.timeout_ms, ceiling.max_output_bytes
+            ),
+        ));
+    }
+    let mut argv = args.argv.clone();
+    argv[0] = resolved;
+    let mut spec = SandboxSpec::new(sandbox_run_id, argv);
+    spec.mode = mode;
+    spec.network = network;
+    spec.cwd = Some(cwd);
+    spec.env = args
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    spec.limits = moat_core::Limits {
+        timeout_ms,
+        max_output_bytes: max_output,
+        ..ceiling.clone()
+    };
+    let (read, write) = workspace.roots();
+    for (rels, writable) in [(read, false), (write, true)] {
+        for rel in rels {
+            spec.mounts.push(BindMount {
+                host: workspace.path.join(&rel),
+                inside: Path::new("/workspace").join(&rel),
+                writable,
+            });
+        }
+    }
+    // The same root may be both readable and writable: keep the writable one.
+    spec.mounts
+        .sort_by(|a, b| a.inside.cmp(&b.inside).then(b.writable.cmp(&a.writable)));
+    spec.mounts
+        .dedup_by(|later, earlier| later.inside == earlier.inside);
+    for mount in &mut spec.mounts {
+        if mount.inside == Path::new("/workspace/") {
+            mount.inside = PathBuf::from("/workspace");
+        }
+    }
+    Ok(Plan { spec })
+}
+
+/// Events from the sandbox, re-labelled with the agent's run and op ids.
+pub struct Relabel<'a> {
+    pub events: &'a mut Vec<Event>,
+    pub run_id: &'a str,
+    pub op_id: &'a str,
+    pub correlation_id: &'a str,
+}
+
+impl EventSink for Relabel<'_> {
+    fn emit(&mut self, mut event: Event) {
+        if let Some(map) = event.data.as_object_mut() {
+            map.insert("sandboxRunId".into(), event.run_id.clone().into());
+        }
+        event.run_id = self.run_id.to_owned();
+        event.op_id = Some(self.op_id.to_owned());
+        event.correlation_id = Some(self.correlation_id.to_owned());
+        self.events.push(event);
+    }
+}
+
+/// What the shell reports of a finished run.
+pub struct Finished {
+    pub status: OpStatus,
+    pub result: serde_json::Value,
+    pub message: Option<String>,
+    pub outputs: Vec<(&'static str, Vec<u8>)>,
+    pub artifacts: Vec<ArtifactRef>,
+}
+
+pub fn inline(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(INLINE_OUTPUT)]).into_owned()
+}
+
+/// Runs the plan (the shell process is single-threaded, as the launcher requires).
+pub fn run(plan: Plan, sink: &mut dyn EventSink) -> Result<Finished, String> {
+    let outcome =
+        moat_sandbox::run(plan.spec, OutputMode::Capture, sink).map_err(|e| e.to_string())?;
+    let report = &outcome.report;
+    let status = if report.setup_error.is_some() {
+        OpStatus::Error
+    } else if report.timed_out {
+        OpStatus::Timeout
+    } else {
+        OpStatus::Ok
+    };
+    let result = serde_json::json!({
+        "exitCode": report.exit_code,
+        "exit": report.exit,
+        "stdout": inline(&outcome.stdout),
+        "stderr": inline(&outcome.stderr),
+        "stdoutBytes": outcome.stdout.len(),
+        "stderrBytes": outcome.stderr.len(),
+        "stdoutTruncated": report.stdout.truncated || outcome.stdout.len() > INLINE_OUTPUT,
+        "stderrTruncated": report.stderr.truncated || outcome.stderr.len() > INLINE_OUTPUT,
+        "timedOut": report.timed_out,
+        "oomKilled": report.oom_killed,
+        "wallMs": report.wall_ms,
+        "deniedSyscalls": report.denied_syscalls,
+        "enforcement": report.enforcement,
+    });
+    Ok(Finished {
+        status,
+        message: report.setup_error.clone(),
+        result,
+        outputs: vec![("stdout", outcome.stdout), ("stderr", outcome.stderr)],
+        artifacts: Vec::new(),
+    })
+}

@@ -1,0 +1,13 @@
+//! The capability shell: an agent's structured operations, checked against a
+//! signed manifest, run through the OS sandbox or against the workspace with
+//! handle-relative path resolution, and recorded — every request, grant,
+//! denial and artifact — in the ledger before the result is returned.
+
+pub mod exec;
+pub mod lines;
+mod shell;
+pub mod store;
+pub mod workspace;
+
+pub use lines::Line;
+pub use shell::{MAX_LINE, Shell, ShellConfig, ShellError};

@@ -1,0 +1,514 @@
+//! The dispatcher: one envelope in, one result out, every step recorded.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use moat_core::op::{
+    ArtifactListArgs, ArtifactReadArgs, ArtifactRef, ArtifactWriteArgs, ExecArgvArgs,
+};
+use moat_core::{
+    DenialReason, Envelope, Event, EventType, Manifest, OpKind, OpResult, OpStatus, SandboxMode,
+};
+use moat_ledger::{ArtifactRecord, Ledger};
+use serde_json::{Value, json};
+
+use crate::exec;
+use crate::lines::{Line, next_line};
+use crate::store::ArtifactStore;
+use crate::workspace::{PathError, Refusal, Workspace};
+
+/// Longest accepted line.
+pub const MAX_LINE: usize = 16 << 20;
+/// Default and largest `maxEntries` of `artifact_list`.
+const MAX_ENTRIES: u64 = 10_000;
+
+/// What the shell needs to start.
+pub struct ShellConfig {
+    /// A manifest already verified against the operator's trusted key.
+    pub manifest: Manifest,
+    pub manifest_hash: String,
+    pub workspace: PathBuf,
+    pub state: PathBuf,
+    pub mode: SandboxMode,
+    /// Identifies this shell session in events about lines that are not envelopes.
+    pub session_id: String,
+}
+
+/// Why the shell could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("workspace {path}: {source}")]
+    Workspace {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("state directory: {0}")]
+    State(std::io::Error),
+    #[error(transparent)]
+    Ledger(#[from] moat_ledger::LedgerError),
+    #[error("sandbox mode {0} is not in the manifest's sandboxModes")]
+    Mode(SandboxMode),
+}
+
+pub struct Shell {
+    config: ShellConfig,
+    workspace: Workspace,
+    store: ArtifactStore,
+    ledger: Ledger,
+    clock: fn() -> SystemTime,
+}
+
+/// The per-operation context: ids and the events recorded so far.
+struct Op<'a> {
+    id: String,
+    run_id: String,
+    correlation_id: String,
+    kind: Option<OpKind>,
+    events: Vec<Event>,
+    envelope: Option<&'a Envelope>,
+}
+
+impl Op<'_> {
+    fn event(&mut self, event_type: EventType, data: Value) {
+        self.events.push(Event {
+            event_type,
+            at: now(),
+            run_id: self.run_id.clone(),
+            op_id: (!self.id.is_empty()).then(|| self.id.clone()),
+            correlation_id: (!self.correlation_id.is_empty()).then(|| self.correlation_id.clone()),
+            data,
+        });
+    }
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// The outcome of an operation before it is recorded.
+enum Outcome {
+    Done {
+        status: OpStatus,
+        result: Value,
+        message: Option<String>,
+        artifacts: Vec<ArtifactRef>,
+    },
+    Denied(Refusal),
+    Failed(String),
+}
+
+impl From<Refusal> for Outcome {
+    fn from(r: Refusal) -> Self {
+        Outcome::Denied(r)
+    }
+}
+
+impl From<PathError> for Outcome {
+    fn from(e: PathError) -> Self {
+        match e {
+            PathError::Denied(r) => Outcome::Denied(r),
+            PathError::Io(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+}
+
+fn ok(result: Value) -> Outcome {
+    Outcome::Done {
+        status: OpStatus::Ok,
+        result,
+        message: None,
+        artifacts: Vec::new(),
+    }
+}
+
+fn args<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, Refusal> {
+    T::deserialize(value).map_err(|e| Refusal::new(DenialReason::InvalidArgs, e.to_string()))
+}
+
+impl Shell {
+    pub fn open(config: ShellConfig) -> Result<Self, ShellError> {
+        if !config.manifest.sandbox_modes.contains(&config.mode) {
+            return Err(ShellError::Mode(config.mode));
+        }
+        let fs = &config.manifest.filesystem;
+        let workspace = Workspace::open(&config.workspace, &fs.read_roots, &fs.write_roots)
+            .map_err(|source| ShellError::Workspace {
+                path: config.workspace.clone(),
+                source,
+            })?;
+        let store = ArtifactStore::open(&config.state).map_err(ShellError::State)?;
+        let ledger = Ledger::open(&config.state.join("ledger.db"))?;
+        Ok(Shell {
+            config,
+            workspace,
+            store,
+            ledger,
+            clock: SystemTime::now,
+        })
+    }
+
+    /// Replaces the clock (tests of expiry).
+    pub fn set_clock(&mut self, clock: fn() -> SystemTime) {
+        self.clock = clock;
+    }
+
+    pub fn workspace_path(&self) -> &Path {
+        &self.workspace.path
+    }
+
+    /// Serves JSON lines until the input ends: one result line per line read.
+    pub fn serve(
+        &mut self,
+        mut input: impl BufRead,
+        mut output: impl Write,
+    ) -> std::io::Result<()> {
+        while let Some(line) = next_line(&mut input, MAX_LINE)? {
+            let result = self.handle(line);
+            let text = serde_json::to_string(&result).unwrap_or_else(|e| {
+                format!("{{\"id\":\"\",\"status\":\"error\",\"message\":\"{e}\"}}")
+            });
+            output.write_all(text.as_bytes())?;
+            output.write_all(b"\n")?;
+            output.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Handles one line. Its events are durable in the ledger before this returns.
+    pub fn handle(&mut self, line: Line) -> OpResult {
+        let parsed: Result<Envelope, Refusal> = match &line {
+            Line::TooLong { length } => Err(Refusal::new(
+                DenialReason::InvalidEnvelope,
+                format!("line of {length} bytes is longer than {MAX_LINE}"),
+            )),
+            Line::Text(bytes) => parse_envelope(bytes),
+        };
+        let mut op = Op {
+            id: String::new(),
+            run_id: self.config.session_id.clone(),
+            correlation_id: String::new(),
+            kind: None,
+            events: Vec::new(),
+            envelope: None,
+        };
+        if let Ok(envelope) = &parsed {
+            op.id = envelope.id.clone();
+            op.run_id = envelope.run_id.clone();
+            op.correlation_id = envelope.correlation_id.clone();
+            op.kind = OpKind::parse(&envelope.op);
+            op.envelope = Some(envelope);
+        }
+        let args_hash = parsed
+            .as_ref()
+            .ok()
+            .and_then(|e| moat_core::hash::canonical_hash(&e.args).ok());
+        op.event(
+            EventType::CapabilityRequested,
+            json!({
+                "op": parsed.as_ref().map(|e| e.op.clone()).ok(),
+                "argsHash": args_hash,
+                "manifestHash": self.config.manifest_hash,
+                "policyHash": self.config.manifest.policy_hash,
+                "mode": self.config.mode,
+            }),
+        );
+        let outcome = match &parsed {
+            Err(refusal) => Outcome::Denied(refusal.clone()),
+            Ok(envelope) => self.authorize_and_run(envelope, &mut op),
+        };
+        self.finish(op, outcome)
+    }
+
+    fn authorize_and_run(&mut self, envelope: &Envelope, op: &mut Op<'_>) -> Outcome {
+        let Some(kind) = op.kind else {
+            return Refusal::new(
+                DenialReason::UnknownOp,
+                format!("unknown operation `{}`", envelope.op),
+            )
+            .into();
+        };
+        let manifest = &self.config.manifest;
+        if let Err(e) = manifest.check_time((self.clock)(), None) {
+            return Refusal::new(DenialReason::ManifestExpired, e.to_string()).into();
+        }
+        if !manifest.allowed_ops.contains(&kind) {
+            return Refusal::new(
+                DenialReason::OpNotInManifest,
+                format!("{} is not in the manifest's allowedOps", kind.as_str()),
+            )
+            .into();
+        }
+        if envelope.capability.is_some() {
+            return Refusal::new(
+                DenialReason::CapabilityInvalid,
+                "this local shell does not take capabilities (they come with the control plane)",
+            )
+            .into();
+        }
+        op.event(EventType::CapabilityGranted, json!({"op": kind.as_str()}));
+        let result = match kind {
+            OpKind::ArtifactRead => args(&envelope.args).map(|a| self.read(a)),
+            OpKind::ArtifactWrite => args(&envelope.args).map(|a| self.write(a, op)),
+            OpKind::ArtifactList => args(&envelope.args).map(|a| self.list(a)),
+            OpKind::ExecArgv => args(&envelope.args).map(|a| self.exec(envelope, a, op)),
+            OpKind::HttpRequest => Err(Refusal::new(
+                DenialReason::NetworkNotAllowed,
+                "http_request needs the egress proxy, which this build does not have yet",
+            )),
+            OpKind::BrowserStep if envelope.policy_decision_ref.is_none() => Err(Refusal::new(
+                DenialReason::ApprovalRequired,
+                "browser_step is high risk and needs an approval",
+            )),
+            OpKind::BrowserStep => Err(Refusal::new(
+                DenialReason::Unsupported,
+                "this build has no browser backend",
+            )),
+        };
+        result.unwrap_or_else(Outcome::Denied)
+    }
+
+    fn read(&mut self, a: ArtifactReadArgs) -> Outcome {
+        let cap = self.config.manifest.limits.max_output_bytes;
+        if a.max_bytes > cap {
+            return Refusal::new(
+                DenialReason::LimitExceeded,
+                format!("maxBytes above the manifest's {cap}"),
+            )
+            .into();
+        }
+        match self.workspace.read(&a.path, a.max_bytes, a.offset) {
+            Err(e) => e.into(),
+            Ok(read) => {
+                let (encoding, content) = match std::str::from_utf8(&read.bytes) {
+                    Ok(text) => ("utf8", text.to_owned()),
+                    Err(_) => ("base64", B64.encode(&read.bytes)),
+                };
+                ok(json!({
+                    "path": a.path,
+                    "size": read.size,
+                    "sha256": read.sha256,
+                    "offset": a.offset,
+                    "returned": read.bytes.len(),
+                    "truncated": read.truncated,
+                    "encoding": encoding,
+                    "content": content,
+                }))
+            }
+        }
+    }
+
+    fn write(&mut self, a: ArtifactWriteArgs, op: &mut Op<'_>) -> Outcome {
+        let bytes = match (&a.content, &a.content_base64) {
+            (Some(text), None) => text.as_bytes().to_vec(),
+            (None, Some(b64)) => match B64.decode(b64) {
+                Ok(bytes) => bytes,
+                Err(_) => {
+                    return Refusal::new(DenialReason::InvalidArgs, "contentBase64 is not base64")
+                        .into();
+                }
+            },
+            _ => {
+                return Refusal::new(
+                    DenialReason::InvalidArgs,
+                    "give exactly one of content and contentBase64",
+                )
+                .into();
+            }
+        };
+        let cap = a.max_bytes.min(self.config.manifest.limits.file_size_bytes);
+        if bytes.len() as u64 > cap {
+            return Refusal::new(
+                DenialReason::TooLarge,
+                format!("{} bytes is above the limit of {cap}", bytes.len()),
+            )
+            .into();
+        }
+        if let Err(e) = self.workspace.write(&a.path, &bytes, a.overwrite) {
+            return e.into();
+        }
+        match self.artifact(op, "file", &a.path, &bytes) {
+            Ok(reference) => Outcome::Done {
+                status: OpStatus::Ok,
+                result: json!({"path": a.path, "size": bytes.len(), "sha256": reference.sha256}),
+                message: None,
+                artifacts: vec![reference],
+            },
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    fn list(&mut self, a: ArtifactListArgs) -> Outcome {
+        let max = a.max_entries.unwrap_or(1000).min(MAX_ENTRIES) as usize;
+        match self.workspace.list(&a.path, a.recursive, max) {
+            Err(e) => e.into(),
+            Ok((entries, truncated)) => {
+                ok(json!({"path": a.path, "entries": entries, "truncated": truncated}))
+            }
+        }
+    }
+
+    fn exec(&mut self, envelope: &Envelope, a: ExecArgvArgs, op: &mut Op<'_>) -> Outcome {
+        let sandbox_id = format!(
+            "op-{}",
+            &moat_core::hash::sha256_hex(
+                format!("{}\n{}\n{}", envelope.run_id, envelope.id, now()).as_bytes()
+            )[..16]
+        );
+        let plan = match exec::plan(
+            &self.config.manifest,
+            &self.workspace,
+            self.config.mode,
+            envelope,
+            &a,
+            sandbox_id,
+        ) {
+            Ok(plan) => plan,
+            Err(refusal) => return refusal.into(),
+        };
+        let mut sink = exec::Relabel {
+            events: &mut op.events,
+            run_id: &envelope.run_id,
+            op_id: &envelope.id,
+            correlation_id: &envelope.correlation_id,
+        };
+        let finished = match exec::run(plan, &mut sink) {
+            Ok(finished) => finished,
+            Err(e) => return Outcome::Failed(e),
+        };
+        let mut artifacts = Vec::new();
+        for (stream, bytes) in &finished.outputs {
+            if bytes.len() > exec::INLINE_OUTPUT {
+                let label = format!(
+                    "{} {stream}",
+                    a.argv.first().map(String::as_str).unwrap_or("")
+                );
+                match self.artifact(op, stream, &label, bytes) {
+                    Ok(reference) => artifacts.push(reference),
+                    Err(e) => return Outcome::Failed(e),
+                }
+            }
+        }
+        Outcome::Done {
+            status: finished.status,
+            result: finished.result,
+            message: finished.message,
+            artifacts,
+        }
+    }
+
+    /// Stores bytes as an artifact, records it, and emits `artifact.created`.
+    fn artifact(
+        &mut self,
+        op: &mut Op<'_>,
+        kind: &str,
+        label: &str,
+        bytes: &[u8],
+    ) -> Result<ArtifactRef, String> {
+        let sha256 = self
+            .store
+            .put(bytes)
+            .map_err(|e| format!("artifact store: {e}"))?;
+        let record = ArtifactRecord {
+            sha256: sha256.clone(),
+            size: bytes.len() as u64,
+            kind: kind.to_owned(),
+            label: label.to_owned(),
+            redaction: "none".into(),
+            run_id: op.run_id.clone(),
+            op_id: op.id.clone(),
+            created_at: now(),
+        };
+        self.ledger
+            .record_artifact(&record)
+            .map_err(|e| e.to_string())?;
+        op.event(
+            EventType::ArtifactCreated,
+            json!({"sha256": sha256, "size": bytes.len(), "kind": kind, "label": label}),
+        );
+        Ok(ArtifactRef {
+            sha256,
+            size: bytes.len() as u64,
+            kind: kind.to_owned(),
+            label: label.to_owned(),
+        })
+    }
+
+    /// Records the outcome's events durably, then builds the result.
+    fn finish(&mut self, mut op: Op<'_>, outcome: Outcome) -> OpResult {
+        let mut result = match outcome {
+            Outcome::Done {
+                status,
+                result,
+                message,
+                artifacts,
+            } => OpResult {
+                id: op.id.clone(),
+                status,
+                result: Some(result),
+                reason: None,
+                message,
+                event_type: None,
+                artifacts,
+            },
+            Outcome::Denied(refusal) => {
+                let path_reason = matches!(
+                    refusal.reason,
+                    DenialReason::AbsolutePath
+                        | DenialReason::PathOutsideWorkspace
+                        | DenialReason::SymlinkEscape
+                        | DenialReason::WriteOutsideOutput
+                );
+                if path_reason {
+                    op.event(
+                        EventType::PathDenied,
+                        json!({"reason": refusal.reason, "message": refusal.message}),
+                    );
+                }
+                if refusal.reason == DenialReason::NetworkNotAllowed {
+                    op.event(
+                        EventType::NetworkDenied,
+                        json!({"reason": refusal.reason, "message": refusal.message}),
+                    );
+                }
+                op.event(
+                    EventType::CapabilityDenied,
+                    json!({"op": op.kind.map(OpKind::as_str), "reason": refusal.reason, "message": refusal.message}),
+                );
+                OpResult::denied(&op.id, refusal.reason, refusal.message)
+            }
+            Outcome::Failed(message) => OpResult::error(&op.id, message),
+        };
+        result.event_type = op.events.last().map(|e| e.event_type.as_str().to_owned());
+        if let Err(e) = self.ledger.append(&op.events) {
+            // Without its record, an operation does not count as done.
+            return OpResult::error(
+                &op.id,
+                format!("the ledger could not record this operation: {e}"),
+            );
+        }
+        let _ = op.envelope;
+        result
+    }
+}
+
+/// Parses a line into an envelope, with the denial reasons of the protocol.
+fn parse_envelope(bytes: &[u8]) -> Result<Envelope, Refusal> {
+    let invalid = |m: String| Refusal::new(DenialReason::InvalidEnvelope, m);
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| invalid(format!("not JSON: {e}")))?;
+    let Some(object) = value.as_object() else {
+        return Err(invalid("an envelope is a JSON object".into()));
+    };
+    if object.contains_key("cmd") {
+        return Err(Refusal::new(
+            DenialReason::RawShellUnsupported,
+            "shell command strings are not accepted; send a structured operation such as exec_argv",
+        ));
+    }
+    Envelope::deserialize(&value).map_err(|e| invalid(e.to_string()))
+}
+
+use serde::Deserialize;

@@ -1,0 +1,508 @@
+//! The workspace as the shell sees it: directory handles of the readable and
+//! writable roots, and every path resolved against a root's handle with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` — never by comparing
+//! strings. A path names a file under the workspace (`output/report.md`);
+//! it is matched to a root by its leading components, then opened beneath
+//! that root's handle, so no symlink or `..` can leave it.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use moat_core::DenialReason;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
+use rustix::io::Errno;
+
+/// A refused path: the reason from the closed set and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: DenialReason,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(reason: DenialReason, message: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// I/O that failed for a reason that is not a policy denial.
+#[derive(Debug)]
+pub enum PathError {
+    Denied(Refusal),
+    Io(std::io::Error),
+}
+
+impl From<Refusal> for PathError {
+    fn from(r: Refusal) -> Self {
+        PathError::Denied(r)
+    }
+}
+
+impl From<std::io::Error> for PathError {
+    fn from(e: std::io::Error) -> Self {
+        PathError::Io(e)
+    }
+}
+
+struct Root {
+    /// Relative to the workspace; empty for the whole workspace (`"."`).
+    rel: PathBuf,
+    fd: OwnedFd,
+}
+
+/// The workspace and its roots.
+pub struct Workspace {
+    pub path: PathBuf,
+    read: Vec<Root>,
+    write: Vec<Root>,
+}
+
+const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+fn errno_refusal(errno: Errno, path: &str) -> PathError {
+    let denied =
+        |reason, what: &str| PathError::Denied(Refusal::new(reason, format!("{path}: {what}")));
+    match errno {
+        Errno::XDEV | Errno::LOOP => {
+            denied(DenialReason::SymlinkEscape, "a link leads outside its root")
+        }
+        Errno::NOENT => denied(DenialReason::NotFound, "no such file or directory"),
+        Errno::NOTDIR => denied(
+            DenialReason::WrongFileType,
+            "a path component is not a directory",
+        ),
+        other => PathError::Io(std::io::Error::from_raw_os_error(other.raw_os_error())),
+    }
+}
+
+/// Splits a workspace-relative path into plain components, refusing
+/// absolute paths, `..`, and NUL bytes. `.` components and trailing slashes
+/// are dropped; other names, however odd (unicode lookalikes included), are
+/// just names.
+pub fn components(path: &str) -> Result<Vec<String>, Refusal> {
+    if path.contains('\0') {
+        return Err(Refusal::new(
+            DenialReason::InvalidArgs,
+            "path contains a NUL byte",
+        ));
+    }
+    if path.starts_with('/') {
+        return Err(Refusal::new(
+            DenialReason::AbsolutePath,
+            format!("{path}: paths are relative to the workspace"),
+        ));
+    }
+    let mut parts = Vec::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(name) => parts.push(name.to_string_lossy().into_owned()),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(Refusal::new(
+                    DenialReason::PathOutsideWorkspace,
+                    format!("{path}: `..` is not allowed"),
+                ));
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(Refusal::new(DenialReason::AbsolutePath, path.to_owned()));
+            }
+        }
+    }
+    Ok(parts)
+}
+
+fn open_root(workspace: &OwnedFd, rel: &str) -> std::io::Result<Root> {
+    let parts = components(rel).map_err(|r| std::io::Error::other(r.message))?;
+    let rel: PathBuf = parts.iter().collect();
+    let target = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel.as_path()
+    };
+    let fd = rustix::fs::openat2(
+        workspace,
+        target,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        BENEATH | ResolveFlags::NO_SYMLINKS,
+    )?;
+    Ok(Root { rel, fd })
+}
+
+/// A directory entry listed by [`Workspace::list`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Entry {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub size: u64,
+}
+
+/// What [`Workspace::read`] returns.
+pub struct ReadResult {
+    pub bytes: Vec<u8>,
+    pub size: u64,
+    pub sha256: String,
+    pub truncated: bool,
+}
+
+impl Workspace {
+    /// Opens the workspace and its roots. Write roots that do not exist yet
+    /// are created (one directory level, never through a symlink).
+    pub fn open(
+        path: &Path,
+        read_roots: &[String],
+        write_roots: &[String],
+    ) -> std::io::Result<Self> {
+        let path = std::fs::canonicalize(path)?;
+        let fd = rustix::fs::open(
+            &path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        for root in write_roots {
+            let mut dir = fd.try_clone()?;
+            for part in components(root).map_err(|r| std::io::Error::other(r.message))? {
+                match rustix::fs::mkdirat(&dir, part.as_str(), Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                dir = rustix::fs::openat2(
+                    &dir,
+                    part.as_str(),
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    BENEATH | ResolveFlags::NO_SYMLINKS,
+                )?;
+            }
+        }
+        let read = read_roots
+            .iter()
+            .map(|r| open_root(&fd, r))
+            .collect::<Result<_, _>>()?;
+        let write = write_roots
+            .iter()
+            .map(|r| open_root(&fd, r))
+            .collect::<Result<_, _>>()?;
+        Ok(Workspace { path, read, write })
+    }
+
+    /// Host paths of the roots, for the sandbox's mounts: `(relative, host)`.
+    pub fn roots(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let rels = |roots: &[Root]| roots.iter().map(|r| r.rel.clone()).collect();
+        (rels(&self.read), rels(&self.write))
+    }
+
+    /// The root a path falls under (the most specific one) and the rest.
+    fn locate<'a>(roots: &'a [Root], parts: &[String]) -> Option<(&'a Root, PathBuf)> {
+        roots
+            .iter()
+            .filter(|root| {
+                let rc: Vec<_> = root.rel.iter().collect();
+                rc.len() <= parts.len()
+                    && rc.iter().zip(parts).all(|(a, b)| a.to_string_lossy() == *b)
+            })
+            .max_by_key(|root| root.rel.iter().count())
+            .map(|root| {
+                let rest: PathBuf = parts[root.rel.iter().count()..].iter().collect();
+                (root, rest)
+            })
+    }
+
+    fn readable(&self, path: &str) -> Result<(&Root, PathBuf), Refusal> {
+        let parts = components(path)?;
+        Self::locate(&self.read, &parts).ok_or_else(|| {
+            Refusal::new(
+                DenialReason::PathOutsideWorkspace,
+                format!("{path}: not under a readable root"),
+            )
+        })
+    }
+
+    /// Reads up to `max` bytes from `offset`; hashes the whole file.
+    pub fn read(&self, path: &str, max: u64, offset: u64) -> Result<ReadResult, PathError> {
+        let (root, rest) = self.readable(path)?;
+        let target = if rest.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rest
+        };
+        let fd = rustix::fs::openat2(
+            &root.fd,
+            &target,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(|e| errno_refusal(e, path))?;
+        let st = rustix::fs::fstat(&fd).map_err(std::io::Error::from)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(Refusal::new(
+                DenialReason::WrongFileType,
+                format!("{path}: not a regular file"),
+            )
+            .into());
+        }
+        if st.st_nlink > 1 {
+            return Err(Refusal::new(
+                DenialReason::PathOutsideWorkspace,
+                format!(
+                    "{path}: has {} hard links, and may alias a file outside the workspace",
+                    st.st_nlink
+                ),
+            )
+            .into());
+        }
+        let mut file = std::fs::File::from(fd);
+        let mut hasher = moat_core::hash::Sha256Stream::new();
+        let mut bytes = Vec::new();
+        let mut position: u64 = 0;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let chunk = &buf[..n];
+            hasher.update(chunk);
+            let start = position;
+            let end = position + n as u64;
+            let want_from = offset.max(start);
+            let want_to = end.min(offset.saturating_add(max));
+            if want_from < want_to {
+                bytes.extend_from_slice(
+                    &chunk[(want_from - start) as usize..(want_to - start) as usize],
+                );
+            }
+            position = end;
+        }
+        Ok(ReadResult {
+            truncated: position > offset.saturating_add(max),
+            bytes,
+            size: position,
+            sha256: hasher.finish(),
+        })
+    }
+
+    /// Lists a directory, depth-first, never following symlinks.
+    pub fn list(
+        &self,
+        path: &str,
+        recursive: bool,
+        max: usize,
+    ) -> Result<(Vec<Entry>, bool), PathError> {
+        let (root, rest) = self.readable(path)?;
+        let target = if rest.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rest
+        };
+        let dir = rustix::fs::openat2(
+            &root.fd,
+            &target,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(|e| errno_refusal(e, path))?;
+        let base = components(path)?.join("/");
+        let mut entries = Vec::new();
+        let mut stack = vec![(dir, base)];
+        let mut truncated = false;
+        while let Some((fd, prefix)) = stack.pop() {
+            let mut names: Vec<(String, FileType)> = Vec::new();
+            for entry in rustix::fs::Dir::read_from(&fd).map_err(std::io::Error::from)? {
+                let entry = entry.map_err(std::io::Error::from)?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name == "." || name == ".." {
+                    continue;
+                }
+                names.push((name, entry.file_type()));
+            }
+            names.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, file_type) in names {
+                if entries.len() >= max {
+                    truncated = true;
+                    return Ok((entries, truncated));
+                }
+                let stat = rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok();
+                let kind = match stat
+                    .map(|s| FileType::from_raw_mode(s.st_mode))
+                    .unwrap_or(file_type)
+                {
+                    FileType::RegularFile => "file",
+                    FileType::Directory => "dir",
+                    FileType::Symlink => "symlink",
+                    _ => "other",
+                };
+                let child = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                entries.push(Entry {
+                    path: child.clone(),
+                    kind,
+                    size: stat.map_or(0, |s| s.st_size as u64),
+                });
+                if recursive && kind == "dir" {
+                    if let Ok(sub) = rustix::fs::openat2(
+                        &fd,
+                        name.as_str(),
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        BENEATH | ResolveFlags::NO_SYMLINKS,
+                    ) {
+                        stack.push((sub, child));
+                    }
+                }
+            }
+        }
+        Ok((entries, truncated))
+    }
+
+    /// Writes `bytes` to `path` under a write root, atomically: a temporary
+    /// file next to it, fsync, rename, fsync of the directory. Parent
+    /// directories are created, never through a symlink.
+    pub fn write(&self, path: &str, bytes: &[u8], overwrite: bool) -> Result<(), PathError> {
+        let parts = components(path)?;
+        let (root, rest) = Self::locate(&self.write, &parts).ok_or_else(|| {
+            Refusal::new(
+                DenialReason::WriteOutsideOutput,
+                format!("{path}: not under a writable root"),
+            )
+        })?;
+        let mut rest: Vec<String> = rest
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        let Some(name) = rest.pop() else {
+            return Err(Refusal::new(
+                DenialReason::WrongFileType,
+                format!("{path}: is a root directory"),
+            )
+            .into());
+        };
+        let mut dir = root.fd.try_clone()?;
+        for part in &rest {
+            match rustix::fs::mkdirat(&dir, part.as_str(), Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(errno_refusal(e, path)),
+            }
+            dir = rustix::fs::openat2(
+                &dir,
+                part.as_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                BENEATH | ResolveFlags::NO_SYMLINKS,
+            )
+            .map_err(|e| errno_refusal(e, path))?;
+        }
+        // The directory itself must be writable through a real fd for renameat.
+        let dir = rustix::fs::openat(
+            &dir,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(std::io::Error::from)?;
+        match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if !overwrite => {
+                let _ = st;
+                return Err(Refusal::new(
+                    DenialReason::AlreadyExists,
+                    format!("{path}: exists (set overwrite)"),
+                )
+                .into());
+            }
+            Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile => {
+                return Err(Refusal::new(
+                    DenialReason::WrongFileType,
+                    format!("{path}: exists and is not a regular file"),
+                )
+                .into());
+            }
+            Ok(_) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(errno_refusal(e, path)),
+        }
+        let tmp = format!(".moat-{}-{}.tmp", std::process::id(), unique());
+        let written = (|| -> std::io::Result<()> {
+            let fd = rustix::fs::openat(
+                &dir,
+                tmp.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )?;
+            let mut file = std::fs::File::from(fd);
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            let flags = if overwrite {
+                RenameFlags::empty()
+            } else {
+                RenameFlags::NOREPLACE
+            };
+            rustix::fs::renameat_with(&dir, tmp.as_str(), &dir, name.as_str(), flags)?;
+            rustix::fs::fsync(&dir)?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+            if e.raw_os_error() == Some(libc_eexist()) {
+                return Err(
+                    Refusal::new(DenialReason::AlreadyExists, format!("{path}: exists")).into(),
+                );
+            }
+            return Err(e.into());
+        }
+        let _ = dir.as_fd();
+        Ok(())
+    }
+}
+
+fn libc_eexist() -> i32 {
+    Errno::EXIST.raw_os_error()
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    nanos ^ (NEXT.fetch_add(1, Ordering::Relaxed) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn components_refuse_escapes_and_keep_odd_names() {
+        assert_eq!(
+            components("output/./a/b/").unwrap(),
+            vec!["output", "a", "b"]
+        );
+        assert_eq!(
+            components("/etc/passwd").unwrap_err().reason,
+            DenialReason::AbsolutePath
+        );
+        assert_eq!(
+            components("a/../../x").unwrap_err().reason,
+            DenialReason::PathOutsideWorkspace
+        );
+        assert_eq!(
+            components("a\0b").unwrap_err().reason,
+            DenialReason::InvalidArgs
+        );
+        assert_eq!(
+            components("ｏｕｔｐｕｔ/x").unwrap(),
+            vec!["ｏｕｔｐｕｔ", "x"]
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! `moat shell`: structured operations as JSON lines on stdin, one result
+//! line each on stdout.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use moat_core::{SandboxMode, SignedManifest};
+use moat_shell::{Shell, ShellConfig};
+
+use crate::{manifest, state};
+
+const ABOUT: &str = "\
+Reads operation envelopes, one JSON object per line, on standard input and
+answers each with one JSON result line on standard output, in order:
+
+  {\"id\":\"1\",\"runId\":\"r\",\"correlationId\":\"c\",\"op\":\"artifact_list\",
+   \"args\":{\"path\":\".\"},\"createdAt\":\"2026-11-29T12:00:00Z\"}
+
+Operations: artifact_read, artifact_write, artifact_list, exec_argv,
+http_request (denied until the egress proxy exists), browser_step (needs an
+approval; no browser backend yet). Every request, grant, denial and artifact
+is recorded in the ledger in the state directory before its result is
+written. The manifest must be signed by the trusted key, unexpired, and not
+older than --max-manifest-age. See docs/protocol.md.";
+
+/// Serve structured operations (JSON lines) against a workspace.
+#[derive(Args)]
+#[command(after_long_help = ABOUT)]
+pub struct ShellArgs {
+    /// The signed manifest (see `moat manifest sign`).
+    #[arg(long, value_name = "FILE")]
+    manifest: PathBuf,
+    /// Public key the manifest must be signed with (default: STATE/trusted.pub).
+    #[arg(long, value_name = "FILE")]
+    trusted_key: Option<PathBuf>,
+    /// The workspace the operations' paths are relative to.
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    /// State directory: ledger and artifacts (default: $MOAT_STATE,
+    /// $XDG_STATE_HOME/moat or ~/.local/state/moat).
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+    /// Sandbox mode for exec_argv (default: the manifest's first sandboxModes entry).
+    #[arg(long, value_name = "MODE")]
+    mode: Option<SandboxMode>,
+    /// Refuse a manifest created longer ago than this, even if unexpired.
+    #[arg(long, value_name = "DURATION", default_value = "30days", value_parser = humantime::parse_duration)]
+    max_manifest_age: Duration,
+}
+
+pub fn main(args: ShellArgs) -> ExitCode {
+    match open(args) {
+        Ok(mut shell) => {
+            let stdin = std::io::stdin().lock();
+            let stdout = std::io::stdout().lock();
+            match shell.serve(stdin, stdout) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("moat shell: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("moat shell: refusing to start: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
+    moat_sandbox::hold_interrupts();
+    let state = state::dir(args.state)?;
+    let key_path = args
+        .trusted_key
+        .unwrap_or_else(|| state.join("trusted.pub"));
+    if !key_path.exists() {
+        bail!(
+            "no trusted key at {}: pass --trusted-key FILE (the control plane's public key)",
+            key_path.display()
+        );
+    }
+    let trusted = manifest::read_public_key(&key_path)?;
+    let signed: SignedManifest = manifest::read_json(&args.manifest)?;
+    let verified = signed
+        .verify(&trusted)
+        .with_context(|| format!("manifest {}", args.manifest.display()))?;
+    verified
+        .check_time(SystemTime::now(), Some(args.max_manifest_age))
+        .with_context(|| format!("manifest {}", args.manifest.display()))?;
+    let mode = match args.mode {
+        Some(mode) => mode,
+        None => *verified
+            .sandbox_modes
+            .first()
+            .context("the manifest lists no sandbox mode")?,
+    };
+    let mut id = [0u8; 6];
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id));
+    let session_id = format!(
+        "shell-{}",
+        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    Ok(Shell::open(ShellConfig {
+        manifest: verified.clone(),
+        manifest_hash: signed.manifest_hash.clone(),
+        workspace: args.workspace,
+        state,
+        mode,
+        session_id,
+    })?)
+}

@@ -184,10 +184,13 @@ impl Workspace {
             .iter()
             .map(|r| open_root(&fd, r))
             .collect::<Result<_, _>>()?;
-        let write = write_roots
+        let write: Vec<Root> = write_roots
             .iter()
             .map(|r| open_root(&fd, r))
             .collect::<Result<_, _>>()?;
+        for root in &write {
+            remove_stale_temporaries(&root.fd);
+        }
         Ok(Workspace { path, read, write })
     }
 
@@ -462,6 +465,54 @@ impl Workspace {
         }
         let _ = dir.as_fd();
         Ok(())
+    }
+}
+
+/// A shell killed in the middle of a write leaves its temporary file (never a
+/// partial target): remove such leftovers from the write roots at start.
+fn remove_stale_temporaries(root: &OwnedFd) {
+    let Ok(start) = rustix::fs::openat(
+        root,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return;
+    };
+    let mut stack = vec![start];
+    let mut budget = 10_000usize;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+            continue;
+        };
+        let mut names = Vec::new();
+        for entry in entries.flatten() {
+            budget = budget.saturating_sub(1);
+            if budget == 0 {
+                return;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            names.push((name, entry.file_type()));
+        }
+        for (name, kind) in names {
+            if name == "." || name == ".." {
+                continue;
+            }
+            if kind == FileType::RegularFile && name.starts_with(".moat-") && name.ends_with(".tmp")
+            {
+                let _ = rustix::fs::unlinkat(&dir, name.as_str(), AtFlags::empty());
+            } else if kind == FileType::Directory {
+                if let Ok(sub) = rustix::fs::openat2(
+                    &dir,
+                    name.as_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    BENEATH | ResolveFlags::NO_SYMLINKS,
+                ) {
+                    stack.push(sub);
+                }
+            }
+        }
     }
 }
 

@@ -1,0 +1,572 @@
+//! `moat shell` against the real binary: the deck's list of escapes and
+//! denials, each checked on the host and in the ledger, plus bad input.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::{Value, json};
+
+struct Session {
+    dir: tempfile::TempDir,
+    ws: PathBuf,
+    state: PathBuf,
+    signed: PathBuf,
+    public: PathBuf,
+}
+
+fn moat(args: &[&str]) -> std::process::Output {
+    Command::new(MOAT).args(args).output().unwrap()
+}
+
+impl Session {
+    fn new(edit: impl FnOnce(&mut Value)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("input")).unwrap();
+        std::fs::write(ws.join("input/data.txt"), "line one\nline two\n").unwrap();
+        let keys = dir.path().join("keys");
+        assert!(
+            moat(&["manifest", "keygen", "--out", path_str(&keys)])
+                .status
+                .success()
+        );
+        let public = keys.join("moat.pub");
+        let template = moat(&["manifest", "template", "--public-key", path_str(&public)]);
+        let mut manifest: Value = serde_json::from_slice(&template.stdout).unwrap();
+        manifest["allowedExecutables"] = json!([
+            {"path": "/usr/bin/cat"}, {"path": "/usr/bin/env"}, {"path": "/usr/bin/yes"},
+            {"path": "/bin/sh"}, {"path": "/usr/bin/sleep"}, {"path": "/usr/bin/wc"}
+        ]);
+        manifest["envPassthrough"] = json!(["GREETING"]);
+        edit(&mut manifest);
+        let bare = dir.path().join("manifest.json");
+        std::fs::write(&bare, manifest.to_string()).unwrap();
+        let signed = dir.path().join("signed.json");
+        let key = keys.join("moat.key");
+        let out = moat(&[
+            "manifest",
+            "sign",
+            "--key",
+            path_str(&key),
+            "--out",
+            path_str(&signed),
+            path_str(&bare),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let state = dir.path().join("state");
+        Session {
+            dir,
+            ws,
+            state,
+            signed,
+            public,
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(MOAT);
+        c.args([
+            "shell",
+            "--manifest",
+            path_str(&self.signed),
+            "--trusted-key",
+            path_str(&self.public),
+        ])
+        .args([
+            "--workspace",
+            path_str(&self.ws),
+            "--state",
+            path_str(&self.state),
+        ]);
+        c
+    }
+
+    /// Sends raw lines; returns one parsed result per line.
+    fn send(&self, lines: &[Vec<u8>]) -> Vec<Value> {
+        let mut child = self
+            .command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input: Vec<u8> = lines
+            .iter()
+            .flat_map(|l| l.iter().copied().chain([b'\n']))
+            .collect();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let results: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+            .collect();
+        writer.join().unwrap();
+        let status = child.wait_with_output().unwrap();
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        assert_eq!(results.len(), lines.len(), "one result per line");
+        results
+    }
+
+    fn ops(&self, ops: &[Value]) -> Vec<Value> {
+        self.send(
+            &ops.iter()
+                .map(|o| o.to_string().into_bytes())
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    fn events(&self) -> Vec<Value> {
+        let out = moat(&["ledger", "tail", "--state", path_str(&self.state)]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn events_of(&self, op_id: &str, event_type: &str) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["opId"] == op_id && e["type"] == event_type)
+            .collect()
+    }
+
+    fn ledger_verifies(&self) -> bool {
+        moat(&["ledger", "verify", "--state", path_str(&self.state)])
+            .status
+            .success()
+    }
+}
+
+fn op(id: &str, op: &str, args: Value) -> Value {
+    json!({"id": id, "runId": "run-t", "correlationId": "c", "op": op, "args": args,
+           "createdAt": "2026-11-29T12:00:00Z"})
+}
+
+fn assert_denied(result: &Value, reason: &str) {
+    assert_eq!(result["status"], "denied", "{result}");
+    assert_eq!(result["reason"], reason, "{result}");
+}
+
+#[test]
+fn traversal_and_absolute_paths_are_denied_and_recorded() {
+    let canary = Canary::plant();
+    let s = Session::new(|_| {});
+    let escape = format!("../../../..{}", canary.path.display());
+    let results = s.ops(&[
+        op(
+            "1",
+            "artifact_read",
+            json!({"path": escape, "maxBytes": 100}),
+        ),
+        op(
+            "2",
+            "artifact_read",
+            json!({"path": canary.path.display().to_string(), "maxBytes": 100}),
+        ),
+        op(
+            "3",
+            "artifact_write",
+            json!({"path": format!("output/{escape}"), "content": "x", "maxBytes": 10}),
+        ),
+        op("4", "artifact_list", json!({"path": "input/../.."})),
+    ]);
+    assert_denied(&results[0], "path_outside_workspace");
+    assert_denied(&results[1], "absolute_path");
+    assert_denied(&results[2], "path_outside_workspace");
+    assert_denied(&results[3], "path_outside_workspace");
+    for id in ["1", "2", "3", "4"] {
+        assert_eq!(s.events_of(id, "path.denied").len(), 1, "op {id}");
+        assert_eq!(s.events_of(id, "capability.denied").len(), 1, "op {id}");
+    }
+    canary.assert_intact();
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn symlink_and_hardlink_escapes_are_denied() {
+    let canary = Canary::plant();
+    let s = Session::new(|_| {});
+    let input = s.ws.join("input");
+    std::os::unix::fs::symlink(&canary.path, input.join("file-link")).unwrap();
+    std::os::unix::fs::symlink(canary.dir.path(), input.join("dir-link")).unwrap();
+    std::fs::create_dir_all(s.ws.join("output")).unwrap();
+    std::os::unix::fs::symlink(&canary.path, s.ws.join("output/planted")).unwrap();
+    let hard = std::fs::hard_link(&canary.path, input.join("hard-link")).is_ok();
+    let name = canary.path.file_name().unwrap().to_str().unwrap();
+    let results = s.ops(&[
+        op("1", "artifact_read", json!({"path": "input/file-link", "maxBytes": 100})),
+        op("2", "artifact_read", json!({"path": format!("input/dir-link/{name}"), "maxBytes": 100})),
+        op("3", "artifact_write", json!({"path": "output/planted", "content": "pwned", "maxBytes": 10, "overwrite": true})),
+        op("4", "artifact_write", json!({"path": "output/planted/x", "content": "pwned", "maxBytes": 10})),
+        op("5", "artifact_read", json!({"path": "input/hard-link", "maxBytes": 100})),
+    ]);
+    assert_denied(&results[0], "symlink_escape");
+    assert_denied(&results[1], "symlink_escape");
+    assert_denied(&results[2], "wrong_file_type");
+    assert_eq!(results[3]["status"], "denied", "{}", results[3]);
+    if hard {
+        assert_denied(&results[4], "path_outside_workspace");
+    }
+    for result in &results {
+        assert!(!result.to_string().contains(&canary.content));
+    }
+    assert_eq!(s.events_of("1", "path.denied").len(), 1);
+    canary.assert_intact();
+    if hard {
+        std::fs::remove_file(input.join("hard-link")).unwrap();
+        canary.assert_intact();
+    }
+}
+
+#[test]
+fn writes_land_only_under_output_atomically_and_become_artifacts() {
+    let s = Session::new(|_| {});
+    let results = s.ops(&[
+        op(
+            "1",
+            "artifact_write",
+            json!({"path": "input/evil.txt", "content": "x", "maxBytes": 10}),
+        ),
+        op(
+            "2",
+            "artifact_write",
+            json!({"path": "output/deep/report.md", "content": "# hi\n", "maxBytes": 100}),
+        ),
+        op(
+            "3",
+            "artifact_write",
+            json!({"path": "output/deep/report.md", "content": "again", "maxBytes": 100}),
+        ),
+        op(
+            "4",
+            "artifact_write",
+            json!({"path": "output/big.bin", "contentBase64": "AAAA", "maxBytes": 2}),
+        ),
+    ]);
+    assert_denied(&results[0], "write_outside_output");
+    assert!(!s.ws.join("input/evil.txt").exists());
+    assert_eq!(results[1]["status"], "ok", "{}", results[1]);
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join("output/deep/report.md")).unwrap(),
+        "# hi\n"
+    );
+    assert_denied(&results[2], "already_exists");
+    assert_denied(&results[3], "too_large");
+    let sha = results[1]["artifacts"][0]["sha256"].as_str().unwrap();
+    let stored = s.state.join("artifacts").join(&sha[..2]).join(sha);
+    assert_eq!(std::fs::read_to_string(stored).unwrap(), "# hi\n");
+    let created = s.events_of("2", "artifact.created");
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0]["data"]["sha256"], sha);
+    assert_eq!(s.events_of("1", "capability.denied").len(), 1);
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn exec_runs_only_allowlisted_programs_with_a_clean_environment() {
+    let secret = format!("sk-{}", token());
+    let s = Session::new(|m| {
+        m["allowedExecutables"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"path": "/usr/bin/ls", "sha256": "0".repeat(64)}));
+    });
+    let mut child = s
+        .command()
+        .env("MOAT_TEST_SECRET", &secret)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = [
+        op(
+            "1",
+            "exec_argv",
+            json!({"argv": ["env"], "env": {"GREETING": "hi"}}),
+        ),
+        op("2", "exec_argv", json!({"argv": ["bash", "-c", "id"]})),
+        op("3", "exec_argv", json!({"argv": ["ls"]})),
+        op(
+            "4",
+            "exec_argv",
+            json!({"argv": ["env"], "env": {"LD_PRELOAD": "/x.so"}}),
+        ),
+        op(
+            "5",
+            "exec_argv",
+            json!({"argv": ["cat", "input/data.txt"], "cwd": "."}),
+        ),
+    ];
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        for line in &lines {
+            writeln!(stdin, "{line}").unwrap();
+        }
+    }
+    let output = child.wait_with_output().unwrap();
+    let results: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let env_out = results[0]["result"]["stdout"].as_str().unwrap();
+    assert!(env_out.contains("GREETING=hi"), "{env_out}");
+    assert!(!env_out.contains(&secret), "{env_out}");
+    assert!(!env_out.contains("MOAT_TEST_SECRET"));
+    assert_denied(&results[1], "executable_not_allowed");
+    assert_denied(&results[2], "executable_not_allowed"); // pinned hash differs
+    assert!(results[2]["message"].as_str().unwrap().contains("hash"));
+    assert_denied(&results[3], "env_not_allowed");
+    assert_eq!(
+        results[4]["result"]["stdout"], "line one\nline two\n",
+        "{}",
+        results[4]
+    );
+    assert_eq!(s.events_of("2", "capability.denied").len(), 1);
+    assert_eq!(s.events_of("1", "sandbox.exec.finished").len(), 1);
+}
+
+#[test]
+fn exec_timeout_kills_the_process_tree() {
+    let s = Session::new(|_| {});
+    let marker = format!(
+        "7{}",
+        &token()[..6].replace(|c: char| !c.is_ascii_digit(), "5")
+    );
+    let script = format!("sleep {marker} & (sleep {marker} &); sleep {marker}");
+    let results = s.ops(&[op(
+        "1",
+        "exec_argv",
+        json!({"argv": ["sh", "-c", script], "timeoutMs": 500}),
+    )]);
+    assert_eq!(results[0]["status"], "timeout", "{}", results[0]);
+    assert_eq!(s.events_of("1", "process.timeout").len(), 1);
+    assert!(host_processes_with(&format!("sleep {marker}")).is_empty());
+}
+
+#[test]
+fn exec_output_is_capped_and_saved_as_an_artifact() {
+    let s = Session::new(|_| {});
+    let results = s.ops(&[op(
+        "1",
+        "exec_argv",
+        json!({"argv": ["yes"], "maxOutputBytes": 100000}),
+    )]);
+    let result = &results[0]["result"];
+    assert_eq!(result["stdoutBytes"], 100000, "{}", results[0]);
+    assert_eq!(result["stdoutTruncated"], true);
+    assert!(result["stdout"].as_str().unwrap().len() <= 16 << 10);
+    let artifact = &results[0]["artifacts"][0];
+    assert_eq!(artifact["kind"], "stdout");
+    let sha = artifact["sha256"].as_str().unwrap();
+    let stored = std::fs::read(s.state.join("artifacts").join(&sha[..2]).join(sha)).unwrap();
+    assert_eq!(stored.len(), 100000);
+    assert_eq!(s.events_of("1", "artifact.created").len(), 1);
+}
+
+#[test]
+fn raw_shell_strings_unknown_ops_and_disallowed_ops_are_denied() {
+    let s = Session::new(|m| {
+        m["allowedOps"] = json!([
+            "artifact_read",
+            "artifact_list",
+            "http_request",
+            "browser_step"
+        ])
+    });
+    let mut browser_approved = op("5", "browser_step", json!({}));
+    browser_approved["policyDecisionRef"] = json!("approval-1");
+    let results = s.ops(&[
+        json!({"cmd": "rm -rf /"}),
+        op("2", "shell", json!({"script": "id"})),
+        op("3", "exec_argv", json!({"argv": ["cat"]})),
+        op("4", "browser_step", json!({})),
+        browser_approved,
+        op("6", "http_request", json!({"url": "http://example.test/"})),
+    ]);
+    assert_denied(&results[0], "raw_shell_unsupported");
+    assert_denied(&results[1], "unknown_op");
+    assert_denied(&results[2], "op_not_in_manifest");
+    assert_denied(&results[3], "approval_required");
+    assert_denied(&results[4], "unsupported");
+    assert_denied(&results[5], "network_not_allowed");
+    assert_eq!(s.events_of("6", "network.denied").len(), 1);
+    let denials = s
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "capability.denied")
+        .count();
+    assert_eq!(denials, 6);
+}
+
+#[test]
+fn bad_input_never_crashes_and_the_shell_goes_on() {
+    let s = Session::new(|_| {});
+    let mut deep = "[".repeat(100_000);
+    deep.push_str(&"]".repeat(100_000));
+    let mut long = b"{\"id\":\"".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 100 << 20));
+    let lines: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b"{".to_vec(),
+        b"[1,2]".to_vec(),
+        vec![0xff, 0xfe, b'{', 0x80],
+        b"{\"id\":\"1\",\"runId\":\"r\",\"correlationId\":\"c\",\"op\":\"artifact_read\",\"args\":{\"path\":\"a\\u0000b\",\"maxBytes\":1},\"createdAt\":\"x\"}".to_vec(),
+        deep.into_bytes(),
+        op("2", "artifact_read", json!({"path": "input/data.txt", "maxBytes": -1})).to_string().into_bytes(),
+        b"{\"id\":\"3\",\"runId\":\"r\",\"correlationId\":\"c\",\"op\":\"artifact_read\",\"args\":{\"path\":\"input/data.txt\",\"maxBytes\":1e999},\"createdAt\":\"x\"}".to_vec(),
+        op("4", "artifact_read", json!({"path": "input/data.txt", "maxBytes": 10, "extra": true})).to_string().into_bytes(),
+        long,
+        op("5", "artifact_read", json!({"path": "input/data.txt", "maxBytes": 100})).to_string().into_bytes(),
+    ];
+    let results = s.send(&lines);
+    for (i, result) in results[..results.len() - 1].iter().enumerate() {
+        assert_ne!(result["status"], "ok", "line {i}: {result}");
+        assert!(
+            result["reason"].is_string() || result["status"] == "error",
+            "line {i}: {result}"
+        );
+    }
+    assert_eq!(results[4]["reason"], "invalid_args");
+    assert_eq!(results[9]["reason"], "invalid_envelope");
+    assert_eq!(results.last().unwrap()["status"], "ok");
+    assert_eq!(
+        results.last().unwrap()["result"]["content"],
+        "line one\nline two\n"
+    );
+    assert!(
+        !s.ws.join("output").read_dir().unwrap().any(|_| true),
+        "nothing was written"
+    );
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn stale_expired_unsigned_and_foreign_manifests_are_refused_at_start() {
+    let now = std::time::SystemTime::now();
+    let stamp = |secs_ago: i64| {
+        let t = if secs_ago >= 0 {
+            now - std::time::Duration::from_secs(secs_ago as u64)
+        } else {
+            now + std::time::Duration::from_secs((-secs_ago) as u64)
+        };
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let cases: Vec<(&str, Session)> = vec![
+        (
+            "expired",
+            Session::new(|m| {
+                m["createdAt"] = stamp(3 * 86400).into();
+                m["expiresAt"] = stamp(86400).into();
+            }),
+        ),
+        (
+            "stale",
+            Session::new(|m| {
+                m["createdAt"] = stamp(40 * 86400).into();
+                m["expiresAt"] = stamp(-86400).into();
+            }),
+        ),
+    ];
+    for (what, s) in &cases {
+        let out = s.command().stdin(Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("refusing to start") && stderr.contains(what),
+            "{what}: {stderr}"
+        );
+    }
+    let s = Session::new(|_| {});
+    let mut unsigned: Value =
+        serde_json::from_str(&std::fs::read_to_string(&s.signed).unwrap()).unwrap();
+    unsigned["signature"] = "".into();
+    std::fs::write(&s.signed, unsigned.to_string()).unwrap();
+    let out = s.command().stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not signed"));
+    let other = Session::new(|_| {});
+    let out = Command::new(MOAT)
+        .args([
+            "shell",
+            "--manifest",
+            path_str(&other.signed),
+            "--trusted-key",
+            path_str(&s.public),
+        ])
+        .args([
+            "--workspace",
+            path_str(&other.ws),
+            "--state",
+            path_str(&other.state),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the trusted key"));
+    let _ = &s.dir;
+}
+
+#[test]
+fn kill_9_in_the_middle_of_a_write_leaves_no_partial_file_and_a_sound_ledger() {
+    let s = Session::new(|m| m["limits"]["fileSizeBytes"] = json!(256 << 20));
+    // A first write so the ledger has history.
+    s.ops(&[op(
+        "0",
+        "artifact_write",
+        json!({"path": "output/first.txt", "content": "ok", "maxBytes": 10}),
+    )]);
+    let big = "x".repeat(96 << 20);
+    let line = op(
+        "1",
+        "artifact_write",
+        json!({"path": "output/big.txt", "content": big, "maxBytes": 256 << 20}),
+    )
+    .to_string();
+    let mut child = s
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(line.as_bytes());
+        let _ = stdin.write_all(b"\n");
+    });
+    // Kill it while it is reading, parsing or writing the 96 MiB.
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    writer.join().unwrap();
+    let target = s.ws.join("output/big.txt");
+    if let Ok(content) = std::fs::read(&target) {
+        assert_eq!(content.len(), 96 << 20, "a partial target file");
+    }
+    // A restarted shell clears any temporary file; the ledger verifies.
+    let results = s.ops(&[op("2", "artifact_list", json!({"path": "output"}))]);
+    let names: Vec<&str> = results[0]["result"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".moat-")), "{names:?}");
+    assert!(s.ledger_verifies());
+}

@@ -4,6 +4,7 @@ mod exec;
 mod files;
 mod ledger;
 mod manifest;
+mod mcp;
 mod shell;
 mod state;
 
@@ -26,6 +27,7 @@ enum Command {
     Exec(exec::ExecArgs),
     Manifest(manifest::ManifestArgs),
     Shell(shell::ShellArgs),
+    Mcp(mcp::McpArgs),
     Ledger(ledger::LedgerArgs),
 }
 
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         Command::Exec(args) => exec::main(args),
         Command::Manifest(args) => manifest::main(args),
         Command::Shell(args) => shell::main(args),
+        Command::Mcp(args) => mcp::main(args),
         Command::Ledger(args) => ledger::main(args),
     }
 }

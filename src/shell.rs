@@ -27,7 +27,7 @@ written. The manifest must be signed by the trusted key, unexpired, and not
 older than --max-manifest-age. See docs/protocol.md.";
 
 /// Serve structured operations (JSON lines) against a workspace.
-#[derive(Args)]
+#[derive(Args, Clone)]
 #[command(after_long_help = ABOUT)]
 pub struct ShellArgs {
     /// The signed manifest (see `moat manifest sign`).
@@ -49,6 +49,35 @@ pub struct ShellArgs {
     /// Refuse a manifest created longer ago than this, even if unexpired.
     #[arg(long, value_name = "DURATION", default_value = "30days", value_parser = humantime::parse_duration)]
     max_manifest_age: Duration,
+}
+
+impl ShellArgs {
+    /// The same options, as command-line arguments for a `moat shell` child.
+    pub fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let mut out: Vec<std::ffi::OsString> = vec!["shell".into()];
+        let mut push = |flag: &str, value: std::ffi::OsString| {
+            out.push(flag.into());
+            out.push(value);
+        };
+        push("--manifest", self.manifest.clone().into());
+        push("--workspace", self.workspace.clone().into());
+        if let Some(key) = &self.trusted_key {
+            push("--trusted-key", key.clone().into());
+        }
+        if let Some(state) = &self.state {
+            push("--state", state.clone().into());
+        }
+        if let Some(mode) = self.mode {
+            push("--mode", mode.as_str().into());
+        }
+        push(
+            "--max-manifest-age",
+            humantime::format_duration(self.max_manifest_age)
+                .to_string()
+                .into(),
+        );
+        out
+    }
 }
 
 pub fn main(args: ShellArgs) -> ExitCode {

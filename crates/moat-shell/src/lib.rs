@@ -5,6 +5,7 @@
 
 pub mod exec;
 pub mod lines;
+pub mod mcp;
 mod shell;
 pub mod store;
 pub mod workspace;

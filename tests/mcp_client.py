@@ -1,0 +1,61 @@
+"""A real MCP client we did not write (the official Python SDK) against `moat mcp`.
+
+Usage: python3 tests/mcp_client.py MOAT -- ARGS...   (ARGS are `moat mcp`'s)
+Prints one JSON document describing what it saw.
+"""
+import asyncio
+import json
+import sys
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+
+def text_of(result):
+    return json.loads(result.content[0].text)
+
+
+def field(obj, *names):
+    """The SDK renamed fields between versions (inputSchema / input_schema)."""
+    for name in names:
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    raise AttributeError(names[0])
+
+
+def is_error(result):
+    return bool(field(result, "is_error", "isError"))
+
+
+async def main() -> None:
+    moat = sys.argv[1]
+    args = sys.argv[sys.argv.index("--") + 1 :]
+    params = StdioServerParameters(command=moat, args=["mcp", *args])
+    seen = {}
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            tools = await session.list_tools()
+            seen["tools"] = sorted(t.name for t in tools.tools)
+            seen["schemas"] = {t.name: field(t, "input_schema", "inputSchema") for t in tools.tools}
+            wrote = await session.call_tool(
+                "artifact_write",
+                {"path": "output/hello.txt", "content": "hello from MCP\n", "maxBytes": 1000},
+            )
+            seen["write"] = {"isError": is_error(wrote), "result": text_of(wrote)}
+            read_back = await session.call_tool(
+                "artifact_read", {"path": "output/hello.txt", "maxBytes": 1000}
+            )
+            seen["read"] = {"isError": is_error(read_back), "result": text_of(read_back)}
+            ran = await session.call_tool(
+                "exec_argv", {"argv": ["cat", "/workspace/output/hello.txt"]}
+            )
+            seen["exec"] = {"isError": is_error(ran), "result": text_of(ran)}
+            denied = await session.call_tool(
+                "artifact_read", {"path": "../../etc/passwd", "maxBytes": 100}
+            )
+            seen["denied"] = {"isError": is_error(denied), "result": text_of(denied)}
+    print(json.dumps(seen))
+
+
+asyncio.run(main())

@@ -22,9 +22,8 @@ pub struct ArtifactRecord {
     pub created_at: String,
 }
 
-impl Ledger {
-    pub fn record_artifact(&mut self, record: &ArtifactRecord) -> Result<(), LedgerError> {
-        self.conn.execute(
+pub(crate) fn insert(conn: &rusqlite::Connection, record: &ArtifactRecord) -> Result<(), LedgerError> {
+    conn.execute(
             "INSERT INTO artifacts (sha256, size, kind, label, redaction, run_id, op_id, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
@@ -38,7 +37,12 @@ impl Ledger {
                 record.created_at
             ],
         )?;
-        Ok(())
+    Ok(())
+}
+
+impl Ledger {
+    pub fn record_artifact(&mut self, record: &ArtifactRecord) -> Result<(), LedgerError> {
+        insert(&self.conn, record)
     }
 
     pub fn artifacts_of_run(&self, run_id: &str) -> Result<Vec<ArtifactRecord>, LedgerError> {

@@ -125,7 +125,17 @@ impl Ledger {
 
     /// Appends `events` in one durable transaction, chained after the head.
     pub fn append(&mut self, events: &[Event]) -> Result<Vec<StoredEvent>, LedgerError> {
-        if events.is_empty() {
+        self.append_with_artifacts(events, &[])
+    }
+
+    /// Appends `events` and records `artifacts` in one durable transaction
+    /// (one fsync for a whole batch of operations: group commit).
+    pub fn append_with_artifacts(
+        &mut self,
+        events: &[Event],
+        artifacts: &[ArtifactRecord],
+    ) -> Result<Vec<StoredEvent>, LedgerError> {
+        if events.is_empty() && artifacts.is_empty() {
             return Ok(Vec::new());
         }
         let tx = self
@@ -163,6 +173,9 @@ impl Ledger {
                     event: event.clone(),
                 });
             }
+        }
+        for record in artifacts {
+            artifacts::insert(&tx, record)?;
         }
         tx.execute(
             "INSERT INTO head (id, seq, hash) VALUES (1, ?1, ?2)

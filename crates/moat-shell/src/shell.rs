@@ -1,6 +1,6 @@
 //! The dispatcher: one envelope in, one result out, every step recorded.
 
-use std::io::{BufRead, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -16,12 +16,14 @@ use moat_ledger::{ArtifactRecord, Ledger};
 use serde_json::{Value, json};
 
 use crate::exec;
-use crate::lines::{Line, next_line};
+use crate::lines::{Line, LineReader};
 use crate::store::ArtifactStore;
 use crate::workspace::{PathError, Refusal, Workspace};
 
 /// Longest accepted line.
 pub const MAX_LINE: usize = 16 << 20;
+/// Most operations whose events share one ledger commit.
+const MAX_BATCH: usize = 256;
 /// Default and largest `maxEntries` of `artifact_list`.
 const MAX_ENTRIES: u64 = 10_000;
 
@@ -68,7 +70,15 @@ struct Op<'a> {
     correlation_id: String,
     kind: Option<OpKind>,
     events: Vec<Event>,
+    artifacts: Vec<ArtifactRecord>,
     envelope: Option<&'a Envelope>,
+}
+
+/// An operation carried out, whose events are not committed yet.
+struct Processed {
+    result: OpResult,
+    events: Vec<Event>,
+    artifacts: Vec<ArtifactRecord>,
 }
 
 impl Op<'_> {
@@ -160,25 +170,53 @@ impl Shell {
     }
 
     /// Serves JSON lines until the input ends: one result line per line read.
-    pub fn serve(
-        &mut self,
-        mut input: impl BufRead,
-        mut output: impl Write,
-    ) -> std::io::Result<()> {
-        while let Some(line) = next_line(&mut input, MAX_LINE)? {
-            let result = self.handle(line);
-            let text = serde_json::to_string(&result).unwrap_or_else(|e| {
-                format!("{{\"id\":\"\",\"status\":\"error\",\"message\":\"{e}\"}}")
-            });
-            output.write_all(text.as_bytes())?;
-            output.write_all(b"\n")?;
-            output.flush()?;
+    ///
+    /// Operations whose lines are already buffered are carried out one after
+    /// the other and their events committed together (group commit); no
+    /// result is written before its events are durable.
+    pub fn serve(&mut self, input: impl Read, mut output: impl Write) -> std::io::Result<()> {
+        let mut reader = LineReader::new(input);
+        let mut batch = Vec::new();
+        while let Some(line) = reader.next_line(MAX_LINE)? {
+            batch.push(self.process(line));
+            if batch.len() >= MAX_BATCH || !reader.has_complete_line() {
+                for result in self.commit(std::mem::take(&mut batch)) {
+                    let text = serde_json::to_string(&result).unwrap_or_else(|e| {
+                        format!("{{\"id\":\"\",\"status\":\"error\",\"message\":\"{e}\"}}")
+                    });
+                    output.write_all(text.as_bytes())?;
+                    output.write_all(b"\n")?;
+                }
+                output.flush()?;
+            }
         }
         Ok(())
     }
 
     /// Handles one line. Its events are durable in the ledger before this returns.
     pub fn handle(&mut self, line: Line) -> OpResult {
+        let processed = self.process(line);
+        let id = processed.result.id.clone();
+        self.commit(vec![processed])
+            .pop()
+            .unwrap_or_else(|| OpResult::error(&id, "internal: no result"))
+    }
+
+    /// Commits the events and artifact records of `batch` in one transaction.
+    fn commit(&mut self, batch: Vec<Processed>) -> Vec<OpResult> {
+        let events: Vec<Event> = batch.iter().flat_map(|p| p.events.iter().cloned()).collect();
+        let artifacts: Vec<ArtifactRecord> = batch.iter().flat_map(|p| p.artifacts.iter().cloned()).collect();
+        match self.ledger.append_with_artifacts(&events, &artifacts) {
+            Ok(_) => batch.into_iter().map(|p| p.result).collect(),
+            // Without its record, an operation does not count as done.
+            Err(e) => batch
+                .into_iter()
+                .map(|p| OpResult::error(&p.result.id, format!("the ledger could not record this operation: {e}")))
+                .collect(),
+        }
+    }
+
+    fn process(&mut self, line: Line) -> Processed {
         let parsed: Result<Envelope, Refusal> = match &line {
             Line::TooLong { length } => Err(Refusal::new(
                 DenialReason::InvalidEnvelope,
@@ -192,6 +230,7 @@ impl Shell {
             correlation_id: String::new(),
             kind: None,
             events: Vec::new(),
+            artifacts: Vec::new(),
             envelope: None,
         };
         if let Ok(envelope) = &parsed {
@@ -436,8 +475,8 @@ impl Shell {
         })
     }
 
-    /// Records the outcome's events durably, then builds the result.
-    fn finish(&mut self, mut op: Op<'_>, outcome: Outcome) -> OpResult {
+    /// Builds the result and the events of the outcome.
+    fn finish(&mut self, mut op: Op<'_>, outcome: Outcome) -> Processed {
         let mut result = match outcome {
             Outcome::Done {
                 status,
@@ -482,15 +521,12 @@ impl Shell {
             Outcome::Failed(message) => OpResult::error(&op.id, message),
         };
         result.event_type = op.events.last().map(|e| e.event_type.as_str().to_owned());
-        if let Err(e) = self.ledger.append(&op.events) {
-            // Without its record, an operation does not count as done.
-            return OpResult::error(
-                &op.id,
-                format!("the ledger could not record this operation: {e}"),
-            );
-        }
         let _ = op.envelope;
-        result
+        Processed {
+            result,
+            events: op.events,
+            artifacts: op.artifacts,
+        }
     }
 }
 

@@ -22,21 +22,24 @@ pub struct ArtifactRecord {
     pub created_at: String,
 }
 
-pub(crate) fn insert(conn: &rusqlite::Connection, record: &ArtifactRecord) -> Result<(), LedgerError> {
+pub(crate) fn insert(
+    conn: &rusqlite::Connection,
+    record: &ArtifactRecord,
+) -> Result<(), LedgerError> {
     conn.execute(
-            "INSERT INTO artifacts (sha256, size, kind, label, redaction, run_id, op_id, created_at)
+        "INSERT INTO artifacts (sha256, size, kind, label, redaction, run_id, op_id, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                record.sha256,
-                record.size as i64,
-                record.kind,
-                record.label,
-                record.redaction,
-                record.run_id,
-                record.op_id,
-                record.created_at
-            ],
-        )?;
+        params![
+            record.sha256,
+            record.size as i64,
+            record.kind,
+            record.label,
+            record.redaction,
+            record.run_id,
+            record.op_id,
+            record.created_at
+        ],
+    )?;
     Ok(())
 }
 

@@ -116,10 +116,19 @@ mod tests {
         input.extend(std::iter::repeat_n(b'x', 200_000));
         input.extend(b"\n{\"ok\":1}\nlast");
         let mut reader = LineReader::new(&input[..]);
-        assert_eq!(reader.next_line(100).unwrap(), Some(Line::TooLong { length: 200_000 }));
+        assert_eq!(
+            reader.next_line(100).unwrap(),
+            Some(Line::TooLong { length: 200_000 })
+        );
         assert!(reader.has_complete_line());
-        assert_eq!(reader.next_line(100).unwrap(), Some(Line::Text(b"{\"ok\":1}".to_vec())));
-        assert_eq!(reader.next_line(100).unwrap(), Some(Line::Text(b"last".to_vec())));
+        assert_eq!(
+            reader.next_line(100).unwrap(),
+            Some(Line::Text(b"{\"ok\":1}".to_vec()))
+        );
+        assert_eq!(
+            reader.next_line(100).unwrap(),
+            Some(Line::Text(b"last".to_vec()))
+        );
         assert_eq!(reader.next_line(100).unwrap(), None);
     }
 }

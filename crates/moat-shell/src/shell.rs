@@ -61,6 +61,8 @@ pub struct Shell {
     store: ArtifactStore,
     ledger: Ledger,
     clock: fn() -> SystemTime,
+    /// Files were written since the last commit and must be synced first.
+    dirty: bool,
 }
 
 /// The per-operation context: ids and the events recorded so far.
@@ -157,6 +159,7 @@ impl Shell {
             store,
             ledger,
             clock: SystemTime::now,
+            dirty: false,
         })
     }
 
@@ -204,14 +207,37 @@ impl Shell {
 
     /// Commits the events and artifact records of `batch` in one transaction.
     fn commit(&mut self, batch: Vec<Processed>) -> Vec<OpResult> {
-        let events: Vec<Event> = batch.iter().flat_map(|p| p.events.iter().cloned()).collect();
-        let artifacts: Vec<ArtifactRecord> = batch.iter().flat_map(|p| p.artifacts.iter().cloned()).collect();
+        if std::mem::take(&mut self.dirty) {
+            if let Err(e) = self
+                .workspace
+                .sync()
+                .and_then(|devices| self.store.sync(&devices))
+            {
+                return batch
+                    .into_iter()
+                    .map(|p| OpResult::error(&p.result.id, format!("syncing written files: {e}")))
+                    .collect();
+            }
+        }
+        let events: Vec<Event> = batch
+            .iter()
+            .flat_map(|p| p.events.iter().cloned())
+            .collect();
+        let artifacts: Vec<ArtifactRecord> = batch
+            .iter()
+            .flat_map(|p| p.artifacts.iter().cloned())
+            .collect();
         match self.ledger.append_with_artifacts(&events, &artifacts) {
             Ok(_) => batch.into_iter().map(|p| p.result).collect(),
             // Without its record, an operation does not count as done.
             Err(e) => batch
                 .into_iter()
-                .map(|p| OpResult::error(&p.result.id, format!("the ledger could not record this operation: {e}")))
+                .map(|p| {
+                    OpResult::error(
+                        &p.result.id,
+                        format!("the ledger could not record this operation: {e}"),
+                    )
+                })
                 .collect(),
         }
     }
@@ -365,6 +391,8 @@ impl Shell {
             )
             .into();
         }
+        // Set before writing: even a failed write may have left a directory.
+        self.dirty = true;
         if let Err(e) = self.workspace.write(&a.path, &bytes, a.overwrite) {
             return e.into();
         }
@@ -460,9 +488,7 @@ impl Shell {
             op_id: op.id.clone(),
             created_at: now(),
         };
-        self.ledger
-            .record_artifact(&record)
-            .map_err(|e| e.to_string())?;
+        op.artifacts.push(record);
         op.event(
             EventType::ArtifactCreated,
             json!({"sha256": sha256, "size": bytes.len(), "kind": kind, "label": label}),

@@ -1,5 +1,6 @@
 //! The artifact store: files named by their SHA-256 under the state
-//! directory, written atomically, never modified.
+//! directory, written atomically, never modified. Puts are made durable in
+//! batches by [`ArtifactStore::sync`] before any result that names them.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,17 @@ impl ArtifactStore {
         Ok(ArtifactStore { root })
     }
 
+    /// Makes every put so far durable (one `syncfs` for a batch), unless
+    /// its filesystem is among `already_synced` (devices).
+    pub fn sync(&self, already_synced: &[u64]) -> std::io::Result<()> {
+        let dir = std::fs::File::open(&self.root)?;
+        let device = rustix::fs::fstat(&dir)?.st_dev;
+        if !already_synced.contains(&device) {
+            rustix::fs::syncfs(&dir)?;
+        }
+        Ok(())
+    }
+
     pub fn path_of(&self, sha256: &str) -> PathBuf {
         let prefix = sha256.get(..2).unwrap_or("00");
         self.root.join(prefix).join(sha256)
@@ -26,7 +38,9 @@ impl ArtifactStore {
     pub fn put(&self, bytes: &[u8]) -> std::io::Result<String> {
         let sha256 = moat_core::hash::sha256_hex(bytes);
         let path = self.path_of(&sha256);
-        if path.exists() {
+        // An entry left short by a crash before its batch was synced is
+        // rewritten; a complete one is content-addressed and stays.
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
             return Ok(sha256);
         }
         let dir = path.parent().unwrap_or(&self.root);
@@ -35,9 +49,7 @@ impl ArtifactStore {
         let result = (|| {
             let mut file = std::fs::File::create(&tmp)?;
             file.write_all(bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(dir)?.sync_all()
+            std::fs::rename(&tmp, &path)
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);

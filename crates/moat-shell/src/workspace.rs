@@ -293,6 +293,27 @@ impl Workspace {
         })
     }
 
+    /// Makes every write so far durable (one `syncfs` of the workspace's
+    /// filesystem covers the renames and directories of a whole batch).
+    /// Returns the devices synced.
+    pub fn sync(&self) -> std::io::Result<Vec<u64>> {
+        let mut synced = Vec::new();
+        for root in &self.write {
+            let dir = rustix::fs::openat(
+                &root.fd,
+                ".",
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let device = rustix::fs::fstat(&dir)?.st_dev;
+            if !synced.contains(&device) {
+                rustix::fs::syncfs(&dir)?;
+                synced.push(device);
+            }
+        }
+        Ok(synced)
+    }
+
     /// Lists a directory, depth-first, never following symlinks.
     pub fn list(
         &self,
@@ -371,8 +392,10 @@ impl Workspace {
     }
 
     /// Writes `bytes` to `path` under a write root, atomically: a temporary
-    /// file next to it, fsync, rename, fsync of the directory. Parent
-    /// directories are created, never through a symlink.
+    /// file next to it, fsync, rename. Parent directories are created, never
+    /// through a symlink. The rename itself becomes durable with
+    /// [`Workspace::sync`], which the shell calls once per batch before it
+    /// acknowledges any write of the batch.
     pub fn write(&self, path: &str, bytes: &[u8], overwrite: bool) -> Result<(), PathError> {
         let parts = components(path)?;
         let (root, rest) = Self::locate(&self.write, &parts).ok_or_else(|| {
@@ -451,7 +474,6 @@ impl Workspace {
                 RenameFlags::NOREPLACE
             };
             rustix::fs::renameat_with(&dir, tmp.as_str(), &dir, name.as_str(), flags)?;
-            rustix::fs::fsync(&dir)?;
             Ok(())
         })();
         if let Err(e) = written {

@@ -151,7 +151,30 @@ fn exec_true(c: &mut Criterion) {
             start.elapsed() / N as u32
         })
     });
-    group.bench_function("bare_launcher", |b| {
+    let ws = dir.path().join("ws");
+    group.bench_function("bare_launcher_same_mounts", |b| {
+        b.iter(|| {
+            let mut spec = moat_sandbox::SandboxSpec::new("bench", vec!["/usr/bin/true".into()]);
+            spec.cwd = Some("/workspace".into());
+            spec.mounts = vec![
+                moat_sandbox::BindMount {
+                    host: ws.clone(),
+                    inside: "/workspace".into(),
+                    writable: false,
+                },
+                moat_sandbox::BindMount {
+                    host: ws.join("output"),
+                    inside: "/workspace/output".into(),
+                    writable: true,
+                },
+            ];
+            let outcome =
+                moat_sandbox::run(spec, moat_sandbox::OutputMode::Capture, &mut Vec::new())
+                    .unwrap();
+            assert_eq!(outcome.report.exit_code, 0);
+        })
+    });
+    group.bench_function("bare_launcher_no_mounts", |b| {
         b.iter(|| {
             let spec = moat_sandbox::SandboxSpec::new("bench", vec!["/usr/bin/true".into()]);
             let outcome =

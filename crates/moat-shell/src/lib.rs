@@ -5,6 +5,7 @@
 
 pub mod exec;
 pub mod lines;
+#[cfg(feature = "mcp")]
 pub mod mcp;
 mod shell;
 pub mod store;

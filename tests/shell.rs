@@ -570,3 +570,61 @@ fn kill_9_in_the_middle_of_a_write_leaves_no_partial_file_and_a_sound_ledger() {
     assert!(names.iter().all(|n| !n.contains(".moat-")), "{names:?}");
     assert!(s.ledger_verifies());
 }
+
+#[test]
+fn writes_in_one_batch_are_visible_to_later_operations_and_conflict_with_each_other() {
+    let s = Session::new(|_| {});
+    // Sent together, these are processed as one batch (one ledger commit).
+    let results = s.ops(&[
+        op(
+            "1",
+            "artifact_write",
+            json!({"path": "output/same.txt", "content": "first", "maxBytes": 10}),
+        ),
+        op(
+            "2",
+            "artifact_write",
+            json!({"path": "output/same.txt", "content": "second", "maxBytes": 10}),
+        ),
+        op(
+            "3",
+            "artifact_write",
+            json!({"path": "output/over.txt", "content": "a", "maxBytes": 10}),
+        ),
+        op(
+            "4",
+            "artifact_write",
+            json!({"path": "output/over.txt", "content": "b", "maxBytes": 10, "overwrite": true}),
+        ),
+        op(
+            "5",
+            "artifact_read",
+            json!({"path": "output/same.txt", "maxBytes": 10}),
+        ),
+        op(
+            "6",
+            "exec_argv",
+            json!({"argv": ["cat", "/workspace/output/over.txt"]}),
+        ),
+    ]);
+    assert_eq!(results[0]["status"], "ok");
+    assert_denied(&results[1], "already_exists");
+    assert_eq!(results[4]["result"]["content"], "first", "{}", results[4]);
+    assert_eq!(results[5]["result"]["stdout"], "b", "{}", results[5]);
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join("output/over.txt")).unwrap(),
+        "b"
+    );
+    let leftovers = std::fs::read_dir(s.ws.join("output"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".moat-")
+        })
+        .count();
+    assert_eq!(leftovers, 0);
+    assert!(s.ledger_verifies());
+}

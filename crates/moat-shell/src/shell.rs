@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::exec;
 use crate::lines::{Line, LineReader};
 use crate::store::ArtifactStore;
-use crate::workspace::{PathError, Refusal, Workspace};
+use crate::workspace::{PathError, Refusal, Staged, Workspace};
 
 /// Longest accepted line.
 pub const MAX_LINE: usize = 16 << 20;
@@ -63,6 +63,14 @@ pub struct Shell {
     clock: fn() -> SystemTime,
     /// Files were written since the last commit and must be synced first.
     dirty: bool,
+    /// Writes of the current batch, staged but not yet visible, with the
+    /// batch position of their operation.
+    pending: Vec<(usize, Staged)>,
+    /// Operations of the current batch whose staged write could not be
+    /// published: their results become errors at commit.
+    failed: Vec<(usize, String)>,
+    /// Position of the next operation in the current batch.
+    position: usize,
 }
 
 /// The per-operation context: ids and the events recorded so far.
@@ -74,6 +82,8 @@ struct Op<'a> {
     events: Vec<Event>,
     artifacts: Vec<ArtifactRecord>,
     envelope: Option<&'a Envelope>,
+    /// Place in the current batch.
+    position: usize,
 }
 
 /// An operation carried out, whose events are not committed yet.
@@ -160,6 +170,9 @@ impl Shell {
             ledger,
             clock: SystemTime::now,
             dirty: false,
+            pending: Vec::new(),
+            failed: Vec::new(),
+            position: 0,
         })
     }
 
@@ -205,18 +218,60 @@ impl Shell {
             .unwrap_or_else(|| OpResult::error(&id, "internal: no result"))
     }
 
+    /// Makes the batch's staged writes durable and visible: one sync of
+    /// every staged file (and artifact-store copy), then the renames, then an
+    /// fsync of each directory renamed into.
+    fn publish_pending(&mut self) -> std::io::Result<()> {
+        if !std::mem::take(&mut self.dirty) {
+            return Ok(());
+        }
+        let devices = self.workspace.sync()?;
+        self.store.sync(&devices)?;
+        let mut synced_dirs = Vec::new();
+        for (position, staged) in std::mem::take(&mut self.pending) {
+            match staged.publish() {
+                Ok(()) => {
+                    let (dir, id) = staged.directory();
+                    if !synced_dirs.contains(&id) {
+                        rustix::fs::fsync(dir)?;
+                        synced_dirs.push(id);
+                    }
+                }
+                Err(e) => self.failed.push((position, e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
     /// Commits the events and artifact records of `batch` in one transaction.
-    fn commit(&mut self, batch: Vec<Processed>) -> Vec<OpResult> {
-        if std::mem::take(&mut self.dirty) {
-            if let Err(e) = self
-                .workspace
-                .sync()
-                .and_then(|devices| self.store.sync(&devices))
-            {
-                return batch
-                    .into_iter()
-                    .map(|p| OpResult::error(&p.result.id, format!("syncing written files: {e}")))
-                    .collect();
+    fn commit(&mut self, mut batch: Vec<Processed>) -> Vec<OpResult> {
+        self.position = 0;
+        if let Err(e) = self.publish_pending() {
+            for (_, staged) in std::mem::take(&mut self.pending) {
+                staged.abandon();
+            }
+            self.failed.clear();
+            return batch
+                .into_iter()
+                .map(|p| OpResult::error(&p.result.id, format!("syncing written files: {e}")))
+                .collect();
+        }
+        for (position, message) in std::mem::take(&mut self.failed) {
+            if let Some(processed) = batch.get_mut(position) {
+                let message = format!("the write could not be published: {message}");
+                processed.events.push(Event {
+                    event_type: EventType::CapabilityDenied,
+                    at: now(),
+                    run_id: processed
+                        .events
+                        .first()
+                        .map(|e| e.run_id.clone())
+                        .unwrap_or_default(),
+                    op_id: Some(processed.result.id.clone()),
+                    correlation_id: None,
+                    data: json!({"op": "artifact_write", "error": message}),
+                });
+                processed.result = OpResult::error(&processed.result.id, message);
             }
         }
         let events: Vec<Event> = batch
@@ -243,6 +298,12 @@ impl Shell {
     }
 
     fn process(&mut self, line: Line) -> Processed {
+        let position = self.position;
+        self.position += 1;
+        self.process_at(line, position)
+    }
+
+    fn process_at(&mut self, line: Line, position: usize) -> Processed {
         let parsed: Result<Envelope, Refusal> = match &line {
             Line::TooLong { length } => Err(Refusal::new(
                 DenialReason::InvalidEnvelope,
@@ -258,6 +319,7 @@ impl Shell {
             events: Vec::new(),
             artifacts: Vec::new(),
             envelope: None,
+            position,
         };
         if let Ok(envelope) = &parsed {
             op.id = envelope.id.clone();
@@ -314,6 +376,13 @@ impl Shell {
             .into();
         }
         op.event(EventType::CapabilityGranted, json!({"op": kind.as_str()}));
+        // Earlier writes of this batch become visible before anything else
+        // looks at the workspace.
+        if kind != OpKind::ArtifactWrite {
+            if let Err(e) = self.publish_pending() {
+                return Outcome::Failed(format!("publishing earlier writes: {e}"));
+            }
+        }
         let result = match kind {
             OpKind::ArtifactRead => args(&envelope.args).map(|a| self.read(a)),
             OpKind::ArtifactWrite => args(&envelope.args).map(|a| self.write(a, op)),
@@ -391,11 +460,13 @@ impl Shell {
             )
             .into();
         }
-        // Set before writing: even a failed write may have left a directory.
+        let pending: Vec<&Staged> = self.pending.iter().map(|(_, s)| s).collect();
+        let staged = match self.workspace.stage(&a.path, &bytes, a.overwrite, &pending) {
+            Ok(staged) => staged,
+            Err(e) => return e.into(),
+        };
         self.dirty = true;
-        if let Err(e) = self.workspace.write(&a.path, &bytes, a.overwrite) {
-            return e.into();
-        }
+        self.pending.push((op.position, staged));
         match self.artifact(op, "file", &a.path, &bytes) {
             Ok(reference) => Outcome::Done {
                 status: OpStatus::Ok,

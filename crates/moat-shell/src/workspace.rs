@@ -6,7 +6,7 @@
 //! that root's handle, so no symlink or `..` can leave it.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
 use moat_core::DenialReason;
@@ -391,12 +391,22 @@ impl Workspace {
         Ok((entries, truncated))
     }
 
-    /// Writes `bytes` to `path` under a write root, atomically: a temporary
-    /// file next to it, fsync, rename. Parent directories are created, never
-    /// through a symlink. The rename itself becomes durable with
-    /// [`Workspace::sync`], which the shell calls once per batch before it
-    /// acknowledges any write of the batch.
-    pub fn write(&self, path: &str, bytes: &[u8], overwrite: bool) -> Result<(), PathError> {
+    /// Stages a write of `bytes` to `path` under a write root: parent
+    /// directories are created (never through a symlink) and the content is
+    /// written to a temporary file next to the target. Nothing is visible at
+    /// `path` until [`Staged::publish`], which the shell calls for a whole
+    /// batch after one `syncfs` has made every staged file durable: the target
+    /// never appears partial (temp, sync, rename).
+    ///
+    /// `pending` are the writes staged earlier in the same batch, so that a
+    /// second write to the same name without `overwrite` is refused.
+    pub fn stage(
+        &self,
+        path: &str,
+        bytes: &[u8],
+        overwrite: bool,
+        pending: &[&Staged],
+    ) -> Result<Staged, PathError> {
         let parts = components(path)?;
         let (root, rest) = Self::locate(&self.write, &parts).ok_or_else(|| {
             Refusal::new(
@@ -430,7 +440,7 @@ impl Workspace {
             )
             .map_err(|e| errno_refusal(e, path))?;
         }
-        // The directory itself must be writable through a real fd for renameat.
+        // The directory itself must be open for real for renameat and fsync.
         let dir = rustix::fs::openat(
             &dir,
             ".",
@@ -438,15 +448,9 @@ impl Workspace {
             Mode::empty(),
         )
         .map_err(std::io::Error::from)?;
-        match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if !overwrite => {
-                let _ = st;
-                return Err(Refusal::new(
-                    DenialReason::AlreadyExists,
-                    format!("{path}: exists (set overwrite)"),
-                )
-                .into());
-            }
+        let dir_stat = rustix::fs::fstat(&dir).map_err(std::io::Error::from)?;
+        let key = (dir_stat.st_dev, dir_stat.st_ino, name.clone());
+        let exists = match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile => {
                 return Err(Refusal::new(
                     DenialReason::WrongFileType,
@@ -454,8 +458,16 @@ impl Workspace {
                 )
                 .into());
             }
-            Ok(_) | Err(Errno::NOENT) => {}
+            Ok(_) => true,
+            Err(Errno::NOENT) => false,
             Err(e) => return Err(errno_refusal(e, path)),
+        };
+        if !overwrite && (exists || pending.iter().any(|p| p.key == key)) {
+            return Err(Refusal::new(
+                DenialReason::AlreadyExists,
+                format!("{path}: exists (set overwrite)"),
+            )
+            .into());
         }
         let tmp = format!(".moat-{}-{}.tmp", std::process::id(), unique());
         let written = (|| -> std::io::Result<()> {
@@ -465,28 +477,72 @@ impl Workspace {
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o644),
             )?;
-            let mut file = std::fs::File::from(fd);
-            file.write_all(bytes)?;
-            file.sync_all()?;
-            let flags = if overwrite {
-                RenameFlags::empty()
-            } else {
-                RenameFlags::NOREPLACE
-            };
-            rustix::fs::renameat_with(&dir, tmp.as_str(), &dir, name.as_str(), flags)?;
-            Ok(())
+            std::fs::File::from(fd).write_all(bytes)
         })();
         if let Err(e) = written {
             let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
-            if e.raw_os_error() == Some(libc_eexist()) {
-                return Err(
-                    Refusal::new(DenialReason::AlreadyExists, format!("{path}: exists")).into(),
-                );
-            }
             return Err(e.into());
         }
-        let _ = dir.as_fd();
-        Ok(())
+        Ok(Staged {
+            dir,
+            tmp,
+            name,
+            overwrite,
+            key,
+            path: path.to_owned(),
+        })
+    }
+}
+
+/// A write whose content sits in a temporary file next to its target.
+pub struct Staged {
+    dir: OwnedFd,
+    tmp: String,
+    name: String,
+    overwrite: bool,
+    /// (device, inode of the directory, name): what the write will replace.
+    key: (u64, u64, String),
+    pub path: String,
+}
+
+impl Staged {
+    /// Renames the (already synced) temporary file onto its target.
+    pub fn publish(&self) -> std::io::Result<()> {
+        let flags = if self.overwrite {
+            RenameFlags::empty()
+        } else {
+            RenameFlags::NOREPLACE
+        };
+        let renamed = rustix::fs::renameat_with(
+            &self.dir,
+            self.tmp.as_str(),
+            &self.dir,
+            self.name.as_str(),
+            flags,
+        );
+        if renamed.is_err() {
+            self.abandon();
+        }
+        renamed.map_err(|e| {
+            if e == Errno::EXIST {
+                std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{}: appeared meanwhile", self.path),
+                )
+            } else {
+                e.into()
+            }
+        })
+    }
+
+    /// Removes the temporary file (the write will not happen).
+    pub fn abandon(&self) {
+        let _ = rustix::fs::unlinkat(&self.dir, self.tmp.as_str(), AtFlags::empty());
+    }
+
+    /// The directory the target lives in (to fsync after publishing).
+    pub fn directory(&self) -> (&OwnedFd, (u64, u64)) {
+        (&self.dir, (self.key.0, self.key.1))
     }
 }
 
@@ -536,10 +592,6 @@ fn remove_stale_temporaries(root: &OwnedFd) {
             }
         }
     }
-}
-
-fn libc_eexist() -> i32 {
-    Errno::EXIST.raw_os_error()
 }
 
 fn unique() -> u64 {

@@ -10,12 +10,8 @@ N=${N:-200}
 for tool in hyperfine python3; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is missing" >&2; exit 2; }
 done
-MOAT=$(cargo build --release --quiet --message-format=json \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "moat" and m.get("executable"):
-        print(m["executable"])')
+. bench/lib.sh
+MOAT=$(moat_binary)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 mkdir -p "$dir/ws/output"

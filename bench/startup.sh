@@ -13,12 +13,8 @@ RUNS=${RUNS:-200}
 for tool in hyperfine bwrap unshare python3; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt-get install hyperfine bubblewrap util-linux python3)" >&2; exit 2; }
 done
-MOAT=$(cargo build --release --quiet --message-format=json \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "moat" and m.get("executable"):
-        print(m["executable"])')
+. bench/lib.sh
+MOAT=$(moat_binary)
 extra=""
 [ "$(id -u)" = 0 ] || extra="--allow-degraded"
 out=$(mktemp -d)

@@ -284,27 +284,13 @@ fn the_program_cannot_take_over_init() {
 
 #[test]
 fn a_terminal_on_stdin_is_replaced_by_dev_null() {
-    // SAFETY: standard pty allocation; the master is closed at the end.
-    let (master, slave_path) = unsafe {
-        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
-        assert!(master >= 0);
-        assert_eq!(libc::grantpt(master), 0);
-        assert_eq!(libc::unlockpt(master), 0);
-        let name = std::ffi::CStr::from_ptr(libc::ptsname(master));
-        (master, name.to_string_lossy().into_owned())
-    };
-    let slave = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&slave_path)
-        .unwrap();
+    let pty = Pty::open();
     let output = Command::new(MOAT)
         .args(["exec", "--", "/usr/bin/readlink", "/proc/self/fd/0"])
-        .stdin(slave)
+        .stdin(pty.slave.try_clone().unwrap())
         .output()
         .unwrap();
-    // SAFETY: closing the master opened above.
-    unsafe { libc::close(master) };
+    drop(pty);
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "/dev/null");
     // A pipe is passed on.
     let mut piped = Command::new(MOAT)

@@ -108,20 +108,8 @@ fn assert_denied_socket(check: &str) {
 /// the launcher's tty is to push keystrokes into it.
 #[test]
 fn tiocsti_cannot_inject_into_the_launchers_terminal() {
-    // SAFETY: standard pty allocation; descriptors are closed at the end.
-    let (master, slave_path) = unsafe {
-        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
-        assert!(master >= 0);
-        assert_eq!(libc::grantpt(master), 0);
-        assert_eq!(libc::unlockpt(master), 0);
-        let name = std::ffi::CStr::from_ptr(libc::ptsname(master));
-        (master, name.to_string_lossy().into_owned())
-    };
-    let slave = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&slave_path)
-        .unwrap();
+    let pty = Pty::open();
+    let slave = &pty.slave;
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
     let mut args = vec![
@@ -150,13 +138,11 @@ fn tiocsti_cannot_inject_into_the_launchers_terminal() {
     // SAFETY: FIONREAD writes one int.
     unsafe {
         libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(&slave),
+            std::os::fd::AsRawFd::as_raw_fd(slave),
             libc::FIONREAD,
             &mut pending,
         )
     };
-    drop(slave);
-    // SAFETY: closing the master we opened.
-    unsafe { libc::close(master) };
+    drop(pty);
     assert_eq!(pending, 0);
 }

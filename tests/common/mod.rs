@@ -231,3 +231,37 @@ pub fn assert_all_layers_enforced(run: &Run) {
     let finished = run.events_of("sandbox.exec.finished");
     assert_eq!(finished.len(), 1, "{:#?}", run.events);
 }
+
+/// A pseudo-terminal: the master descriptor (closed on drop) and the slave,
+/// opened read-write, to hand to `moat` as a terminal.
+pub struct Pty {
+    master: i32,
+    pub slave: std::fs::File,
+}
+
+impl Pty {
+    pub fn open() -> Self {
+        // SAFETY: standard pty allocation; the master is owned by the Pty.
+        let (master, slave_path) = unsafe {
+            let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+            assert!(master >= 0);
+            assert_eq!(libc::grantpt(master), 0);
+            assert_eq!(libc::unlockpt(master), 0);
+            let name = std::ffi::CStr::from_ptr(libc::ptsname(master));
+            (master, name.to_string_lossy().into_owned())
+        };
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&slave_path)
+            .expect("pty slave");
+        Pty { master, slave }
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        // SAFETY: closing the master this Pty opened.
+        unsafe { libc::close(self.master) };
+    }
+}

@@ -19,6 +19,18 @@ pub enum SignError {
     BadSignature,
 }
 
+/// Decodes a base64 32-byte key.
+fn decode_key(text: &str) -> Result<[u8; 32], SignError> {
+    let bytes = B64.decode(text.trim()).map_err(|_| SignError::Base64)?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| SignError::KeyLength {
+            expected: 32,
+            got: bytes.len(),
+        })
+}
+
 /// A private signing key (the 32-byte seed).
 pub struct PrivateKey(SigningKey);
 
@@ -30,15 +42,7 @@ impl PrivateKey {
     }
 
     pub fn from_base64(text: &str) -> Result<Self, SignError> {
-        let bytes = B64.decode(text.trim()).map_err(|_| SignError::Base64)?;
-        let seed: [u8; 32] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| SignError::KeyLength {
-                expected: 32,
-                got: bytes.len(),
-            })?;
-        Ok(Self::from_seed(seed))
+        Ok(Self::from_seed(decode_key(text)?))
     }
 
     pub fn to_base64(&self) -> String {
@@ -61,15 +65,7 @@ pub struct PublicKey(VerifyingKey);
 
 impl PublicKey {
     pub fn from_base64(text: &str) -> Result<Self, SignError> {
-        let bytes = B64.decode(text.trim()).map_err(|_| SignError::Base64)?;
-        let raw: [u8; 32] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| SignError::KeyLength {
-                expected: 32,
-                got: bytes.len(),
-            })?;
-        VerifyingKey::from_bytes(&raw)
+        VerifyingKey::from_bytes(&decode_key(text)?)
             .map(PublicKey)
             .map_err(|_| SignError::BadPublicKey)
     }

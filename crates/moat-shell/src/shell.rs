@@ -13,6 +13,7 @@ use moat_core::{
     DenialReason, Envelope, Event, EventType, Manifest, OpKind, OpResult, OpStatus, SandboxMode,
 };
 use moat_ledger::{ArtifactRecord, Ledger};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::exec;
@@ -74,14 +75,13 @@ pub struct Shell {
 }
 
 /// The per-operation context: ids and the events recorded so far.
-struct Op<'a> {
+struct Op {
     id: String,
     run_id: String,
     correlation_id: String,
     kind: Option<OpKind>,
     events: Vec<Event>,
     artifacts: Vec<ArtifactRecord>,
-    envelope: Option<&'a Envelope>,
     /// Place in the current batch.
     position: usize,
 }
@@ -93,7 +93,7 @@ struct Processed {
     artifacts: Vec<ArtifactRecord>,
 }
 
-impl Op<'_> {
+impl Op {
     fn event(&mut self, event_type: EventType, data: Value) {
         self.events.push(Event {
             event_type,
@@ -318,7 +318,6 @@ impl Shell {
             kind: None,
             events: Vec::new(),
             artifacts: Vec::new(),
-            envelope: None,
             position,
         };
         if let Ok(envelope) = &parsed {
@@ -326,7 +325,6 @@ impl Shell {
             op.run_id = envelope.run_id.clone();
             op.correlation_id = envelope.correlation_id.clone();
             op.kind = OpKind::parse(&envelope.op);
-            op.envelope = Some(envelope);
         }
         let args_hash = parsed
             .as_ref()
@@ -349,7 +347,7 @@ impl Shell {
         self.finish(op, outcome)
     }
 
-    fn authorize_and_run(&mut self, envelope: &Envelope, op: &mut Op<'_>) -> Outcome {
+    fn authorize_and_run(&mut self, envelope: &Envelope, op: &mut Op) -> Outcome {
         let Some(kind) = op.kind else {
             return Refusal::new(
                 DenialReason::UnknownOp,
@@ -434,7 +432,7 @@ impl Shell {
         }
     }
 
-    fn write(&mut self, a: ArtifactWriteArgs, op: &mut Op<'_>) -> Outcome {
+    fn write(&mut self, a: ArtifactWriteArgs, op: &mut Op) -> Outcome {
         let bytes = match (&a.content, &a.content_base64) {
             (Some(text), None) => text.as_bytes().to_vec(),
             (None, Some(b64)) => match B64.decode(b64) {
@@ -488,7 +486,7 @@ impl Shell {
         }
     }
 
-    fn exec(&mut self, envelope: &Envelope, a: ExecArgvArgs, op: &mut Op<'_>) -> Outcome {
+    fn exec(&mut self, envelope: &Envelope, a: ExecArgvArgs, op: &mut Op) -> Outcome {
         let sandbox_id = format!(
             "op-{}",
             &moat_core::hash::sha256_hex(
@@ -540,7 +538,7 @@ impl Shell {
     /// Stores bytes as an artifact, records it, and emits `artifact.created`.
     fn artifact(
         &mut self,
-        op: &mut Op<'_>,
+        op: &mut Op,
         kind: &str,
         label: &str,
         bytes: &[u8],
@@ -573,7 +571,7 @@ impl Shell {
     }
 
     /// Builds the result and the events of the outcome.
-    fn finish(&mut self, mut op: Op<'_>, outcome: Outcome) -> Processed {
+    fn finish(&mut self, mut op: Op, outcome: Outcome) -> Processed {
         let mut result = match outcome {
             Outcome::Done {
                 status,
@@ -618,7 +616,6 @@ impl Shell {
             Outcome::Failed(message) => OpResult::error(&op.id, message),
         };
         result.event_type = op.events.last().map(|e| e.event_type.as_str().to_owned());
-        let _ = op.envelope;
         Processed {
             result,
             events: op.events,
@@ -643,5 +640,3 @@ fn parse_envelope(bytes: &[u8]) -> Result<Envelope, Refusal> {
     }
     Envelope::deserialize(&value).map_err(|e| invalid(e.to_string()))
 }
-
-use serde::Deserialize;

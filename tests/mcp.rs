@@ -13,32 +13,8 @@ use serde_json::Value;
 #[test]
 fn an_official_mcp_client_uses_moat_as_its_tool_surface() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys");
     let run = |args: &[&str]| Command::new(MOAT).args(args).output().unwrap();
-    assert!(
-        run(&["manifest", "keygen", "--out", path_str(&keys)])
-            .status
-            .success()
-    );
-    let public = keys.join("moat.pub");
-    let template = run(&["manifest", "template", "--public-key", path_str(&public)]);
-    let bare = dir.path().join("manifest.json");
-    std::fs::write(&bare, &template.stdout).unwrap();
-    let signed = dir.path().join("signed.json");
-    let key = keys.join("moat.key");
-    assert!(
-        run(&[
-            "manifest",
-            "sign",
-            "--key",
-            path_str(&key),
-            "--out",
-            path_str(&signed),
-            path_str(&bare)
-        ])
-        .status
-        .success()
-    );
+    let (signed, public) = signed_manifest(dir.path(), |_| {});
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let state = dir.path().join("state");

@@ -29,39 +29,14 @@ impl Session {
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(ws.join("input")).unwrap();
         std::fs::write(ws.join("input/data.txt"), "line one\nline two\n").unwrap();
-        let keys = dir.path().join("keys");
-        assert!(
-            moat(&["manifest", "keygen", "--out", path_str(&keys)])
-                .status
-                .success()
-        );
-        let public = keys.join("moat.pub");
-        let template = moat(&["manifest", "template", "--public-key", path_str(&public)]);
-        let mut manifest: Value = serde_json::from_slice(&template.stdout).unwrap();
-        manifest["allowedExecutables"] = json!([
-            {"path": "/usr/bin/cat"}, {"path": "/usr/bin/env"}, {"path": "/usr/bin/yes"},
-            {"path": "/bin/sh"}, {"path": "/usr/bin/sleep"}, {"path": "/usr/bin/wc"}
-        ]);
-        manifest["envPassthrough"] = json!(["GREETING"]);
-        edit(&mut manifest);
-        let bare = dir.path().join("manifest.json");
-        std::fs::write(&bare, manifest.to_string()).unwrap();
-        let signed = dir.path().join("signed.json");
-        let key = keys.join("moat.key");
-        let out = moat(&[
-            "manifest",
-            "sign",
-            "--key",
-            path_str(&key),
-            "--out",
-            path_str(&signed),
-            path_str(&bare),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (signed, public) = signed_manifest(dir.path(), |manifest| {
+            manifest["allowedExecutables"] = json!([
+                {"path": "/usr/bin/cat"}, {"path": "/usr/bin/env"}, {"path": "/usr/bin/yes"},
+                {"path": "/bin/sh"}, {"path": "/usr/bin/sleep"}, {"path": "/usr/bin/wc"}
+            ]);
+            manifest["envPassthrough"] = json!(["GREETING"]);
+            edit(manifest);
+        });
         let state = dir.path().join("state");
         Session {
             dir,

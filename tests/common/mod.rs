@@ -265,3 +265,43 @@ impl Drop for Pty {
         unsafe { libc::close(self.master) };
     }
 }
+
+/// Keys made with `moat manifest keygen` in `dir/keys`, and the template
+/// manifest for them, edited by `edit`, signed into `dir/signed.json`.
+/// Returns `(signed manifest, public key)`.
+pub fn signed_manifest(
+    dir: &Path,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> (PathBuf, PathBuf) {
+    let moat = |args: &[&str]| Command::new(MOAT).args(args).output().expect("moat");
+    let keys = dir.join("keys");
+    assert!(
+        moat(&["manifest", "keygen", "--out", path_str(&keys)])
+            .status
+            .success()
+    );
+    let public = keys.join("moat.pub");
+    let template = moat(&["manifest", "template", "--public-key", path_str(&public)]);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&template.stdout).expect("template");
+    edit(&mut manifest);
+    let bare = dir.join("manifest.json");
+    std::fs::write(&bare, manifest.to_string()).expect("write manifest");
+    let signed = dir.join("signed.json");
+    let key = keys.join("moat.key");
+    let out = moat(&[
+        "manifest",
+        "sign",
+        "--key",
+        path_str(&key),
+        "--out",
+        path_str(&signed),
+        path_str(&bare),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (signed, public)
+}

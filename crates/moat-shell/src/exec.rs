@@ -207,7 +207,8 @@ pub fn plan(
         for rel in rels {
             spec.mounts.push(BindMount {
                 host: workspace.path.join(&rel),
-                inside: Path::new("/workspace").join(&rel),
+                // Components, not join: the whole workspace (`rel` empty) is "/workspace".
+                inside: Path::new("/workspace").join(&rel).components().collect(),
                 writable,
             });
         }
@@ -217,11 +218,6 @@ pub fn plan(
         .sort_by(|a, b| a.inside.cmp(&b.inside).then(b.writable.cmp(&a.writable)));
     spec.mounts
         .dedup_by(|later, earlier| later.inside == earlier.inside);
-    for mount in &mut spec.mounts {
-        if mount.inside == Path::new("/workspace/") {
-            mount.inside = PathBuf::from("/workspace");
-        }
-    }
     Ok(Plan { spec })
 }
 

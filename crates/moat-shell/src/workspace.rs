@@ -226,22 +226,24 @@ impl Workspace {
         })
     }
 
-    /// Reads up to `max` bytes from `offset`; hashes the whole file.
-    pub fn read(&self, path: &str, max: u64, offset: u64) -> Result<ReadResult, PathError> {
+    /// Opens `path` beneath the readable root it falls under.
+    fn open_readable(&self, path: &str, flags: OFlags) -> Result<OwnedFd, PathError> {
         let (root, rest) = self.readable(path)?;
         let target = if rest.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
             rest
         };
-        let fd = rustix::fs::openat2(
-            &root.fd,
-            &target,
+        rustix::fs::openat2(&root.fd, &target, flags, Mode::empty(), BENEATH)
+            .map_err(|e| errno_refusal(e, path))
+    }
+
+    /// Reads up to `max` bytes from `offset`; hashes the whole file.
+    pub fn read(&self, path: &str, max: u64, offset: u64) -> Result<ReadResult, PathError> {
+        let fd = self.open_readable(
+            path,
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
-            Mode::empty(),
-            BENEATH,
-        )
-        .map_err(|e| errno_refusal(e, path))?;
+        )?;
         let st = rustix::fs::fstat(&fd).map_err(std::io::Error::from)?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(Refusal::new(
@@ -321,20 +323,7 @@ impl Workspace {
         recursive: bool,
         max: usize,
     ) -> Result<(Vec<Entry>, bool), PathError> {
-        let (root, rest) = self.readable(path)?;
-        let target = if rest.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            rest
-        };
-        let dir = rustix::fs::openat2(
-            &root.fd,
-            &target,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            BENEATH,
-        )
-        .map_err(|e| errno_refusal(e, path))?;
+        let dir = self.open_readable(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC)?;
         let base = components(path)?.join("/");
         let mut entries = Vec::new();
         let mut stack = vec![(dir, base)];

@@ -292,7 +292,9 @@ impl RootPlan {
                 return;
             }
         }
-        if meta.is_dir() && depth > 0 {
+        // A directory whose entries fill more than one block holds far more
+        // than COPY_DIR_ENTRIES; skip listing it (getdents reads it whole).
+        if meta.is_dir() && depth > 0 && meta.len() <= 4096 {
             let entries: Vec<PathBuf> = std::fs::read_dir(host)
                 .map(|d| {
                     d.take(COPY_DIR_ENTRIES + 1)

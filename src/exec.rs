@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
+use moat_egress::{Egress, EgressConfig, EgressLimits, EgressPolicy, parse_resolve};
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
 
 const EXAMPLES: &str = "\
@@ -18,11 +19,18 @@ Examples:
   moat exec --workspace ./project -- make test
   moat exec --mode read-only --input ./data --output ./out -- python3 /workspace/input/job.py
   moat exec --memory 128M --pids 64 --timeout 10s --report - -- ./build.sh
+  moat exec --network allowlist --allow-domain pypi.org --allow-domain '*.pythonhosted.org' \
+      --events - -- pip download requests
 
 Inside the sandbox the program sees only the system directories (/usr, /bin,
 /lib...), a private /tmp, /proc and a minimal /dev, plus the roots you declare:
 --workspace at /workspace, --input at /workspace/input (read-only), --output at
-/workspace/output. It has no network unless --network full, no capabilities, a
+/workspace/output. It has no network but its own loopback unless --network says
+otherwise: with allowlist, HTTP_PROXY/HTTPS_PROXY point at Moat's egress proxy,
+which lets through only the allowed domains (checking the TLS server name, and
+refusing names that resolve to private addresses), records every request as a
+network.request event, and is the only address the program can connect to. No
+capabilities, a
 scrubbed environment (PATH, HOME, TMPDIR, LANG, RUN_ID and --env names only), and
 runs as an unprivileged host user even when moat runs as root.
 
@@ -38,9 +46,38 @@ pub struct ExecArgs {
     #[arg(long, value_name = "MODE", default_value = "workspace-write")]
     mode: SandboxMode,
 
-    /// Network: off (only loopback) or full (the host's network).
+    /// Network: off (only loopback), allowlist (only --allow-domain names, through
+    /// Moat's egress proxy), proxy-only (the same proxy; for the tool proxy's
+    /// host) or full (the host's network: development only).
     #[arg(long, value_name = "MODE", default_value = "off")]
     network: NetworkMode,
+
+    /// With --network allowlist/proxy-only: a domain the program may reach,
+    /// `api.example.com` or `*.example.com` (subdomains), optionally `:PORT`
+    /// (without it: ports 80 and 443). Repeatable.
+    #[arg(long = "allow-domain", value_name = "DOMAIN[:PORT]")]
+    allow_domains: Vec<String>,
+
+    /// A domain refused even if --allow-domain matches it. Repeatable.
+    #[arg(long = "deny-domain", value_name = "DOMAIN[:PORT]")]
+    deny_domains: Vec<String>,
+
+    /// A non-public address range the proxy may still dial (it refuses loopback,
+    /// private, link-local, CGNAT, unique-local and metadata addresses). Repeatable.
+    #[arg(long = "allow-address", value_name = "CIDR")]
+    allow_addresses: Vec<String>,
+
+    /// Answer NAME with ADDRESS in the proxy's resolver (like curl --resolve). Repeatable.
+    #[arg(long = "resolve", value_name = "NAME=ADDRESS[,ADDRESS]")]
+    resolve: Vec<String>,
+
+    /// Egress budget of the run: requests, bytes (both ways) and open connections.
+    #[arg(long, value_name = "N", default_value_t = EgressLimits::default().max_requests)]
+    egress_max_requests: u64,
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
+    egress_max_bytes: u64,
+    #[arg(long, value_name = "N", default_value_t = EgressLimits::default().max_connections)]
+    egress_max_connections: u64,
 
     /// Mount DIR at /workspace (writable only in workspace-write).
     #[arg(long, value_name = "DIR")]
@@ -168,9 +205,37 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     } else {
         OutputMode::Forward
     };
+    if spec.network == NetworkMode::Full {
+        eprintln!(
+            "moat: WARNING: --network full: the sandbox shares the host's network (every \
+             address, every port, no proxy, no record of connections). Development use only."
+        );
+    }
     let memory = spec.limits.memory_bytes;
     let timeout = spec.limits.timeout_ms;
-    let outcome = moat_sandbox::run(spec, output, &mut events)?;
+    let outcome = match egress_setup(&args, &spec.run_id)? {
+        None => moat_sandbox::run(spec, output, &mut events)?,
+        Some((mut egress, policy)) => {
+            let mut served = None;
+            let mut handler = |listener| {
+                egress
+                    .serve(listener, &policy, None)
+                    .map(|s| served = Some(s))
+                    .map_err(|e| e.to_string())
+            };
+            let outcome =
+                moat_sandbox::run_with_egress(spec, output, &mut events, Some(&mut handler))?;
+            if let Some(served) = served {
+                for event in egress
+                    .close(served)
+                    .context("collecting the egress events")?
+                {
+                    events.emit(event);
+                }
+            }
+            outcome
+        }
+    };
     let report = &outcome.report;
     if let Some(out) = &mut report_out {
         let text = serde_json::to_string_pretty(report)?;
@@ -208,15 +273,10 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
             "--mode artifact-write belongs to the capability shell (`moat shell`); \
              moat exec takes read-only, workspace-write or danger-full-access"
         ),
-        _ if matches!(
-            args.network,
-            NetworkMode::ProxyOnly | NetworkMode::Allowlist
-        ) =>
-        {
+        _ if !args.network.uses_egress_proxy() && has_egress_flags(args) => {
             bail!(
-                "--network {} needs the egress proxy, which is not in this build yet; \
-             use off or full",
-                args.network
+                "--allow-domain, --deny-domain, --allow-address and --resolve configure the \
+                 egress proxy: add --network allowlist"
             )
         }
         _ => {}
@@ -274,6 +334,54 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
         spec.env.push((name, value));
     }
     Ok(spec)
+}
+
+fn has_egress_flags(args: &ExecArgs) -> bool {
+    [
+        &args.allow_domains,
+        &args.deny_domains,
+        &args.allow_addresses,
+        &args.resolve,
+    ]
+    .iter()
+    .any(|list| !list.is_empty())
+}
+
+/// The egress proxy of a proxied run, and the sandbox's policy; `None` for
+/// the other network modes.
+fn egress_setup(args: &ExecArgs, run_id: &str) -> anyhow::Result<Option<(Egress, EgressPolicy)>> {
+    if !args.network.uses_egress_proxy() {
+        return Ok(None);
+    }
+    let policy = EgressPolicy {
+        allow: args.allow_domains.clone(),
+        deny: args.deny_domains.clone(),
+        allow_addresses: args.allow_addresses.clone(),
+    };
+    policy
+        .compile()
+        .context("--allow-domain/--deny-domain/--allow-address")?;
+    if policy.allow.is_empty() {
+        eprintln!(
+            "moat: note: --network {} without --allow-domain: every request will be refused",
+            args.network
+        );
+    }
+    let mut config = EgressConfig {
+        run_id: run_id.to_owned(),
+        limits: EgressLimits {
+            max_requests: args.egress_max_requests,
+            max_bytes: args.egress_max_bytes,
+            max_connections: args.egress_max_connections,
+        },
+        ..EgressConfig::default()
+    };
+    for entry in &args.resolve {
+        let (name, addresses) = parse_resolve(entry).context("--resolve")?;
+        config.hosts.insert(name, addresses);
+    }
+    let egress = Egress::start(config).context("starting the egress proxy")?;
+    Ok(Some((egress, policy)))
 }
 
 /// `HOST[:INSIDE]`; without INSIDE the root appears at its canonical host path.

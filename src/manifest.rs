@@ -154,6 +154,7 @@ fn template(key: &PublicKey) -> Manifest {
         network_policy: NetworkPolicy {
             mode: NetworkMode::Off,
             allow_domains: vec![],
+            ..NetworkPolicy::default()
         },
         filesystem: FilesystemPolicy {
             read_roots: vec![".".into()],

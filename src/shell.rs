@@ -19,9 +19,11 @@ answers each with one JSON result line on standard output, in order:
   {\"id\":\"1\",\"runId\":\"r\",\"correlationId\":\"c\",\"op\":\"artifact_list\",
    \"args\":{\"path\":\".\"},\"createdAt\":\"2026-11-29T12:00:00Z\"}
 
-Operations: artifact_read, artifact_write, artifact_list, exec_argv,
-http_request (denied until the egress proxy exists), browser_step (needs an
-approval; no browser backend yet). Every request, grant, denial and artifact
+Operations: artifact_read, artifact_write, artifact_list, exec_argv (with
+network off, or proxy-only/allowlist through Moat's egress proxy when the
+manifest grants it), http_request (to the manifest's allowDomains or its
+profiles, made by the egress proxy), browser_step (needs an approval; no
+browser backend yet). Every request, grant, denial and artifact
 is recorded in the ledger in the state directory before its result is
 written. The manifest must be signed by the trusted key, unexpired, and not
 older than --max-manifest-age. See docs/protocol.md.";
@@ -49,6 +51,13 @@ pub struct ShellArgs {
     /// Refuse a manifest created longer ago than this, even if unexpired.
     #[arg(long, value_name = "DURATION", default_value = "30days", value_parser = humantime::parse_duration)]
     max_manifest_age: Duration,
+    /// Answer NAME with ADDRESS in the egress proxy's resolver (like curl
+    /// --resolve; for tests and private deployments). Repeatable.
+    #[arg(long = "resolve", value_name = "NAME=ADDRESS[,ADDRESS]")]
+    resolve: Vec<String>,
+    /// Also trust the CA certificates in FILE (PEM) for http_request over HTTPS.
+    #[arg(long, value_name = "FILE")]
+    egress_ca: Option<PathBuf>,
 }
 
 impl ShellArgs {
@@ -69,6 +78,12 @@ impl ShellArgs {
         }
         if let Some(mode) = self.mode {
             push("--mode", mode.as_str().into());
+        }
+        for entry in &self.resolve {
+            push("--resolve", entry.into());
+        }
+        if let Some(ca) = &self.egress_ca {
+            push("--egress-ca", ca.clone().into());
         }
         push(
             "--max-manifest-age",
@@ -134,6 +149,17 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         "shell-{}",
         id.iter().map(|b| format!("{b:02x}")).collect::<String>()
     );
+    let mut egress_hosts = std::collections::BTreeMap::new();
+    for entry in &args.resolve {
+        let (name, addresses) = moat_egress::parse_resolve(entry).context("--resolve")?;
+        egress_hosts.insert(name, addresses);
+    }
+    let egress_roots_pem = match &args.egress_ca {
+        Some(path) => {
+            Some(std::fs::read(path).with_context(|| format!("--egress-ca {}", path.display()))?)
+        }
+        None => None,
+    };
     Ok(Shell::open(ShellConfig {
         manifest: verified.clone(),
         manifest_hash: signed.manifest_hash.clone(),
@@ -141,5 +167,7 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         state,
         mode,
         session_id,
+        egress_hosts,
+        egress_roots_pem,
     })?)
 }

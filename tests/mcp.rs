@@ -42,7 +42,9 @@ fn an_official_mcp_client_uses_moat_as_its_tool_surface() {
             "artifact_list",
             "artifact_read",
             "artifact_write",
-            "exec_argv"
+            "exec_argv",
+            "http_request",
+            "http_request_profile"
         ])
     );
     assert_eq!(

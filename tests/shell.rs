@@ -17,6 +17,8 @@ struct Session {
     state: PathBuf,
     signed: PathBuf,
     public: PathBuf,
+    /// More `moat shell` arguments.
+    extra: Vec<String>,
 }
 
 fn moat(args: &[&str]) -> std::process::Output {
@@ -44,6 +46,7 @@ impl Session {
             state,
             signed,
             public,
+            extra: Vec::new(),
         }
     }
 
@@ -61,7 +64,8 @@ impl Session {
             path_str(&self.ws),
             "--state",
             path_str(&self.state),
-        ]);
+        ])
+        .args(&self.extra);
         c
     }
 
@@ -372,7 +376,11 @@ fn raw_shell_strings_unknown_ops_and_disallowed_ops_are_denied() {
         op("3", "exec_argv", json!({"argv": ["cat"]})),
         op("4", "browser_step", json!({})),
         browser_approved,
-        op("6", "http_request", json!({"url": "http://example.test/"})),
+        op(
+            "6",
+            "http_request",
+            json!({"method": "GET", "url": "http://example.test/"}),
+        ),
     ]);
     assert_denied(&results[0], "raw_shell_unsupported");
     assert_denied(&results[1], "unknown_op");
@@ -601,5 +609,191 @@ fn writes_in_one_batch_are_visible_to_later_operations_and_conflict_with_each_ot
         })
         .count();
     assert_eq!(leftovers, 0);
+    assert!(s.ledger_verifies());
+}
+
+/// A session whose manifest grants `network` to `allow` (and lets the proxy
+/// dial the test servers on 127.0.0.1, which `app.test` resolves to).
+fn network_session(network: &str, allow: Vec<String>, edit: impl FnOnce(&mut Value)) -> Session {
+    let mut s = Session::new(|m| {
+        m["allowedOps"] = json!([
+            "artifact_read",
+            "artifact_write",
+            "artifact_list",
+            "exec_argv",
+            "http_request"
+        ]);
+        m["allowedExecutables"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"path": "/usr/bin/curl"}));
+        m["networkPolicy"] = json!({
+            "mode": network,
+            "allowDomains": allow,
+            "allowAddresses": ["127.0.0.1"],
+        });
+        edit(m);
+    });
+    s.extra = vec![
+        "--resolve".into(),
+        "app.test=127.0.0.1".into(),
+        "--resolve".into(),
+        "other.test=127.0.0.1".into(),
+    ];
+    s
+}
+
+#[test]
+fn exec_argv_gets_the_network_the_manifest_grants_and_no_more() {
+    use common::servers::*;
+    let server = Server::http();
+    let port = server.port;
+    let s = network_session("allowlist", vec![format!("app.test:{port}")], |_| {});
+    let results = s.ops(&[
+        op(
+            "1",
+            "exec_argv",
+            json!({"argv": ["curl", "-sS", format!("http://app.test:{port}/")], "network": "allowlist"}),
+        ),
+        op(
+            "2",
+            "exec_argv",
+            json!({"argv": ["curl", "-sS", "-i", format!("http://other.test:{port}/")], "network": "allowlist"}),
+        ),
+        op("3", "exec_argv", json!({"argv": ["curl", "-sS", "http://app.test/"], "network": "full"})),
+        op("4", "exec_argv", json!({"argv": ["curl", "-sS", format!("http://app.test:{port}/")]})),
+    ]);
+    assert_eq!(results[0]["result"]["stdout"], HTTP_BODY, "{}", results[0]);
+    let allowed = s.events_of("1", "network.request");
+    assert_eq!(allowed.len(), 1, "{allowed:?}");
+    assert_eq!(allowed[0]["data"]["decision"], "allowed");
+    assert_eq!(allowed[0]["runId"], "run-t");
+    let refused = results[1]["result"]["stdout"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        refused.contains("403") && refused.contains("x-moat-denied: domain_not_allowed"),
+        "{refused}"
+    );
+    assert_eq!(
+        s.events_of("2", "network.denied")[0]["data"]["reason"],
+        "domain_not_allowed"
+    );
+    // More network than the manifest grants: refused before anything runs.
+    assert_denied(&results[2], "network_not_allowed");
+    assert_eq!(s.events_of("3", "network.denied").len(), 1);
+    assert!(s.events_of("3", "sandbox.exec.started").is_empty());
+    // No network asked: off, so curl cannot reach anything.
+    assert_ne!(results[3]["result"]["exitCode"], 0, "{}", results[3]);
+    assert_eq!(server.count(), 1, "{:?}", server.seen());
+    assert!(s.ledger_verifies());
+
+    let off = network_session("off", vec![], |_| {});
+    let results = off.ops(&[op(
+        "1",
+        "exec_argv",
+        json!({"argv": ["curl", "http://app.test/"], "network": "allowlist"}),
+    )]);
+    assert_denied(&results[0], "network_not_allowed");
+}
+
+#[test]
+fn http_request_reaches_allowed_domains_only_and_strips_credentials() {
+    use common::servers::*;
+    let pki = Pki::new();
+    let server = Server::http();
+    let tls = Server::tls(pki.config.clone());
+    let (port, tls_port) = (server.port, tls.port);
+    let mut s = network_session(
+        "allowlist",
+        vec![format!("app.test:{port}"), format!("app.test:{tls_port}")],
+        |m| {
+            m["networkPolicy"]["profiles"] =
+                json!([{"name": "tools", "baseUrl": format!("http://app.test:{port}/api")}]);
+        },
+    );
+    s.extra.push("--egress-ca".into());
+    s.extra.push(format!("{}/ca.pem", pki.input()));
+    let stored = json!({"method": "POST", "path": "/call", "body": "{}"}).to_string();
+    let results = s.ops(&[
+        op(
+            "1",
+            "http_request",
+            json!({"method": "GET", "url": format!("http://app.test:{port}/")}),
+        ),
+        op(
+            "2",
+            "http_request",
+            json!({"method": "GET", "url": format!("https://app.test:{tls_port}/")}),
+        ),
+        op(
+            "3",
+            "http_request",
+            json!({"method": "GET", "url": format!("http://other.test:{port}/")}),
+        ),
+        op(
+            "4",
+            "http_request",
+            json!({"method": "GET", "url": format!("http://app.test:{port}/big")}),
+        ),
+        op(
+            "5",
+            "artifact_write",
+            json!({"path": "output/request.json", "content": stored, "maxBytes": 1000}),
+        ),
+    ]);
+    let ok = &results[0]["result"];
+    assert_eq!(ok["status"], 200, "{}", results[0]);
+    assert_eq!(ok["body"], HTTP_BODY);
+    let headers = ok["headers"].to_string().to_ascii_lowercase();
+    assert!(
+        !headers.contains("set-cookie") && !headers.contains("secret=1"),
+        "{headers}"
+    );
+    assert_eq!(ok["strippedHeaders"], json!(["set-cookie"]));
+    assert_eq!(results[1]["result"]["body"], TLS_BODY, "{}", results[1]);
+    assert_denied(&results[2], "domain_not_allowed");
+    assert_eq!(
+        s.events_of("3", "network.denied")[0]["data"]["reason"],
+        "domain_not_allowed"
+    );
+    let big = &results[3];
+    assert_eq!(big["result"]["bodyBytes"], BIG_LEN, "{big}");
+    let sha = big["result"]["bodyArtifact"].as_str().unwrap();
+    assert_eq!(big["artifacts"][0]["sha256"], sha);
+    assert_eq!(big["artifacts"][0]["kind"], "http_response");
+    // The profile form: the stored request, sent to the profile's base URL.
+    let request_ref = results[4]["artifacts"][0]["sha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let results = s.ops(&[
+        op(
+            "6",
+            "http_request",
+            json!({"profile": "tools", "requestRef": request_ref}),
+        ),
+        op(
+            "7",
+            "http_request",
+            json!({"profile": "elsewhere", "requestRef": request_ref}),
+        ),
+    ]);
+    assert_eq!(results[0]["result"]["status"], 200, "{}", results[0]);
+    assert!(
+        server
+            .seen()
+            .iter()
+            .any(|r| r.line.starts_with("POST /api/call")),
+        "{:?}",
+        server.seen()
+    );
+    assert_denied(&results[1], "domain_not_allowed");
+    assert_eq!(server.count(), 3, "{:?}", server.seen()); // 1, 4 and 6
+    assert_eq!(tls.count(), 1);
+    // Nothing of the credential header reached the ledger.
+    let ledger = std::fs::read(s.state.join("ledger.db")).unwrap();
+    assert!(!String::from_utf8_lossy(&ledger).contains("secret=1"));
     assert!(s.ledger_verifies());
 }

@@ -3,6 +3,8 @@
 //! collect its report and events, plant and check canaries on the host.
 #![allow(dead_code)]
 
+pub mod servers;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

@@ -66,6 +66,22 @@ reasons! {
     NetworkNotAllowed => "network_not_allowed",
     /// The domain is not in the network allowlist.
     DomainNotAllowed => "domain_not_allowed",
+    /// The name resolves to (or is) an address the egress policy refuses: loopback, private, link-local, CGNAT, unique-local or a cloud metadata address.
+    AddressNotAllowed => "address_not_allowed",
+    /// The request names an IP address instead of a domain; allowlists are by name.
+    IpLiteralNotAllowed => "ip_literal_not_allowed",
+    /// The port is not allowed for this domain (a rule without a port allows 80 and 443).
+    PortNotAllowed => "port_not_allowed",
+    /// A CONNECT tunnel's TLS ClientHello names another server than the CONNECT target (or none, or is not TLS).
+    SniMismatch => "sni_mismatch",
+    /// A proxied request's `Host` header names another host than its URL.
+    HostMismatch => "host_mismatch",
+    /// The egress proxy speaks only HTTP proxy requests (`CONNECT host:port` or an absolute `http://` URL).
+    NotAProxyRequest => "not_a_proxy_request",
+    /// The program connected to an address itself instead of going through the egress proxy.
+    DirectConnection => "direct_connection",
+    /// The run used up its egress budget: requests, bytes or concurrent connections.
+    EgressLimit => "egress_limit",
     /// A limit asked for is above the manifest's.
     LimitExceeded => "limit_exceeded",
     /// A human must approve this operation first.

@@ -44,7 +44,11 @@ event_types! {
     SandboxDangerFullAccess => "sandbox.danger_full_access",
     ArtifactCreated => "artifact.created",
     ProcessTimeout => "process.timeout",
+    /// The egress proxy refused a request or cut a connection; carries the reason.
     NetworkDenied => "network.denied",
+    /// One request through the egress proxy, allowed or not: host, port, method,
+    /// bytes each way, decision. Never bodies or credential headers.
+    NetworkRequest => "network.request",
     PathDenied => "path.denied",
     RunCreated => "run.created",
     RunStarted => "run.started",

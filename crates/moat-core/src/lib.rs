@@ -18,7 +18,7 @@ pub mod size;
 pub use denial::DenialReason;
 pub use event::{Event, EventSink, EventType};
 pub use limits::Limits;
-pub use manifest::{Manifest, ManifestError, SignedManifest};
+pub use manifest::{Manifest, ManifestError, NetworkPolicy, NetworkProfile, SignedManifest};
 pub use mode::{NetworkMode, RootView, SandboxMode};
 pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{

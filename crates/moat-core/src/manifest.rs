@@ -23,13 +23,46 @@ pub struct AllowedExecutable {
     pub sha256: Option<String>,
 }
 
-/// The most network an operation may ask for, and the allowed domains.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// The most network an operation may ask for, and where it may go.
+///
+/// `allowlist` reaches `allowDomains` (less `denyDomains`); `proxy-only`
+/// reaches only the hosts of `profiles` (the control plane's tool proxy,
+/// once there is one). Both go through the egress proxy, which refuses
+/// non-public addresses unless `allowAddresses` lists them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkPolicy {
     pub mode: NetworkMode,
+    /// `api.example.com`, `*.example.com` (subdomains), optionally `:port`
+    /// (without one: 80 and 443).
     #[serde(default)]
     pub allow_domains: Vec<String>,
+    /// Same syntax; wins over `allowDomains`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_domains: Vec<String>,
+    /// Non-public ranges the proxy may still dial (`10.0.0.0/8`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_addresses: Vec<String>,
+    /// Named services for `http_request {profile, requestRef}` and `proxy-only`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub profiles: Vec<NetworkProfile>,
+    /// Per-run egress budget (defaults: 10 000 requests, 1 GiB, 256 open).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u64>,
+}
+
+/// A service an operation may call by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkProfile {
+    /// e.g. `control-plane-tool-proxy`.
+    pub name: String,
+    /// `https://host[:port][/prefix]`: requests go to this URL plus their path.
+    pub base_url: String,
 }
 
 /// Which parts of the workspace may be read and written (relative paths).
@@ -239,6 +272,7 @@ mod tests {
             network_policy: NetworkPolicy {
                 mode: NetworkMode::Off,
                 allow_domains: vec![],
+                ..NetworkPolicy::default()
             },
             filesystem: FilesystemPolicy {
                 read_roots: vec![".".into()],

@@ -130,6 +130,61 @@ pub struct ExecArgvArgs {
     pub env: std::collections::BTreeMap<String, String>,
 }
 
+/// `http_request`: a named profile and a stored request (`{profile,
+/// requestRef}`), or a direct request to a domain the manifest allows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum HttpRequestArgs {
+    Profile(ProfileRequestArgs),
+    Direct(DirectRequestArgs),
+}
+
+/// A request to one of the manifest's `networkPolicy.profiles`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProfileRequestArgs {
+    pub profile: String,
+    /// SHA-256 of an artifact (written earlier with `artifact_write` and
+    /// stored, or produced by an operation) holding a [`StoredRequest`].
+    pub request_ref: String,
+}
+
+/// The request an artifact named by `requestRef` holds; the URL is the
+/// profile's `baseUrl` followed by `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StoredRequest {
+    pub method: String,
+    pub path: String,
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub body_base64: Option<String>,
+    #[serde(default)]
+    pub max_response_bytes: Option<u64>,
+}
+
+/// A request by URL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DirectRequestArgs {
+    pub method: String,
+    /// `http://` or `https://`; the host must be in the manifest's allowDomains.
+    pub url: String,
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// A UTF-8 body (or use `bodyBase64`).
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub body_base64: Option<String>,
+    /// Cap on the response body kept (default and most: the manifest's maxOutputBytes).
+    #[serde(default)]
+    pub max_response_bytes: Option<u64>,
+}
+
 /// How an operation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -28,6 +28,8 @@ pub fn all() -> Vec<(&'static str, String)> {
             schema_for!(crate::op::ArtifactListArgs),
         ),
         ("args-exec-argv", schema_for!(crate::op::ExecArgvArgs)),
+        ("args-http-request", schema_for!(crate::op::HttpRequestArgs)),
+        ("stored-request", schema_for!(crate::op::StoredRequest)),
     ];
     schemas
         .into_iter()

@@ -10,7 +10,7 @@
 //! over the status pipe in one-line messages (see [`Message`]).
 
 use std::ffi::CString;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ use moat_core::{LayerStatus, SandboxMode};
 
 use crate::confine::{self, LandlockPlan, Rlimit};
 use crate::error::{Layer, SetupError};
-use crate::launch::SANDBOX_PATH;
+use crate::launch::{EGRESS_PORT, SANDBOX_PATH};
 use crate::mounts::{IdmappedRoots, RootPlan};
 use crate::seccomp::{self, SeccompPrograms};
 use crate::spec::SandboxSpec;
@@ -78,6 +78,21 @@ impl ExecPlan {
         }
         env.retain(|(name, _)| name != "RUN_ID");
         env.push(("RUN_ID".into(), spec.run_id.clone()));
+        if spec.network.uses_egress_proxy() {
+            let proxy = format!("http://127.0.0.1:{EGRESS_PORT}");
+            let no_proxy = "localhost,127.0.0.1,::1".to_owned();
+            for (name, value) in [
+                ("HTTP_PROXY", &proxy),
+                ("HTTPS_PROXY", &proxy),
+                ("ALL_PROXY", &proxy),
+                ("NO_PROXY", &no_proxy),
+            ] {
+                for name in [name.to_owned(), name.to_ascii_lowercase()] {
+                    env.retain(|(n, _)| *n != name);
+                    env.push((name, value.clone()));
+                }
+            }
+        }
         let path = env
             .iter()
             .find(|(n, _)| n == "PATH")
@@ -128,9 +143,10 @@ impl ExecPlan {
             landlock: LandlockPlan {
                 writable,
                 everything_writable: spec.mode == SandboxMode::DangerFullAccess,
+                tcp_connect_only: spec.network.uses_egress_proxy().then_some(EGRESS_PORT),
                 allow_degraded: spec.allow_degraded,
             },
-            seccomp: seccomp::compile()?,
+            seccomp: seccomp::compile(spec.network.uses_egress_proxy())?,
             nproc_floor: limits.pids,
         })
     }
@@ -277,6 +293,14 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     }
     if plan.new_netns {
         loopback_up().map_err(|e| SetupError::io(Layer::Network, "bringing up lo", e))?;
+    }
+    if plan.spec.network.uses_egress_proxy() {
+        // Made here, in the sandbox's network namespace, and served by the
+        // proxy outside: the program reaches it at 127.0.0.1 and nothing else.
+        let listener = sys::tcp_listener_v4_loopback(EGRESS_PORT)
+            .map_err(|e| SetupError::io(Layer::Network, "egress listener", e))?;
+        sys::send_fd(plan.fds.notify_send, listener.as_raw_fd())
+            .map_err(|e| SetupError::io(Layer::Network, "handing over the egress listener", e))?;
     }
     // `C`: placed in the run's cgroup; `N`: no cgroup (degraded), so the pids
     // limit falls back to RLIMIT_NPROC.

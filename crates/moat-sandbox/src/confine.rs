@@ -5,8 +5,8 @@ use std::io;
 use std::path::PathBuf;
 
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, RestrictionStatus,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    RestrictionStatus, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
 use moat_core::LayerStatus;
@@ -117,6 +117,8 @@ pub(crate) struct LandlockPlan {
     pub(crate) writable: Vec<PathBuf>,
     /// `danger-full-access`: the whole root is writable.
     pub(crate) everything_writable: bool,
+    /// Proxy network modes: TCP `connect` only to this port, no TCP `bind`.
+    pub(crate) tcp_connect_only: Option<u16>,
     pub(crate) allow_degraded: bool,
 }
 
@@ -152,8 +154,17 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(LayerStatus, String
         .set_compatibility(level)
         .handle_access(all)
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
+        .and_then(|r| match plan.tcp_connect_only {
+            Some(_) => r.handle_access(AccessNet::from_all(ABI::V4)),
+            None => Ok(r),
+        })
         .and_then(|r| r.create())
         .map_err(|e| fail(&e))?;
+    if let Some(port) = plan.tcp_connect_only {
+        ruleset = ruleset
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(|e| fail(&e))?;
+    }
     let root_access = if plan.everything_writable { all } else { read };
     let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> =
         vec![(PathBuf::from("/"), root_access)];
@@ -181,10 +192,14 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(LayerStatus, String
     if layer != LayerStatus::Enforced && !plan.allow_degraded {
         return Err(SetupError::new(Layer::Landlock, what));
     }
+    let net = match plan.tcp_connect_only {
+        Some(port) => format!(", TCP connect only to port {port} and no TCP bind (ABI 4),"),
+        None => String::new(),
+    };
     Ok((
         layer,
         format!(
-            "filesystem rules (ABI {}) and signal/abstract-socket scoping {what}",
+            "filesystem rules (ABI {}){net} and signal/abstract-socket scoping {what}",
             FS_ABI as u32
         ),
     ))

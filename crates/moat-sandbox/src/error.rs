@@ -88,7 +88,9 @@ pub enum SpecError {
         min: u64,
         max: u64,
     },
-    #[error("network mode {0} needs the egress proxy, which this build does not have yet")]
+    #[error(
+        "network mode {0} goes through the egress proxy: start the sandbox with one (and only then)"
+    )]
     UnsupportedNetwork(moat_core::NetworkMode),
 }
 

@@ -18,11 +18,21 @@ use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
 use crate::mounts::IdmappedRoots;
 use crate::spec::SandboxSpec;
-use crate::supervise::{self, OutputMode, Stream, Watched};
+use crate::supervise::{self, Denial, OutputMode, Stream, Watched};
 use crate::sys::{self, Forked};
 
 /// `PATH` inside the sandbox.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The port, on the sandbox's own loopback, where the egress proxy listens in
+/// the `proxy-only` and `allowlist` network modes.
+pub const EGRESS_PORT: u16 = 3128;
+
+/// Takes the listening socket that init made on `127.0.0.1:EGRESS_PORT` in
+/// the sandbox's network namespace and starts serving it as the egress proxy
+/// (accepted connections come from the sandbox; the proxy's own connections
+/// leave from wherever it runs). An `Err` aborts the run before the program starts.
+pub type EgressHandler<'a> = &'a mut dyn FnMut(OwnedFd) -> Result<(), String>;
 
 /// What a run produced.
 #[derive(Debug)]
@@ -40,11 +50,25 @@ pub struct RunOutcome {
 /// cannot be executed — is reported in the outcome (exit code 125, 126, 127)
 /// and in the events. The caller must be single-threaded.
 pub fn run(
-    mut spec: SandboxSpec,
+    spec: SandboxSpec,
     output: OutputMode,
     sink: &mut dyn EventSink,
 ) -> Result<RunOutcome, SpecError> {
+    run_with_egress(spec, output, sink, None)
+}
+
+/// [`run`], for the network modes that go through the egress proxy
+/// (`proxy-only`, `allowlist`): `egress` receives the proxy's listening socket.
+pub fn run_with_egress(
+    mut spec: SandboxSpec,
+    output: OutputMode,
+    sink: &mut dyn EventSink,
+    egress: Option<EgressHandler<'_>>,
+) -> Result<RunOutcome, SpecError> {
     spec.validate()?;
+    if spec.network.uses_egress_proxy() != egress.is_some() {
+        return Err(SpecError::UnsupportedNetwork(spec.network));
+    }
     let started = Instant::now();
     let mut events = Emitter {
         sink,
@@ -57,6 +81,12 @@ pub fn run(
             json!({"mode": spec.mode, "warning": "the host root is writable from the sandbox"}),
         );
     }
+    if spec.network == NetworkMode::Full {
+        events.emit(
+            EventType::SandboxDangerFullAccess,
+            json!({"network": spec.network, "warning": "the sandbox shares the host's network: no proxy, no allowlist, no record of connections"}),
+        );
+    }
     let mut state = RunState::new(&spec);
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
@@ -65,8 +95,11 @@ pub fn run(
         output,
         &mut events,
         &mut state,
-        &mut stdout,
-        &mut stderr,
+        Buffers {
+            stdout: &mut stdout,
+            stderr: &mut stderr,
+            egress,
+        },
     );
     let report = state.into_report(&spec, result, started);
     if let Some(error) = &report.setup_error {
@@ -409,14 +442,25 @@ fn io_err(layer: Layer, what: &str) -> impl FnOnce(std::io::Error) -> SetupError
     move |e| SetupError::io(layer, what, e)
 }
 
+/// Where a run's output goes, and who takes the egress listener.
+struct Buffers<'a, 'e> {
+    stdout: &'a mut Vec<u8>,
+    stderr: &'a mut Vec<u8>,
+    egress: Option<EgressHandler<'e>>,
+}
+
 fn launch(
     spec: &SandboxSpec,
     output: OutputMode,
     events: &mut Emitter<'_>,
     state: &mut RunState,
-    stdout_buf: &mut Vec<u8>,
-    stderr_buf: &mut Vec<u8>,
+    buffers: Buffers<'_, '_>,
 ) -> Result<(), SetupError> {
+    let Buffers {
+        stdout: stdout_buf,
+        stderr: stderr_buf,
+        egress,
+    } = buffers;
     let threads = sys::thread_count().map_err(io_err(Layer::Launcher, "counting threads"))?;
     if threads > 1 {
         return Err(SetupError::new(
@@ -522,13 +566,16 @@ fn launch(
             status_lines: &mut status_lines,
             stdout_buf,
             stderr_buf,
+            egress,
         },
     );
     if signals.take_pending() {
         state.interrupted = true;
     }
     let mut ns = vec!["user", "mount", "pid", "ipc", "uts", "cgroup"];
-    if new_netns {
+    if spec.network.uses_egress_proxy() {
+        ns.push("net (loopback only; the egress proxy listens at 127.0.0.1:3128)");
+    } else if new_netns {
         ns.push("net (loopback only)");
     }
     let mut ns_detail = format!("new {} namespaces", ns.join(", "));
@@ -564,7 +611,7 @@ fn launch(
     result
 }
 
-struct SetupParts<'a> {
+struct SetupParts<'a, 'e> {
     id: &'a Identity,
     idmapped: &'a IdmappedRoots,
     guard: &'a mut ChildGuard,
@@ -577,6 +624,7 @@ struct SetupParts<'a> {
     status_lines: &'a mut String,
     stdout_buf: &'a mut Vec<u8>,
     stderr_buf: &'a mut Vec<u8>,
+    egress: Option<&'a mut (dyn FnMut(OwnedFd) -> Result<(), String> + 'e)>,
 }
 
 fn setup_and_supervise(
@@ -584,7 +632,7 @@ fn setup_and_supervise(
     output: OutputMode,
     events: &mut Emitter<'_>,
     state: &mut RunState,
-    parts: SetupParts<'_>,
+    parts: SetupParts<'_, '_>,
 ) -> Result<(), SetupError> {
     let SetupParts {
         id,
@@ -599,6 +647,7 @@ fn setup_and_supervise(
         status_lines,
         stdout_buf,
         stderr_buf,
+        egress,
     } = parts;
     let now = Instant::now();
     let deadline = now
@@ -617,6 +666,13 @@ fn setup_and_supervise(
         let cgroup = place_in_cgroup(spec, guard.pid, state)?;
         let token = if cgroup.is_some() { b"C" } else { b"N" };
         sys::write_all(sync_write.as_raw_fd(), token).map_err(io_err(Layer::Launcher, "sync"))?;
+        if let Some(handler) = egress {
+            // init sends the listener before it starts the program.
+            let listener = sys::recv_fd(notify_receive.as_raw_fd())
+                .map_err(io_err(Layer::Network, "receiving the egress listener"))?
+                .ok_or_else(|| SetupError::new(Layer::Network, "init sent no egress listener"))?;
+            handler(listener).map_err(|e| SetupError::new(Layer::Network, e))?;
+        }
         Ok(cgroup)
     })();
     let cgroup = match outside {
@@ -641,17 +697,27 @@ fn setup_and_supervise(
             signals,
             deadline,
         },
-        &mut |syscall, arch, nr| {
-            events.emit(
+        &mut |denial| match denial {
+            Denial::Syscall { name, arch, nr } => events.emit(
                 EventType::SandboxSyscallDenied,
                 json!({
-                    "syscall": syscall,
+                    "syscall": name,
                     "arch": format!("0x{arch:x}"),
                     "nr": nr,
                     "layer": "seccomp",
                     "errno": "EPERM",
                 }),
-            )
+            ),
+            Denial::Connect { address } => events.emit(
+                EventType::NetworkDenied,
+                json!({
+                    "address": address,
+                    "reason": moat_core::DenialReason::DirectConnection,
+                    "detail": "a TCP connection that bypasses the egress proxy",
+                    "layer": "seccomp",
+                    "errno": "EACCES",
+                }),
+            ),
         },
     );
     drop(sync_write);

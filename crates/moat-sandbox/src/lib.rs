@@ -11,6 +11,7 @@ mod cgroup;
 mod child;
 mod confine;
 pub mod error;
+pub mod helper;
 mod launch;
 mod mounts;
 mod seccomp;
@@ -19,6 +20,8 @@ mod supervise;
 mod sys;
 
 pub use error::{Layer, SetupError, SpecError};
-pub use launch::{RunOutcome, SANDBOX_PATH, hold_interrupts, run};
+pub use launch::{
+    EGRESS_PORT, EgressHandler, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,
+};
 pub use spec::{BindMount, SandboxSpec};
 pub use supervise::OutputMode;

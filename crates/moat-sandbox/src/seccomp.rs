@@ -170,6 +170,13 @@ const DENY: &[Deny] = deny![
     openat => When::CreatesSetId(2, 3),
 ];
 
+/// Added in the proxy network modes: no UDP (so no DNS, QUIC or other
+/// datagrams of the program's own); TCP is bounded by Landlock to the proxy.
+const DENY_PROXY: &[Deny] = deny![
+    socket => When::Both(0, libc::AF_INET as u64, 1, 0xf, libc::SOCK_DGRAM as u64),
+    socket => When::Both(0, libc::AF_INET6 as u64, 1, 0xf, libc::SOCK_DGRAM as u64),
+];
+
 /// Syscalls answered with `ENOSYS` so that libc falls back to a call the deny
 /// list can inspect (`clone3` and `openat2` pass their flags in memory).
 const STEERED: &[(&str, i64)] = &[("clone3", libc::SYS_clone3), ("openat2", libc::SYS_openat2)];
@@ -182,10 +189,12 @@ pub(crate) struct SeccompPrograms {
     pub(crate) errno: BpfProgram,
 }
 
-pub(crate) fn compile() -> Result<SeccompPrograms, SetupError> {
+/// The filter; `proxy_network` adds [`DENY_PROXY`].
+pub(crate) fn compile(proxy_network: bool) -> Result<SeccompPrograms, SetupError> {
     let err = |e: seccompiler::BackendError| SetupError::new(Layer::Seccomp, e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for deny in DENY {
+    let extra: &[Deny] = if proxy_network { DENY_PROXY } else { &[] };
+    for deny in DENY.iter().chain(extra) {
         let entry = rules.entry(deny.nr).or_default();
         entry.extend(rules_for(deny.when).map_err(err)?);
     }
@@ -199,12 +208,20 @@ pub(crate) fn compile() -> Result<SeccompPrograms, SetupError> {
     )
     .map_err(err)?;
     let body: BpfProgram = filter.try_into().map_err(err)?;
-    let mut denied: Vec<u32> = DENY.iter().map(|d| d.nr as u32).collect();
+    let mut denied: Vec<u32> = DENY.iter().chain(extra).map(|d| d.nr as u32).collect();
     denied.sort_unstable();
     denied.dedup();
     let dispatch = dispatch_tree(&denied)?;
     let with_action = |deny_action: u32| {
         let mut program = prologue(deny_action);
+        // Proxy modes: every connect(2) is shown to the launcher, which
+        // refuses (and records) the ones that bypass the proxy and lets the
+        // rest continue to Landlock's port rule, which is what enforces.
+        // Without user notification Landlock alone decides, unobserved.
+        if proxy_network && deny_action == libc::SECCOMP_RET_USER_NOTIF {
+            program.push(jump(BPF_JEQ_K, libc::SYS_connect as u32, 0, 1));
+            program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF));
+        }
         program.extend(dispatch.iter().cloned());
         program.extend(body.iter().map(|insn| {
             let mut insn = insn.clone();
@@ -357,6 +374,11 @@ fn dispatch_tree(nrs: &[u32]) -> Result<BpfProgram, SetupError> {
 /// Names a syscall the filter refused, for events and the report. The set of
 /// names is closed (the deny list plus three classes), so a program looping
 /// over syscall numbers cannot grow the launcher's records.
+/// A native-ABI `connect(2)` (notified only in the proxy network modes).
+pub(crate) fn is_native_connect(arch: u32, nr: i32) -> bool {
+    arch == AUDIT_ARCH && i64::from(nr) == libc::SYS_connect
+}
+
 pub(crate) fn describe(arch: u32, nr: i32) -> &'static str {
     const AUDIT_ARCH_I386: u32 = 0x4000_0003;
     if arch == AUDIT_ARCH_I386 {
@@ -406,7 +428,7 @@ mod tests {
 
     #[test]
     fn both_programs_compile_and_start_with_the_arch_check() {
-        let programs = compile().map_err(|e| e.to_string());
+        let programs = compile(false).map_err(|e| e.to_string());
         let Ok(programs) = programs else {
             panic!("{programs:?}", programs = programs.err());
         };
@@ -481,7 +503,7 @@ mod tests {
 
     #[test]
     fn the_compiled_filter_decides_every_syscall_number_as_the_table_says() {
-        let programs = compile().ok().unwrap();
+        let programs = compile(false).ok().unwrap();
         let program = &programs.notify;
         for nr in 0..600i32 {
             let got = run(program, AUDIT_ARCH, nr, [0; 6]);
@@ -508,8 +530,39 @@ mod tests {
     }
 
     #[test]
+    fn proxy_modes_refuse_udp_sockets_and_keep_tcp_and_unix() {
+        let p = &compile(true).ok().unwrap().notify;
+        let off = &compile(false).ok().unwrap().notify;
+        let socket = |p: &BpfProgram, family: i32, ty: i32| {
+            run(
+                p,
+                AUDIT_ARCH,
+                libc::SYS_socket as i32,
+                [family as u64, ty as u64, 0, 0, 0, 0],
+            )
+        };
+        let dgram = libc::SOCK_DGRAM;
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            for flags in [
+                0,
+                libc::SOCK_CLOEXEC,
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            ] {
+                assert_eq!(socket(p, family, dgram | flags), NOTIFY, "{family} {flags}");
+                assert_eq!(socket(off, family, dgram | flags), ALLOW);
+            }
+            assert_eq!(
+                socket(p, family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC),
+                ALLOW
+            );
+        }
+        assert_eq!(socket(p, libc::AF_UNIX, dgram), ALLOW);
+        assert_eq!(socket(p, libc::AF_UNIX, libc::SOCK_STREAM), ALLOW);
+    }
+
+    #[test]
     fn argument_rules_match_what_they_should_and_nothing_else() {
-        let p = &compile().ok().unwrap().notify;
+        let p = &compile(false).ok().unwrap().notify;
         let sys = |nr: i64, args: [u64; 6]| run(p, AUDIT_ARCH, nr as i32, args);
         let newuser = libc::CLONE_NEWUSER as u64;
         let sigchld = libc::SIGCHLD as u64;

@@ -98,12 +98,6 @@ impl SandboxSpec {
                 return Err(SpecError::BadEnv(name.clone()));
             }
         }
-        if matches!(
-            self.network,
-            NetworkMode::ProxyOnly | NetworkMode::Allowlist
-        ) {
-            return Err(SpecError::UnsupportedNetwork(self.network));
-        }
         self.check_limits()?;
         if let Some(cwd) = &self.cwd {
             if !cwd.is_absolute() {

@@ -144,7 +144,15 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// Grace between forwarding an interrupt and killing the tree.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
-pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(&str, u32, i32)) -> Supervision {
+/// A refusal the launcher observed.
+pub(crate) enum Denial<'a> {
+    /// A syscall on the deny list (reported once per name).
+    Syscall { name: &'a str, arch: u32, nr: i32 },
+    /// A TCP connection that bypasses the egress proxy (reported each time).
+    Connect { address: String },
+}
+
+pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -> Supervision {
     let Watched {
         pidfd,
         stdout,
@@ -292,7 +300,7 @@ enum Slot {
 fn answer_notification(
     listener: RawFd,
     denied: &mut BTreeMap<&'static str, u64>,
-    on_denial: &mut dyn FnMut(&str, u32, i32),
+    on_denial: &mut dyn FnMut(Denial<'_>),
 ) {
     // SAFETY: seccomp_notif is plain old data and must be zeroed before RECV.
     let mut notif: libc::seccomp_notif = unsafe { std::mem::zeroed() };
@@ -300,20 +308,93 @@ fn answer_notification(
     if unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut notif) } != 0 {
         return; // the caller died before we took it
     }
-    let name = seccomp::describe(notif.data.arch, notif.data.nr);
-    let count = denied.entry(name).or_insert(0);
-    *count += 1;
-    if *count == 1 {
-        on_denial(name, notif.data.arch, notif.data.nr);
-    }
-    let response = libc::seccomp_notif_resp {
+    let mut response = libc::seccomp_notif_resp {
         id: notif.id,
         val: 0,
         error: -libc::EPERM,
         flags: 0,
     };
+    if seccomp::is_native_connect(notif.data.arch, notif.data.nr) {
+        match connect_target(listener, &notif) {
+            // Continuing is safe whatever the memory says by now: Landlock's
+            // port rule still applies to the real call.
+            Target::Proxy | Target::Other => {
+                response.error = 0;
+                response.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+            }
+            Target::Inet(address) => {
+                response.error = -libc::EACCES;
+                on_denial(Denial::Connect { address });
+            }
+        }
+    } else {
+        let name = seccomp::describe(notif.data.arch, notif.data.nr);
+        let count = denied.entry(name).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            on_denial(Denial::Syscall {
+                name,
+                arch: notif.data.arch,
+                nr: notif.data.nr,
+            });
+        }
+    }
     // SAFETY: response is a valid seccomp_notif_resp; ENOENT (caller gone) is harmless.
     unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_SEND, &response) };
+}
+
+const SECCOMP_USER_NOTIF_FLAG_CONTINUE: u32 = 1;
+
+enum Target {
+    /// The egress proxy's port on loopback.
+    Proxy,
+    /// Not an internet address (unix sockets, `AF_UNSPEC` disconnects) or
+    /// unreadable: left to the kernel and Landlock.
+    Other,
+    /// Anywhere else: refused.
+    Inet(String),
+}
+
+/// The address a notified `connect(fd, addr, len)` asks for, read from the
+/// caller's memory.
+fn connect_target(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
+    let mut raw = [0u8; 28]; // sockaddr_in6, the largest internet address
+    let len = (notif.data.args[2] as usize).min(raw.len());
+    let local = libc::iovec {
+        iov_base: raw.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: notif.data.args[1] as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: reads at most `len` bytes of the notifying process into `raw`;
+    // a bad remote pointer makes the call fail, not fault.
+    let n = unsafe { libc::process_vm_readv(notif.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    // SAFETY: a plain ioctl on the listener with the notification id.
+    let valid =
+        unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &notif.id) } == 0;
+    if n < 2 || !valid {
+        return Target::Other;
+    }
+    let family = i32::from(u16::from_ne_bytes([raw[0], raw[1]]));
+    let port = u16::from_be_bytes([raw[2], raw[3]]);
+    let ip: std::net::IpAddr = match family {
+        libc::AF_INET if n >= 8 => std::net::Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]).into(),
+        libc::AF_INET6 if n >= 24 => {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(&raw[8..24]);
+            let v6 = std::net::Ipv6Addr::from(octets);
+            v6.to_ipv4_mapped().map_or(v6.into(), Into::into)
+        }
+        libc::AF_INET | libc::AF_INET6 => return Target::Inet("(truncated address)".into()),
+        _ => return Target::Other,
+    };
+    if ip.is_loopback() && port == crate::launch::EGRESS_PORT {
+        Target::Proxy
+    } else {
+        Target::Inet(std::net::SocketAddr::new(ip, port).to_string())
+    }
 }
 
 fn read_signal(fd: RawFd) -> i32 {

@@ -246,12 +246,46 @@ pub(crate) fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
+/// A TCP socket listening on `127.0.0.1:port` (close-on-exec).
+pub(crate) fn tcp_listener_v4_loopback(port: u16) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: socket returned a new descriptor that nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: addr is a valid sockaddr_in of the size passed.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })?;
+    // SAFETY: listen on our own socket.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
+    Ok(fd)
+}
+
 /// Sends one descriptor over a unix socket (`SCM_RIGHTS`).
 pub(crate) fn send_fd(socket: RawFd, fd: RawFd) -> io::Result<()> {
-    let mut byte = [0u8; 1];
+    send_with_fd(socket, &[0], Some(fd)).map(|_| ())
+}
+
+/// Sends `data` (at least one byte) with `fd` attached, if any; returns how
+/// many bytes went (a stream socket may take fewer; the descriptor goes with
+/// the first byte).
+pub(crate) fn send_with_fd(socket: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<usize> {
     let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
     };
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
@@ -260,31 +294,53 @@ pub(crate) fn send_fd(socket: RawFd, fd: RawFd) -> io::Result<()> {
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: msg_control points at `space` bytes, enough for one cmsg with one fd;
-    // CMSG_FIRSTHDR and CMSG_DATA stay inside that buffer.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+    if let Some(fd) = fd {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `space` bytes, enough for one cmsg with
+        // one fd; CMSG_FIRSTHDR and CMSG_DATA stay inside that buffer.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        }
     }
-    // SAFETY: msg and everything it points at are valid for the call.
-    cvt(unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) })?;
-    Ok(())
+    // SAFETY: msg and everything it points at (the caller's data, which the
+    // kernel only reads) are valid for the call.
+    let n = cvt(unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) })?;
+    Ok(n as usize)
 }
 
 /// Receives one descriptor sent with [`send_fd`]; `None` at end of stream.
 pub(crate) fn recv_fd(socket: RawFd) -> io::Result<Option<OwnedFd>> {
     let mut byte = [0u8; 1];
+    let mut fds = Vec::new();
+    let n = recv_with_fds(socket, &mut byte, &mut fds)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(fds.pop())
+}
+
+/// Most descriptors taken from one message; more are closed by the kernel.
+const MAX_FDS: usize = 4;
+
+/// Reads into `buf`, appending any descriptors that came with the bytes
+/// (close-on-exec) to `fds`. Returns the byte count (0 at end of stream).
+pub(crate) fn recv_with_fds(
+    socket: RawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
     let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
     };
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let space =
+        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut control = vec![0u8; space];
     // SAFETY: msghdr is plain old data; zero is valid for every field.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -294,22 +350,25 @@ pub(crate) fn recv_fd(socket: RawFd) -> io::Result<Option<OwnedFd>> {
     msg.msg_controllen = space;
     // SAFETY: msg and its buffers are valid for the call.
     let n = cvt(unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) })?;
-    if n == 0 {
-        return Ok(None);
-    }
-    // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR returns null or a header
-    // inside it, and we check type and length before reading the descriptor.
+    // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR/NXTHDR return null or
+    // a header inside it, and only SCM_RIGHTS payloads within cmsg_len are read.
     unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Ok(None);
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let header = libc::CMSG_LEN(0) as usize;
+                let count = ((*cmsg).cmsg_len as usize).saturating_sub(header)
+                    / std::mem::size_of::<RawFd>();
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
-        Ok(Some(OwnedFd::from_raw_fd(fd)))
     }
+    Ok(n as usize)
 }
 
 /// `openat2(2)` relative to `dirfd` (`AT_FDCWD` for the cwd) with `resolve`

@@ -32,6 +32,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         network_policy: NetworkPolicy {
             mode: NetworkMode::Off,
             allow_domains: vec![],
+            ..NetworkPolicy::default()
         },
         filesystem: FilesystemPolicy {
             read_roots: vec![".".into()],
@@ -50,6 +51,8 @@ fn shell(dir: &std::path::Path) -> Shell {
         state: dir.join("state"),
         mode: SandboxMode::WorkspaceWrite,
         session_id: "bench".into(),
+        egress_hosts: Default::default(),
+        egress_roots_pem: None,
     })
     .unwrap()
 }

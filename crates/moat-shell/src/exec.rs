@@ -6,6 +6,7 @@ use moat_core::op::{ArtifactRef, ExecArgvArgs};
 use moat_core::{
     DenialReason, Envelope, Event, EventSink, Manifest, NetworkMode, OpStatus, SandboxMode,
 };
+use moat_egress::{Egress, EgressPolicy};
 use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
 
 use crate::workspace::{Refusal, Workspace, components};
@@ -162,12 +163,6 @@ pub fn plan(
             ),
         ));
     }
-    if matches!(network, NetworkMode::ProxyOnly | NetworkMode::Allowlist) {
-        return Err(refuse(
-            DenialReason::NetworkNotAllowed,
-            format!("network {network} needs the egress proxy, which this build does not have yet"),
-        ));
-    }
     let ceiling = &manifest.limits;
     let timeout_ms = args
         .timeout_ms
@@ -258,6 +253,37 @@ pub fn inline(bytes: &[u8]) -> String {
 pub fn run(plan: Plan, sink: &mut dyn EventSink) -> Result<Finished, String> {
     let outcome =
         moat_sandbox::run(plan.spec, OutputMode::Capture, sink).map_err(|e| e.to_string())?;
+    Ok(finished(outcome))
+}
+
+/// Runs a plan whose network goes through `egress` under `policy`; the
+/// proxy's events follow the sandbox's.
+pub fn run_proxied(
+    plan: Plan,
+    sink: &mut dyn EventSink,
+    egress: &mut Egress,
+    policy: &EgressPolicy,
+    op_id: &str,
+) -> Result<Finished, String> {
+    let mut served = None;
+    let mut handler = |listener| {
+        egress
+            .serve(listener, policy, Some(op_id))
+            .map(|s| served = Some(s))
+            .map_err(|e| e.to_string())
+    };
+    let outcome =
+        moat_sandbox::run_with_egress(plan.spec, OutputMode::Capture, sink, Some(&mut handler))
+            .map_err(|e| e.to_string())?;
+    if let Some(served) = served {
+        for event in egress.close(served).map_err(|e| e.to_string())? {
+            sink.emit(event);
+        }
+    }
+    Ok(finished(outcome))
+}
+
+fn finished(outcome: moat_sandbox::RunOutcome) -> Finished {
     let report = &outcome.report;
     let status = if report.setup_error.is_some() {
         OpStatus::Error
@@ -281,11 +307,11 @@ pub fn run(plan: Plan, sink: &mut dyn EventSink) -> Result<Finished, String> {
         "deniedSyscalls": report.denied_syscalls,
         "enforcement": report.enforcement,
     });
-    Ok(Finished {
+    Finished {
         status,
         message: report.setup_error.clone(),
         result,
         outputs: vec![("stdout", outcome.stdout), ("stderr", outcome.stderr)],
         artifacts: Vec::new(),
-    })
+    }
 }

@@ -7,6 +7,7 @@ pub mod exec;
 pub mod lines;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+pub mod network;
 mod shell;
 pub mod store;
 pub mod workspace;

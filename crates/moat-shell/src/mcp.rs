@@ -11,7 +11,10 @@
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use moat_core::op::{ArtifactListArgs, ArtifactReadArgs, ArtifactWriteArgs, ExecArgvArgs};
+use moat_core::op::{
+    ArtifactListArgs, ArtifactReadArgs, ArtifactWriteArgs, DirectRequestArgs, ExecArgvArgs,
+    ProfileRequestArgs,
+};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
 use rmcp::{ErrorData, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
@@ -110,6 +113,29 @@ impl MoatTools {
         Parameters(args): Parameters<ExecArgvArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         self.call("exec_argv", to_value(args)?).await
+    }
+
+    #[tool(
+        description = "Make an HTTP(S) request to a domain the manifest allows, through Moat's \
+                          egress proxy. Credential headers (set-cookie, authorization...) are removed \
+                          from the response; large bodies come back as an artifact."
+    )]
+    async fn http_request(
+        &self,
+        Parameters(args): Parameters<DirectRequestArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("http_request", to_value(args)?).await
+    }
+
+    #[tool(
+        description = "Call one of the manifest's named services (profiles) with a request stored \
+                          as an artifact ({method, path, headers?, body?}); requestRef is its sha256."
+    )]
+    async fn http_request_profile(
+        &self,
+        Parameters(args): Parameters<ProfileRequestArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("http_request", to_value(args)?).await
     }
 }
 

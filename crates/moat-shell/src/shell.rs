@@ -1,6 +1,8 @@
 //! The dispatcher: one envelope in, one result out, every step recorded.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -8,16 +10,20 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use moat_core::op::{
     ArtifactListArgs, ArtifactReadArgs, ArtifactRef, ArtifactWriteArgs, ExecArgvArgs,
+    HttpRequestArgs,
 };
 use moat_core::{
-    DenialReason, Envelope, Event, EventType, Manifest, OpKind, OpResult, OpStatus, SandboxMode,
+    DenialReason, Envelope, Event, EventSink, EventType, Manifest, NetworkMode, OpKind, OpResult,
+    OpStatus, SandboxMode,
 };
+use moat_egress::{Egress, EgressConfig, FetchError};
 use moat_ledger::{ArtifactRecord, Ledger};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::exec;
 use crate::lines::{Line, LineReader};
+use crate::network;
 use crate::store::ArtifactStore;
 use crate::workspace::{PathError, Refusal, Staged, Workspace};
 
@@ -38,6 +44,10 @@ pub struct ShellConfig {
     pub mode: SandboxMode,
     /// Identifies this shell session in events about lines that are not envelopes.
     pub session_id: String,
+    /// Fixed answers for the egress proxy's resolver (`--resolve`).
+    pub egress_hosts: BTreeMap<String, Vec<IpAddr>>,
+    /// Extra trusted roots (PEM) for `http_request` over HTTPS.
+    pub egress_roots_pem: Option<Vec<u8>>,
 }
 
 /// Why the shell could not start.
@@ -54,6 +64,8 @@ pub enum ShellError {
     Ledger(#[from] moat_ledger::LedgerError),
     #[error("sandbox mode {0} is not in the manifest's sandboxModes")]
     Mode(SandboxMode),
+    #[error("the manifest's networkPolicy: {0}")]
+    Network(String),
 }
 
 pub struct Shell {
@@ -72,6 +84,8 @@ pub struct Shell {
     failed: Vec<(usize, String)>,
     /// Position of the next operation in the current batch.
     position: usize,
+    /// The run's egress proxy, started by the first operation that needs it.
+    egress: Option<Egress>,
 }
 
 /// The per-operation context: ids and the events recorded so far.
@@ -161,6 +175,13 @@ impl Shell {
                 path: config.workspace.clone(),
                 source,
             })?;
+        for mode in [NetworkMode::Allowlist, NetworkMode::ProxyOnly] {
+            let policy = network::exec_policy(&config.manifest, mode)
+                .map_err(|r| ShellError::Network(r.message))?;
+            policy
+                .compile()
+                .map_err(|e| ShellError::Network(e.to_string()))?;
+        }
         let store = ArtifactStore::open(&config.state).map_err(ShellError::State)?;
         let ledger = Ledger::open(&config.state.join("ledger.db"))?;
         Ok(Shell {
@@ -173,7 +194,24 @@ impl Shell {
             pending: Vec::new(),
             failed: Vec::new(),
             position: 0,
+            egress: None,
         })
+    }
+
+    /// The run's egress proxy, forked on first use (the shell is single-threaded).
+    fn egress(&mut self) -> Result<&mut Egress, String> {
+        if self.egress.is_none() {
+            let config = EgressConfig {
+                run_id: self.config.session_id.clone(),
+                limits: network::egress_limits(&self.config.manifest.network_policy),
+                hosts: self.config.egress_hosts.clone(),
+                extra_roots_pem: self.config.egress_roots_pem.clone(),
+            };
+            self.egress = Some(Egress::start(config).map_err(|e| e.to_string())?);
+        }
+        self.egress
+            .as_mut()
+            .ok_or_else(|| "the egress proxy did not start".to_owned())
     }
 
     /// Replaces the clock (tests of expiry).
@@ -386,10 +424,13 @@ impl Shell {
             OpKind::ArtifactWrite => args(&envelope.args).map(|a| self.write(a, op)),
             OpKind::ArtifactList => args(&envelope.args).map(|a| self.list(a)),
             OpKind::ExecArgv => args(&envelope.args).map(|a| self.exec(envelope, a, op)),
-            OpKind::HttpRequest => Err(Refusal::new(
-                DenialReason::NetworkNotAllowed,
-                "http_request needs the egress proxy, which this build does not have yet",
-            )),
+            // Parsed by form, for errors that name the right fields.
+            OpKind::HttpRequest if envelope.args.get("profile").is_some() => {
+                args(&envelope.args).map(|a| self.http(envelope, HttpRequestArgs::Profile(a), op))
+            }
+            OpKind::HttpRequest => {
+                args(&envelope.args).map(|a| self.http(envelope, HttpRequestArgs::Direct(a), op))
+            }
             OpKind::BrowserStep if envelope.policy_decision_ref.is_none() => Err(Refusal::new(
                 DenialReason::ApprovalRequired,
                 "browser_step is high risk and needs an approval",
@@ -510,7 +551,20 @@ impl Shell {
             op_id: &envelope.id,
             correlation_id: &envelope.correlation_id,
         };
-        let finished = match exec::run(plan, &mut sink) {
+        let network = plan.spec.network;
+        let run = if network.uses_egress_proxy() {
+            let policy = match network::exec_policy(&self.config.manifest, network) {
+                Ok(policy) => policy,
+                Err(refusal) => return refusal.into(),
+            };
+            match self.egress() {
+                Ok(egress) => exec::run_proxied(plan, &mut sink, egress, &policy, &envelope.id),
+                Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
+            }
+        } else {
+            exec::run(plan, &mut sink)
+        };
+        let finished = match run {
             Ok(finished) => finished,
             Err(e) => return Outcome::Failed(e),
         };
@@ -531,6 +585,77 @@ impl Shell {
             status: finished.status,
             result: finished.result,
             message: finished.message,
+            artifacts,
+        }
+    }
+
+    fn http(&mut self, envelope: &Envelope, a: HttpRequestArgs, op: &mut Op) -> Outcome {
+        let manifest = &self.config.manifest;
+        let planned = match &a {
+            HttpRequestArgs::Profile(p) => network::plan_profile(manifest, p, &self.store),
+            HttpRequestArgs::Direct(d) => network::plan_direct(manifest, d),
+        };
+        let plan = match planned {
+            Ok(plan) => plan,
+            Err(refusal) => return refusal.into(),
+        };
+        let egress = match self.egress() {
+            Ok(egress) => egress,
+            Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
+        };
+        let (outcome, events) = match egress.fetch(&plan.policy, Some(&envelope.id), &plan.request)
+        {
+            Ok(answer) => answer,
+            Err(e) => return Outcome::Failed(e.to_string()),
+        };
+        let mut sink = exec::Relabel {
+            events: &mut op.events,
+            run_id: &envelope.run_id,
+            op_id: &envelope.id,
+            correlation_id: &envelope.correlation_id,
+        };
+        for event in events {
+            sink.emit(event);
+        }
+        let response = match outcome {
+            Ok(response) => response,
+            Err(FetchError {
+                reason: Some(reason),
+                message,
+            }) => return Refusal::new(reason, message).into(),
+            Err(FetchError {
+                reason: None,
+                message,
+            }) => return Outcome::Failed(message),
+        };
+        let body = B64.decode(&response.body_base64).unwrap_or_default();
+        let mut result = json!({
+            "status": response.status,
+            "headers": response.headers,
+            "bodyBytes": body.len(),
+            "truncated": response.truncated,
+            "strippedHeaders": response.stripped_headers,
+        });
+        let mut artifacts = Vec::new();
+        if body.len() > exec::INLINE_OUTPUT {
+            let label = format!("{} {}", plan.request.method, plan.request.url);
+            match self.artifact(op, "http_response", &label, &body) {
+                Ok(reference) => {
+                    result["bodyArtifact"] = reference.sha256.clone().into();
+                    artifacts.push(reference);
+                }
+                Err(e) => return Outcome::Failed(e),
+            }
+        } else {
+            match std::str::from_utf8(&body) {
+                Ok(text) => result["body"] = text.into(),
+                Err(_) => result["bodyBase64"] = response.body_base64.into(),
+            }
+        }
+        Outcome::Done {
+            status: OpStatus::Ok,
+            result,
+            message: None,
             artifacts,
         }
     }

@@ -1,0 +1,311 @@
+//! The decision every request goes through, whatever its form: budget,
+//! name, rules, resolution, address checks, then a connection to exactly the
+//! address that was checked (nothing is resolved twice, so there is no
+//! window for DNS rebinding).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use moat_core::{DenialReason, Event, EventType};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+
+use crate::policy::{CompiledPolicy, EgressConfig};
+use crate::rules::normalize_host;
+
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// State of one proxy process: the run's settings and budget.
+pub(crate) struct Run {
+    pub(crate) config: EgressConfig,
+    requests: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    open: AtomicU64,
+    tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+}
+
+impl Run {
+    pub(crate) fn new(config: EgressConfig) -> Arc<Run> {
+        Arc::new(Run {
+            config,
+            requests: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            tls: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The TLS client settings for `http_request`, built on first use.
+    pub(crate) fn tls_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        self.tls
+            .get_or_init(|| {
+                use rustls::pki_types::CertificateDer;
+                use rustls::pki_types::pem::PemObject;
+                let mut roots = rustls::RootCertStore::empty();
+                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+                if let Some(pem) = &self.config.extra_roots_pem {
+                    for cert in CertificateDer::pem_slice_iter(pem) {
+                        let cert = cert.map_err(|e| format!("extra CA certificates: {e}"))?;
+                        roots
+                            .add(cert)
+                            .map_err(|e| format!("extra CA certificate: {e}"))?;
+                    }
+                }
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| e.to_string())?
+                    .with_root_certificates(roots)
+                    .with_no_client_auth();
+                Ok(Arc::new(config))
+            })
+            .clone()
+    }
+
+    /// Counts `n` more bytes; `false` once the run's byte budget is spent.
+    pub(crate) fn spend(&self, n: usize) -> bool {
+        let before = self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        before + n as u64 <= self.config.limits.max_bytes
+    }
+}
+
+/// One open tunnel or forwarded request, counted against the run's limit.
+pub(crate) struct Slot(Arc<Run>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Who the requests are for (one sandbox, or one `http_request`), with
+/// their rules and the events they produced.
+pub(crate) struct Scope {
+    pub(crate) run: Arc<Run>,
+    pub(crate) policy: CompiledPolicy,
+    pub(crate) op_id: Option<String>,
+    events: Mutex<Vec<Event>>,
+}
+
+/// A refusal (a `DenialReason`, answered 403) or a failure to reach an
+/// allowed server (answered 502).
+#[derive(Debug, Clone)]
+pub(crate) struct Refused {
+    pub(crate) reason: Option<DenialReason>,
+    pub(crate) detail: String,
+}
+
+impl Refused {
+    pub(crate) fn deny(reason: DenialReason, detail: impl Into<String>) -> Self {
+        Refused {
+            reason: Some(reason),
+            detail: detail.into(),
+        }
+    }
+    fn fail(detail: impl Into<String>) -> Self {
+        Refused {
+            reason: None,
+            detail: detail.into(),
+        }
+    }
+    pub(crate) fn status(&self) -> u16 {
+        match self.reason {
+            Some(DenialReason::NotAProxyRequest) => 400,
+            Some(_) => 403,
+            None => 502,
+        }
+    }
+}
+
+/// A connection to an allowed server.
+pub(crate) struct Admitted {
+    pub(crate) host: String,
+    pub(crate) address: SocketAddr,
+    pub(crate) stream: TcpStream,
+    pub(crate) _slot: Slot,
+}
+
+/// What one request did, for its access event.
+pub(crate) struct Access<'a> {
+    pub(crate) method: &'a str,
+    pub(crate) host: &'a str,
+    pub(crate) port: u16,
+    pub(crate) started: Instant,
+}
+
+impl Scope {
+    pub(crate) fn new(run: Arc<Run>, policy: CompiledPolicy, op_id: Option<String>) -> Self {
+        Scope {
+            run,
+            policy,
+            op_id,
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn take_events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .map(|mut e| std::mem::take(&mut *e))
+            .unwrap_or_default()
+    }
+
+    fn emit(&self, event_type: EventType, data: Value) {
+        let event = Event {
+            event_type,
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            run_id: self.run.config.run_id.clone(),
+            op_id: self.op_id.clone(),
+            correlation_id: None,
+            data,
+        };
+        if let Ok(mut events) = self.events.lock() {
+            events.push(event);
+        }
+    }
+
+    /// Records a refusal: `network.denied` (for denials) and the access event.
+    pub(crate) fn refused(&self, access: &Access<'_>, refused: &Refused) {
+        if let Some(reason) = refused.reason {
+            self.emit(
+                EventType::NetworkDenied,
+                json!({
+                    "host": access.host, "port": access.port, "method": access.method,
+                    "reason": reason, "detail": refused.detail,
+                }),
+            );
+        }
+        self.emit(
+            EventType::NetworkRequest,
+            json!({
+                "host": access.host, "port": access.port, "method": access.method,
+                "decision": if refused.reason.is_some() { "denied" } else { "failed" },
+                "reason": refused.reason, "detail": refused.detail,
+                "bytesOut": 0, "bytesIn": 0,
+                "durationMs": access.started.elapsed().as_millis() as u64,
+            }),
+        );
+    }
+
+    /// Records a request that went through.
+    pub(crate) fn completed(
+        &self,
+        access: &Access<'_>,
+        address: SocketAddr,
+        status: Option<u16>,
+        (bytes_out, bytes_in): (u64, u64),
+        cut: Option<&Refused>,
+    ) {
+        if let Some(refused) = cut {
+            self.emit(
+                EventType::NetworkDenied,
+                json!({
+                    "host": access.host, "port": access.port, "method": access.method,
+                    "reason": refused.reason, "detail": refused.detail,
+                }),
+            );
+        }
+        self.emit(
+            EventType::NetworkRequest,
+            json!({
+                "host": access.host, "port": access.port, "method": access.method,
+                "decision": "allowed", "address": address.ip().to_string(),
+                "status": status, "bytesOut": bytes_out, "bytesIn": bytes_in,
+                "cut": cut.and_then(|c| c.reason),
+                "durationMs": access.started.elapsed().as_millis() as u64,
+            }),
+        );
+    }
+
+    /// Decides on `host:port` and, if allowed, connects.
+    pub(crate) async fn admit(&self, raw_host: &str, port: u16) -> Result<Admitted, Refused> {
+        let run = &self.run;
+        let limits = run.config.limits;
+        if run.requests.fetch_add(1, Ordering::Relaxed) >= limits.max_requests {
+            return Err(Refused::deny(
+                DenialReason::EgressLimit,
+                format!(
+                    "the run's limit of {} requests is spent",
+                    limits.max_requests
+                ),
+            ));
+        }
+        let bare = raw_host.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<IpAddr>().is_ok() {
+            return Err(Refused::deny(
+                DenialReason::IpLiteralNotAllowed,
+                format!("{raw_host} is an address; ask for a domain"),
+            ));
+        }
+        let host = normalize_host(bare).ok_or_else(|| {
+            Refused::deny(
+                DenialReason::DomainNotAllowed,
+                format!("{raw_host:?} is not a host name"),
+            )
+        })?;
+        self.policy.rules.decide(&host, port).map_err(|reason| {
+            let detail = match reason {
+                DenialReason::PortNotAllowed => format!("{host}: port {port} is not allowed"),
+                _ => format!("{host} is not in the allowlist"),
+            };
+            Refused::deny(reason, detail)
+        })?;
+        let slot = if run.open.fetch_add(1, Ordering::Relaxed) >= limits.max_connections {
+            run.open.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refused::deny(
+                DenialReason::EgressLimit,
+                format!("{} connections are already open", limits.max_connections),
+            ));
+        } else {
+            Slot(run.clone())
+        };
+        let addresses = self.resolve(&host, port).await?;
+        for address in &addresses {
+            if let Err(class) = self.policy.addresses.check(address.ip()) {
+                return Err(Refused::deny(
+                    DenialReason::AddressNotAllowed,
+                    format!("{host} resolves to {} ({class})", address.ip()),
+                ));
+            }
+        }
+        let mut last = String::from("no address");
+        for address in addresses {
+            match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(Admitted {
+                        host,
+                        address,
+                        stream,
+                        _slot: slot,
+                    });
+                }
+                Ok(Err(e)) => last = format!("connecting to {address}: {e}"),
+                Err(_) => last = format!("connecting to {address}: timed out"),
+            }
+        }
+        Err(Refused::fail(format!("{host}: {last}")))
+    }
+
+    async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, Refused> {
+        if let Some(fixed) = self.run.config.hosts.get(host) {
+            return Ok(fixed.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
+        }
+        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port))).await {
+            Ok(Ok(found)) => {
+                let mut all: Vec<SocketAddr> = found.collect();
+                all.dedup();
+                if all.is_empty() {
+                    return Err(Refused::fail(format!("{host} has no address")));
+                }
+                Ok(all)
+            }
+            Ok(Err(e)) => Err(Refused::fail(format!("resolving {host}: {e}"))),
+            Err(_) => Err(Refused::fail(format!("resolving {host}: timed out"))),
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Moat's egress proxy: the only way out of a sandbox in the `proxy-only`
+//! and `allowlist` network modes, and the client behind `http_request`.
+//!
+//! - [`rules`]: domain allow/deny rules, refused at load when too broad.
+//! - [`addr`]: which resolved addresses may be dialled (no loopback, private,
+//!   link-local, CGNAT, metadata or unique-local unless listed).
+//! - [`sni`]: the server name of a TLS ClientHello.
+//! - [`Egress`]: the proxy process of one run and its control channel.
+//!
+//! Every request emits `network.request` (host, port, method, bytes,
+//! decision — never bodies or headers); every refusal also `network.denied`
+//! and, for proxied requests, a 403 with `X-Moat-Denied: <reason>`.
+
+pub mod addr;
+mod fetch;
+mod gate;
+mod host;
+pub mod policy;
+mod proxy;
+pub mod rules;
+pub mod sni;
+
+pub use fetch::{FetchError, FetchRequest, FetchResponse, is_credential_header};
+pub use host::{Egress, EgressError, Served};
+pub use policy::{EgressConfig, EgressLimits, EgressPolicy, PolicyError, parse_resolve};

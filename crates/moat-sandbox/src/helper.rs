@@ -1,0 +1,136 @@
+//! Host-side helper processes and descriptor passing.
+//!
+//! A helper (the egress proxy) is forked, not exec'd: it starts in a fraction
+//! of the time and needs no path to a binary. The caller must still be
+//! single-threaded when it forks, for the same reason as the launcher; the
+//! helper itself may then start threads, since nothing is ever cloned from it.
+//!
+//! Descriptors travel over unix stream sockets attached to message bytes:
+//! [`send_with_fd`] attaches one to the first byte it sends, and a reader that
+//! always uses [`recv_with_fds`] collects it with those bytes.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+use crate::error::{Layer, SetupError};
+use crate::sys::{self, Forked};
+
+/// A forked helper. Dropping it kills the helper and reaps it.
+#[derive(Debug)]
+pub struct Helper {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    reaped: bool,
+}
+
+impl Helper {
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
+    /// Waits for the helper to exit on its own; returns its exit code
+    /// (128 + signal if it was killed).
+    pub fn wait(mut self) -> i32 {
+        self.reap()
+    }
+
+    fn reap(&mut self) -> i32 {
+        if self.reaped {
+            return 0;
+        }
+        let mut status = 0;
+        loop {
+            // SAFETY: waiting for our own child; status is a valid int to fill.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if r >= 0 || sys::errno() != libc::EINTR {
+                break;
+            }
+        }
+        self.reaped = true;
+        if libc::WIFSIGNALED(status) {
+            128 + libc::WTERMSIG(status)
+        } else {
+            libc::WEXITSTATUS(status)
+        }
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = sys::pidfd_send_signal(&self.pidfd, libc::SIGKILL);
+            self.reap();
+        }
+    }
+}
+
+/// Forks a helper that runs `body` and exits with its return value. The
+/// helper dies with its parent (`PR_SET_PDEATHSIG`), and its stdin and stdout
+/// are `/dev/null`: they may be the caller's protocol channel. `close` lists
+/// the caller's descriptors the helper must not keep (the caller's end of
+/// their shared socket, so that the helper sees end-of-stream).
+pub fn spawn_helper(close: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helper, SetupError> {
+    let threads =
+        sys::thread_count().map_err(|e| SetupError::io(Layer::Launcher, "counting threads", e))?;
+    if threads > 1 {
+        return Err(SetupError::new(
+            Layer::Launcher,
+            "a helper must be forked from a single-threaded process",
+        ));
+    }
+    // SAFETY: plain id query.
+    let parent = unsafe { libc::getpid() };
+    match sys::clone3(0).map_err(|e| SetupError::io(Layer::Launcher, "forking a helper", e))? {
+        Forked::Parent { pid, pidfd } => Ok(Helper {
+            pid,
+            pidfd,
+            reaped: false,
+        }),
+        Forked::Child => {
+            // SAFETY: close, prctl and getppid with integer arguments; open/dup2
+            // on descriptors of this (new, single-threaded) process only.
+            let ok = unsafe {
+                for fd in close {
+                    libc::close(*fd);
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0
+                    && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && libc::getppid() == parent
+                    && {
+                        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                        null >= 0 && libc::dup2(null, 0) >= 0 && libc::dup2(null, 1) >= 0
+                    }
+            };
+            let code = if ok { body() } else { 125 };
+            // SAFETY: _exit skips the destructors and atexit handlers, which
+            // belong to the process we were copied from.
+            unsafe { libc::_exit(code) }
+        }
+    }
+}
+
+/// Sends `data` with `fd` attached to its first byte; returns the bytes sent
+/// (send the rest with plain writes).
+pub fn send_with_fd(socket: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+    if data.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a descriptor needs at least one byte to travel with",
+        ));
+    }
+    sys::send_with_fd(socket.as_raw_fd(), data, Some(fd.as_raw_fd()))
+}
+
+/// Reads like `read(2)`, collecting any descriptors that came with the bytes.
+pub fn recv_with_fds(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
+    loop {
+        match sys::recv_with_fds(socket.as_raw_fd(), buf, fds) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}

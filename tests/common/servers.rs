@@ -1,0 +1,265 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! Host-side test servers: plain HTTP and HTTPS on 127.0.0.1, counting the
+//! requests that reach them, and a test-made CA.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{make_world_accessible, path_str};
+
+pub const HTTP_BODY: &str = "hello from host\n";
+pub const TLS_BODY: &str = "hello over tls\n";
+pub const BIG_LEN: usize = 100_000;
+
+/// One request a server answered: its request line and Host header.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub line: String,
+    pub host: String,
+}
+
+pub enum Kind {
+    Http,
+    Tls(Arc<rustls::ServerConfig>),
+}
+
+/// A server on the host's 127.0.0.1: counts the requests that reached it.
+/// Stopped (and its threads joined) on drop.
+pub struct Server {
+    pub port: u16,
+    requests: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    pub fn http() -> Self {
+        Self::start(Kind::Http)
+    }
+
+    pub fn tls(config: Arc<rustls::ServerConfig>) -> Self {
+        Self::start(Kind::Tls(config))
+    }
+
+    pub fn start(kind: Kind) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a test server");
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let kind = Arc::new(kind);
+        let accept = {
+            let (requests, seen, stop) = (requests.clone(), seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut workers: Vec<JoinHandle<()>> = Vec::new();
+                for stream in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    let (kind, requests, seen) = (kind.clone(), requests.clone(), seen.clone());
+                    workers.push(std::thread::spawn(move || {
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                        let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+                        match &*kind {
+                            Kind::Http => serve_http(stream, &requests, &seen),
+                            Kind::Tls(config) => serve_tls(stream, config, &requests, &seen),
+                        }
+                    }));
+                }
+                for worker in workers {
+                    let _ = worker.join();
+                }
+            })
+        };
+        Server {
+            port,
+            requests,
+            seen,
+            stop,
+            accept: Some(accept),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Unblocks accept(); the loop sees the flag and ends.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+    }
+}
+
+/// Reads a request head (up to the blank line); `None` if the peer closed,
+/// timed out or sent garbage first.
+pub fn read_head(reader: &mut impl Read) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 2048];
+    loop {
+        let n = reader.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(String::from_utf8_lossy(&buf[..end]).into_owned());
+        }
+        if buf.len() > 64 << 10 {
+            return None;
+        }
+    }
+}
+
+/// Counts and remembers one request head.
+pub fn record(head: &str, requests: &AtomicUsize, seen: &Mutex<Vec<Seen>>) -> String {
+    let line = head.lines().next().unwrap_or_default().to_owned();
+    let host = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
+        .map(|(_, value)| value.trim().to_owned())
+        .unwrap_or_default();
+    requests.fetch_add(1, Ordering::SeqCst);
+    seen.lock().unwrap().push(Seen {
+        line: line.clone(),
+        host,
+    });
+    line.split(' ').nth(1).unwrap_or("/").to_owned()
+}
+
+pub fn response(body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nSet-Cookie: secret=1\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+pub fn serve_http(mut stream: TcpStream, requests: &AtomicUsize, seen: &Mutex<Vec<Seen>>) {
+    let Some(head) = read_head(&mut stream) else {
+        return;
+    };
+    let path = record(&head, requests, seen);
+    let body = if path == "/big" {
+        vec![b'x'; BIG_LEN]
+    } else {
+        HTTP_BODY.as_bytes().to_vec()
+    };
+    let _ = stream.write_all(&response(&body));
+    let _ = stream.flush();
+    let _ = stream.shutdown(Shutdown::Write);
+    // Let the peer read everything before the socket is closed.
+    let mut rest = [0u8; 1024];
+    while matches!(stream.read(&mut rest), Ok(n) if n > 0) {}
+}
+
+pub fn serve_tls(
+    stream: TcpStream,
+    config: &Arc<rustls::ServerConfig>,
+    requests: &AtomicUsize,
+    seen: &Mutex<Vec<Seen>>,
+) {
+    let Ok(connection) = rustls::ServerConnection::new(config.clone()) else {
+        return;
+    };
+    let mut tls = rustls::StreamOwned::new(connection, stream);
+    // The first read drives the handshake; a failed handshake is no request.
+    let Some(head) = read_head(&mut tls) else {
+        return;
+    };
+    record(&head, requests, seen);
+    let _ = tls.write_all(&response(TLS_BODY.as_bytes()));
+    tls.conn.send_close_notify();
+    let _ = tls.flush();
+    let _ = tls.sock.shutdown(Shutdown::Write);
+    let mut rest = [0u8; 1024];
+    while matches!(tls.sock.read(&mut rest), Ok(n) if n > 0) {}
+}
+
+/// A CA made for this test, a certificate for `app.test` signed by it, and
+/// the CA's PEM in a world-readable directory to mount with `--input`.
+pub struct Pki {
+    pub config: Arc<rustls::ServerConfig>,
+    input: tempfile::TempDir,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "Moat network test CA");
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::CrlSign,
+        ];
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let mut leaf_params = CertificateParams::new(vec!["app.test".to_owned()]).unwrap();
+        leaf_params
+            .distinguished_name
+            .push(DnType::CommonName, "app.test");
+        leaf_params.use_authority_key_identifier_extension = true;
+        leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+            )
+            .unwrap();
+
+        let input = tempfile::tempdir().unwrap();
+        make_world_accessible(input.path());
+        let ca_pem = input.path().join("ca.pem");
+        std::fs::write(&ca_pem, ca_cert.pem()).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ca_pem, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Pki {
+            config: Arc::new(config),
+            input,
+        }
+    }
+
+    pub fn input(&self) -> &str {
+        path_str(self.input.path())
+    }
+}

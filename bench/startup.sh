@@ -26,6 +26,7 @@ hyperfine -N --warmup 20 --runs "$RUNS" --export-json "$out/startup.json" \
   -n "bwrap" "bwrap --ro-bind / / --unshare-all --die-with-parent /bin/true" \
   -n "bwrap + dev/proc/tmp" "bwrap --ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc --tmpfs /tmp /bin/true" \
   -n "moat exec (all layers)" "$MOAT exec $extra --network off -- /bin/true" \
+  -n "moat exec --network allowlist" "$MOAT exec $extra --network allowlist --allow-domain example.com -- /bin/true" \
   >/dev/null
 
 # Launcher peak RSS, as reported by moat itself (getrusage of the launcher).
@@ -38,6 +39,10 @@ median = {r["command"]: statistics.median(r["times"]) * 1000 for r in results}
 moat = median["moat exec (all layers)"]
 print(f"{'command':40} {'median':>9} {'moat / this':>12}")
 for name, ms in median.items():
+    if name == "moat exec --network allowlist":
+        continue
     print(f"{name:40} {ms:7.2f} ms {moat / ms:11.2f}x")
-print(f"\nmoat launcher peak RSS: {int(sys.argv[2]) / 1024:.1f} MiB")
+allow = median.pop("moat exec --network allowlist")
+print(f"\nmoat exec --network allowlist: {allow:.2f} ms, {allow / moat:.2f}x moat exec --network off (target <= 1.3x)")
+print(f"moat launcher peak RSS: {int(sys.argv[2]) / 1024:.1f} MiB")
 PY

@@ -297,89 +297,45 @@ enum Cut {
     Limit,
 }
 
-/// Pipe capacity of a relay: how much moves per pair of `splice` calls.
-const RELAY_PIPE: usize = 1 << 20;
-/// A pipe's size unless changed (and what an unprivileged process may rely on).
-const PIPE_DEFAULT: usize = 64 << 10;
+/// Bytes moved per read of a relay (allocated only while data flows).
+const RELAY_BUFFER: usize = 256 << 10;
 
-/// Copies one direction until end of stream (then half-closes the other
-/// side), with `splice` through a pipe: the bytes never enter the proxy's
-/// memory. The pipe exists while data flows and is dropped once the source
-/// runs dry, so an idle tunnel holds none.
-///
-/// Readiness is only waited for when the pipe is empty (then `EAGAIN` can
-/// only mean the socket is): with data held, more is read opportunistically
-/// between writes, since a full pipe also answers `EAGAIN` and must not be
-/// mistaken for a drained socket.
+/// Copies one direction until end of stream (then half-closes the other side).
+/// The buffer exists while data flows and is dropped once the source runs
+/// dry, so an idle tunnel holds none.
 async fn relay(
     from: &TcpStream,
     to: &TcpStream,
     run: &Run,
     counter: &AtomicU64,
 ) -> Result<(), Cut> {
-    use rustix::pipe::{PipeFlags, SpliceFlags, pipe_with, splice};
-    use std::os::fd::OwnedFd;
-    use tokio::io::Interest;
-    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
-    let mut pipe: Option<(OwnedFd, OwnedFd)> = None;
-    let mut capacity = PIPE_DEFAULT;
-    let mut held = 0usize;
-    let mut eof = false;
-    let mut stalled = false;
-    let mut last_read = 0usize;
+    let mut buf: Option<Vec<u8>> = None;
     loop {
-        if held == 0 {
-            if eof {
+        from.readable().await.map_err(|_| Cut::Io)?;
+        let b = buf.get_or_insert_with(|| Vec::with_capacity(RELAY_BUFFER));
+        b.clear();
+        match from.try_read_buf(b) {
+            Ok(0) => {
                 let _ = socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
                 return Ok(());
             }
-            if last_read < capacity / 4 {
-                pipe = None;
-            }
-        }
-        let (out, into) = match &pipe {
-            Some(p) => p,
-            None => {
-                let p = pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC).map_err(|_| Cut::Io)?;
-                capacity = rustix::pipe::fcntl_setpipe_size(&p.1, RELAY_PIPE)
-                    .unwrap_or(PIPE_DEFAULT)
-                    .max(PIPE_DEFAULT);
-                pipe.insert(p)
-            }
-        };
-        let splice_in = |len| splice(from, None, into, None, len, flags).map_err(io::Error::from);
-        let moved = if held == 0 {
-            from.readable().await.map_err(|_| Cut::Io)?;
-            from.try_io(Interest::READABLE, || splice_in(capacity))
-        } else if !eof && !stalled && held < capacity {
-            splice_in(capacity - held)
-        } else {
-            Err(io::ErrorKind::WouldBlock.into())
-        };
-        match moved {
-            Ok(0) => eof = true,
             Ok(n) => {
                 if !run.spend(n) {
                     return Err(Cut::Limit);
                 }
-                held += n;
-                last_read = n;
+                let mut sent = 0;
+                while sent < n {
+                    to.writable().await.map_err(|_| Cut::Io)?;
+                    match to.try_write(&b[sent..n]) {
+                        Ok(k) => sent += k,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(_) => return Err(Cut::Io),
+                    }
+                }
                 counter.fetch_add(n as u64, Ordering::Relaxed);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stalled = held > 0,
-            Err(_) => return Err(Cut::Io),
-        }
-        if held == 0 {
-            continue;
-        }
-        to.writable().await.map_err(|_| Cut::Io)?;
-        let sent = to.try_io(Interest::WRITABLE, || {
-            splice(out, None, to, None, held, flags).map_err(io::Error::from)
-        });
-        match sent {
-            Ok(k) => {
-                held -= k;
-                stalled = false;
+                if n < RELAY_BUFFER / 4 {
+                    buf = None;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return Err(Cut::Io),

@@ -744,3 +744,45 @@ fn match_all_and_public_suffix_rules_are_rejected_at_load() {
         );
     }
 }
+
+#[test]
+fn an_unprivileged_user_gets_the_same_boundary() {
+    let server = Server::http();
+    let port = server.port;
+    let allow = format!("app.test:{port}");
+    let args = [
+        "--allow-degraded",
+        "--network",
+        "allowlist",
+        "--allow-domain",
+        &allow,
+        "--allow-address",
+        "127.0.0.1",
+        "--resolve",
+        "app.test=127.0.0.1",
+    ];
+    let script = format!(
+        "curl -sS http://app.test:{port}/; curl -sS --noproxy '*' http://127.0.0.1:{port}/ \
+         || echo direct-refused"
+    );
+    let run = exec_as(MOAT, &args, &["/bin/sh", "-c", &script], Some(65534));
+    assert!(run.stdout.contains(HTTP_BODY), "{}", dump(&run));
+    assert!(run.stdout.contains("direct-refused"), "{}", dump(&run));
+    assert_eq!(
+        run.report["enforcement"]["hostUid"],
+        65534,
+        "{}",
+        dump(&run)
+    );
+    assert_eq!(run.layer("landlock"), "enforced", "{}", dump(&run));
+    assert_eq!(
+        allowed_requests(&run, "app.test", "GET").len(),
+        1,
+        "{}",
+        dump(&run)
+    );
+    let direct = denials(&run, "direct_connection");
+    assert_eq!(direct.len(), 1, "{}", dump(&run));
+    assert_eq!(direct[0]["data"]["address"], format!("127.0.0.1:{port}"));
+    assert_eq!(server.count(), 1, "{}", dump(&run));
+}

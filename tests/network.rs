@@ -786,3 +786,30 @@ fn an_unprivileged_user_gets_the_same_boundary() {
     assert_eq!(direct[0]["data"]["address"], format!("127.0.0.1:{port}"));
     assert_eq!(server.count(), 1, "{}", dump(&run));
 }
+
+#[test]
+fn refused_requests_count_against_the_request_budget() {
+    let server = Server::http();
+    let port = server.port;
+    let allow = format!("app.test:{port}");
+    let run = proxied(
+        &[
+            "--allow-domain",
+            &allow,
+            "--allow-address",
+            "127.0.0.1",
+            "--resolve",
+            "app.test=127.0.0.1",
+            "--egress-max-requests",
+            "2",
+        ],
+        &format!(
+            "for i in 1 2; do curl -s -o /dev/null --noproxy '*' http://127.0.0.1:3128/; done; \
+             curl -s -i http://app.test:{port}/"
+        ),
+    );
+    assert_answered(&run, "403", "egress_limit");
+    assert_eq!(denials(&run, "not_a_proxy_request").len(), 2, "{}", dump(&run));
+    assert_denied(&run, "egress_limit", Some("app.test"));
+    assert_no_request(&server, &run);
+}

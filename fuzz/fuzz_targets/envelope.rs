@@ -36,7 +36,8 @@ fn shell() -> &'static Mutex<Shell> {
             allowed_tools: vec![],
             allowed_executables: vec![],
             sandbox_modes: vec![SandboxMode::WorkspaceWrite],
-            network_policy: NetworkPolicy { mode: NetworkMode::Off, allow_domains: vec![] },
+            // Network off: http_request is refused before any proxy is started.
+            network_policy: NetworkPolicy { mode: NetworkMode::Off, ..NetworkPolicy::default() },
             filesystem: FilesystemPolicy { read_roots: vec![".".into()], write_roots: vec!["output".into()] },
             env_passthrough: vec![],
             limits: Limits { file_size_bytes: 1 << 16, ..Limits::default() },
@@ -52,6 +53,8 @@ fn shell() -> &'static Mutex<Shell> {
                 state: dir.join("state"),
                 mode: SandboxMode::WorkspaceWrite,
                 session_id: "fuzz".into(),
+                egress_hosts: Default::default(),
+                egress_roots_pem: None,
             })
             .expect("shell"),
         )

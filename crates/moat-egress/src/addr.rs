@@ -19,7 +19,7 @@ pub fn non_public_class(ip: IpAddr) -> Option<&'static str> {
 fn v4_class(ip: Ipv4Addr) -> Option<&'static str> {
     let o = ip.octets();
     Some(match o {
-        [169, 254, 169, 254] => "cloud metadata",
+        [169, 254, 169, 254] | [168, 63, 129, 16] => "cloud metadata",
         [0, ..] => "unspecified",
         [127, ..] => "loopback",
         [10, ..] => "private",
@@ -28,6 +28,7 @@ fn v4_class(ip: Ipv4Addr) -> Option<&'static str> {
         [100, b, ..] if (64..128).contains(&b) => "carrier-grade NAT",
         [169, 254, ..] => "link-local",
         [192, 0, 0, _] => "IETF protocol assignment",
+        [192, 88, 99, _] => "6to4 relay anycast",
         [192, 0, 2, _] | [198, 51, 100, _] | [203, 0, 113, _] => "documentation",
         [198, 18 | 19, ..] => "benchmarking",
         [a, ..] if a >= 224 => "multicast or reserved",
@@ -45,6 +46,9 @@ fn v6_class(ip: Ipv6Addr) -> Option<&'static str> {
     }
     // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address that
     // a gateway would reach: judge that one.
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+        return Some("local-use NAT64");
+    }
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
         return v4_class(Ipv4Addr::new(
             (s[6] >> 8) as u8,
@@ -181,6 +185,8 @@ mod tests {
             ("::ffff:169.254.169.254", "cloud metadata"),
             ("64:ff9b::a00:1", "private"),
             ("2002:a00:1::", "private"),
+            ("64:ff9b:1::a00:1", "local-use NAT64"),
+            ("168.63.129.16", "cloud metadata"),
         ] {
             assert_eq!(class(ip), Some(want), "{ip}");
         }

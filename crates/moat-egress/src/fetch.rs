@@ -69,9 +69,13 @@ pub fn is_credential_header(name: &str) -> bool {
             | "www-authenticate"
             | "x-api-key"
             | "x-amz-security-token"
+            | "authentication-info"
+            | "proxy-authentication-info"
     ) || name.contains("token")
         || name.contains("secret")
         || name.contains("api-key")
+        || name.contains("apikey")
+        || name.starts_with("x-auth")
 }
 
 fn invalid(message: impl Into<String>) -> FetchError {

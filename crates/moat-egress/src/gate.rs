@@ -88,7 +88,32 @@ pub(crate) struct Scope {
     pub(crate) run: Arc<Run>,
     pub(crate) policy: CompiledPolicy,
     pub(crate) op_id: Option<String>,
-    events: Mutex<Vec<Event>>,
+    events: Mutex<EventLog>,
+}
+
+/// Most events one scope keeps; past it they are counted, and one event
+/// says how many were dropped (a program looping on refusals must not fill
+/// the proxy's or the caller's memory).
+const MAX_EVENTS: usize = 10_000;
+/// Longest host or detail text recorded (they may come from the program).
+const MAX_TEXT: usize = 256;
+
+#[derive(Default)]
+struct EventLog {
+    kept: Vec<Event>,
+    dropped: u64,
+}
+
+/// `text` cut to [`MAX_TEXT`] bytes, on a character boundary.
+pub(crate) fn clip(text: &str) -> String {
+    if text.len() <= MAX_TEXT {
+        return text.to_owned();
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// A refusal (a `DenialReason`, answered 403) or a failure to reach an
@@ -112,6 +137,17 @@ impl Refused {
             detail: detail.into(),
         }
     }
+    /// What the program is told: the detail, except where it would map the
+    /// host's private network for it (which address a name resolves to).
+    pub(crate) fn for_client(&self) -> String {
+        match self.reason {
+            Some(DenialReason::AddressNotAllowed) => {
+                "the name resolves to an address the egress policy refuses".to_owned()
+            }
+            _ => self.detail.clone(),
+        }
+    }
+
     pub(crate) fn status(&self) -> u16 {
         match self.reason {
             Some(DenialReason::NotAProxyRequest) => 400,
@@ -130,6 +166,7 @@ pub(crate) struct Admitted {
 }
 
 /// What one request did, for its access event.
+#[derive(Clone, Copy)]
 pub(crate) struct Access<'a> {
     pub(crate) method: &'a str,
     pub(crate) host: &'a str,
@@ -143,33 +180,67 @@ impl Scope {
             run,
             policy,
             op_id,
-            events: Mutex::new(Vec::new()),
+            events: Mutex::new(EventLog::default()),
         }
     }
 
     pub(crate) fn take_events(&self) -> Vec<Event> {
-        self.events
-            .lock()
-            .map(|mut e| std::mem::take(&mut *e))
-            .unwrap_or_default()
+        let Ok(mut log) = self.events.lock() else {
+            return Vec::new();
+        };
+        let log = std::mem::take(&mut *log);
+        let mut events = log.kept;
+        if log.dropped > 0 {
+            events.push(self.event(
+                EventType::NetworkDenied,
+                json!({
+                    "reason": DenialReason::EgressLimit,
+                    "detail": format!("{} more events were dropped past the cap of {MAX_EVENTS}", log.dropped),
+                    "dropped": log.dropped,
+                }),
+            ));
+        }
+        events
     }
 
-    fn emit(&self, event_type: EventType, data: Value) {
-        let event = Event {
+    fn event(&self, event_type: EventType, data: Value) -> Event {
+        Event {
             event_type,
             at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             run_id: self.run.config.run_id.clone(),
             op_id: self.op_id.clone(),
             correlation_id: None,
             data,
-        };
-        if let Ok(mut events) = self.events.lock() {
-            events.push(event);
         }
+    }
+
+    fn emit(&self, event_type: EventType, data: Value) {
+        if let Ok(mut log) = self.events.lock() {
+            if log.kept.len() < MAX_EVENTS {
+                let event = self.event(event_type, data);
+                log.kept.push(event);
+            } else {
+                log.dropped += 1;
+            }
+        }
+    }
+
+    /// Counts a request against the run's budget; `false` once it is spent.
+    pub(crate) fn count_request(&self) -> bool {
+        self.run.requests.fetch_add(1, Ordering::Relaxed) < self.run.config.limits.max_requests
     }
 
     /// Records a refusal: `network.denied` (for denials) and the access event.
     pub(crate) fn refused(&self, access: &Access<'_>, refused: &Refused) {
+        let (host, detail) = (clip(access.host), clip(&refused.detail));
+        let access = &Access {
+            host: &host,
+            ..*access
+        };
+        let refused = &Refused {
+            reason: refused.reason,
+            detail,
+        };
         if let Some(reason) = refused.reason {
             self.emit(
                 EventType::NetworkDenied,
@@ -225,7 +296,7 @@ impl Scope {
     pub(crate) async fn admit(&self, raw_host: &str, port: u16) -> Result<Admitted, Refused> {
         let run = &self.run;
         let limits = run.config.limits;
-        if run.requests.fetch_add(1, Ordering::Relaxed) >= limits.max_requests {
+        if !self.count_request() {
             return Err(Refused::deny(
                 DenialReason::EgressLimit,
                 format!(
@@ -244,7 +315,7 @@ impl Scope {
         let host = normalize_host(bare).ok_or_else(|| {
             Refused::deny(
                 DenialReason::DomainNotAllowed,
-                format!("{raw_host:?} is not a host name"),
+                format!("{:?} is not a host name", clip(raw_host)),
             )
         })?;
         self.policy.rules.decide(&host, port).map_err(|reason| {
@@ -295,7 +366,15 @@ impl Scope {
         if let Some(fixed) = self.run.config.hosts.get(host) {
             return Ok(fixed.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
         }
-        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port))).await {
+        // Fully qualified: resolv.conf search domains must not turn an
+        // allowed name into another one.
+        let fqdn = format!("{host}.");
+        match tokio::time::timeout(
+            RESOLVE_TIMEOUT,
+            tokio::net::lookup_host((fqdn.as_str(), port)),
+        )
+        .await
+        {
             Ok(Ok(found)) => {
                 let mut all: Vec<SocketAddr> = found.collect();
                 all.dedup();

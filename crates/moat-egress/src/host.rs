@@ -83,9 +83,9 @@ impl Egress {
     /// Forks the proxy for one run. The caller must be single-threaded.
     pub fn start(config: EgressConfig) -> Result<Egress, EgressError> {
         let (ours, theirs) = UnixStream::pair()?;
-        let ours_fd = ours.as_raw_fd();
+        let theirs_fd = theirs.as_raw_fd();
         let helper =
-            moat_sandbox::helper::spawn_helper(&[ours_fd], move || child_main(theirs, config))
+            moat_sandbox::helper::spawn_helper(&[theirs_fd], move || child_main(theirs, config))
                 .map_err(|e| EgressError::Start(e.to_string()))?;
         let reader = BufReader::new(ours.try_clone()?);
         Ok(Egress {

@@ -40,20 +40,43 @@ pub(crate) async fn serve(
     mut closed: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
+    // Connections accepted at once, whatever they are doing: a program
+    // cannot hold the proxy's descriptors with idle or half-sent requests.
+    let cap = usize::try_from(scope.run.config.limits.max_connections)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(2)
+        .clamp(16, 4096);
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                if let Ok((stream, _)) = accepted {
+            accepted = accept(&listener, &slots) => match accepted {
+                Some((stream, slot)) => {
                     let _ = stream.set_nodelay(true);
-                    connections.spawn(connection(stream, scope.clone(), closed.clone()));
+                    let scope = scope.clone();
+                    let closed = closed.clone();
+                    connections.spawn(async move {
+                        connection(stream, scope, closed).await;
+                        drop(slot);
+                    });
                 }
-            }
+                // Out of descriptors or the like: wait rather than spin.
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
             _ = closed.changed() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
+}
+
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<tokio::sync::Semaphore>,
+) -> Option<(TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+    let slot = slots.clone().acquire_owned().await.ok()?;
+    let (stream, _) = listener.accept().await.ok()?;
+    Some((stream, slot))
 }
 
 async fn connection(mut stream: TcpStream, scope: Arc<Scope>, mut closed: watch::Receiver<bool>) {
@@ -91,6 +114,9 @@ async fn handle(stream: &mut TcpStream, scope: &Arc<Scope>, closed: watch::Recei
         let scope = scope.clone();
         let service = hyper::service::service_fn(move |req| forward(req, scope.clone()));
         let _ = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEAD_TIMEOUT)
+            .max_buf_size(MAX_HEAD * 4)
             .serve_connection(TokioIo::new(io), service)
             .await;
         drop(closed);
@@ -122,6 +148,8 @@ fn not_a_proxy_request(
         started,
     };
     let refused = Refused::deny(DenialReason::NotAProxyRequest, detail);
+    // Counted like any request, so that a loop of them meets the budget.
+    scope.count_request();
     scope.refused(&access, &refused);
     refused
 }
@@ -164,7 +192,7 @@ fn refusal_bytes(refused: &Refused) -> Vec<u8> {
     let reason = refused
         .reason
         .map_or("upstream_unreachable", |r| r.as_str());
-    let body = format!("moat egress: {}\n", refused.detail);
+    let body = format!("moat egress: {}\n", refused.for_client());
     format!(
         "HTTP/1.1 {status} {phrase}\r\nX-Moat-Denied: {reason}\r\nContent-Type: text/plain\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -352,7 +380,7 @@ fn full(text: String) -> ProxyBody {
 }
 
 fn refusal_response(refused: &Refused) -> Response<ProxyBody> {
-    let mut response = Response::new(full(format!("moat egress: {}\n", refused.detail)));
+    let mut response = Response::new(full(format!("moat egress: {}\n", refused.for_client())));
     *response.status_mut() =
         StatusCode::from_u16(refused.status()).unwrap_or(StatusCode::FORBIDDEN);
     let reason = refused
@@ -399,6 +427,12 @@ fn http_target(uri: &Uri) -> Option<(String, u16)> {
         return None;
     }
     let authority = uri.authority()?;
+    // No user info; a port, if any, that parses.
+    if authority.as_str().contains('@')
+        || (authority.port().is_some() && authority.port_u16().is_none())
+    {
+        return None;
+    }
     Some((
         authority.host().to_owned(),
         authority.port_u16().unwrap_or(80),
@@ -441,8 +475,10 @@ async fn forward(
         if !same {
             let refused = Refused::deny(
                 DenialReason::HostMismatch,
-                format!("Host {given:?} differs from the URL's {authority:?}"),
+                // The header's value is the program's: not quoted in the record.
+                format!("the Host header differs from the URL's {authority:?}"),
             );
+            scope.count_request();
             scope.refused(&access, &refused);
             return Ok(refusal_response(&refused));
         }

@@ -95,25 +95,34 @@ fn server_name(hello: &[u8]) -> Option<Option<String>> {
     if r.0.is_empty() {
         return Some(None); // no extensions at all
     }
+    // Strict, like a careful server: one server_name extension, holding
+    // one host name; anything else is malformed.
     let mut extensions = Reader(r.vec16()?);
+    let mut found: Option<Option<String>> = None;
     while !extensions.0.is_empty() {
         let kind = extensions.u16()?;
         let data = extensions.vec16()?;
         if kind != 0 {
             continue;
         }
+        if found.is_some() {
+            return None;
+        }
+        let mut name_found = None;
         let mut list = Reader(Reader(data).vec16()?);
         while !list.0.is_empty() {
             let name_type = list.u8()?;
             let name = list.vec16()?;
             if name_type == 0 {
-                let name = std::str::from_utf8(name).ok()?;
-                return Some(Some(name.to_ascii_lowercase()));
+                if name_found.is_some() {
+                    return None;
+                }
+                name_found = Some(std::str::from_utf8(name).ok()?.to_ascii_lowercase());
             }
         }
-        return Some(None);
+        found = Some(name_found);
     }
-    Some(None)
+    Some(found.flatten())
 }
 
 #[cfg(test)]
@@ -166,6 +175,27 @@ mod tests {
             }
         }
         assert_eq!(parse(&hello(None, 16384)), Hello::ServerName(None));
+    }
+
+    #[test]
+    fn two_server_names_are_malformed() {
+        let one = hello(Some("a.example.com"), 16384);
+        // Append a second server_name extension to the extensions block.
+        let mut two = one.clone();
+        let extra = [
+            0u8, 0, 0, 16, 0, 14, 0, 0, 11, b'e', b'v', b'i', b'l', b'.', b'e', b'x', b'a', b'm',
+            b'p', b'l',
+        ];
+        let ext_len_at = 5 + 4 + 2 + 32 + 1 + 4 + 2;
+        let old = usize::from(u16::from_be_bytes([two[ext_len_at], two[ext_len_at + 1]]));
+        two[ext_len_at..ext_len_at + 2]
+            .copy_from_slice(&((old + extra.len()) as u16).to_be_bytes());
+        two.extend_from_slice(&extra);
+        let body = two.len() - 9;
+        two[6..9].copy_from_slice(&[(body >> 16) as u8, (body >> 8) as u8, body as u8]);
+        let record = two.len() - 5;
+        two[3..5].copy_from_slice(&(record as u16).to_be_bytes());
+        assert_eq!(parse(&two), Hello::NotTls);
     }
 
     #[test]

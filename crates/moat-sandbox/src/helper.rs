@@ -65,11 +65,12 @@ impl Drop for Helper {
 }
 
 /// Forks a helper that runs `body` and exits with its return value. The
-/// helper dies with its parent (`PR_SET_PDEATHSIG`), and its stdin and stdout
-/// are `/dev/null`: they may be the caller's protocol channel. `close` lists
-/// the caller's descriptors the helper must not keep (the caller's end of
-/// their shared socket, so that the helper sees end-of-stream).
-pub fn spawn_helper(close: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helper, SetupError> {
+/// helper dies with its parent (`PR_SET_PDEATHSIG`), is not dumpable, has
+/// `no_new_privs`, and keeps none of the caller's descriptors but stderr and
+/// `keep` (its end of their shared socket): stdin and stdout become
+/// `/dev/null`, and the caller's files — a ledger, a workspace handle — are
+/// closed.
+pub fn spawn_helper(keep: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helper, SetupError> {
     let threads =
         sys::thread_count().map_err(|e| SetupError::io(Layer::Launcher, "counting threads", e))?;
     if threads > 1 {
@@ -87,26 +88,46 @@ pub fn spawn_helper(close: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helpe
             reaped: false,
         }),
         Forked::Child => {
-            // SAFETY: close, prctl and getppid with integer arguments; open/dup2
-            // on descriptors of this (new, single-threaded) process only.
-            let ok = unsafe {
-                for fd in close {
-                    libc::close(*fd);
-                }
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0
-                    && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-                    && libc::getppid() == parent
-                    && {
-                        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                        null >= 0 && libc::dup2(null, 0) >= 0 && libc::dup2(null, 1) >= 0
-                    }
-            };
+            // SAFETY: prctl and getppid with integer arguments; open/dup2 on
+            // descriptors of this (new, single-threaded) process only.
+            let ok = close_all_but(keep)
+                && unsafe {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0
+                        && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                        && libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+                        && libc::getppid() == parent
+                        && {
+                            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                            null >= 0 && libc::dup2(null, 0) >= 0 && libc::dup2(null, 1) >= 0
+                        }
+                };
             let code = if ok { body() } else { 125 };
             // SAFETY: _exit skips the destructors and atexit handlers, which
             // belong to the process we were copied from.
             unsafe { libc::_exit(code) }
         }
     }
+}
+
+/// Closes every descriptor from 3 up, except `keep`.
+fn close_all_but(keep: &[RawFd]) -> bool {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter_map(|fd| u32::try_from(*fd).ok())
+        .collect();
+    keep.sort_unstable();
+    let mut first = 3u32;
+    for fd in keep.into_iter().filter(|fd| *fd >= 3) {
+        if fd > first {
+            // SAFETY: close_range on this process's own descriptor table.
+            if unsafe { libc::syscall(libc::SYS_close_range, first, fd - 1, 0) } != 0 {
+                return false;
+            }
+        }
+        first = fd + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) == 0 }
 }
 
 /// Sends `data` with `fd` attached to its first byte; returns the bytes sent

@@ -329,6 +329,10 @@ impl RootPlan {
                 "services",
                 "protocols",
             ]
+        } else if network.uses_egress_proxy() {
+            // TLS through the proxy's tunnels is the program's own: it needs
+            // the trusted roots (names are resolved by the proxy).
+            &["ssl", "ca-certificates"]
         } else {
             &[]
         };

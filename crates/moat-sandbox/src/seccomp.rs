@@ -133,6 +133,10 @@ mod syscall_nr {
         openat = SYS_openat,
         mknod = SYS_mknod,
         mknodat = SYS_mknodat,
+        sendto = SYS_sendto,
+        sendmsg = SYS_sendmsg,
+        sendmmsg = SYS_sendmmsg,
+        setsockopt = SYS_setsockopt,
     );
 }
 
@@ -175,6 +179,23 @@ const DENY: &[Deny] = deny![
 const DENY_PROXY: &[Deny] = deny![
     socket => When::Both(0, libc::AF_INET as u64, 1, 0xf, libc::SOCK_DGRAM as u64),
     socket => When::Both(0, libc::AF_INET6 as u64, 1, 0xf, libc::SOCK_DGRAM as u64),
+    // Nor the other internet socket kinds (SCTP's SEQPACKET, RDM, DCCP) or
+    // stream protocols Landlock's TCP rules do not cover (SCTP, MPTCP).
+    socket => When::Both(0, libc::AF_INET as u64, 1, 0xf, libc::SOCK_SEQPACKET as u64),
+    socket => When::Both(0, libc::AF_INET6 as u64, 1, 0xf, libc::SOCK_SEQPACKET as u64),
+    socket => When::Both(0, libc::AF_INET as u64, 1, 0xf, libc::SOCK_RDM as u64),
+    socket => When::Both(0, libc::AF_INET6 as u64, 1, 0xf, libc::SOCK_RDM as u64),
+    socket => When::Both(0, libc::AF_INET as u64, 1, 0xf, 6 /* SOCK_DCCP */),
+    socket => When::Both(0, libc::AF_INET6 as u64, 1, 0xf, 6 /* SOCK_DCCP */),
+    socket => When::Both(0, libc::AF_INET as u64, 2, 0xffff_ffff, libc::IPPROTO_SCTP as u64),
+    socket => When::Both(0, libc::AF_INET6 as u64, 2, 0xffff_ffff, libc::IPPROTO_SCTP as u64),
+    socket => When::Both(0, libc::AF_INET as u64, 2, 0xffff_ffff, libc::IPPROTO_MPTCP as u64),
+    socket => When::Both(0, libc::AF_INET6 as u64, 2, 0xffff_ffff, libc::IPPROTO_MPTCP as u64),
+    // TCP Fast Open connects from sendto/sendmsg, past the connect() check.
+    sendto => When::AnyBit(3, &[libc::MSG_FASTOPEN as u64]),
+    sendmsg => When::AnyBit(2, &[libc::MSG_FASTOPEN as u64]),
+    sendmmsg => When::AnyBit(3, &[libc::MSG_FASTOPEN as u64]),
+    setsockopt => When::Both(1, libc::IPPROTO_TCP as u64, 2, 0xffff_ffff, 30 /* TCP_FASTOPEN_CONNECT */),
 ];
 
 /// Syscalls answered with `ENOSYS` so that libc falls back to a call the deny
@@ -558,6 +579,48 @@ mod tests {
         }
         assert_eq!(socket(p, libc::AF_UNIX, dgram), ALLOW);
         assert_eq!(socket(p, libc::AF_UNIX, libc::SOCK_STREAM), ALLOW);
+        let sys = |nr: i64, args: [u64; 6]| run(p, AUDIT_ARCH, nr as i32, args);
+        let (inet, stream) = (libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+        for proto in [libc::IPPROTO_SCTP, libc::IPPROTO_MPTCP] {
+            assert_eq!(
+                sys(libc::SYS_socket, [inet, stream, proto as u64, 0, 0, 0]),
+                NOTIFY
+            );
+        }
+        assert_eq!(
+            sys(
+                libc::SYS_socket,
+                [inet, libc::SOCK_SEQPACKET as u64, 0, 0, 0, 0]
+            ),
+            NOTIFY
+        );
+        let tcp = libc::IPPROTO_TCP as u64;
+        assert_eq!(sys(libc::SYS_socket, [inet, stream, tcp, 0, 0, 0]), ALLOW);
+        let fastopen = libc::MSG_FASTOPEN as u64;
+        assert_eq!(sys(libc::SYS_sendto, [3, 0, 1, fastopen, 0, 0]), NOTIFY);
+        assert_eq!(
+            sys(libc::SYS_sendto, [3, 0, 1, libc::MSG_NOSIGNAL as u64, 0, 0]),
+            ALLOW
+        );
+        assert_eq!(sys(libc::SYS_sendmsg, [3, 0, fastopen, 0, 0, 0]), NOTIFY);
+        assert_eq!(sys(libc::SYS_setsockopt, [3, tcp, 30, 0, 4, 0]), NOTIFY);
+        assert_eq!(
+            sys(
+                libc::SYS_setsockopt,
+                [3, tcp, libc::TCP_NODELAY as u64, 0, 4, 0]
+            ),
+            ALLOW
+        );
+        // Outside the proxy modes these are untouched.
+        assert_eq!(
+            run(
+                off,
+                AUDIT_ARCH,
+                libc::SYS_sendto as i32,
+                [3, 0, 1, fastopen, 0, 0]
+            ),
+            ALLOW
+        );
     }
 
     #[test]

@@ -324,7 +324,13 @@ fn answer_notification(
             }
             Target::Inet(address) => {
                 response.error = -libc::EACCES;
-                on_denial(Denial::Connect { address });
+                // Each of the first few is recorded with its address; past
+                // that they are only counted (a loop must not flood the record).
+                let count = denied.entry("connect").or_insert(0);
+                *count += 1;
+                if *count <= MAX_CONNECT_EVENTS {
+                    on_denial(Denial::Connect { address });
+                }
             }
         }
     } else {
@@ -344,6 +350,9 @@ fn answer_notification(
 }
 
 const SECCOMP_USER_NOTIF_FLAG_CONTINUE: u32 = 1;
+/// Refused connections recorded one by one; the rest are counted in the
+/// report's `deniedSyscalls` as `connect`.
+const MAX_CONNECT_EVENTS: u64 = 64;
 
 enum Target {
     /// The egress proxy's port on loopback.
@@ -374,8 +383,12 @@ fn connect_target(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
     // SAFETY: a plain ioctl on the listener with the notification id.
     let valid =
         unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &notif.id) } == 0;
-    if n < 2 || !valid {
-        return Target::Other;
+    if !valid {
+        return Target::Other; // the caller is gone; the answer goes nowhere
+    }
+    if n < 2 {
+        // Unreadable: refused rather than left to the other layers unseen.
+        return Target::Inet("(unreadable address)".into());
     }
     let family = i32::from(u16::from_ne_bytes([raw[0], raw[1]]));
     let port = u16::from_be_bytes([raw[2], raw[3]]);

@@ -31,7 +31,23 @@ enum Command {
     Ledger(ledger::LedgerArgs),
 }
 
+/// `moat exec` alone: its start-up time is part of every sandboxed run, so
+/// it does not build the other subcommands' parsers (the same flags, help
+/// and errors as through [`Cli`]).
+/// Run a program in a fresh sandbox and wait for it.
+#[derive(Parser)]
+#[command(name = "moat exec", version)]
+struct ExecCli {
+    #[command(flatten)]
+    args: exec::ExecArgs,
+}
+
 fn main() -> ExitCode {
+    let mut argv = std::env::args_os();
+    if argv.nth(1).is_some_and(|first| first == "exec") {
+        let cli = ExecCli::parse_from(std::iter::once("moat exec".into()).chain(argv));
+        return exec::main(cli.args);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Exec(args) => exec::main(args),

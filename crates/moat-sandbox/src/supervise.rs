@@ -170,7 +170,9 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
     let mut exited_at: Option<Instant> = None;
     let mut kill_at = deadline;
     let mut killed = false;
-    let mut buf = vec![0u8; 64 * 1024];
+    // Allocated when the first output arrives: a silent program costs no
+    // zeroed pages.
+    let mut buf: Vec<u8> = Vec::new();
 
     loop {
         let now = Instant::now();
@@ -246,8 +248,15 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
             }
             match slot {
                 Slot::Exit => exited_at = Some(Instant::now()),
-                Slot::Stdout => stdout.pump(&mut buf),
-                Slot::Stderr => stderr.pump(&mut buf),
+                Slot::Stdout | Slot::Stderr => {
+                    if buf.is_empty() {
+                        buf = vec![0u8; 64 * 1024];
+                    }
+                    match slot {
+                        Slot::Stdout => stdout.pump(&mut buf),
+                        _ => stderr.pump(&mut buf),
+                    }
+                }
                 Slot::StdoutFlush => stdout.flush(),
                 Slot::StderrFlush => stderr.flush(),
                 Slot::NotifyReceive => {

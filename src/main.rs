@@ -31,9 +31,9 @@ enum Command {
     Ledger(ledger::LedgerArgs),
 }
 
-/// `moat exec` alone: its start-up time is part of every sandboxed run, so
-/// it does not build the other subcommands' parsers (the same flags, help
-/// and errors as through [`Cli`]).
+// `moat exec` alone: its start-up time is part of every sandboxed run, so
+// it does not build the other subcommands' parsers (the same flags, help
+// and errors as through `Cli`).
 /// Run a program in a fresh sandbox and wait for it.
 #[derive(Parser)]
 #[command(name = "moat exec", version)]

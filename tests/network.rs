@@ -809,7 +809,12 @@ fn refused_requests_count_against_the_request_budget() {
         ),
     );
     assert_answered(&run, "403", "egress_limit");
-    assert_eq!(denials(&run, "not_a_proxy_request").len(), 2, "{}", dump(&run));
+    assert_eq!(
+        denials(&run, "not_a_proxy_request").len(),
+        2,
+        "{}",
+        dump(&run)
+    );
     assert_denied(&run, "egress_limit", Some("app.test"));
     assert_no_request(&server, &run);
 }

@@ -1,5 +1,6 @@
 //! `moat`: the command-line face of Moat.
 
+mod capability;
 mod exec;
 mod files;
 mod ledger;
@@ -29,6 +30,7 @@ enum Command {
     Shell(shell::ShellArgs),
     Mcp(mcp::McpArgs),
     Ledger(ledger::LedgerArgs),
+    Capability(capability::CapabilityArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -55,5 +57,6 @@ fn main() -> ExitCode {
         Command::Shell(args) => shell::main(args),
         Command::Mcp(args) => mcp::main(args),
         Command::Ledger(args) => ledger::main(args),
+        Command::Capability(args) => capability::main(args),
     }
 }

@@ -173,7 +173,7 @@ pub fn read_public_key(path: &Path) -> anyhow::Result<PublicKey> {
     PublicKey::from_base64(&text).with_context(|| format!("{}", path.display()))
 }
 
-fn read_private_key(path: &Path) -> anyhow::Result<PrivateKey> {
+pub fn read_private_key(path: &Path) -> anyhow::Result<PrivateKey> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     PrivateKey::from_base64(&text).with_context(|| format!("{}", path.display()))
 }
@@ -184,7 +184,7 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<
 }
 
 /// A bare manifest, or the manifest inside a signed one.
-fn read_any_manifest(path: &Path) -> anyhow::Result<Manifest> {
+pub fn read_any_manifest(path: &Path) -> anyhow::Result<Manifest> {
     let value: serde_json::Value = read_json(path)?;
     let inner = value.get("manifest").cloned().unwrap_or(value);
     serde_json::from_value(inner).with_context(|| format!("{}", path.display()))

@@ -58,6 +58,10 @@ pub struct ShellArgs {
     /// Also trust the CA certificates in FILE (PEM) for http_request over HTTPS.
     #[arg(long, value_name = "FILE")]
     egress_ca: Option<PathBuf>,
+    /// Managed runner: refuse every operation without a capability signed by
+    /// the manifest's control-plane key (see `moat capability issue`).
+    #[arg(long)]
+    require_capabilities: bool,
 }
 
 impl ShellArgs {
@@ -91,6 +95,9 @@ impl ShellArgs {
                 .to_string()
                 .into(),
         );
+        if self.require_capabilities {
+            out.push("--require-capabilities".into());
+        }
         out
     }
 }
@@ -169,5 +176,6 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         session_id,
         egress_hosts,
         egress_roots_pem,
+        require_capabilities: args.require_capabilities,
     })?)
 }

@@ -797,3 +797,102 @@ fn http_request_reaches_allowed_domains_only_and_strips_credentials() {
     assert!(!String::from_utf8_lossy(&ledger).contains("secret=1"));
     assert!(s.ledger_verifies());
 }
+
+#[test]
+fn a_managed_runner_takes_only_operations_with_a_valid_unused_capability() {
+    let mut s = Session::new(|_| {});
+    s.extra = vec!["--require-capabilities".into()];
+    let issue = |key: &std::path::Path, envelope: &Value, extra: &[&str]| -> Value {
+        let mut child = Command::new(MOAT)
+            .args(["capability", "issue", "--key", path_str(key)])
+            .args(["--manifest", path_str(&s.signed)])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(envelope.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let key = s.dir.path().join("keys/moat.key");
+    let read = |id: &str| {
+        op(
+            id,
+            "artifact_read",
+            json!({"path": "input/data.txt", "maxBytes": 100}),
+        )
+    };
+    let granted = issue(&key, &read("1"), &[]);
+    let mut altered = issue(&key, &read("2"), &[]);
+    altered["args"]["path"] = json!("input/other.txt");
+    let expired = issue(&key, &read("3"), &["--issued-at", "2020-01-01T00:00:00Z"]);
+    let other = tempfile::tempdir().unwrap();
+    assert!(
+        moat(&["manifest", "keygen", "--out", path_str(other.path())])
+            .status
+            .success()
+    );
+    let foreign = issue(&other.path().join("moat.key"), &read("4"), &[]);
+    let too_long = Command::new(MOAT)
+        .args([
+            "capability",
+            "issue",
+            "--key",
+            path_str(&key),
+            "--manifest",
+            path_str(&s.signed),
+        ])
+        .args(["--ttl", "5m", "-"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(too_long.status.code(), Some(2));
+
+    let results = s.ops(&[
+        read("0"),
+        granted.clone(),
+        granted,
+        altered,
+        expired,
+        foreign,
+    ]);
+    assert_denied(&results[0], "capability_invalid");
+    assert!(
+        results[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("carry a capability")
+    );
+    assert_eq!(results[1]["status"], "ok", "{}", results[1]);
+    assert_eq!(results[1]["result"]["content"], "line one\nline two\n");
+    let message = |i: usize| results[i]["message"].as_str().unwrap().to_owned();
+    assert_denied(&results[2], "capability_invalid");
+    assert!(message(2).contains("already used"), "{}", message(2));
+    assert_denied(&results[3], "capability_invalid");
+    assert!(message(3).contains("arguments"), "{}", message(3));
+    assert_denied(&results[4], "capability_invalid");
+    assert!(message(4).contains("expired"), "{}", message(4));
+    assert_denied(&results[5], "capability_invalid");
+    assert!(message(5).contains("signature"), "{}", message(5));
+    let granted_events = s.events_of("1", "capability.granted");
+    assert_eq!(granted_events.len(), 1, "{granted_events:?}");
+    assert!(granted_events[0]["data"]["capability"]["nonce"].is_string());
+    let denied: usize = ["0", "1", "2", "3", "4"]
+        .iter()
+        .map(|id| s.events_of(id, "capability.denied").len())
+        .sum();
+    assert_eq!(denied, 5); // 0, the replayed 1, 2, 3 and 4
+    assert!(s.ledger_verifies());
+}

@@ -55,6 +55,7 @@ fn shell() -> &'static Mutex<Shell> {
                 session_id: "fuzz".into(),
                 egress_hosts: Default::default(),
                 egress_roots_pem: None,
+        require_capabilities: false,
             })
             .expect("shell"),
         )

@@ -3,6 +3,7 @@
 //! Nothing here performs I/O. Types are serde-serialisable with camelCase
 //! field names (the wire protocol) and derive JSON Schemas (see [`schema`]).
 
+pub mod capability;
 pub mod denial;
 pub mod event;
 pub mod hash;

@@ -30,6 +30,10 @@ pub fn all() -> Vec<(&'static str, String)> {
         ("args-exec-argv", schema_for!(crate::op::ExecArgvArgs)),
         ("args-http-request", schema_for!(crate::op::HttpRequestArgs)),
         ("stored-request", schema_for!(crate::op::StoredRequest)),
+        (
+            "capability-claims",
+            schema_for!(crate::capability::CapabilityClaims),
+        ),
     ];
     schemas
         .into_iter()

@@ -53,6 +53,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         session_id: "bench".into(),
         egress_hosts: Default::default(),
         egress_roots_pem: None,
+        require_capabilities: false,
     })
     .unwrap()
 }

@@ -1,6 +1,6 @@
 //! The dispatcher: one envelope in, one result out, every step recorded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -8,10 +8,12 @@ use std::time::SystemTime;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
+use moat_core::capability::{CapabilityClaims, CapabilityError};
 use moat_core::op::{
     ArtifactListArgs, ArtifactReadArgs, ArtifactRef, ArtifactWriteArgs, ExecArgvArgs,
     HttpRequestArgs,
 };
+use moat_core::sign::PublicKey;
 use moat_core::{
     DenialReason, Envelope, Event, EventSink, EventType, Manifest, NetworkMode, OpKind, OpResult,
     OpStatus, SandboxMode,
@@ -48,6 +50,9 @@ pub struct ShellConfig {
     pub egress_hosts: BTreeMap<String, Vec<IpAddr>>,
     /// Extra trusted roots (PEM) for `http_request` over HTTPS.
     pub egress_roots_pem: Option<Vec<u8>>,
+    /// A managed runner: every operation must carry a capability signed by
+    /// the manifest's control-plane key.
+    pub require_capabilities: bool,
 }
 
 /// Why the shell could not start.
@@ -66,6 +71,8 @@ pub enum ShellError {
     Mode(SandboxMode),
     #[error("the manifest's networkPolicy: {0}")]
     Network(String),
+    #[error("the manifest's controlPlanePublicKey: {0}")]
+    ControlPlaneKey(moat_core::sign::SignError),
 }
 
 pub struct Shell {
@@ -86,6 +93,10 @@ pub struct Shell {
     position: usize,
     /// The run's egress proxy, started by the first operation that needs it.
     egress: Option<Egress>,
+    /// The key capabilities must be signed with.
+    control_plane_key: PublicKey,
+    /// Nonces of the capabilities used, until they expire (replays refused).
+    used_capabilities: HashMap<String, SystemTime>,
 }
 
 /// The per-operation context: ids and the events recorded so far.
@@ -182,6 +193,8 @@ impl Shell {
                 .compile()
                 .map_err(|e| ShellError::Network(e.to_string()))?;
         }
+        let control_plane_key = PublicKey::from_base64(&config.manifest.control_plane_public_key)
+            .map_err(ShellError::ControlPlaneKey)?;
         let store = ArtifactStore::open(&config.state).map_err(ShellError::State)?;
         let ledger = Ledger::open(&config.state.join("ledger.db"))?;
         Ok(Shell {
@@ -195,7 +208,38 @@ impl Shell {
             failed: Vec::new(),
             position: 0,
             egress: None,
+            control_plane_key,
+            used_capabilities: HashMap::new(),
         })
+    }
+
+    /// Verifies an operation's capability: signature, lifetime, binding to
+    /// this very operation and policy, and first use.
+    fn check_capability(
+        &mut self,
+        token: &str,
+        envelope: &Envelope,
+        kind: OpKind,
+    ) -> Result<CapabilityClaims, CapabilityError> {
+        let now = (self.clock)();
+        let claims = CapabilityClaims::verify(token, &self.control_plane_key, now)?;
+        claims.check_binding(
+            &envelope.run_id,
+            &envelope.id,
+            kind,
+            &envelope.args,
+            &self.config.manifest.policy_hash,
+        )?;
+        // Expired nonces can go: their capabilities no longer verify.
+        let grace = moat_core::capability::CLOCK_SKEW;
+        self.used_capabilities
+            .retain(|_, expires| *expires + grace >= now);
+        if self.used_capabilities.contains_key(&claims.nonce) {
+            return Err(CapabilityError::Replayed);
+        }
+        let expires = humantime::parse_rfc3339(&claims.expires_at).unwrap_or(now);
+        self.used_capabilities.insert(claims.nonce.clone(), expires);
+        Ok(claims)
     }
 
     /// The run's egress proxy, forked on first use (the shell is single-threaded).
@@ -404,14 +448,26 @@ impl Shell {
             )
             .into();
         }
-        if envelope.capability.is_some() {
-            return Refusal::new(
-                DenialReason::CapabilityInvalid,
-                "this local shell does not take capabilities (they come with the control plane)",
-            )
-            .into();
-        }
-        op.event(EventType::CapabilityGranted, json!({"op": kind.as_str()}));
+        let granted = match &envelope.capability {
+            Some(token) => match self.check_capability(token, envelope, kind) {
+                Ok(claims) => json!({
+                    "op": kind.as_str(),
+                    "capability": {"nonce": claims.nonce, "expiresAt": claims.expires_at},
+                }),
+                Err(e) => {
+                    return Refusal::new(DenialReason::CapabilityInvalid, e.to_string()).into();
+                }
+            },
+            None if self.config.require_capabilities => {
+                return Refusal::new(
+                    DenialReason::CapabilityInvalid,
+                    "this runner takes only operations that carry a capability from the control plane",
+                )
+                .into();
+            }
+            None => json!({"op": kind.as_str()}),
+        };
+        op.event(EventType::CapabilityGranted, granted);
         // Earlier writes of this batch become visible before anything else
         // looks at the workspace.
         if kind != OpKind::ArtifactWrite {

@@ -51,7 +51,7 @@ pub fn main(args: CapabilityArgs) -> ExitCode {
     let CapabilityCommand::Issue(issue) = args.command;
     match run(issue) {
         Ok(line) => {
-            println!("{line}");
+            outln!("{line}");
             ExitCode::SUCCESS
         }
         Err(e) => {

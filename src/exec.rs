@@ -248,7 +248,8 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
             "stderr": String::from_utf8_lossy(&outcome.stderr),
             "report": report,
         });
-        println!("{doc}");
+        // A closed reader loses the document, not the program's exit status.
+        let _ = writeln!(io::stdout(), "{doc}");
     }
     if let Some(error) = &report.setup_error {
         eprintln!("moat: sandbox setup failed: {error}");

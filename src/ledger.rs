@@ -58,11 +58,11 @@ fn run(args: LedgerArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         LedgerCommand::Verify => match ledger.verify()? {
             Ok(ok) => {
-                println!("ok: {} events, head {}", ok.events, ok.head);
+                outln!("ok: {} events, head {}", ok.events, ok.head);
                 Ok(ExitCode::SUCCESS)
             }
             Err(broken) => {
-                println!("BROKEN: {broken}");
+                outln!("BROKEN: {broken}");
                 Ok(ExitCode::from(1))
             }
         },
@@ -71,7 +71,7 @@ fn run(args: LedgerArgs) -> anyhow::Result<ExitCode> {
             loop {
                 let batch = ledger.events(run.as_deref(), last, 1000)?;
                 for event in &batch {
-                    println!("{}", event.to_json());
+                    outln!("{}", event.to_json());
                     last = event.seq;
                 }
                 if batch.len() < 1000 {

@@ -1,11 +1,24 @@
 //! `moat`: the command-line face of Moat.
 
+/// Writes a line to standard output. A reader that went away (`moat ledger
+/// tail | head`) ends the command quietly, as with a default SIGPIPE.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 mod capability;
 mod exec;
 mod files;
 mod ledger;
 mod manifest;
 mod mcp;
+mod runner;
+mod seal;
 mod shell;
 mod state;
 
@@ -31,6 +44,7 @@ enum Command {
     Mcp(mcp::McpArgs),
     Ledger(ledger::LedgerArgs),
     Capability(capability::CapabilityArgs),
+    Runner(runner::RunnerArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -58,5 +72,6 @@ fn main() -> ExitCode {
         Command::Mcp(args) => mcp::main(args),
         Command::Ledger(args) => ledger::main(args),
         Command::Capability(args) => capability::main(args),
+        Command::Runner(args) => runner::main(args),
     }
 }

@@ -68,12 +68,12 @@ fn run(command: ManifestCommand) -> anyhow::Result<()> {
         ManifestCommand::Keygen { out } => keygen(&out),
         ManifestCommand::Template { public_key } => {
             let key = read_public_key(&public_key)?;
-            println!("{}", serde_json::to_string_pretty(&template(&key))?);
+            outln!("{}", serde_json::to_string_pretty(&template(&key))?);
             Ok(())
         }
         ManifestCommand::Hash { file } => {
             let manifest = read_any_manifest(&file)?;
-            println!("{}", manifest.hash()?);
+            outln!("{}", manifest.hash()?);
             Ok(())
         }
         ManifestCommand::Sign { key, out, file } => {
@@ -92,9 +92,10 @@ fn run(command: ManifestCommand) -> anyhow::Result<()> {
             let signed: SignedManifest = read_json(&file)?;
             let manifest = signed.verify(&trusted)?;
             manifest.check_time(SystemTime::now(), None)?;
-            println!(
+            outln!(
                 "ok {} (expires {})",
-                signed.manifest_hash, manifest.expires_at
+                signed.manifest_hash,
+                manifest.expires_at
             );
             Ok(())
         }
@@ -120,7 +121,7 @@ fn keygen(dir: &Path) -> anyhow::Result<()> {
     let key = PrivateKey::from_seed(seed);
     files::write_atomic(&private, (key.to_base64() + "\n").as_bytes(), 0o600)?;
     files::write_atomic(&public, (key.public().to_base64() + "\n").as_bytes(), 0o644)?;
-    println!("{}\n{}", private.display(), public.display());
+    outln!("{}\n{}", private.display(), public.display());
     Ok(())
 }
 

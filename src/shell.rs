@@ -32,9 +32,10 @@ older than --max-manifest-age. See docs/protocol.md.";
 #[derive(Args, Clone)]
 #[command(after_long_help = ABOUT)]
 pub struct ShellArgs {
-    /// The signed manifest (see `moat manifest sign`).
+    /// The signed manifest (see `moat manifest sign`); default: the one
+    /// sealed into this binary (`moat runner build`).
     #[arg(long, value_name = "FILE")]
-    manifest: PathBuf,
+    manifest: Option<PathBuf>,
     /// Public key the manifest must be signed with (default: STATE/trusted.pub).
     #[arg(long, value_name = "FILE")]
     trusted_key: Option<PathBuf>,
@@ -72,7 +73,9 @@ impl ShellArgs {
             out.push(flag.into());
             out.push(value);
         };
-        push("--manifest", self.manifest.clone().into());
+        if let Some(manifest) = &self.manifest {
+            push("--manifest", manifest.clone().into());
+        }
         push("--workspace", self.workspace.clone().into());
         if let Some(key) = &self.trusted_key {
             push("--trusted-key", key.clone().into());
@@ -135,13 +138,22 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         );
     }
     let trusted = manifest::read_public_key(&key_path)?;
-    let signed: SignedManifest = manifest::read_json(&args.manifest)?;
+    let (signed, source): (SignedManifest, String) = match &args.manifest {
+        Some(path) => (manifest::read_json(path)?, path.display().to_string()),
+        None => {
+            let me = std::env::current_exe().context("finding this binary")?;
+            match crate::seal::read_trailer(&me)? {
+                Some((signed, _)) => (signed, format!("sealed in {}", me.display())),
+                None => bail!("no --manifest, and this binary is not a sealed runner"),
+            }
+        }
+    };
     let verified = signed
         .verify(&trusted)
-        .with_context(|| format!("manifest {}", args.manifest.display()))?;
+        .with_context(|| format!("manifest {source}"))?;
     verified
         .check_time(SystemTime::now(), Some(args.max_manifest_age))
-        .with_context(|| format!("manifest {}", args.manifest.display()))?;
+        .with_context(|| format!("manifest {source}"))?;
     let mode = match args.mode {
         Some(mode) => mode,
         None => *verified

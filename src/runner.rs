@@ -1,0 +1,148 @@
+//! `moat runner`: build and inspect sealed runners.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use moat_core::SignedManifest;
+
+use crate::{manifest, seal};
+
+/// Seal a manifest into a runner binary, and inspect sealed runners.
+#[derive(Args)]
+pub struct RunnerArgs {
+    #[command(subcommand)]
+    command: RunnerCommand,
+}
+
+#[derive(Subcommand)]
+enum RunnerCommand {
+    /// Copy this `moat` binary and append a signed manifest: the sealed
+    /// runner, whose identity is the SHA-256 of the file.
+    Build {
+        /// The signed manifest (`moat manifest sign`).
+        #[arg(long, value_name = "FILE")]
+        manifest: PathBuf,
+        /// The key the manifest must verify with (the control plane's public key).
+        #[arg(long, value_name = "FILE")]
+        trusted_key: PathBuf,
+        /// Where to write the runner (must not exist).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Print a runner's identity and sealed manifest as JSON (default: this binary).
+    Inspect {
+        #[arg(value_name = "FILE")]
+        runner: Option<PathBuf>,
+    },
+}
+
+pub fn main(args: RunnerArgs) -> ExitCode {
+    let result = match args.command {
+        RunnerCommand::Build {
+            manifest,
+            trusted_key,
+            out,
+        } => build(manifest, trusted_key, out),
+        RunnerCommand::Inspect { runner } => inspect(runner),
+    };
+    match result {
+        Ok(text) => {
+            outln!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("moat runner: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn build(manifest_path: PathBuf, key: PathBuf, out: PathBuf) -> anyhow::Result<String> {
+    let trusted = manifest::read_public_key(&key)?;
+    let bytes =
+        std::fs::read(&manifest_path).with_context(|| format!("{}", manifest_path.display()))?;
+    let signed: SignedManifest =
+        serde_json::from_slice(&bytes).with_context(|| format!("{}", manifest_path.display()))?;
+    signed
+        .verify(&trusted)
+        .with_context(|| format!("{} does not verify", manifest_path.display()))?;
+    let me = std::env::current_exe().context("finding this binary")?;
+    if seal::read_trailer(&me)?.is_some() {
+        bail!("this moat binary is itself a sealed runner: build from an unsealed one");
+    }
+    let binary = std::fs::read(&me).with_context(|| format!("{}", me.display()))?;
+    // Written beside the target and renamed: never a partial runner.
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut temp = tempfile_in(dir)?;
+    temp.1.write_all(&binary)?;
+    temp.1.write_all(&seal::trailer(&bytes))?;
+    temp.1.sync_all()?;
+    use std::os::unix::fs::PermissionsExt;
+    temp.1
+        .set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    if out.exists() {
+        let _ = std::fs::remove_file(&temp.0);
+        bail!("{} exists", out.display());
+    }
+    std::fs::rename(&temp.0, &out).with_context(|| format!("{}", out.display()))?;
+    inspect(Some(out))
+}
+
+/// A new file in `dir` with a random name, opened for writing.
+fn tempfile_in(dir: &std::path::Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    for attempt in 0..16u32 {
+        let mut id = [0u8; 8];
+        let _ = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id));
+        let name: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let path = dir.join(format!(".moat-runner-{name}-{attempt}"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => return Ok((path, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("{}", dir.display())),
+        }
+    }
+    bail!("could not create a temporary file in {}", dir.display())
+}
+
+fn inspect(runner: Option<PathBuf>) -> anyhow::Result<String> {
+    let path = match runner {
+        Some(path) => path,
+        None => std::env::current_exe().context("finding this binary")?,
+    };
+    let Some((signed, _)) = seal::read_trailer(&path)? else {
+        bail!(
+            "{} is not a sealed runner (no manifest trailer)",
+            path.display()
+        );
+    };
+    let computed =
+        moat_core::hash::canonical_hash(&signed.manifest).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if computed != signed.manifest_hash {
+        bail!(
+            "{}: the sealed manifest does not match its hash",
+            path.display()
+        );
+    }
+    let m = &signed.manifest;
+    Ok(serde_json::to_string_pretty(&serde_json::json!({
+        "runnerHash": seal::file_sha256(&path)?,
+        "manifestHash": signed.manifest_hash,
+        "signedBy": signed.signed_by,
+        "policyHash": m.policy_hash,
+        "environment": m.environment,
+        "runnerVersion": m.runner_version,
+        "allowedOps": m.allowed_ops,
+        "expiresAt": m.expires_at,
+    }))?)
+}

@@ -1,0 +1,19 @@
+//! Moat's control plane. This first part decides operations with Cedar
+//! policies and turns an allow into a capability the runner checks offline.
+//!
+//! The Cedar vocabulary (namespace `Moat`):
+//!
+//! | request part | Cedar |
+//! |---|---|
+//! | principal | `Moat::Runner::"<runner>"`, member of `Moat::Org::"<org>"` |
+//! | action | `Moat::Action::"<op>"` (`artifact_read`, `exec_argv`, `http_request`, ...) |
+//! | resource | `Moat::Path::"<path>"`, `Moat::Executable::"<path>"`, `Moat::Domain::"<host>"`, `Moat::Tool::"<name>"`, else `Moat::Run::"<run id>"` |
+//! | context | `size` (Long, bytes asked for), `network` and `sandbox` (the modes, as strings) |
+//!
+//! `permit` allows, `forbid` denies (and wins), no match denies. A `permit`
+//! annotated `@approval("required")` that decides an allow makes it
+//! `require_approval` instead.
+
+pub mod policy;
+
+pub use policy::{Decision, OpRequest, PolicyEngine, PolicyError, Resource};

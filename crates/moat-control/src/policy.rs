@@ -1,0 +1,372 @@
+//! Policy decisions with Cedar, and the capability an allow grants.
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Entities, EntityId, EntityTypeName, EntityUid,
+    PolicySet, Request,
+};
+use moat_core::capability::{CapabilityClaims, MAX_LIFETIME, args_hash};
+use moat_core::sign::PrivateKey;
+use moat_core::{Envelope, NetworkMode, OpKind, SandboxMode};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("the policies do not parse: {0}")]
+    Parse(String),
+    #[error("policy {id}: @approval takes \"required\" only")]
+    Annotation { id: String },
+    #[error("building the request: {0}")]
+    Request(String),
+    #[error("evaluating the policies: {0}")]
+    Evaluation(String),
+    #[error("a capability lives at most {} s", MAX_LIFETIME.as_secs())]
+    Lifetime,
+}
+
+/// What an operation acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resource {
+    Path(String),
+    Executable(String),
+    Domain(String),
+    Tool(String),
+    /// Operations with no narrower resource.
+    Run(String),
+}
+
+impl Resource {
+    fn uid(&self) -> Result<EntityUid, PolicyError> {
+        let (kind, id) = match self {
+            Resource::Path(p) => ("Path", p),
+            Resource::Executable(p) => ("Executable", p),
+            Resource::Domain(d) => ("Domain", d),
+            Resource::Tool(t) => ("Tool", t),
+            Resource::Run(r) => ("Run", r),
+        };
+        uid(kind, id)
+    }
+}
+
+/// One operation to decide on.
+#[derive(Debug, Clone)]
+pub struct OpRequest<'a> {
+    pub org: &'a str,
+    pub runner: &'a str,
+    pub op: OpKind,
+    pub resource: Resource,
+    /// Bytes the operation may move (maxBytes, maxOutputBytes...); 0 if none.
+    pub size: u64,
+    pub network: NetworkMode,
+    pub sandbox: SandboxMode,
+}
+
+/// The outcome, with the policies that made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow {
+        policies: Vec<String>,
+    },
+    /// `policies` is empty when nothing permitted the request.
+    Deny {
+        policies: Vec<String>,
+    },
+    RequireApproval {
+        rule: String,
+    },
+}
+
+fn uid(kind: &str, id: &str) -> Result<EntityUid, PolicyError> {
+    let kind = EntityTypeName::from_str(&format!("Moat::{kind}"))
+        .map_err(|e| PolicyError::Request(e.to_string()))?;
+    Ok(EntityUid::from_type_name_and_id(kind, EntityId::new(id)))
+}
+
+/// A parsed policy set, and its hash (what manifests name as `policyHash`).
+pub struct PolicyEngine {
+    policies: PolicySet,
+    hash: String,
+    authorizer: Authorizer,
+}
+
+impl PolicyEngine {
+    pub fn new(source: &str) -> Result<Self, PolicyError> {
+        let policies =
+            PolicySet::from_str(source).map_err(|e| PolicyError::Parse(format!("{e:?}")))?;
+        for policy in policies.policies() {
+            if let Some(value) = policy.annotation("approval") {
+                if value != "required" {
+                    return Err(PolicyError::Annotation {
+                        id: policy.id().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(PolicyEngine {
+            policies,
+            hash: moat_core::hash::sha256_hex(source.as_bytes()),
+            authorizer: Authorizer::new(),
+        })
+    }
+
+    /// A policy's `@id("...")` if it has one, else Cedar's own id.
+    fn name(&self, id: &cedar_policy::PolicyId) -> String {
+        self.policies
+            .policy(id)
+            .and_then(|p| p.annotation("id"))
+            .map_or_else(|| id.to_string(), str::to_owned)
+    }
+
+    /// SHA-256 of the policy text, hex.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    pub fn decide(&self, request: &OpRequest<'_>) -> Result<Decision, PolicyError> {
+        let principal = uid("Runner", request.runner)?;
+        let entities = Entities::from_json_value(
+            json!([
+                {"uid": {"type": "Moat::Runner", "id": request.runner}, "attrs": {},
+                 "parents": [{"type": "Moat::Org", "id": request.org}]},
+                {"uid": {"type": "Moat::Org", "id": request.org}, "attrs": {}, "parents": []},
+            ]),
+            None,
+        )
+        .map_err(|e| PolicyError::Request(e.to_string()))?;
+        let context = Context::from_json_value(
+            json!({
+                "size": i64::try_from(request.size).unwrap_or(i64::MAX),
+                "network": request.network.as_str(),
+                "sandbox": request.sandbox.as_str(),
+            }),
+            None,
+        )
+        .map_err(|e| PolicyError::Request(e.to_string()))?;
+        let cedar_request = Request::new(
+            principal,
+            uid("Action", request.op.as_str())?,
+            request.resource.uid()?,
+            context,
+            None,
+        )
+        .map_err(|e| PolicyError::Request(e.to_string()))?;
+        let response = self
+            .authorizer
+            .is_authorized(&cedar_request, &self.policies, &entities);
+        if let Some(error) = response.diagnostics().errors().next() {
+            // A policy that cannot be evaluated decides nothing: fail closed.
+            return Err(PolicyError::Evaluation(error.to_string()));
+        }
+        let reasons: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|id| self.name(id))
+            .collect();
+        Ok(match response.decision() {
+            CedarDecision::Deny => Decision::Deny { policies: reasons },
+            CedarDecision::Allow => {
+                let approval = response.diagnostics().reason().find(|id| {
+                    self.policies
+                        .policy(id)
+                        .and_then(|p| p.annotation("approval"))
+                        .is_some()
+                });
+                match approval {
+                    Some(rule) => Decision::RequireApproval {
+                        rule: self.name(rule),
+                    },
+                    None => Decision::Allow { policies: reasons },
+                }
+            }
+        })
+    }
+
+    /// The capability for an allowed operation: bound to its run, id, kind,
+    /// arguments and this policy set, valid `ttl` from `now`.
+    pub fn grant(
+        &self,
+        envelope: &Envelope,
+        op: OpKind,
+        key: &PrivateKey,
+        now: SystemTime,
+        ttl: Duration,
+        nonce: String,
+    ) -> Result<String, PolicyError> {
+        if ttl > MAX_LIFETIME {
+            return Err(PolicyError::Lifetime);
+        }
+        let stamp = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let claims = CapabilityClaims {
+            run_id: envelope.run_id.clone(),
+            op_id: envelope.id.clone(),
+            op,
+            args_hash: args_hash(&envelope.args),
+            policy_hash: self.hash.clone(),
+            issued_at: stamp(now),
+            expires_at: stamp(now + ttl),
+            nonce,
+        };
+        Ok(claims.sign(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICIES: &str = r#"
+        @id("read-inputs")
+        permit(principal in Moat::Org::"acme", action == Moat::Action::"artifact_read", resource)
+        when { context.size <= 1048576 };
+
+        @id("python")
+        permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv",
+               resource == Moat::Executable::"/usr/bin/python3")
+        when { context.network == "off" };
+
+        @id("exec-with-network") @approval("required")
+        permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv",
+               resource == Moat::Executable::"/usr/bin/python3")
+        when { context.network != "off" };
+
+        @id("no-secrets")
+        forbid(principal, action, resource == Moat::Path::"input/secrets.env");
+    "#;
+
+    fn request(op: OpKind, resource: Resource) -> OpRequest<'static> {
+        OpRequest {
+            org: "acme",
+            runner: "r1",
+            op,
+            resource,
+            size: 4096,
+            network: NetworkMode::Off,
+            sandbox: SandboxMode::WorkspaceWrite,
+        }
+    }
+
+    #[test]
+    fn permit_forbid_default_deny_and_approval() {
+        let engine = PolicyEngine::new(POLICIES).unwrap();
+        let read = request(OpKind::ArtifactRead, Resource::Path("input/a.csv".into()));
+        assert_eq!(
+            engine.decide(&read).unwrap(),
+            Decision::Allow {
+                policies: vec!["read-inputs".into()]
+            }
+        );
+        // forbid wins over permit.
+        let secret = request(
+            OpKind::ArtifactRead,
+            Resource::Path("input/secrets.env".into()),
+        );
+        assert_eq!(
+            engine.decide(&secret).unwrap(),
+            Decision::Deny {
+                policies: vec!["no-secrets".into()]
+            }
+        );
+        // Context: too large.
+        let big = OpRequest {
+            size: 1 << 30,
+            ..read.clone()
+        };
+        assert_eq!(
+            engine.decide(&big).unwrap(),
+            Decision::Deny { policies: vec![] }
+        );
+        // Another org's runner gets nothing.
+        let foreign = OpRequest {
+            org: "globex",
+            ..read.clone()
+        };
+        assert_eq!(
+            engine.decide(&foreign).unwrap(),
+            Decision::Deny { policies: vec![] }
+        );
+        // The same program with network asks for an approval.
+        let python = request(
+            OpKind::ExecArgv,
+            Resource::Executable("/usr/bin/python3".into()),
+        );
+        assert!(matches!(
+            engine.decide(&python).unwrap(),
+            Decision::Allow { .. }
+        ));
+        let online = OpRequest {
+            network: NetworkMode::Allowlist,
+            ..python
+        };
+        assert_eq!(
+            engine.decide(&online).unwrap(),
+            Decision::RequireApproval {
+                rule: "exec-with-network".into()
+            }
+        );
+        // No policy for this operation: denied.
+        let http = request(
+            OpKind::HttpRequest,
+            Resource::Domain("api.example.com".into()),
+        );
+        assert_eq!(
+            engine.decide(&http).unwrap(),
+            Decision::Deny { policies: vec![] }
+        );
+    }
+
+    #[test]
+    fn bad_policies_and_annotations_are_refused_at_load() {
+        assert!(matches!(
+            PolicyEngine::new("permit(principal,"),
+            Err(PolicyError::Parse(_))
+        ));
+        assert!(matches!(
+            PolicyEngine::new(r#"@approval("maybe") permit(principal, action, resource);"#),
+            Err(PolicyError::Annotation { .. })
+        ));
+    }
+
+    #[test]
+    fn an_allow_becomes_a_capability_the_runner_accepts() {
+        let engine = PolicyEngine::new(POLICIES).unwrap();
+        let key = PrivateKey::from_seed([9; 32]);
+        let envelope: Envelope = serde_json::from_value(json!({
+            "id": "1", "runId": "run-1", "correlationId": "c", "op": "artifact_read",
+            "args": {"path": "input/a.csv", "maxBytes": 4096}, "createdAt": "2026-11-29T12:00:00Z"
+        }))
+        .unwrap();
+        let now = SystemTime::now();
+        let token = engine
+            .grant(
+                &envelope,
+                OpKind::ArtifactRead,
+                &key,
+                now,
+                Duration::from_secs(30),
+                "n".into(),
+            )
+            .unwrap();
+        let claims = CapabilityClaims::verify(&token, &key.public(), now).unwrap();
+        let bound = claims.check_binding(
+            "run-1",
+            "1",
+            OpKind::ArtifactRead,
+            &envelope.args,
+            engine.hash(),
+        );
+        assert_eq!(bound, Ok(()));
+        assert!(matches!(
+            engine.grant(
+                &envelope,
+                OpKind::ArtifactRead,
+                &key,
+                now,
+                Duration::from_secs(61),
+                "n".into()
+            ),
+            Err(PolicyError::Lifetime)
+        ));
+    }
+}

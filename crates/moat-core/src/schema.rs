@@ -38,9 +38,27 @@ pub fn all() -> Vec<(&'static str, String)> {
     schemas
         .into_iter()
         .map(|(name, schema)| {
-            let text = serde_json::to_string_pretty(&schema)
+            let value = serde_json::to_value(&schema).map(sorted);
+            let text = value
+                .and_then(|v| serde_json::to_string_pretty(&v))
                 .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
             (name, text + "\n")
         })
         .collect()
+}
+
+/// Keys in sorted order at every level, whether or not another crate in the
+/// build turned on serde_json's `preserve_order`.
+fn sorted(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<(String, serde_json::Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sorted).collect())
+        }
+        other => other,
+    }
 }

@@ -896,3 +896,46 @@ fn a_managed_runner_takes_only_operations_with_a_valid_unused_capability() {
     assert_eq!(denied, 5); // 0, the replayed 1, 2, 3 and 4
     assert!(s.ledger_verifies());
 }
+
+#[test]
+fn proxy_only_reaches_the_manifest_profiles_and_nothing_else() {
+    use common::servers::*;
+    let server = Server::http();
+    let port = server.port;
+    // app.test is allowlisted but only `tools` (other.test) is a profile.
+    let s = network_session("proxy-only", vec![format!("app.test:{port}")], |m| {
+        m["networkPolicy"]["profiles"] =
+            json!([{"name": "tools", "baseUrl": format!("http://other.test:{port}")}]);
+    });
+    let results = s.ops(&[
+        op(
+            "1",
+            "exec_argv",
+            json!({"argv": ["curl", "-sS", format!("http://other.test:{port}/")], "network": "proxy-only"}),
+        ),
+        op(
+            "2",
+            "exec_argv",
+            json!({"argv": ["curl", "-sS", "-i", format!("http://app.test:{port}/")], "network": "proxy-only"}),
+        ),
+        op(
+            "3",
+            "exec_argv",
+            json!({"argv": ["curl", "-sS", format!("http://app.test:{port}/")], "network": "allowlist"}),
+        ),
+        op("4", "http_request", json!({"method": "GET", "url": format!("http://app.test:{port}/")})),
+    ]);
+    assert_eq!(results[0]["result"]["stdout"], HTTP_BODY, "{}", results[0]);
+    let refused = results[1]["result"]["stdout"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        refused.contains("x-moat-denied: domain_not_allowed"),
+        "{refused}"
+    );
+    assert_eq!(s.events_of("2", "network.denied").len(), 1);
+    assert_denied(&results[2], "network_not_allowed");
+    assert_denied(&results[3], "network_not_allowed");
+    assert_eq!(server.count(), 1, "{:?}", server.seen());
+}

@@ -375,6 +375,7 @@ fn egress_setup(args: &ExecArgs, run_id: &str) -> anyhow::Result<Option<(Egress,
             max_bytes: args.egress_max_bytes,
             max_connections: args.egress_max_connections,
         },
+        allow_degraded: args.allow_degraded,
         ..EgressConfig::default()
     };
     for entry in &args.resolve {

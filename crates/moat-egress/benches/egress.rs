@@ -159,6 +159,7 @@ fn bench(c: &mut Criterion) {
         },
         hosts: [("sink.test".to_owned(), vec!["127.0.0.1".parse().unwrap()])].into(),
         extra_roots_pem: None,
+        allow_degraded: false,
     })
     .unwrap();
     let front = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -366,15 +366,11 @@ impl Scope {
         if let Some(fixed) = self.run.config.hosts.get(host) {
             return Ok(fixed.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
         }
-        // Fully qualified: resolv.conf search domains must not turn an
-        // allowed name into another one.
-        let fqdn = format!("{host}.");
-        match tokio::time::timeout(
-            RESOLVE_TIMEOUT,
-            tokio::net::lookup_host((fqdn.as_str(), port)),
-        )
-        .await
-        {
+        // As given, not with a trailing dot: glibc's files backend does not
+        // match "name." against /etc/hosts. Names with a dot are tried as
+        // they are before any search domain; whatever they resolve to is
+        // checked below all the same.
+        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port))).await {
             Ok(Ok(found)) => {
                 let mut all: Vec<SocketAddr> = found.collect();
                 all.dedup();

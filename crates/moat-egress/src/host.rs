@@ -171,7 +171,16 @@ impl Egress {
     }
 }
 
+/// What the proxy reads after it starts: the resolver's configuration and
+/// the NSS modules getaddrinfo loads (and nothing it could write).
+const PROXY_READABLE: &[&str] = &["/etc", "/usr", "/lib", "/lib64"];
+
 fn child_main(control: UnixStream, config: EgressConfig) -> i32 {
+    let readable: Vec<&std::path::Path> = PROXY_READABLE.iter().map(std::path::Path::new).collect();
+    if let Err(e) = moat_sandbox::helper::confine_read_only(&readable, config.allow_degraded) {
+        eprintln!("moat egress: cannot confine the proxy: {e}");
+        return 1;
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -89,6 +89,8 @@ pub struct EgressConfig {
     /// Extra trusted roots (PEM) for `http_request` over HTTPS, besides the
     /// bundled Mozilla roots.
     pub extra_roots_pem: Option<Vec<u8>>,
+    /// Run even if the proxy cannot confine itself with Landlock.
+    pub allow_degraded: bool,
 }
 
 /// Parses `NAME=ADDRESS[,ADDRESS...]` into a hosts entry.

@@ -130,6 +130,46 @@ fn close_all_but(keep: &[RawFd]) -> bool {
     unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) == 0 }
 }
 
+/// Confines a helper with Landlock: it may read (and map executable) what is
+/// under `readable` and nothing else, write no file, and not signal or reach
+/// abstract sockets outside itself. With `allow_degraded` a kernel without
+/// (full) Landlock leaves it partly or not confined; the description says which.
+pub fn confine_read_only(
+    readable: &[&std::path::Path],
+    allow_degraded: bool,
+) -> Result<String, SetupError> {
+    use landlock::{
+        ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+        RulesetCreatedAttr, RulesetStatus, Scope,
+    };
+    let fail = |e: &dyn std::fmt::Display| SetupError::new(Layer::Landlock, e.to_string());
+    let level = if allow_degraded {
+        CompatLevel::BestEffort
+    } else {
+        CompatLevel::HardRequirement
+    };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(level)
+        .handle_access(AccessFs::from_all(ABI::V5))
+        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
+        .and_then(|r| r.create())
+        .map_err(|e| fail(&e))?;
+    for path in readable.iter().filter(|p| p.exists()) {
+        let fd = PathFd::new(path).map_err(|e| fail(&e))?;
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, AccessFs::from_read(ABI::V5)))
+            .map_err(|e| fail(&e))?;
+    }
+    let status = ruleset.restrict_self().map_err(|e| fail(&e))?;
+    Ok(match status.ruleset {
+        RulesetStatus::FullyEnforced => "Landlock: read-only system files, no writes".into(),
+        RulesetStatus::PartiallyEnforced => {
+            "Landlock partially enforced (kernel ABI too old)".into()
+        }
+        RulesetStatus::NotEnforced => "Landlock not enforced (unavailable)".into(),
+    })
+}
+
 /// Sends `data` with `fd` attached to its first byte; returns the bytes sent
 /// (send the rest with plain writes).
 pub fn send_with_fd(socket: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {

@@ -250,6 +250,7 @@ impl Shell {
                 limits: network::egress_limits(&self.config.manifest.network_policy),
                 hosts: self.config.egress_hosts.clone(),
                 extra_roots_pem: self.config.egress_roots_pem.clone(),
+                allow_degraded: false,
             };
             self.egress = Some(Egress::start(config).map_err(|e| e.to_string())?);
         }

@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
-use moat_egress::{Egress, EgressConfig, EgressLimits, EgressPolicy, parse_resolve};
+use moat_egress::{Egress, EgressConfig, EgressLimits, EgressPolicy, SandboxEgress, parse_resolve};
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
 
 const EXAMPLES: &str = "\
@@ -216,24 +216,8 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let outcome = match egress_setup(&args, &spec.run_id)? {
         None => moat_sandbox::run(spec, output, &mut events)?,
         Some((mut egress, policy)) => {
-            let mut served = None;
-            let mut handler = |listener| {
-                egress
-                    .serve(listener, &policy, None)
-                    .map(|s| served = Some(s))
-                    .map_err(|e| e.to_string())
-            };
-            let outcome =
-                moat_sandbox::run_with_egress(spec, output, &mut events, Some(&mut handler))?;
-            if let Some(served) = served {
-                for event in egress
-                    .close(served)
-                    .context("collecting the egress events")?
-                {
-                    events.emit(event);
-                }
-            }
-            outcome
+            let mut hook = SandboxEgress::new(&mut egress, &policy, None);
+            moat_sandbox::run_with_egress(spec, output, &mut events, Some(&mut hook))?
         }
     };
     let report = &outcome.report;

@@ -150,6 +150,13 @@ fn an_allowed_domain_is_reached_over_http_through_the_proxy() {
 
     let requests = allowed_requests(&run, "app.test", "GET");
     assert_eq!(requests.len(), 1, "{}", dump(&run));
+    // The proxy's record comes before the run's end, in the run's own order.
+    let position = |t: &str| run.events.iter().position(|e| e["type"] == t);
+    assert!(
+        position("network.request") < position("sandbox.exec.finished"),
+        "{}",
+        dump(&run)
+    );
     let data = &requests[0]["data"];
     assert_eq!(data["port"], port, "{}", dump(&run));
     assert_eq!(data["status"], 200, "{}", dump(&run));

@@ -175,6 +175,45 @@ impl Egress {
 /// the NSS modules getaddrinfo loads (and nothing it could write).
 const PROXY_READABLE: &[&str] = &["/etc", "/usr", "/lib", "/lib64"];
 
+/// The proxy serving one sandbox, as the launcher's
+/// [`moat_sandbox::EgressHook`]: its events are recorded before the run's
+/// `sandbox.exec.finished`.
+pub struct SandboxEgress<'a> {
+    egress: &'a mut Egress,
+    policy: &'a EgressPolicy,
+    op_id: Option<&'a str>,
+    served: Option<Served>,
+}
+
+impl<'a> SandboxEgress<'a> {
+    pub fn new(egress: &'a mut Egress, policy: &'a EgressPolicy, op_id: Option<&'a str>) -> Self {
+        SandboxEgress {
+            egress,
+            policy,
+            op_id,
+            served: None,
+        }
+    }
+}
+
+impl moat_sandbox::EgressHook for SandboxEgress<'_> {
+    fn serve(&mut self, listener: OwnedFd) -> Result<(), String> {
+        let served = self
+            .egress
+            .serve(listener, self.policy, self.op_id)
+            .map_err(|e| e.to_string())?;
+        self.served = Some(served);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Vec<Event>, String> {
+        match self.served.take() {
+            Some(served) => self.egress.close(served).map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
 fn child_main(control: UnixStream, config: EgressConfig) -> i32 {
     let readable: Vec<&std::path::Path> = PROXY_READABLE.iter().map(std::path::Path::new).collect();
     if let Err(e) = moat_sandbox::helper::confine_read_only(&readable, config.allow_degraded) {

@@ -28,11 +28,17 @@ pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// the `proxy-only` and `allowlist` network modes.
 pub const EGRESS_PORT: u16 = 3128;
 
-/// Takes the listening socket that init made on `127.0.0.1:EGRESS_PORT` in
-/// the sandbox's network namespace and starts serving it as the egress proxy
-/// (accepted connections come from the sandbox; the proxy's own connections
-/// leave from wherever it runs). An `Err` aborts the run before the program starts.
-pub type EgressHandler<'a> = &'a mut dyn FnMut(OwnedFd) -> Result<(), String>;
+/// The egress proxy, as the launcher sees it in the proxy network modes.
+pub trait EgressHook {
+    /// Takes the listening socket that init made on `127.0.0.1:EGRESS_PORT`
+    /// in the sandbox's network namespace and starts serving it (accepted
+    /// connections come from the sandbox; the proxy's own leave from wherever
+    /// it runs). An `Err` aborts the run before the program starts.
+    fn serve(&mut self, listener: OwnedFd) -> Result<(), String>;
+    /// Called once the sandbox is gone: stops serving and returns the proxy's
+    /// events, which the launcher records before `sandbox.exec.finished`.
+    fn finish(&mut self) -> Result<Vec<Event>, String>;
+}
 
 /// What a run produced.
 #[derive(Debug)]
@@ -63,7 +69,7 @@ pub fn run_with_egress(
     mut spec: SandboxSpec,
     output: OutputMode,
     sink: &mut dyn EventSink,
-    egress: Option<EgressHandler<'_>>,
+    mut egress: Option<&mut dyn EgressHook>,
 ) -> Result<RunOutcome, SpecError> {
     spec.validate()?;
     if spec.network.uses_egress_proxy() != egress.is_some() {
@@ -98,9 +104,18 @@ pub fn run_with_egress(
         Buffers {
             stdout: &mut stdout,
             stderr: &mut stderr,
-            egress,
+            egress: egress.as_deref_mut(),
         },
     );
+    if let Some(hook) = egress {
+        match hook.finish() {
+            Ok(recorded) => recorded.into_iter().for_each(|e| events.sink.emit(e)),
+            Err(e) => events.emit(
+                EventType::NetworkDenied,
+                json!({"detail": format!("the egress proxy's records were lost: {e}")}),
+            ),
+        }
+    }
     let report = state.into_report(&spec, result, started);
     if let Some(error) = &report.setup_error {
         events.emit(EventType::SandboxExecDenied, json!({"reason": error}));
@@ -446,7 +461,7 @@ fn io_err(layer: Layer, what: &str) -> impl FnOnce(std::io::Error) -> SetupError
 struct Buffers<'a, 'e> {
     stdout: &'a mut Vec<u8>,
     stderr: &'a mut Vec<u8>,
-    egress: Option<EgressHandler<'e>>,
+    egress: Option<&'a mut (dyn EgressHook + 'e)>,
 }
 
 fn launch(
@@ -624,7 +639,7 @@ struct SetupParts<'a, 'e> {
     status_lines: &'a mut String,
     stdout_buf: &'a mut Vec<u8>,
     stderr_buf: &'a mut Vec<u8>,
-    egress: Option<&'a mut (dyn FnMut(OwnedFd) -> Result<(), String> + 'e)>,
+    egress: Option<&'a mut (dyn EgressHook + 'e)>,
 }
 
 fn setup_and_supervise(
@@ -671,7 +686,9 @@ fn setup_and_supervise(
             let listener = sys::recv_fd(notify_receive.as_raw_fd())
                 .map_err(io_err(Layer::Network, "receiving the egress listener"))?
                 .ok_or_else(|| SetupError::new(Layer::Network, "init sent no egress listener"))?;
-            handler(listener).map_err(|e| SetupError::new(Layer::Network, e))?;
+            handler
+                .serve(listener)
+                .map_err(|e| SetupError::new(Layer::Network, e))?;
         }
         Ok(cgroup)
     })();

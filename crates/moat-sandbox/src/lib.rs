@@ -21,7 +21,7 @@ mod sys;
 
 pub use error::{Layer, SetupError, SpecError};
 pub use launch::{
-    EGRESS_PORT, EgressHandler, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,
+    EGRESS_PORT, EgressHook, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,
 };
 pub use spec::{BindMount, SandboxSpec};
 pub use supervise::OutputMode;

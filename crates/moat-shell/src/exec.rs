@@ -6,7 +6,7 @@ use moat_core::op::{ArtifactRef, ExecArgvArgs};
 use moat_core::{
     DenialReason, Envelope, Event, EventSink, Manifest, NetworkMode, OpStatus, SandboxMode,
 };
-use moat_egress::{Egress, EgressPolicy};
+use moat_egress::{Egress, EgressPolicy, SandboxEgress};
 use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
 
 use crate::workspace::{Refusal, Workspace, components};
@@ -257,7 +257,7 @@ pub fn run(plan: Plan, sink: &mut dyn EventSink) -> Result<Finished, String> {
 }
 
 /// Runs a plan whose network goes through `egress` under `policy`; the
-/// proxy's events follow the sandbox's.
+/// proxy's events come before `sandbox.exec.finished`.
 pub fn run_proxied(
     plan: Plan,
     sink: &mut dyn EventSink,
@@ -265,21 +265,10 @@ pub fn run_proxied(
     policy: &EgressPolicy,
     op_id: &str,
 ) -> Result<Finished, String> {
-    let mut served = None;
-    let mut handler = |listener| {
-        egress
-            .serve(listener, policy, Some(op_id))
-            .map(|s| served = Some(s))
-            .map_err(|e| e.to_string())
-    };
+    let mut hook = SandboxEgress::new(egress, policy, Some(op_id));
     let outcome =
-        moat_sandbox::run_with_egress(plan.spec, OutputMode::Capture, sink, Some(&mut handler))
+        moat_sandbox::run_with_egress(plan.spec, OutputMode::Capture, sink, Some(&mut hook))
             .map_err(|e| e.to_string())?;
-    if let Some(served) = served {
-        for event in egress.close(served).map_err(|e| e.to_string())? {
-            sink.emit(event);
-        }
-    }
     Ok(finished(outcome))
 }
 

@@ -16,6 +16,21 @@ use serde_json::Value;
 // Running and inspecting sandboxes
 // ---------------------------------------------------------------------------
 
+/// `--allow-domain ALLOW` with `app.test` resolving to the host's loopback,
+/// which the proxy may dial; then `extra`.
+fn app_args<'a>(allow: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--allow-domain",
+        allow,
+        "--allow-address",
+        "127.0.0.1",
+        "--resolve",
+        "app.test=127.0.0.1",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// `moat exec --network allowlist ARGS -- /bin/sh -c SCRIPT`.
 fn proxied(args: &[&str], script: &str) -> Run {
     let mut all = vec!["--network", "allowlist"];
@@ -130,14 +145,7 @@ fn an_allowed_domain_is_reached_over_http_through_the_proxy() {
     let port = server.port;
     let allow = format!("app.test:{port}");
     let run = proxied(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-        ],
+        &app_args(&allow, &[]),
         &format!("curl -sS -i http://app.test:{port}/"),
     );
     assert_eq!(run.code, 0, "{}", dump(&run));
@@ -216,16 +224,7 @@ fn a_domain_outside_the_allowlist_is_refused_before_any_connection() {
     let port = server.port;
     let allow = format!("app.test:{port}");
     let run = proxied(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-            "--resolve",
-            "other.test=127.0.0.1",
-        ],
+        &app_args(&allow, &["--resolve", "other.test=127.0.0.1"]),
         &format!("curl -sS -i http://other.test:{port}/"),
     );
     assert_answered(&run, "403", "domain_not_allowed");
@@ -286,14 +285,7 @@ fn an_allowed_name_on_another_port_or_with_a_forged_host_is_refused() {
     let port = server.port;
     let allow = format!("app.test:{port}");
     let run = proxied(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-        ],
+        &app_args(&allow, &[]),
         &format!(
             "curl -sS -i http://app.test:{}/; echo; \
              curl -sS -i -H 'Host: other.test:{port}' http://app.test:{port}/",
@@ -393,17 +385,7 @@ except (ssl.SSLError, OSError) as e:
     print("HANDSHAKE-FAILED", type(e).__name__)
 "#
     );
-    let run = proxied_python(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-        ],
-        &script,
-    );
+    let run = proxied_python(&app_args(&allow, &[]), &script);
     assert_eq!(run.code, 0, "{}", dump(&run));
     assert!(run.stdout.contains("PROXY HTTP/1.1 200"), "{}", dump(&run));
     assert!(run.stdout.contains("HANDSHAKE-FAILED"), "{}", dump(&run));
@@ -557,16 +539,7 @@ fn the_request_limit_refuses_the_request_past_it() {
     let allow = format!("app.test:{port}");
     let url = format!("http://app.test:{port}/");
     let run = proxied(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-            "--egress-max-requests",
-            "2",
-        ],
+        &app_args(&allow, &["--egress-max-requests", "2"]),
         &format!(
             "curl -s -o /dev/null -o /dev/null -o /dev/null -w '%{{http_code}}\\n' {url} {url} {url}"
         ),
@@ -589,16 +562,7 @@ fn the_byte_limit_cuts_a_large_response() {
     let port = server.port;
     let allow = format!("app.test:{port}");
     let run = proxied(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-            "--egress-max-bytes",
-            "2K",
-        ],
+        &app_args(&allow, &["--egress-max-bytes", "2K"]),
         &format!(
             "curl -sS -o /tmp/big http://app.test:{port}/big; echo \"exit=$?\"; \
              echo \"size=$(wc -c < /tmp/big)\""
@@ -678,16 +642,7 @@ print("THIRD", c.split("\r\n")[0])
 "#
     );
     let run = proxied_python(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-            "--egress-max-connections",
-            "1",
-        ],
+        &app_args(&allow, &["--egress-max-connections", "1"]),
         &script,
     );
     assert_eq!(run.code, 0, "{}", dump(&run));
@@ -800,16 +755,7 @@ fn refused_requests_count_against_the_request_budget() {
     let port = server.port;
     let allow = format!("app.test:{port}");
     let run = proxied(
-        &[
-            "--allow-domain",
-            &allow,
-            "--allow-address",
-            "127.0.0.1",
-            "--resolve",
-            "app.test=127.0.0.1",
-            "--egress-max-requests",
-            "2",
-        ],
+        &app_args(&allow, &["--egress-max-requests", "2"]),
         &format!(
             "for i in 1 2; do curl -s -o /dev/null --noproxy '*' http://127.0.0.1:3128/; done; \
              curl -s -i http://app.test:{port}/"

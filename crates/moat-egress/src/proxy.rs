@@ -81,12 +81,12 @@ async fn accept(
 
 async fn connection(mut stream: TcpStream, scope: Arc<Scope>, mut closed: watch::Receiver<bool>) {
     tokio::select! {
-        _ = handle(&mut stream, &scope, closed.clone()) => {}
+        _ = handle(&mut stream, &scope) => {}
         _ = closed.wait_for(|c| *c) => {}
     }
 }
 
-async fn handle(stream: &mut TcpStream, scope: &Arc<Scope>, closed: watch::Receiver<bool>) {
+async fn handle(stream: &mut TcpStream, scope: &Arc<Scope>) {
     let started = Instant::now();
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(stream)).await {
         Ok(Ok(Some(head))) => head,
@@ -119,7 +119,6 @@ async fn handle(stream: &mut TcpStream, scope: &Arc<Scope>, closed: watch::Recei
             .max_buf_size(MAX_HEAD * 4)
             .serve_connection(TokioIo::new(io), service)
             .await;
-        drop(closed);
     } else {
         let host = target.split('/').nth(2).unwrap_or_default();
         let refused = not_a_proxy_request(

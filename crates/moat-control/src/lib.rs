@@ -13,7 +13,12 @@
 //! `permit` allows, `forbid` denies (and wins), no match denies. A `permit`
 //! annotated `@approval("required")` that decides an allow makes it
 //! `require_approval` instead.
+//!
+//! [`lifecycle`] holds the manifest lifecycle's rules (refresh window,
+//! backoff, swap at an operation boundary, expiry, grace, revocation) as
+//! functions of a clock the caller passes in.
 
+pub mod lifecycle;
 pub mod policy;
 
 pub use policy::{Decision, OpRequest, PolicyEngine, PolicyError, Resource};

@@ -863,7 +863,7 @@ fn a_managed_runner_takes_only_operations_with_a_valid_unused_capability() {
     let results = s.ops(&[
         read("0"),
         granted.clone(),
-        granted,
+        granted.clone(),
         altered,
         expired,
         foreign,
@@ -894,6 +894,17 @@ fn a_managed_runner_takes_only_operations_with_a_valid_unused_capability() {
         .map(|id| s.events_of(id, "capability.denied").len())
         .sum();
     assert_eq!(denied, 5); // 0, the replayed 1, 2, 3 and 4
+    // A new shell process on the same ledger still knows the capability was used.
+    let again = s.ops(&[granted]);
+    assert_denied(&again[0], "capability_invalid");
+    assert!(
+        again[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already used"),
+        "{}",
+        again[0]
+    );
     assert!(s.ledger_verifies());
 }
 

@@ -84,6 +84,7 @@ CREATE TABLE IF NOT EXISTS events (
     hash       TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
+CREATE INDEX IF NOT EXISTS events_by_type ON events (event_type, seq);
 CREATE TABLE IF NOT EXISTS head (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     seq  INTEGER NOT NULL,
@@ -198,29 +199,21 @@ impl Ledger {
              WHERE seq > ?1 AND (?2 IS NULL OR run_id = ?2)
              ORDER BY seq LIMIT ?3",
         )?;
-        let rows = stmt.query_map(params![after_seq, run_id, limit], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, Vec<u8>>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, body, prev_hash, hash) = row?;
-            let event = serde_json::from_slice(&body).map_err(|e| LedgerError::Decode {
-                seq,
-                message: e.to_string(),
-            })?;
-            out.push(StoredEvent {
-                seq,
-                prev_hash,
-                hash,
-                event,
-            });
-        }
-        Ok(out)
+        read_events(&mut stmt, params![after_seq, run_id, limit])
+    }
+
+    /// Events of one type, newest first: `limit` of them before `before_seq`.
+    pub fn latest_of_type(
+        &self,
+        event_type: &str,
+        before_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<StoredEvent>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, body, prev_hash, hash FROM events
+             WHERE event_type = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
+        )?;
+        read_events(&mut stmt, params![event_type, before_seq, limit])
     }
 
     /// Number of events and the head hash.
@@ -233,4 +226,34 @@ impl Ledger {
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
+}
+
+/// Rows of `seq, body, prev_hash, hash`, decoded.
+fn read_events(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<Vec<StoredEvent>, LedgerError> {
+    let rows = stmt.query_map(params, |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, Vec<u8>>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, body, prev_hash, hash) = row?;
+        let event = serde_json::from_slice(&body).map_err(|e| LedgerError::Decode {
+            seq,
+            message: e.to_string(),
+        })?;
+        out.push(StoredEvent {
+            seq,
+            prev_hash,
+            hash,
+            event,
+        });
+    }
+    Ok(out)
 }

@@ -197,6 +197,7 @@ impl Shell {
             .map_err(ShellError::ControlPlaneKey)?;
         let store = ArtifactStore::open(&config.state).map_err(ShellError::State)?;
         let ledger = Ledger::open(&config.state.join("ledger.db"))?;
+        let used_capabilities = recent_capabilities(&ledger, SystemTime::now())?;
         Ok(Shell {
             config,
             workspace,
@@ -209,7 +210,7 @@ impl Shell {
             position: 0,
             egress: None,
             control_plane_key,
-            used_capabilities: HashMap::new(),
+            used_capabilities,
         })
     }
 
@@ -804,6 +805,47 @@ impl Shell {
             artifacts: op.artifacts,
         }
     }
+}
+
+/// Nonces of the capabilities this ledger granted that could still verify:
+/// a capability is used once, across restarts of the shell too.
+fn recent_capabilities(
+    ledger: &Ledger,
+    now: SystemTime,
+) -> Result<HashMap<String, SystemTime>, moat_ledger::LedgerError> {
+    use moat_core::capability::{CLOCK_SKEW, MAX_LIFETIME};
+    const PAGE: i64 = 1000;
+    let horizon = MAX_LIFETIME + CLOCK_SKEW * 2;
+    let mut used = HashMap::new();
+    let mut before = i64::MAX;
+    loop {
+        let page = ledger.latest_of_type(EventType::CapabilityGranted.as_str(), before, PAGE)?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        before = last.seq;
+        let mut reached_old = false;
+        for stored in &page {
+            let granted = humantime::parse_rfc3339(&stored.event.at).unwrap_or(now);
+            reached_old |= granted + horizon < now;
+            let capability = &stored.event.data["capability"];
+            let (Some(nonce), Some(expires)) = (
+                capability["nonce"].as_str(),
+                capability["expiresAt"].as_str(),
+            ) else {
+                continue;
+            };
+            if let Ok(expires) = humantime::parse_rfc3339(expires) {
+                if expires + CLOCK_SKEW >= now {
+                    used.insert(nonce.to_owned(), expires);
+                }
+            }
+        }
+        if reached_old || (page.len() as i64) < PAGE {
+            break;
+        }
+    }
+    Ok(used)
 }
 
 /// Parses a line into an envelope, with the denial reasons of the protocol.

@@ -84,7 +84,6 @@ CREATE TABLE IF NOT EXISTS events (
     hash       TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, seq);
-CREATE INDEX IF NOT EXISTS events_by_type ON events (event_type, seq);
 CREATE TABLE IF NOT EXISTS head (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     seq  INTEGER NOT NULL,
@@ -202,18 +201,13 @@ impl Ledger {
         read_events(&mut stmt, params![after_seq, run_id, limit])
     }
 
-    /// Events of one type, newest first: `limit` of them before `before_seq`.
-    pub fn latest_of_type(
-        &self,
-        event_type: &str,
-        before_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<StoredEvent>, LedgerError> {
+    /// Events newest first: `limit` of them before `before_seq`.
+    pub fn latest(&self, before_seq: i64, limit: i64) -> Result<Vec<StoredEvent>, LedgerError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT seq, body, prev_hash, hash FROM events
-             WHERE event_type = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
+             WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
         )?;
-        read_events(&mut stmt, params![event_type, before_seq, limit])
+        read_events(&mut stmt, params![before_seq, limit])
     }
 
     /// Number of events and the head hash.

@@ -819,15 +819,20 @@ fn recent_capabilities(
     let mut used = HashMap::new();
     let mut before = i64::MAX;
     loop {
-        let page = ledger.latest_of_type(EventType::CapabilityGranted.as_str(), before, PAGE)?;
+        // Newest first by sequence (no index on the write path): only the
+        // last minute or so of events is read.
+        let page = ledger.latest(before, PAGE)?;
         let Some(last) = page.last() else {
             break;
         };
         before = last.seq;
         let mut reached_old = false;
         for stored in &page {
-            let granted = humantime::parse_rfc3339(&stored.event.at).unwrap_or(now);
-            reached_old |= granted + horizon < now;
+            let at = humantime::parse_rfc3339(&stored.event.at).unwrap_or(now);
+            reached_old |= at + horizon < now;
+            if stored.event.event_type != EventType::CapabilityGranted {
+                continue;
+            }
             let capability = &stored.event.data["capability"];
             let (Some(nonce), Some(expires)) = (
                 capability["nonce"].as_str(),

@@ -52,7 +52,25 @@ event_types! {
     PathDenied => "path.denied",
     RunCreated => "run.created",
     RunStarted => "run.started",
+    /// A run ended (succeeded or failed); `data.state` says which.
     RunFinished => "run.finished",
+    /// A runner claimed the run under a lease.
+    RunClaimed => "run.claimed",
+    /// The runner holding the run stopped renewing its lease.
+    RunLeaseExpired => "run.lease_expired",
+    /// The run was queued again after a lost lease.
+    RunRetried => "run.retried",
+    /// The run ended without success and needs an operator (retries spent,
+    /// manifest expired past its grace).
+    RunDeadLettered => "run.dead_lettered",
+    /// A runner registered with the control plane.
+    RunnerRegistered => "runner.registered",
+    /// A signed manifest was published to the control plane.
+    ManifestPublished => "manifest.published",
+    /// A manifest or its signing key was revoked.
+    ManifestRevoked => "manifest.revoked",
+    /// An operation's result came back from the runner.
+    OpFinished => "op.finished",
     ApprovalRequested => "approval.requested",
     ApprovalGranted => "approval.granted",
     ApprovalDenied => "approval.denied",

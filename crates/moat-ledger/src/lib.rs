@@ -11,6 +11,7 @@
 //! crash or power loss.
 
 mod artifacts;
+pub mod store;
 mod verify;
 
 use std::path::Path;

@@ -1,0 +1,280 @@
+//! One SQL surface over SQLite and PostgreSQL: the store's logic is written
+//! once against [`Tx`], and each backend only moves values in and out.
+//!
+//! Statements use `?` placeholders (rewritten to `$n` for PostgreSQL) and
+//! the common subset of both dialects (`ON CONFLICT`, `RETURNING`); the few
+//! places that differ ask [`Tx::dialect`].
+
+use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+use super::StoreError;
+
+/// Which SQL dialect a transaction speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A parameter or a column value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::Text(v.to_owned())
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::Text(v)
+    }
+}
+impl From<&String> for Value {
+    fn from(v: &String) -> Self {
+        Value::Text(v.clone())
+    }
+}
+impl From<Vec<u8>> for Value {
+    fn from(v: Vec<u8>) -> Self {
+        Value::Blob(v)
+    }
+}
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Value::Null, Into::into)
+    }
+}
+
+/// One result row.
+#[derive(Debug, Clone)]
+pub struct Row(pub Vec<Value>);
+
+impl Row {
+    fn at(&self, i: usize) -> Result<&Value, StoreError> {
+        self.0
+            .get(i)
+            .ok_or_else(|| StoreError::Corrupt(format!("column {i} missing")))
+    }
+
+    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
+        match self.at(i)? {
+            Value::Int(v) => Ok(*v),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected an integer, found {other:?}"
+            ))),
+        }
+    }
+
+    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {i}: unexpected NULL")))
+    }
+
+    pub fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.at(i)? {
+            Value::Null => Ok(None),
+            Value::Text(v) => Ok(Some(v.clone())),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected text, found {other:?}"
+            ))),
+        }
+    }
+
+    pub fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        match self.at(i)? {
+            Value::Blob(v) => Ok(v.clone()),
+            Value::Text(v) => Ok(v.clone().into_bytes()),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected bytes, found {other:?}"
+            ))),
+        }
+    }
+}
+
+/// An open transaction on either backend.
+pub trait Tx {
+    fn dialect(&self) -> Dialect;
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError>;
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError>;
+
+    fn query_one(&mut self, sql: &str, params: &[Value]) -> Result<Option<Row>, StoreError> {
+        Ok(self.query(sql, params)?.into_iter().next())
+    }
+
+    /// `FOR UPDATE SKIP LOCKED` where rows can be locked (PostgreSQL); SQLite
+    /// transactions here take the write lock up front, which serialises claims.
+    fn skip_locked(&self) -> &'static str {
+        match self.dialect() {
+            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+            Dialect::Sqlite => "",
+        }
+    }
+
+    /// `FOR UPDATE` on PostgreSQL (row lock held to commit); nothing on SQLite.
+    fn for_update(&self) -> &'static str {
+        match self.dialect() {
+            Dialect::Postgres => " FOR UPDATE",
+            Dialect::Sqlite => "",
+        }
+    }
+}
+
+// ---- SQLite -------------------------------------------------------------
+
+impl rusqlite::ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(ToSqlOutput::Borrowed(match self {
+            Value::Null => ValueRef::Null,
+            Value::Int(v) => ValueRef::Integer(*v),
+            Value::Text(v) => ValueRef::Text(v.as_bytes()),
+            Value::Blob(v) => ValueRef::Blob(v),
+        }))
+    }
+}
+
+impl Tx for rusqlite::Transaction<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
+        let mut stmt = self.prepare_cached(sql)?;
+        let n = stmt.execute(rusqlite::params_from_iter(params.iter()))?;
+        Ok(n as u64)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        use rusqlite::types::ValueRef;
+        let mut stmt = self.prepare_cached(sql)?;
+        let columns = stmt.column_count();
+        let mut rows = stmt.query(rusqlite::params_from_iter(params.iter()))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let mut values = Vec::with_capacity(columns);
+            for i in 0..columns {
+                values.push(match row.get_ref(i)? {
+                    ValueRef::Null => Value::Null,
+                    ValueRef::Integer(v) => Value::Int(v),
+                    ValueRef::Real(v) => Value::Int(v as i64),
+                    ValueRef::Text(v) => Value::Text(String::from_utf8_lossy(v).into_owned()),
+                    ValueRef::Blob(v) => Value::Blob(v.to_vec()),
+                });
+            }
+            out.push(Row(values));
+        }
+        Ok(out)
+    }
+}
+
+// ---- PostgreSQL ---------------------------------------------------------
+
+impl ToSql for Value {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut postgres::types::private::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Value::Null => Ok(IsNull::Yes),
+            Value::Int(v) if *ty == Type::INT4 => i32::try_from(*v)?.to_sql(ty, out),
+            Value::Int(v) if *ty == Type::BOOL => (*v != 0).to_sql(ty, out),
+            Value::Int(v) => v.to_sql(ty, out),
+            Value::Text(v) => v.to_sql(ty, out),
+            Value::Blob(v) => v.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// `?` placeholders as `$1, $2, ...` (statements here never hold a literal `?`).
+pub(crate) fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn pg_params(params: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
+    params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+}
+
+impl Tx for postgres::Transaction<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
+        let stmt = self.prepare(&numbered(sql))?;
+        Ok(postgres::Transaction::execute(
+            self,
+            &stmt,
+            &pg_params(params),
+        )?)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        let stmt = self.prepare(&numbered(sql))?;
+        let rows = postgres::Transaction::query(self, &stmt, &pg_params(params))?;
+        rows.iter().map(pg_row).collect()
+    }
+}
+
+fn pg_row(row: &postgres::Row) -> Result<Row, StoreError> {
+    let mut values = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let ty = column.type_();
+        let value = if *ty == Type::INT8 {
+            row.try_get::<_, Option<i64>>(i)?.map(Value::Int)
+        } else if *ty == Type::INT4 {
+            row.try_get::<_, Option<i32>>(i)?
+                .map(|v| Value::Int(v.into()))
+        } else if *ty == Type::BOOL {
+            row.try_get::<_, Option<bool>>(i)?
+                .map(|v| Value::Int(v.into()))
+        } else if *ty == Type::BYTEA {
+            row.try_get::<_, Option<Vec<u8>>>(i)?.map(Value::Blob)
+        } else {
+            row.try_get::<_, Option<String>>(i)?.map(Value::Text)
+        };
+        values.push(value.unwrap_or(Value::Null));
+    }
+    Ok(Row(values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_in_order() {
+        assert_eq!(
+            numbered("SELECT a FROM t WHERE b = ? AND c > ?"),
+            "SELECT a FROM t WHERE b = $1 AND c > $2"
+        );
+    }
+}

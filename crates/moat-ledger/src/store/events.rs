@@ -1,0 +1,181 @@
+//! The control plane's ledger: one hash chain over every org's events (the
+//! same chain rule as the local [`crate::Ledger`]); appends serialise on the
+//! head row, so two replicas never fork the chain.
+
+use moat_core::Event;
+
+use super::{Store, StoreError, Tx, Value};
+use crate::{GENESIS, StoredEvent, Verified, VerifyError, chain_hash};
+
+/// A page of events and where the next one starts.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub events: Vec<StoredEvent>,
+    /// The last sequence number returned (or the `after` asked for).
+    pub last_seq: i64,
+}
+
+/// Appends `events` of `org` after the head, in the caller's transaction.
+pub fn append(
+    tx: &mut dyn Tx,
+    org: &str,
+    events: &[Event],
+) -> Result<Vec<StoredEvent>, StoreError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT seq, hash FROM ledger_head WHERE id = 1{}",
+        tx.for_update()
+    );
+    let head = tx
+        .query_one(&sql, &[])?
+        .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+    let (mut seq, mut prev) = (head.int(0)?, head.text(1)?);
+    let mut stored = Vec::with_capacity(events.len());
+    for event in events {
+        seq += 1;
+        let body = moat_core::hash::canonical_json(event)
+            .map_err(|e| StoreError::Encode(e.to_string()))?;
+        let hash = chain_hash(&prev, seq, &body);
+        tx.execute(
+            "INSERT INTO events (seq, org_id, run_id, event_type, body, prev_hash, hash)
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
+            &[
+                seq.into(),
+                org.into(),
+                event.run_id.as_str().into(),
+                event.event_type.as_str().into(),
+                body.into(),
+                prev.as_str().into(),
+                hash.as_str().into(),
+            ],
+        )?;
+        stored.push(StoredEvent {
+            seq,
+            prev_hash: std::mem::replace(&mut prev, hash.clone()),
+            hash,
+            event: event.clone(),
+        });
+    }
+    tx.execute(
+        "UPDATE ledger_head SET seq = ?, hash = ? WHERE id = 1",
+        &[seq.into(), prev.into()],
+    )?;
+    Ok(stored)
+}
+
+fn decode(row: &super::Row) -> Result<StoredEvent, StoreError> {
+    let seq = row.int(0)?;
+    let event = serde_json::from_slice(&row.blob(1)?)
+        .map_err(|e| StoreError::Corrupt(format!("event #{seq}: {e}")))?;
+    Ok(StoredEvent {
+        seq,
+        prev_hash: row.text(2)?,
+        hash: row.text(3)?,
+        event,
+    })
+}
+
+impl Store {
+    /// Appends `events` of `org` in their own transaction.
+    pub fn append_events(
+        &self,
+        org: &str,
+        events: &[Event],
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.tx(|tx| append(tx, org, events))
+    }
+
+    /// Events of `org` after `after` (oldest first), of one run if given.
+    pub fn events(
+        &self,
+        org: &str,
+        run: Option<&str>,
+        after: i64,
+        limit: i64,
+    ) -> Result<Page, StoreError> {
+        self.tx(|tx| {
+            let rows = match run {
+                Some(run) => tx.query(
+                    "SELECT seq, body, prev_hash, hash FROM events
+                     WHERE org_id = ? AND run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    &[org.into(), run.into(), after.into(), limit.into()],
+                )?,
+                None => tx.query(
+                    "SELECT seq, body, prev_hash, hash FROM events
+                     WHERE org_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    &[org.into(), after.into(), limit.into()],
+                )?,
+            };
+            let events = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+            let last_seq = events.last().map_or(after, |e| e.seq);
+            Ok(Page { events, last_seq })
+        })
+    }
+
+    /// Every event of every org in chain order, `limit` after `after`
+    /// (operators' view and tests that check the whole ledger).
+    pub fn all_events(&self, after: i64, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                "SELECT seq, body, prev_hash, hash FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                &[after.into(), limit.into()],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+
+    /// Recomputes the whole chain; `Ok(Err(_))` names the first break.
+    pub fn verify_ledger(&self) -> Result<Result<Verified, VerifyError>, StoreError> {
+        let head = self.tx(|tx| {
+            tx.query_one("SELECT seq, hash FROM ledger_head WHERE id = 1", &[])?
+                .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))
+        })?;
+        let (head_seq, head_hash) = (head.int(0)?, head.text(1)?);
+        let mut prev = GENESIS.to_owned();
+        let mut expected = 1;
+        loop {
+            let rows = self.tx(|tx| {
+                tx.query(
+                    "SELECT seq, body, prev_hash, hash FROM events WHERE seq >= ? ORDER BY seq LIMIT 1000",
+                    &[Value::Int(expected)],
+                )
+            })?;
+            if rows.is_empty() {
+                break;
+            }
+            for row in rows {
+                let seq = row.int(0)?;
+                if seq != expected {
+                    return Ok(Err(VerifyError::Missing(expected)));
+                }
+                if row.text(2)? != prev {
+                    return Ok(Err(VerifyError::Reordered(seq)));
+                }
+                let hash = row.text(3)?;
+                if chain_hash(&prev, seq, &row.blob(1)?) != hash {
+                    return Ok(Err(VerifyError::Edited(seq)));
+                }
+                prev = hash;
+                expected += 1;
+            }
+        }
+        let last = expected - 1;
+        if last < head_seq {
+            return Ok(Err(VerifyError::TruncatedTail {
+                last,
+                head: head_seq,
+            }));
+        }
+        if last != head_seq || prev != head_hash {
+            return Ok(Err(VerifyError::HeadMismatch(last)));
+        }
+        Ok(Ok(Verified {
+            events: last,
+            head: prev,
+        }))
+    }
+}

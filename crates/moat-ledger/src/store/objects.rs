@@ -1,0 +1,289 @@
+//! Content-addressed blobs and the artifacts that name them; runner builds
+//! (the hash allowlist); published manifests and revoked signing keys.
+
+use super::{Row, Store, StoreError, Tx};
+
+/// An artifact to record, with its bytes.
+#[derive(Debug, Clone)]
+pub struct NewArtifact {
+    pub sha256: String,
+    pub kind: String,
+    pub label: String,
+    pub data: Vec<u8>,
+}
+
+/// An artifact as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArtifactRow {
+    pub run_id: String,
+    pub op_id: String,
+    pub sha256: String,
+    pub size: i64,
+    pub kind: String,
+    pub label: String,
+    pub created_ms: i64,
+}
+
+/// A published manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManifestRow {
+    pub hash: String,
+    pub environment: String,
+    /// The signed manifest, as JSON text.
+    pub signed: String,
+    pub signed_by: String,
+    pub expires_ms: i64,
+    pub published_ms: i64,
+    pub revoked: bool,
+}
+
+/// Stores `artifact`'s bytes (once per hash) and records it for the op.
+/// The hash is recomputed: a record never names bytes it does not hold.
+pub(super) fn insert_artifact(
+    tx: &mut dyn Tx,
+    org: &str,
+    run: &str,
+    op: &str,
+    artifact: &NewArtifact,
+    now: i64,
+) -> Result<(), StoreError> {
+    let sha = moat_core::hash::sha256_hex(&artifact.data);
+    if sha != artifact.sha256 {
+        return Err(StoreError::Corrupt(format!(
+            "artifact {} does not hash to its name",
+            artifact.label
+        )));
+    }
+    let size = i64::try_from(artifact.data.len()).unwrap_or(i64::MAX);
+    tx.execute(
+        "INSERT INTO blobs (sha256, size, data) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+        &[
+            sha.as_str().into(),
+            size.into(),
+            artifact.data.clone().into(),
+        ],
+    )?;
+    tx.execute(
+        "INSERT INTO artifacts (org_id, run_id, op_id, sha256, size, kind, label, created_ms)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        &[
+            org.into(),
+            run.into(),
+            op.into(),
+            sha.into(),
+            size.into(),
+            artifact.kind.as_str().into(),
+            artifact.label.as_str().into(),
+            now.into(),
+        ],
+    )?;
+    Ok(())
+}
+
+fn decode_artifact(row: &Row) -> Result<ArtifactRow, StoreError> {
+    Ok(ArtifactRow {
+        run_id: row.text(0)?,
+        op_id: row.text(1)?,
+        sha256: row.text(2)?,
+        size: row.int(3)?,
+        kind: row.text(4)?,
+        label: row.text(5)?,
+        created_ms: row.int(6)?,
+    })
+}
+
+fn decode_manifest(row: &Row) -> Result<ManifestRow, StoreError> {
+    Ok(ManifestRow {
+        hash: row.text(0)?,
+        environment: row.text(1)?,
+        signed: row.text(2)?,
+        signed_by: row.text(3)?,
+        expires_ms: row.int(4)?,
+        published_ms: row.int(5)?,
+        revoked: row.int(6)? != 0,
+    })
+}
+
+const MANIFEST_COLUMNS: &str =
+    "hash, environment, signed, signed_by, expires_ms, published_ms, revoked";
+
+impl Store {
+    /// Records an artifact of `run` (an input, or a control-plane product).
+    pub fn add_artifact(
+        &self,
+        org: &str,
+        run: &str,
+        op: &str,
+        artifact: &NewArtifact,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.tx(|tx| insert_artifact(tx, org, run, op, artifact, now))
+    }
+
+    /// The run's artifacts, oldest first.
+    pub fn artifacts(&self, org: &str, run: &str) -> Result<Vec<ArtifactRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                "SELECT run_id, op_id, sha256, size, kind, label, created_ms FROM artifacts
+                 WHERE org_id = ? AND run_id = ? ORDER BY created_ms, op_id, label",
+                &[org.into(), run.into()],
+            )?
+            .iter()
+            .map(decode_artifact)
+            .collect()
+        })
+    }
+
+    /// The bytes of `sha256`, if one of the org's artifacts names them.
+    pub fn artifact_bytes(&self, org: &str, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                "SELECT b.data FROM blobs b WHERE b.sha256 = ? AND EXISTS
+                 (SELECT 1 FROM artifacts a WHERE a.org_id = ? AND a.sha256 = b.sha256)",
+                &[sha256.into(), org.into()],
+            )?
+            .map(|r| r.blob(0))
+            .transpose()
+        })
+    }
+
+    /// Adds a runner build (SHA-256 of a sealed runner) to the org's allowlist.
+    pub fn allow_runner_build(
+        &self,
+        org: &str,
+        sha256: &str,
+        label: &str,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO runner_builds (org_id, sha256, label, created_ms) VALUES (?, ?, ?, ?)
+                 ON CONFLICT (org_id, sha256) DO UPDATE SET label = excluded.label, revoked = 0",
+                &[org.into(), sha256.into(), label.into(), now.into()],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Revokes a runner build: its runners are refused from the next request on.
+    pub fn revoke_runner_build(&self, org: &str, sha256: &str) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            Ok(tx.execute(
+                "UPDATE runner_builds SET revoked = 1 WHERE org_id = ? AND sha256 = ?",
+                &[org.into(), sha256.into()],
+            )? > 0)
+        })
+    }
+
+    /// `(sha256, label, revoked)` of the org's runner builds.
+    pub fn runner_builds(&self, org: &str) -> Result<Vec<(String, String, bool)>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                "SELECT sha256, label, revoked FROM runner_builds WHERE org_id = ? ORDER BY created_ms",
+                &[org.into()],
+            )?
+            .iter()
+            .map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)? != 0)))
+            .collect()
+        })
+    }
+
+    /// Whether `sha256` is an allowed, unrevoked build of the org.
+    pub fn runner_build_allowed(&self, org: &str, sha256: &str) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT 1 FROM runner_builds WHERE org_id = ? AND sha256 = ? AND revoked = 0",
+                    &[org.into(), sha256.into()],
+                )?
+                .is_some())
+        })
+    }
+
+    /// Publishes a verified signed manifest (idempotent by hash).
+    pub fn publish_manifest(&self, org: &str, row: &ManifestRow) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO manifests (org_id, hash, environment, signed, signed_by, expires_ms, published_ms)
+                 VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org_id, hash) DO NOTHING",
+                &[
+                    org.into(),
+                    row.hash.as_str().into(),
+                    row.environment.as_str().into(),
+                    row.signed.as_str().into(),
+                    row.signed_by.as_str().into(),
+                    row.expires_ms.into(),
+                    row.published_ms.into(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The newest unrevoked manifest of the org's environment.
+    pub fn current_manifest(
+        &self,
+        org: &str,
+        environment: &str,
+    ) -> Result<Option<ManifestRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                &format!(
+                    "SELECT {MANIFEST_COLUMNS} FROM manifests m WHERE org_id = ? AND environment = ?
+                     AND revoked = 0 AND NOT EXISTS
+                       (SELECT 1 FROM revoked_keys k WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)
+                     ORDER BY published_ms DESC, expires_ms DESC LIMIT 1"
+                ),
+                &[org.into(), environment.into()],
+            )?
+            .as_ref()
+            .map(decode_manifest)
+            .transpose()
+        })
+    }
+
+    /// A published manifest by hash.
+    pub fn manifest(&self, org: &str, hash: &str) -> Result<Option<ManifestRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                &format!("SELECT {MANIFEST_COLUMNS} FROM manifests WHERE org_id = ? AND hash = ?"),
+                &[org.into(), hash.into()],
+            )?
+            .as_ref()
+            .map(decode_manifest)
+            .transpose()
+        })
+    }
+
+    /// Revokes a manifest; `false` if the org has none with that hash.
+    pub fn revoke_manifest(&self, org: &str, hash: &str) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            Ok(tx.execute(
+                "UPDATE manifests SET revoked = 1 WHERE org_id = ? AND hash = ?",
+                &[org.into(), hash.into()],
+            )? > 0)
+        })
+    }
+
+    /// Revokes a manifest-signing key: every manifest it signed stops counting.
+    pub fn revoke_signing_key(&self, org: &str, public_key: &str) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO revoked_keys (org_id, public_key) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                &[org.into(), public_key.into()],
+            )?;
+            Ok(())
+        })
+    }
+
+    pub fn signing_key_revoked(&self, org: &str, public_key: &str) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT 1 FROM revoked_keys WHERE org_id = ? AND public_key = ?",
+                    &[org.into(), public_key.into()],
+                )?
+                .is_some())
+        })
+    }
+}

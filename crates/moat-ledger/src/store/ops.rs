@@ -1,0 +1,280 @@
+//! Operations of a run: decided by the control plane, queued, dispatched to
+//! the runner holding the run, finished once with their result.
+
+use moat_core::Event;
+
+use super::objects::{self, NewArtifact};
+use super::{Row, Store, StoreError, events};
+
+/// Where an operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpState {
+    /// Allowed, waiting for the runner.
+    Queued,
+    /// Handed to the runner; waiting for its result.
+    Dispatched,
+    Succeeded,
+    Failed,
+    /// Refused by policy (never queued).
+    Denied,
+}
+
+impl OpState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpState::Queued => "queued",
+            OpState::Dispatched => "dispatched",
+            OpState::Succeeded => "succeeded",
+            OpState::Failed => "failed",
+            OpState::Denied => "denied",
+        }
+    }
+
+    fn parse(text: &str) -> Option<OpState> {
+        [
+            OpState::Queued,
+            OpState::Dispatched,
+            OpState::Succeeded,
+            OpState::Failed,
+            OpState::Denied,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, OpState::Succeeded | OpState::Failed | OpState::Denied)
+    }
+}
+
+/// An operation as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpRow {
+    pub run_id: String,
+    pub id: String,
+    pub n: i64,
+    pub op: String,
+    pub state: OpState,
+    /// The envelope as the runner gets it (with its capability).
+    pub envelope: serde_json::Value,
+    pub decision: serde_json::Value,
+    pub result: Option<serde_json::Value>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+const COLUMNS: &str =
+    "run_id, id, n, op, state, envelope, decision, result, created_ms, updated_ms";
+
+fn json(text: &str, what: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+fn decode(row: &Row) -> Result<OpRow, StoreError> {
+    let state = row.text(4)?;
+    Ok(OpRow {
+        run_id: row.text(0)?,
+        id: row.text(1)?,
+        n: row.int(2)?,
+        op: row.text(3)?,
+        state: OpState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("op state {state:?}")))?,
+        envelope: json(&row.text(5)?, "op envelope")?,
+        decision: json(&row.text(6)?, "op decision")?,
+        result: row
+            .opt_text(7)?
+            .map(|t| json(&t, "op result"))
+            .transpose()?,
+        created_ms: row.int(8)?,
+        updated_ms: row.int(9)?,
+    })
+}
+
+/// A decided operation to record.
+pub struct NewOp<'a> {
+    pub org: &'a str,
+    pub run: &'a str,
+    pub id: &'a str,
+    pub op: &'a str,
+    pub state: OpState,
+    pub envelope: &'a serde_json::Value,
+    pub decision: &'a serde_json::Value,
+    /// For a denied op, the error result the agent gets.
+    pub result: Option<&'a serde_json::Value>,
+    /// The decision's events (`capability.requested`, `.granted`/`.denied`).
+    pub events: &'a [Event],
+}
+
+/// A runner's result for an operation.
+pub struct OpResult<'a> {
+    pub org: &'a str,
+    pub runner: &'a str,
+    pub run: &'a str,
+    pub op: &'a str,
+    pub succeeded: bool,
+    pub result: &'a serde_json::Value,
+    /// The runner's own events for this operation (sandbox, artifacts...).
+    pub events: &'a [Event],
+    pub artifacts: &'a [NewArtifact],
+}
+
+impl Store {
+    /// Records a decided operation with its events. `Conflict` if the run
+    /// already has an operation with that id; `Ok(None)` if the run is not
+    /// the org's or has ended.
+    pub fn insert_op(&self, op: &NewOp<'_>, now: i64) -> Result<Option<OpRow>, StoreError> {
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT state FROM runs WHERE org_id = ? AND id = ?{}",
+                tx.for_update()
+            );
+            let Some(run) = tx.query_one(&sql, &[op.org.into(), op.run.into()])? else {
+                return Ok(None);
+            };
+            if matches!(run.text(0)?.as_str(), "succeeded" | "failed" | "dead_lettered") {
+                return Ok(None);
+            }
+            let n = tx
+                .query_one(
+                    "SELECT COALESCE(MAX(n), 0) + 1 FROM ops WHERE run_id = ?",
+                    &[op.run.into()],
+                )?
+                .map_or(Ok(1), |r| r.int(0))?;
+            let inserted = tx.execute(
+                "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, id) DO NOTHING",
+                &[
+                    op.run.into(),
+                    op.id.into(),
+                    op.org.into(),
+                    n.into(),
+                    op.op.into(),
+                    op.state.as_str().into(),
+                    op.envelope.to_string().into(),
+                    op.decision.to_string().into(),
+                    op.result.map(|r| r.to_string()).into(),
+                    now.into(),
+                    now.into(),
+                ],
+            )?;
+            if inserted == 0 {
+                return Err(StoreError::Conflict(format!("operation {}", op.id)));
+            }
+            events::append(tx, op.org, op.events)?;
+            get(tx, op.run, op.id)
+        })
+    }
+
+    /// One operation of the org's run.
+    pub fn op(&self, org: &str, run: &str, id: &str) -> Result<Option<OpRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                &format!("SELECT {COLUMNS} FROM ops WHERE org_id = ? AND run_id = ? AND id = ?"),
+                &[org.into(), run.into(), id.into()],
+            )?
+            .as_ref()
+            .map(decode)
+            .transpose()
+        })
+    }
+
+    /// Every operation of the org's run, in order.
+    pub fn ops(&self, org: &str, run: &str) -> Result<Vec<OpRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                &format!("SELECT {COLUMNS} FROM ops WHERE org_id = ? AND run_id = ? ORDER BY n"),
+                &[org.into(), run.into()],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+
+    /// Hands the next queued operation of `run` to `runner`, if it holds the run.
+    pub fn dispatch_op(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        now: i64,
+    ) -> Result<Option<OpRow>, StoreError> {
+        self.tx(|tx| {
+            let held = tx
+                .query_one(
+                    "SELECT id FROM runs WHERE org_id = ? AND id = ? AND runner_id = ?
+                     AND state IN ('claimed', 'running')",
+                    &[org.into(), run.into(), runner.into()],
+                )?
+                .is_some();
+            if !held {
+                return Ok(None);
+            }
+            let sql = format!(
+                "SELECT {COLUMNS} FROM ops WHERE run_id = ? AND state = 'queued' ORDER BY n LIMIT 1{}",
+                tx.skip_locked()
+            );
+            let Some(row) = tx.query_one(&sql, &[run.into()])? else {
+                return Ok(None);
+            };
+            let mut op = decode(&row)?;
+            tx.execute(
+                "UPDATE ops SET state = 'dispatched', updated_ms = ? WHERE run_id = ? AND id = ?",
+                &[now.into(), run.into(), op.id.as_str().into()],
+            )?;
+            op.state = OpState::Dispatched;
+            Ok(Some(op))
+        })
+    }
+
+    /// Records the runner's result, its events and artifacts, once: a
+    /// repeated report (a retry after a lost answer) changes nothing and
+    /// returns `false`.
+    pub fn finish_op(&self, result: &OpResult<'_>, now: i64) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            let held = tx
+                .query_one(
+                    "SELECT id FROM runs WHERE org_id = ? AND id = ? AND runner_id = ?",
+                    &[result.org.into(), result.run.into(), result.runner.into()],
+                )?
+                .is_some();
+            if !held {
+                return Ok(false);
+            }
+            let state = if result.succeeded {
+                OpState::Succeeded
+            } else {
+                OpState::Failed
+            };
+            let updated = tx.execute(
+                "UPDATE ops SET state = ?, result = ?, updated_ms = ?
+                 WHERE run_id = ? AND id = ? AND state = 'dispatched'",
+                &[
+                    state.as_str().into(),
+                    result.result.to_string().into(),
+                    now.into(),
+                    result.run.into(),
+                    result.op.into(),
+                ],
+            )?;
+            if updated == 0 {
+                return Ok(false);
+            }
+            for artifact in result.artifacts {
+                objects::insert_artifact(tx, result.org, result.run, result.op, artifact, now)?;
+            }
+            events::append(tx, result.org, result.events)?;
+            Ok(true)
+        })
+    }
+}
+
+fn get(tx: &mut dyn super::Tx, run: &str, id: &str) -> Result<Option<OpRow>, StoreError> {
+    tx.query_one(
+        &format!("SELECT {COLUMNS} FROM ops WHERE run_id = ? AND id = ?"),
+        &[run.into(), id.into()],
+    )?
+    .as_ref()
+    .map(decode)
+    .transpose()
+}

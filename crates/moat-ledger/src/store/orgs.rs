@@ -1,0 +1,107 @@
+//! Orgs and their tokens. Only SHA-256 hashes of tokens are stored.
+
+use super::{Store, StoreError, new_id};
+
+/// What a token lets its holder do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// The org's API: runs, ops, events, artifacts, builds, manifests.
+    Api,
+    /// One runner registration, once, before it expires.
+    Bootstrap,
+}
+
+impl TokenKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Api => "api",
+            TokenKind::Bootstrap => "bootstrap",
+        }
+    }
+}
+
+impl Store {
+    /// Creates an org named `name` with a first API token (by hash); its id.
+    pub fn create_org(&self, name: &str, token_hash: &str, now: i64) -> Result<String, StoreError> {
+        self.tx(|tx| {
+            let id = new_id("org_");
+            let taken = tx
+                .query_one("SELECT id FROM orgs WHERE name = ?", &[name.into()])?
+                .is_some();
+            if taken {
+                return Err(StoreError::Conflict(format!("org {name:?}")));
+            }
+            tx.execute(
+                "INSERT INTO orgs (id, name, created_ms) VALUES (?, ?, ?)",
+                &[id.as_str().into(), name.into(), now.into()],
+            )?;
+            tx.execute(
+                "INSERT INTO tokens (hash, org_id, kind, expires_ms) VALUES (?, ?, 'api', 0)",
+                &[token_hash.into(), id.as_str().into()],
+            )?;
+            Ok(id)
+        })
+    }
+
+    /// Adds a token of `kind` to `org`; `expires_ms` 0 means never.
+    pub fn add_token(
+        &self,
+        org: &str,
+        token_hash: &str,
+        kind: TokenKind,
+        expires_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO tokens (hash, org_id, kind, expires_ms) VALUES (?, ?, ?, ?)",
+                &[
+                    token_hash.into(),
+                    org.into(),
+                    kind.as_str().into(),
+                    expires_ms.into(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The org an API token belongs to.
+    pub fn org_of_api_token(&self, token_hash: &str) -> Result<Option<String>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                "SELECT org_id FROM tokens WHERE hash = ? AND kind = 'api'",
+                &[token_hash.into()],
+            )?
+            .map(|r| r.text(0))
+            .transpose()
+        })
+    }
+
+    /// Spends a bootstrap token: its org if it was unused and unexpired
+    /// (and from now on it is used, whatever the registration's outcome).
+    pub fn spend_bootstrap_token(
+        &self,
+        token_hash: &str,
+        now: i64,
+    ) -> Result<Option<String>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                "UPDATE tokens SET used = 1
+                 WHERE hash = ? AND kind = 'bootstrap' AND used = 0 AND expires_ms > ?
+                 RETURNING org_id",
+                &[token_hash.into(), now.into()],
+            )?
+            .map(|r| r.text(0))
+            .transpose()
+        })
+    }
+
+    /// The org's name.
+    pub fn org_name(&self, org: &str) -> Result<Option<String>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one("SELECT name FROM orgs WHERE id = ?", &[org.into()])?
+                .map(|r| r.text(0))
+                .transpose()
+        })
+    }
+}

@@ -1,0 +1,147 @@
+//! Registered runners and the nonces of their signed requests.
+
+use super::{Row, Store, StoreError};
+
+/// A registered runner: what it said about itself at bootstrap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunnerRow {
+    pub id: String,
+    pub org_id: String,
+    pub runner_hash: String,
+    pub manifest_hash: String,
+    pub policy_hash: String,
+    pub version: String,
+    pub environment: String,
+    /// JSON array of op names.
+    pub ops: serde_json::Value,
+    pub sandbox_mode: String,
+    pub boot_time: String,
+    /// Base64 Ed25519 key its requests are signed with (one per boot).
+    pub public_key: String,
+    pub registered_ms: i64,
+    pub seen_ms: i64,
+}
+
+const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
+    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms";
+
+fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
+    Ok(RunnerRow {
+        id: row.text(0)?,
+        org_id: row.text(1)?,
+        runner_hash: row.text(2)?,
+        manifest_hash: row.text(3)?,
+        policy_hash: row.text(4)?,
+        version: row.text(5)?,
+        environment: row.text(6)?,
+        ops: serde_json::from_str(&row.text(7)?)
+            .map_err(|e| StoreError::Corrupt(format!("runner ops: {e}")))?,
+        sandbox_mode: row.text(8)?,
+        boot_time: row.text(9)?,
+        public_key: row.text(10)?,
+        registered_ms: row.int(11)?,
+        seen_ms: row.int(12)?,
+    })
+}
+
+impl Store {
+    pub fn register_runner(&self, runner: &RunnerRow) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                ),
+                &[
+                    runner.id.as_str().into(),
+                    runner.org_id.as_str().into(),
+                    runner.runner_hash.as_str().into(),
+                    runner.manifest_hash.as_str().into(),
+                    runner.policy_hash.as_str().into(),
+                    runner.version.as_str().into(),
+                    runner.environment.as_str().into(),
+                    runner.ops.to_string().into(),
+                    runner.sandbox_mode.as_str().into(),
+                    runner.boot_time.as_str().into(),
+                    runner.public_key.as_str().into(),
+                    runner.registered_ms.into(),
+                    runner.seen_ms.into(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// A runner by id (any org: request signatures are checked before scoping).
+    pub fn runner(&self, id: &str) -> Result<Option<RunnerRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query_one(
+                &format!("SELECT {COLUMNS} FROM runners WHERE id = ?"),
+                &[id.into()],
+            )?
+            .as_ref()
+            .map(decode)
+            .transpose()
+        })
+    }
+
+    pub fn runners(&self, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                &format!("SELECT {COLUMNS} FROM runners WHERE org_id = ? ORDER BY registered_ms"),
+                &[org.into()],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+
+    /// Moves a runner to a refreshed manifest (hash and policy).
+    pub fn set_runner_manifest(
+        &self,
+        id: &str,
+        manifest_hash: &str,
+        policy_hash: &str,
+    ) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "UPDATE runners SET manifest_hash = ?, policy_hash = ? WHERE id = ?",
+                &[manifest_hash.into(), policy_hash.into(), id.into()],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Records a request nonce of `runner`, and when the runner was last
+    /// seen; `false` if the nonce was already used (a replay).
+    pub fn use_nonce(
+        &self,
+        runner: &str,
+        nonce: &str,
+        now: i64,
+        expires_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            let fresh = tx.execute(
+                "INSERT INTO request_nonces (runner_id, nonce, expires_ms) VALUES (?, ?, ?)
+                 ON CONFLICT (runner_id, nonce) DO NOTHING",
+                &[runner.into(), nonce.into(), expires_ms.into()],
+            )? == 1;
+            tx.execute(
+                "UPDATE runners SET seen_ms = ? WHERE id = ?",
+                &[now.into(), runner.into()],
+            )?;
+            Ok(fresh)
+        })
+    }
+
+    /// Forgets nonces whose requests could no longer be accepted anyway.
+    pub fn prune_nonces(&self, now: i64) -> Result<u64, StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "DELETE FROM request_nonces WHERE expires_ms < ?",
+                &[now.into()],
+            )
+        })
+    }
+}

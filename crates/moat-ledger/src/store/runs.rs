@@ -1,0 +1,463 @@
+//! Runs: created by an org, claimed by one of its runners under a lease,
+//! finished once. Every state change writes its event in the same
+//! transaction, so the ledger and the run table never disagree.
+
+use moat_core::{Event, EventType};
+use serde_json::json;
+
+use super::{Row, Store, StoreError, Tx, events};
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Queued,
+    Claimed,
+    Running,
+    Paused,
+    Succeeded,
+    Failed,
+    DeadLettered,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::Claimed => "claimed",
+            RunState::Running => "running",
+            RunState::Paused => "paused",
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::DeadLettered => "dead_lettered",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RunState> {
+        [
+            RunState::Queued,
+            RunState::Claimed,
+            RunState::Running,
+            RunState::Paused,
+            RunState::Succeeded,
+            RunState::Failed,
+            RunState::DeadLettered,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            RunState::Succeeded | RunState::Failed | RunState::DeadLettered
+        )
+    }
+}
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRow {
+    pub id: String,
+    pub org_id: String,
+    pub state: RunState,
+    pub environment: String,
+    pub runner_id: Option<String>,
+    pub manifest_hash: Option<String>,
+    pub lease_until_ms: i64,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    pub finish_wanted: bool,
+    /// JSON array of `{path, sha256, size}`.
+    pub inputs: serde_json::Value,
+    pub error: Option<String>,
+    pub created_ms: i64,
+    pub claimed_ms: i64,
+    pub updated_ms: i64,
+}
+
+const COLUMNS: &str = "id, org_id, state, environment, runner_id, manifest_hash, lease_until_ms,
+    attempts, max_attempts, finish_wanted, inputs, error, created_ms, claimed_ms, updated_ms";
+
+fn decode(row: &Row) -> Result<RunRow, StoreError> {
+    let state = row.text(2)?;
+    Ok(RunRow {
+        id: row.text(0)?,
+        org_id: row.text(1)?,
+        state: RunState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("run state {state:?}")))?,
+        environment: row.text(3)?,
+        runner_id: row.opt_text(4)?,
+        manifest_hash: row.opt_text(5)?,
+        lease_until_ms: row.int(6)?,
+        attempts: row.int(7)?,
+        max_attempts: row.int(8)?,
+        finish_wanted: row.int(9)? != 0,
+        inputs: serde_json::from_str(&row.text(10)?)
+            .map_err(|e| StoreError::Corrupt(format!("run inputs: {e}")))?,
+        error: row.opt_text(11)?,
+        created_ms: row.int(12)?,
+        claimed_ms: row.int(13)?,
+        updated_ms: row.int(14)?,
+    })
+}
+
+/// RFC 3339 (milliseconds, UTC) of `ms` since the epoch.
+pub fn stamp(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// An event about `run` at `now`.
+pub fn event(kind: EventType, run: &str, now: i64, data: serde_json::Value) -> Event {
+    Event {
+        event_type: kind,
+        at: stamp(now),
+        run_id: run.to_owned(),
+        op_id: None,
+        correlation_id: None,
+        data,
+    }
+}
+
+pub(super) fn get(tx: &mut dyn Tx, org: &str, id: &str) -> Result<Option<RunRow>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM runs WHERE org_id = ? AND id = ?");
+    tx.query_one(&sql, &[org.into(), id.into()])?
+        .as_ref()
+        .map(decode)
+        .transpose()
+}
+
+fn set_state(
+    tx: &mut dyn Tx,
+    run: &RunRow,
+    state: RunState,
+    error: Option<&str>,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE runs SET state = ?, error = ?, updated_ms = ? WHERE id = ?",
+        &[
+            state.as_str().into(),
+            error.map(str::to_owned).into(),
+            now.into(),
+            run.id.as_str().into(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Ends `run` in a final `state` with its event; ops still waiting fail.
+fn end(
+    tx: &mut dyn Tx,
+    run: &RunRow,
+    state: RunState,
+    reason: Option<&str>,
+    now: i64,
+) -> Result<(), StoreError> {
+    set_state(tx, run, state, reason, now)?;
+    tx.execute(
+        "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
+         WHERE run_id = ? AND state IN ('queued', 'dispatched')",
+        &[
+            json!({"status": "error", "error": {"reason": "run_ended", "message": format!("the run ended ({})", state.as_str())}})
+                .to_string()
+                .into(),
+            now.into(),
+            run.id.as_str().into(),
+        ],
+    )?;
+    let kind = if state == RunState::DeadLettered {
+        EventType::RunDeadLettered
+    } else {
+        EventType::RunFinished
+    };
+    let data = json!({
+        "state": state.as_str(),
+        "reason": reason,
+        "runnerId": run.runner_id,
+        "attempts": run.attempts,
+    });
+    events::append(tx, &run.org_id, &[event(kind, &run.id, now, data)])?;
+    Ok(())
+}
+
+/// New run parameters.
+pub struct NewRun<'a> {
+    pub org: &'a str,
+    pub id: &'a str,
+    pub environment: &'a str,
+    pub inputs: serde_json::Value,
+    pub max_attempts: i64,
+}
+
+impl Store {
+    /// Queues a new run (and records `run.created`).
+    pub fn create_run(&self, run: &NewRun<'_>, now: i64) -> Result<RunRow, StoreError> {
+        self.tx(|tx| {
+            let inserted = tx.execute(
+                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms)
+                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                &[
+                    run.id.into(),
+                    run.org.into(),
+                    run.environment.into(),
+                    run.max_attempts.into(),
+                    run.inputs.to_string().into(),
+                    now.into(),
+                    now.into(),
+                ],
+            )?;
+            if inserted == 0 {
+                return Err(StoreError::Conflict(format!("run {}", run.id)));
+            }
+            let data = json!({"environment": run.environment, "inputs": run.inputs, "maxAttempts": run.max_attempts});
+            events::append(tx, run.org, &[event(EventType::RunCreated, run.id, now, data)])?;
+            get(tx, run.org, run.id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))
+        })
+    }
+
+    pub fn run(&self, org: &str, id: &str) -> Result<Option<RunRow>, StoreError> {
+        self.tx(|tx| get(tx, org, id))
+    }
+
+    /// The org's runs, newest first, optionally in one state.
+    pub fn runs(
+        &self,
+        org: &str,
+        state: Option<RunState>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        self.tx(|tx| {
+            let rows = match state {
+                Some(state) => tx.query(
+                    &format!("SELECT {COLUMNS} FROM runs WHERE org_id = ? AND state = ? ORDER BY created_ms DESC, id LIMIT ?"),
+                    &[org.into(), state.as_str().into(), limit.into()],
+                )?,
+                None => tx.query(
+                    &format!("SELECT {COLUMNS} FROM runs WHERE org_id = ? ORDER BY created_ms DESC, id LIMIT ?"),
+                    &[org.into(), limit.into()],
+                )?,
+            };
+            rows.iter().map(decode).collect()
+        })
+    }
+
+    /// Claims the oldest queued run of `org` in `environment` for `runner`,
+    /// leased until `now + lease_ms`. Replicas on PostgreSQL skip rows
+    /// another transaction holds, so each run is claimed once.
+    pub fn claim_run(
+        &self,
+        org: &str,
+        environment: &str,
+        runner: &str,
+        manifest_hash: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<RunRow>, StoreError> {
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT id FROM runs WHERE org_id = ? AND environment = ? AND state = 'queued'
+                 ORDER BY created_ms, id LIMIT 1{}",
+                tx.skip_locked()
+            );
+            let Some(row) = tx.query_one(&sql, &[org.into(), environment.into()])? else {
+                return Ok(None);
+            };
+            let id = row.text(0)?;
+            tx.execute(
+                "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
+                     lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?
+                 WHERE id = ?",
+                &[
+                    runner.into(),
+                    manifest_hash.into(),
+                    (now + lease_ms).into(),
+                    now.into(),
+                    now.into(),
+                    id.as_str().into(),
+                ],
+            )?;
+            let run = get(tx, org, &id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
+            let data = json!({"runnerId": runner, "manifestHash": manifest_hash, "attempt": run.attempts, "leaseUntil": stamp(run.lease_until_ms)});
+            events::append(tx, org, &[event(EventType::RunClaimed, &id, now, data)])?;
+            Ok(Some(run))
+        })
+    }
+
+    /// Extends the lease of a run `runner` holds (and marks it running);
+    /// `None` if the runner no longer holds it (lease lost, run ended).
+    pub fn renew_lease(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<RunRow>, StoreError> {
+        self.tx(|tx| {
+            let updated = tx.execute(
+                "UPDATE runs SET lease_until_ms = ?, updated_ms = ?,
+                     state = CASE WHEN state = 'claimed' THEN 'running' ELSE state END
+                 WHERE org_id = ? AND id = ? AND runner_id = ? AND state IN ('claimed', 'running', 'paused')",
+                &[
+                    (now + lease_ms).into(),
+                    now.into(),
+                    org.into(),
+                    run.into(),
+                    runner.into(),
+                ],
+            )?;
+            if updated == 0 {
+                return Ok(None);
+            }
+            get(tx, org, run)
+        })
+    }
+
+    /// The agent is done with the run: the runner finishes it after the
+    /// queued ops. A queued run (never claimed) succeeds at once.
+    pub fn request_finish(
+        &self,
+        org: &str,
+        run: &str,
+        now: i64,
+    ) -> Result<Option<RunRow>, StoreError> {
+        self.tx(|tx| {
+            let Some(row) = get(tx, org, run)? else {
+                return Ok(None);
+            };
+            tx.execute(
+                "UPDATE runs SET finish_wanted = 1, updated_ms = ? WHERE id = ?",
+                &[now.into(), run.into()],
+            )?;
+            get(tx, org, &row.id)
+        })
+    }
+
+    /// The runner reports the run's end. Idempotent: only the holder of a
+    /// live claim can finish it, and only once.
+    pub fn finish_run(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        state: RunState,
+        error: Option<&str>,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM runs WHERE org_id = ? AND id = ?{}",
+                tx.for_update()
+            );
+            let Some(row) = tx.query_one(&sql, &[org.into(), run.into()])? else {
+                return Ok(false);
+            };
+            let row = decode(&row)?;
+            if row.state.is_final() || row.runner_id.as_deref() != Some(runner) {
+                return Ok(false);
+            }
+            end(tx, &row, state, error, now)?;
+            Ok(true)
+        })
+    }
+
+    /// Ends a run from the control plane's side (dead-letter on manifest
+    /// expiry, operator action), whoever holds it.
+    pub fn force_end_run(
+        &self,
+        org: &str,
+        run: &str,
+        state: RunState,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM runs WHERE org_id = ? AND id = ?{}",
+                tx.for_update()
+            );
+            let Some(row) = tx.query_one(&sql, &[org.into(), run.into()])? else {
+                return Ok(false);
+            };
+            let row = decode(&row)?;
+            if row.state.is_final() {
+                return Ok(false);
+            }
+            end(tx, &row, state, Some(reason), now)?;
+            Ok(true)
+        })
+    }
+
+    /// Runs whose runner stopped renewing: the op in flight fails
+    /// (`lease_expired`), and the run is queued again while it has attempts
+    /// left, else dead-lettered. Returns the runs handled.
+    pub fn expire_leases(&self, now: i64) -> Result<Vec<(String, RunState)>, StoreError> {
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM runs WHERE state IN ('claimed', 'running') AND lease_until_ms < ?
+                 ORDER BY lease_until_ms LIMIT 100{}",
+                tx.skip_locked()
+            );
+            let rows = tx.query(&sql, &[now.into()])?;
+            let mut handled = Vec::new();
+            for row in rows {
+                let run = decode(&row)?;
+                tx.execute(
+                    "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
+                     WHERE run_id = ? AND state = 'dispatched'",
+                    &[
+                        json!({"status": "error", "error": {"reason": "lease_expired", "message": "the runner stopped answering while the operation ran"}})
+                            .to_string()
+                            .into(),
+                        now.into(),
+                        run.id.as_str().into(),
+                    ],
+                )?;
+                let data = json!({"runnerId": run.runner_id, "attempt": run.attempts, "maxAttempts": run.max_attempts});
+                events::append(tx, &run.org_id, &[event(EventType::RunLeaseExpired, &run.id, now, data)])?;
+                if run.attempts < run.max_attempts {
+                    tx.execute(
+                        "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0, updated_ms = ? WHERE id = ?",
+                        &[now.into(), run.id.as_str().into()],
+                    )?;
+                    let data = json!({"attempt": run.attempts + 1});
+                    events::append(tx, &run.org_id, &[event(EventType::RunRetried, &run.id, now, data)])?;
+                    handled.push((run.id, RunState::Queued));
+                } else {
+                    end(tx, &run, RunState::DeadLettered, Some("lease_expired"), now)?;
+                    handled.push((run.id, RunState::DeadLettered));
+                }
+            }
+            Ok(handled)
+        })
+    }
+
+    /// Live runs (claimed, running, paused) a runner holds.
+    pub fn runs_of_runner(&self, runner: &str) -> Result<Vec<RunRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                &format!("SELECT {COLUMNS} FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')"),
+                &[runner.into()],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+
+    /// Every live run of every org (the manifest-grace sweep).
+    pub fn live_runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        self.tx(|tx| {
+            tx.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM runs WHERE state IN ('claimed', 'running', 'paused')"
+                ),
+                &[],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+}

@@ -1,0 +1,420 @@
+//! The control-plane store, every test on both backends: embedded SQLite
+//! and a PostgreSQL database of its own (see `TempPostgres`).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use moat_core::EventType;
+use moat_ledger::store::{
+    NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, Store, TempPostgres, TokenKind,
+};
+use serde_json::json;
+
+struct Backend {
+    store: Arc<Store>,
+    _dir: Option<tempfile::TempDir>,
+    _pg: Option<TempPostgres>,
+}
+
+fn backends() -> Vec<Backend> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sqlite = Store::open(&format!("sqlite:{}", dir.path().join("moat.db").display()))
+        .expect("sqlite store");
+    let pg = TempPostgres::create().expect(
+        "PostgreSQL is needed for the store tests: .ci/run installs and starts it \
+         (set MOAT_TEST_POSTGRES to a libpq key=value string to use another server)",
+    );
+    let postgres = Store::open(&pg.url).expect("postgres store");
+    vec![
+        Backend {
+            store: Arc::new(sqlite),
+            _dir: Some(dir),
+            _pg: None,
+        },
+        Backend {
+            store: Arc::new(postgres),
+            _dir: None,
+            _pg: Some(pg),
+        },
+    ]
+}
+
+fn org(store: &Store, name: &str) -> String {
+    store
+        .create_org(name, &format!("hash-{name}"), 1)
+        .expect("org")
+}
+
+fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
+    store
+        .create_run(
+            &NewRun {
+                org,
+                id,
+                environment: "test",
+                inputs: json!([]),
+                max_attempts,
+            },
+            10,
+        )
+        .expect("run");
+}
+
+fn event_types(store: &Store, run: &str) -> Vec<String> {
+    store
+        .all_events(0, 100_000)
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.event.run_id == run)
+        .map(|e| e.event.event_type.as_str().to_owned())
+        .collect()
+}
+
+#[test]
+fn orgs_tokens_and_scoping() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        let other = org(s, "b");
+        assert!(
+            s.create_org("a", "x", 1).is_err(),
+            "{}: duplicate org name",
+            s.backend()
+        );
+        assert_eq!(
+            s.org_of_api_token("hash-a").unwrap().as_deref(),
+            Some(a.as_str())
+        );
+        assert_eq!(s.org_of_api_token("nope").unwrap(), None);
+        run(s, &a, "run-1", 1);
+        assert!(s.run(&a, "run-1").unwrap().is_some());
+        assert!(
+            s.run(&other, "run-1").unwrap().is_none(),
+            "{}: other org sees the run",
+            s.backend()
+        );
+        assert!(
+            s.events(&other, Some("run-1"), 0, 100)
+                .unwrap()
+                .events
+                .is_empty()
+        );
+        assert_eq!(s.events(&a, Some("run-1"), 0, 100).unwrap().events.len(), 1);
+
+        s.add_token(&a, "boot", TokenKind::Bootstrap, 1_000)
+            .unwrap();
+        assert_eq!(
+            s.spend_bootstrap_token("boot", 2_000).unwrap(),
+            None,
+            "expired token spent"
+        );
+        s.add_token(&a, "boot2", TokenKind::Bootstrap, 1_000)
+            .unwrap();
+        assert_eq!(
+            s.spend_bootstrap_token("boot2", 500).unwrap().as_deref(),
+            Some(a.as_str())
+        );
+        assert_eq!(
+            s.spend_bootstrap_token("boot2", 500).unwrap(),
+            None,
+            "token spent twice"
+        );
+        assert_eq!(
+            s.org_of_api_token("boot").unwrap(),
+            None,
+            "bootstrap token used as API token"
+        );
+    }
+}
+
+#[test]
+fn ops_finish_once_and_artifacts_stay_in_their_org() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        let other = org(s, "b");
+        run(s, &a, "r", 1);
+        let claimed = s
+            .claim_run(&a, "test", "runner-1", "m", 20, 1_000)
+            .unwrap()
+            .expect("claim");
+        assert_eq!(claimed.state, RunState::Claimed);
+        let envelope = json!({"id": "op-1"});
+        let decision = json!({"decision": "allow"});
+        let new = NewOp {
+            org: &a,
+            run: "r",
+            id: "op-1",
+            op: "artifact_read",
+            state: OpState::Queued,
+            envelope: &envelope,
+            decision: &decision,
+            result: None,
+            events: &[],
+        };
+        s.insert_op(&new, 21).unwrap().expect("op");
+        assert!(
+            matches!(s.insert_op(&new, 22), Err(e) if e.to_string().contains("already exists"))
+        );
+        let other_new = NewOp { org: &other, ..new };
+        assert!(
+            s.insert_op(&other_new, 22).unwrap().is_none(),
+            "op on another org's run"
+        );
+        assert!(
+            s.dispatch_op(&a, "runner-2", "r", 23).unwrap().is_none(),
+            "dispatch to a non-holder"
+        );
+        let op = s
+            .dispatch_op(&a, "runner-1", "r", 23)
+            .unwrap()
+            .expect("dispatch");
+        assert_eq!(op.state, OpState::Dispatched);
+        assert!(s.dispatch_op(&a, "runner-1", "r", 23).unwrap().is_none());
+        let data = b"hello".to_vec();
+        let artifact = NewArtifact {
+            sha256: moat_core::hash::sha256_hex(&data),
+            kind: "file".into(),
+            label: "out.txt".into(),
+            data,
+        };
+        let ev = moat_ledger::store::event(EventType::OpFinished, "r", 24, json!({}));
+        let result = json!({"status": "ok"});
+        let report = OpResult {
+            org: &a,
+            runner: "runner-1",
+            run: "r",
+            op: "op-1",
+            succeeded: true,
+            result: &result,
+            events: std::slice::from_ref(&ev),
+            artifacts: std::slice::from_ref(&artifact),
+        };
+        assert!(s.finish_op(&report, 24).unwrap());
+        assert!(!s.finish_op(&report, 25).unwrap(), "second report recorded");
+        let finished = event_types(s, "r")
+            .iter()
+            .filter(|t| *t == "op.finished")
+            .count();
+        assert_eq!(finished, 1, "{}: side effect recorded twice", s.backend());
+        assert_eq!(
+            s.op(&a, "r", "op-1").unwrap().expect("op").state,
+            OpState::Succeeded
+        );
+        assert_eq!(s.artifacts(&a, "r").unwrap().len(), 1);
+        assert_eq!(
+            s.artifact_bytes(&a, &artifact.sha256).unwrap().as_deref(),
+            Some(&b"hello"[..])
+        );
+        assert_eq!(
+            s.artifact_bytes(&other, &artifact.sha256).unwrap(),
+            None,
+            "other org reads the blob"
+        );
+        let forged = NewArtifact {
+            sha256: "00".repeat(32),
+            ..artifact.clone()
+        };
+        assert!(
+            s.add_artifact(&a, "r", "op-1", &forged, 26).is_err(),
+            "artifact under a wrong hash"
+        );
+        assert!(s.verify_ledger().unwrap().is_ok());
+    }
+}
+
+#[test]
+fn a_lost_lease_retries_then_dead_letters() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        run(s, &a, "r", 2);
+        s.claim_run(&a, "test", "runner-1", "m", 100, 50)
+            .unwrap()
+            .expect("claim");
+        let envelope = json!({});
+        s.insert_op(
+            &NewOp {
+                org: &a,
+                run: "r",
+                id: "o",
+                op: "exec_argv",
+                state: OpState::Queued,
+                envelope: &envelope,
+                decision: &envelope,
+                result: None,
+                events: &[],
+            },
+            101,
+        )
+        .unwrap();
+        s.dispatch_op(&a, "runner-1", "r", 102)
+            .unwrap()
+            .expect("dispatch");
+        assert!(
+            s.expire_leases(149).unwrap().is_empty(),
+            "lease expired early"
+        );
+        assert_eq!(
+            s.expire_leases(151).unwrap(),
+            vec![("r".to_owned(), RunState::Queued)]
+        );
+        let op = s.op(&a, "r", "o").unwrap().expect("op");
+        assert_eq!(op.state, OpState::Failed);
+        assert_eq!(
+            op.result.expect("result")["error"]["reason"],
+            "lease_expired"
+        );
+        assert!(
+            s.renew_lease(&a, "runner-1", "r", 152, 50)
+                .unwrap()
+                .is_none(),
+            "old holder renewed"
+        );
+        s.claim_run(&a, "test", "runner-2", "m", 200, 50)
+            .unwrap()
+            .expect("second claim");
+        assert!(
+            s.renew_lease(&a, "runner-2", "r", 220, 50)
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(
+            s.expire_leases(300).unwrap(),
+            vec![("r".to_owned(), RunState::DeadLettered)]
+        );
+        assert_eq!(
+            s.run(&a, "r").unwrap().expect("run").state,
+            RunState::DeadLettered
+        );
+        assert!(
+            !s.finish_run(&a, "runner-2", "r", RunState::Succeeded, None, 301)
+                .unwrap()
+        );
+        let types = event_types(s, "r");
+        assert_eq!(
+            types,
+            [
+                "run.created",
+                "run.claimed",
+                "run.lease_expired",
+                "run.retried",
+                "run.claimed",
+                "run.lease_expired",
+                "run.dead_lettered"
+            ],
+            "{}",
+            s.backend()
+        );
+    }
+}
+
+#[test]
+fn concurrent_claims_take_each_run_once() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        for i in 0..100 {
+            run(s, &a, &format!("r{i:03}"), 1);
+        }
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let s = Arc::clone(&b.store);
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    while let Some(r) = s
+                        .claim_run(&a, "test", &format!("w{w}"), "m", 1_000, 60_000)
+                        .expect("claim")
+                    {
+                        assert!(
+                            s.finish_run(
+                                &a,
+                                &format!("w{w}"),
+                                &r.id,
+                                RunState::Succeeded,
+                                None,
+                                1_001
+                            )
+                            .expect("finish")
+                        );
+                        mine.push(r.id);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let mut all: Vec<String> = handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("worker"))
+            .collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 100, "{}", s.backend());
+        let events = s.all_events(0, 100_000).unwrap();
+        let claims = events
+            .iter()
+            .filter(|e| e.event.event_type == EventType::RunClaimed)
+            .count();
+        let ends = events
+            .iter()
+            .filter(|e| e.event.event_type == EventType::RunFinished)
+            .count();
+        assert_eq!((claims, ends), (100, 100), "{}", s.backend());
+        assert!(
+            s.verify_ledger().unwrap().is_ok(),
+            "{}: chain forked",
+            s.backend()
+        );
+    }
+}
+
+#[test]
+fn nonces_manifests_and_builds() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        assert!(s.use_nonce("runner", "n1", 1, 100).unwrap());
+        assert!(
+            !s.use_nonce("runner", "n1", 2, 100).unwrap(),
+            "replayed nonce accepted"
+        );
+        assert_eq!(s.prune_nonces(200).unwrap(), 1);
+
+        s.allow_runner_build(&a, "h1", "v1", 1).unwrap();
+        assert!(s.runner_build_allowed(&a, "h1").unwrap());
+        assert!(!s.runner_build_allowed(&a, "h2").unwrap());
+        assert!(s.revoke_runner_build(&a, "h1").unwrap());
+        assert!(!s.runner_build_allowed(&a, "h1").unwrap());
+
+        let row = |hash: &str, published: i64, key: &str| moat_ledger::store::ManifestRow {
+            hash: hash.into(),
+            environment: "prod".into(),
+            signed: "{}".into(),
+            signed_by: key.into(),
+            expires_ms: 10_000,
+            published_ms: published,
+            revoked: false,
+        };
+        s.publish_manifest(&a, &row("m1", 1, "k1")).unwrap();
+        s.publish_manifest(&a, &row("m2", 2, "k2")).unwrap();
+        assert_eq!(
+            s.current_manifest(&a, "prod")
+                .unwrap()
+                .expect("current")
+                .hash,
+            "m2"
+        );
+        s.revoke_signing_key(&a, "k2").unwrap();
+        assert_eq!(
+            s.current_manifest(&a, "prod")
+                .unwrap()
+                .expect("current")
+                .hash,
+            "m1"
+        );
+        assert!(s.revoke_manifest(&a, "m1").unwrap());
+        assert!(s.current_manifest(&a, "prod").unwrap().is_none());
+    }
+}

@@ -18,7 +18,9 @@ mod ledger;
 mod manifest;
 mod mcp;
 mod runner;
+mod runner_start;
 mod seal;
+mod serve;
 mod shell;
 mod state;
 
@@ -45,6 +47,7 @@ enum Command {
     Ledger(ledger::LedgerArgs),
     Capability(capability::CapabilityArgs),
     Runner(runner::RunnerArgs),
+    Serve(serve::ServeArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -73,5 +76,6 @@ fn main() -> ExitCode {
         Command::Ledger(args) => ledger::main(args),
         Command::Capability(args) => capability::main(args),
         Command::Runner(args) => runner::main(args),
+        Command::Serve(args) => serve::main(args),
     }
 }

@@ -32,6 +32,8 @@ enum RunnerCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Register with the control plane and serve its runs (sealed runners only).
+    Start(crate::runner_start::StartArgs),
     /// Print a runner's identity and sealed manifest as JSON (default: this binary).
     Inspect {
         #[arg(value_name = "FILE")]
@@ -47,6 +49,7 @@ pub fn main(args: RunnerArgs) -> ExitCode {
             out,
         } => build(manifest, trusted_key, out),
         RunnerCommand::Inspect { runner } => inspect(runner),
+        RunnerCommand::Start(args) => return crate::runner_start::main(args),
     };
     match result {
         Ok(text) => {

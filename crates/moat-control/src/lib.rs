@@ -18,7 +18,10 @@
 //! backoff, swap at an operation boundary, expiry, grace, revocation) as
 //! functions of a clock the caller passes in.
 
+pub mod clock;
+pub mod describe;
 pub mod lifecycle;
 pub mod policy;
+pub mod server;
 
 pub use policy::{Decision, OpRequest, PolicyEngine, PolicyError, Resource};

@@ -84,6 +84,8 @@ reasons! {
     EgressLimit => "egress_limit",
     /// A limit asked for is above the manifest's.
     LimitExceeded => "limit_exceeded",
+    /// The control plane's policy does not permit this operation.
+    PolicyDenied => "policy_denied",
     /// A human must approve this operation first.
     ApprovalRequired => "approval_required",
     /// The capability attached to the operation is missing, expired, replayed or does not match.

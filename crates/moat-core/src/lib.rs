@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod mode;
 pub mod op;
 pub mod report;
+pub mod request_sig;
 pub mod schema;
 pub mod sign;
 pub mod size;

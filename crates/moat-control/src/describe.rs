@@ -1,0 +1,161 @@
+//! What the policy sees of an operation: the envelope's kind, the resource
+//! it acts on, the bytes it may move and its network mode.
+
+use moat_core::op::{
+    ArtifactListArgs, ArtifactReadArgs, ArtifactWriteArgs, DirectRequestArgs, ExecArgvArgs,
+    ProfileRequestArgs,
+};
+use moat_core::{Envelope, NetworkMode, OpKind};
+use serde::de::DeserializeOwned;
+
+use crate::policy::Resource;
+
+/// An envelope as the policy engine asks about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    pub op: OpKind,
+    pub resource: Resource,
+    pub size: u64,
+    pub network: NetworkMode,
+}
+
+/// Why an envelope cannot be described (and so is refused before policy).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DescribeError {
+    #[error("unknown operation {0:?}")]
+    UnknownOp(String),
+    #[error("arguments of {op}: {message}")]
+    InvalidArgs { op: &'static str, message: String },
+}
+
+fn args<T: DeserializeOwned>(op: OpKind, value: &serde_json::Value) -> Result<T, DescribeError> {
+    serde_json::from_value(value.clone()).map_err(|e| DescribeError::InvalidArgs {
+        op: op.as_str(),
+        message: e.to_string(),
+    })
+}
+
+/// The host of an `http://` or `https://` URL, lower-cased, without port or user info.
+fn host_of(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next()?
+    } else {
+        host_port.split(':').next()?
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
+    let op =
+        OpKind::parse(&envelope.op).ok_or_else(|| DescribeError::UnknownOp(envelope.op.clone()))?;
+    let run = || Resource::Run(envelope.run_id.clone());
+    let (resource, size, network) = match op {
+        OpKind::ArtifactRead => {
+            let a: ArtifactReadArgs = args(op, &envelope.args)?;
+            (Resource::Path(a.path), a.max_bytes, NetworkMode::Off)
+        }
+        OpKind::ArtifactWrite => {
+            let a: ArtifactWriteArgs = args(op, &envelope.args)?;
+            (Resource::Path(a.path), a.max_bytes, NetworkMode::Off)
+        }
+        OpKind::ArtifactList => {
+            let a: ArtifactListArgs = args(op, &envelope.args)?;
+            (Resource::Path(a.path), 0, NetworkMode::Off)
+        }
+        OpKind::ExecArgv => {
+            let a: ExecArgvArgs = args(op, &envelope.args)?;
+            let program = a
+                .argv
+                .first()
+                .cloned()
+                .ok_or_else(|| DescribeError::InvalidArgs {
+                    op: op.as_str(),
+                    message: "argv is empty".into(),
+                })?;
+            let network = a.network.or(envelope.network).unwrap_or(NetworkMode::Off);
+            let size = a
+                .max_output_bytes
+                .or(envelope.max_output_bytes)
+                .unwrap_or(0);
+            (Resource::Executable(program), size, network)
+        }
+        OpKind::HttpRequest => {
+            if envelope.args.get("profile").is_some() {
+                let a: ProfileRequestArgs = args(op, &envelope.args)?;
+                (Resource::Tool(a.profile), 0, NetworkMode::Allowlist)
+            } else {
+                let a: DirectRequestArgs = args(op, &envelope.args)?;
+                let host = host_of(&a.url).ok_or_else(|| DescribeError::InvalidArgs {
+                    op: op.as_str(),
+                    message: format!("{:?} is not an http(s) URL with a host", a.url),
+                })?;
+                (
+                    Resource::Domain(host),
+                    a.max_response_bytes.unwrap_or(0),
+                    NetworkMode::Allowlist,
+                )
+            }
+        }
+        OpKind::BrowserStep => (run(), 0, NetworkMode::Off),
+    };
+    Ok(Described {
+        op,
+        resource,
+        size,
+        network,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(op: &str, args: serde_json::Value) -> Envelope {
+        serde_json::from_value(serde_json::json!({
+            "id": "o", "runId": "r", "correlationId": "c", "op": op, "args": args,
+            "createdAt": "2026-01-01T00:00:00Z"
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn resources_by_kind() {
+        let d = describe(&envelope(
+            "artifact_read",
+            serde_json::json!({"path": "input/a", "maxBytes": 10}),
+        ))
+        .ok();
+        assert_eq!(
+            d.map(|d| (d.resource, d.size)),
+            Some((Resource::Path("input/a".into()), 10))
+        );
+        let d = describe(&envelope(
+            "exec_argv",
+            serde_json::json!({"argv": ["/usr/bin/python3"], "network": "allowlist"}),
+        ))
+        .ok();
+        assert_eq!(
+            d.map(|d| (d.resource, d.network)),
+            Some((
+                Resource::Executable("/usr/bin/python3".into()),
+                NetworkMode::Allowlist
+            ))
+        );
+        let d = describe(&envelope(
+            "http_request",
+            serde_json::json!({"method": "GET", "url": "https://user@API.example.com:8443/x?y"}),
+        ))
+        .ok();
+        assert_eq!(
+            d.map(|d| d.resource),
+            Some(Resource::Domain("api.example.com".into()))
+        );
+        assert!(describe(&envelope("exec_argv", serde_json::json!({"argv": []}))).is_err());
+        assert!(describe(&envelope("rm_rf", serde_json::json!({}))).is_err());
+    }
+}

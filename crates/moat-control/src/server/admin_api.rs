@@ -1,0 +1,367 @@
+//! Orgs, bootstrap tokens, the runner-build allowlist, manifests and the
+//! runner registry.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use moat_core::hash::sha256_hex;
+use moat_core::{EventType, SignedManifest};
+use moat_ledger::store::{ManifestRow, RunnerRow, TokenKind, event, stamp};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth::{self, new_token};
+use super::error::{ApiError, ApiResult};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewOrg {
+    name: String,
+}
+
+pub async fn create_org(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<NewOrg>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    auth::admin(&state, &headers)?;
+    let name = body.name.trim().to_owned();
+    if name.is_empty()
+        || name.len() > 100
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ApiError::bad_request(
+            "an org name is 1 to 100 of [A-Za-z0-9_-]",
+        ));
+    }
+    let token = new_token();
+    let hash = sha256_hex(token.as_bytes());
+    let now = state.now();
+    let (id, name) = state
+        .db(move |s| s.create_org(&name, &hash, now).map(|id| (id, name)))
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"id": id, "name": name, "token": token})),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewBootstrap {
+    #[serde(default = "default_bootstrap_ttl")]
+    ttl_seconds: u64,
+}
+
+fn default_bootstrap_ttl() -> u64 {
+    600
+}
+
+/// A bootstrap token lives at most this long.
+const MAX_BOOTSTRAP_TTL: u64 = 3600;
+
+pub async fn create_bootstrap_token(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<NewBootstrap>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org(&state, &headers).await?;
+    if body.ttl_seconds == 0 || body.ttl_seconds > MAX_BOOTSTRAP_TTL {
+        return Err(ApiError::bad_request(format!(
+            "ttlSeconds: 1 to {MAX_BOOTSTRAP_TTL}"
+        )));
+    }
+    let token = new_token();
+    let hash = sha256_hex(token.as_bytes());
+    let expires = state.now() + i64::try_from(body.ttl_seconds * 1000).unwrap_or(0);
+    state
+        .db(move |s| s.add_token(&org, &hash, TokenKind::Bootstrap, expires))
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"token": token, "expiresAt": stamp(expires)})),
+    ))
+}
+
+pub async fn list_builds(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let builds = state.db(move |s| s.runner_builds(&org)).await?;
+    let builds: Vec<Value> = builds
+        .into_iter()
+        .map(|(sha, label, revoked)| json!({"sha256": sha, "label": label, "revoked": revoked}))
+        .collect();
+    Ok(Json(json!({"runnerBuilds": builds})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewBuild {
+    sha256: String,
+    #[serde(default)]
+    label: String,
+}
+
+pub fn is_sha256(text: &str) -> bool {
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+pub async fn allow_build(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<NewBuild>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org(&state, &headers).await?;
+    if !is_sha256(&body.sha256) {
+        return Err(ApiError::bad_request(
+            "sha256: 64 lower-case hex digits (`moat runner inspect` prints it)",
+        ));
+    }
+    let now = state.now();
+    let (sha, label) = (body.sha256.clone(), body.label.clone());
+    state
+        .db(move |s| s.allow_runner_build(&org, &sha, &label, now))
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"sha256": body.sha256, "label": body.label, "revoked": false})),
+    ))
+}
+
+pub async fn revoke_build(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(sha): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let lookup = sha.clone();
+    if !state
+        .db(move |s| s.revoke_runner_build(&org, &lookup))
+        .await?
+    {
+        return Err(ApiError::not_found(format_args!("runner build {sha}")));
+    }
+    state.notify();
+    Ok(Json(json!({"sha256": sha, "revoked": true})))
+}
+
+/// Checks a signed manifest against this control plane: signed with its
+/// key, naming its key, for its environment. The manifest on success.
+pub fn check_manifest(
+    state: &AppState,
+    signed: &SignedManifest,
+) -> Result<(), (&'static str, String)> {
+    let public = state.config.key.public();
+    signed.verify(&public).map_err(|e| {
+        (
+            "bad_signature",
+            format!("the manifest does not verify with the control plane's key: {e}"),
+        )
+    })?;
+    let m = &signed.manifest;
+    if m.control_plane_public_key != public.to_base64() {
+        return Err((
+            "bad_signature",
+            "the manifest names another control plane's key".into(),
+        ));
+    }
+    if m.environment != state.config.environment {
+        return Err((
+            "wrong_environment",
+            format!(
+                "manifest for {:?}, this control plane serves {:?}",
+                m.environment, state.config.environment
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn manifest_expiry(signed: &SignedManifest) -> Result<i64, ApiError> {
+    humantime::parse_rfc3339(&signed.manifest.expires_at)
+        .map(crate::clock::ms)
+        .map_err(|_| ApiError::bad_request("manifest expiresAt is not RFC 3339"))
+}
+
+pub async fn publish_manifest(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(signed): Json<SignedManifest>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org(&state, &headers).await?;
+    check_manifest(&state, &signed).map_err(|(reason, message)| {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, reason, message)
+    })?;
+    if signed.manifest.policy_hash != state.config.policy.hash() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "stale_policy",
+            "the manifest names another policy than this control plane's",
+        ));
+    }
+    let now = state.now();
+    let expires = manifest_expiry(&signed)?;
+    if expires <= now {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "manifest_expired",
+            "the manifest has expired",
+        ));
+    }
+    let row = ManifestRow {
+        hash: signed.manifest_hash.clone(),
+        environment: signed.manifest.environment.clone(),
+        signed: serde_json::to_string(&signed).map_err(|e| ApiError::internal(e.to_string()))?,
+        signed_by: signed.signed_by.clone(),
+        expires_ms: expires,
+        published_ms: now,
+        revoked: false,
+    };
+    let data = json!({"manifestHash": row.hash, "environment": row.environment, "expiresAt": signed.manifest.expires_at});
+    let hash = row.hash.clone();
+    state
+        .db(move |s| {
+            s.publish_manifest(&org, &row)?;
+            s.append_events(&org, &[event(EventType::ManifestPublished, "", now, data)])
+        })
+        .await?;
+    state.notify();
+    Ok((StatusCode::CREATED, Json(json!({"manifestHash": hash}))))
+}
+
+#[derive(Deserialize)]
+pub struct EnvQuery {
+    environment: Option<String>,
+}
+
+pub fn manifest_json(row: &ManifestRow) -> ApiResult<Value> {
+    let signed: Value =
+        serde_json::from_str(&row.signed).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json!({
+        "manifestHash": row.hash, "environment": row.environment, "expiresAt": stamp(row.expires_ms),
+        "publishedAt": stamp(row.published_ms), "revoked": row.revoked, "signed": signed,
+    }))
+}
+
+pub async fn current_manifest(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<EnvQuery>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let env = q
+        .environment
+        .unwrap_or_else(|| state.config.environment.clone());
+    let label = env.clone();
+    let row = state
+        .db(move |s| s.current_manifest(&org, &env))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("published manifest for {label:?}")))?;
+    Ok(Json(manifest_json(&row)?))
+}
+
+pub async fn revoke_manifest(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(hash): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let now = state.now();
+    let h = hash.clone();
+    let found = state
+        .db(move |s| {
+            let found = s.revoke_manifest(&org, &h)?;
+            if found {
+                s.append_events(
+                    &org,
+                    &[event(
+                        EventType::ManifestRevoked,
+                        "",
+                        now,
+                        json!({"manifestHash": h}),
+                    )],
+                )?;
+            }
+            Ok(found)
+        })
+        .await?;
+    if !found {
+        return Err(ApiError::not_found(format_args!("manifest {hash}")));
+    }
+    state.notify();
+    Ok(Json(json!({"manifestHash": hash, "revoked": true})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevokeKey {
+    public_key: String,
+}
+
+pub async fn revoke_key(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<RevokeKey>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let now = state.now();
+    let key = body.public_key.clone();
+    state
+        .db(move |s| {
+            s.revoke_signing_key(&org, &key)?;
+            s.append_events(
+                &org,
+                &[event(
+                    EventType::ManifestRevoked,
+                    "",
+                    now,
+                    json!({"signingKey": key}),
+                )],
+            )
+        })
+        .await?;
+    state.notify();
+    Ok(Json(json!({"publicKey": body.public_key, "revoked": true})))
+}
+
+pub fn runner_json(r: &RunnerRow) -> Value {
+    json!({
+        "id": r.id, "runnerHash": r.runner_hash, "manifestHash": r.manifest_hash, "policyHash": r.policy_hash,
+        "version": r.version, "environment": r.environment, "ops": r.ops, "sandboxMode": r.sandbox_mode,
+        "bootTime": r.boot_time, "registeredAt": stamp(r.registered_ms), "lastSeenAt": stamp(r.seen_ms),
+    })
+}
+
+pub async fn list_runners(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let runners = state.db(move |s| s.runners(&org)).await?;
+    Ok(Json(
+        json!({"runners": runners.iter().map(runner_json).collect::<Vec<_>>()}),
+    ))
+}
+
+pub async fn verify_ledger(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    auth::admin(&state, &headers)?;
+    match state.db(|s| s.verify_ledger()).await? {
+        Ok(v) => Ok(Json(
+            json!({"ok": true, "events": v.events, "head": v.head}),
+        )),
+        Err(broken) => Ok(Json(json!({"ok": false, "error": broken.to_string()}))),
+    }
+}

@@ -1,0 +1,221 @@
+//! Who is calling: the admin, an org (API token) or a registered runner
+//! (signed request). Tokens are compared by their SHA-256; the store holds
+//! nothing else of them.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, Method, Uri};
+use moat_core::EventType;
+use moat_core::hash::sha256_hex;
+use moat_core::request_sig;
+use moat_core::sign::PublicKey;
+use moat_ledger::store::{RunnerRow, event, new_id};
+use serde_json::json;
+
+use super::AppState;
+use super::error::{ApiError, ApiResult};
+
+/// A fresh secret token: `moat_` and 32 random bytes in hex.
+pub fn new_token() -> String {
+    new_id("moat_")
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Equal without telling by timing how much of it matched.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+pub fn admin(state: &AppState, headers: &HeaderMap) -> ApiResult<()> {
+    let token =
+        bearer(headers).ok_or_else(|| ApiError::unauthorized("the admin token is required"))?;
+    if same(
+        &sha256_hex(token.as_bytes()),
+        &state.config.admin_token_hash,
+    ) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized("not the admin token"))
+    }
+}
+
+/// The org whose API token the request carries.
+pub async fn org(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<String> {
+    let token = bearer(headers).ok_or_else(|| {
+        ApiError::unauthorized("an API token is required (Authorization: Bearer ...)")
+    })?;
+    let hash = sha256_hex(token.as_bytes());
+    state
+        .db(move |s| s.org_of_api_token(&hash))
+        .await?
+        .ok_or_else(|| ApiError::unauthorized("unknown API token"))
+}
+
+/// The bootstrap token's hash (spent by registration).
+pub fn bootstrap_hash(headers: &HeaderMap) -> ApiResult<String> {
+    let token =
+        bearer(headers).ok_or_else(|| ApiError::unauthorized("a bootstrap token is required"))?;
+    Ok(sha256_hex(token.as_bytes()))
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| ApiError::unauthorized(format!("signed runner request: {name} missing")))
+}
+
+/// Records `runner.rejected` for `org` with `reason` and answers 403.
+pub async fn reject(
+    state: &Arc<AppState>,
+    org: &str,
+    reason: &'static str,
+    message: String,
+    data: serde_json::Value,
+) -> ApiError {
+    let now = state.now();
+    let mut data = data;
+    if let Some(map) = data.as_object_mut() {
+        map.insert("reason".into(), reason.into());
+        map.insert("message".into(), message.clone().into());
+    }
+    let org = org.to_owned();
+    let recorded = state
+        .db(move |s| s.append_events(&org, &[event(EventType::RunnerRejected, "", now, data)]))
+        .await;
+    if let Err(e) = recorded {
+        return e;
+    }
+    ApiError::forbidden(reason, message)
+}
+
+/// The runner that signed this request, once its signature, timestamp and
+/// nonce check out and its build, manifest and signing key still stand.
+pub async fn runner(
+    state: &Arc<AppState>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<RunnerRow> {
+    let id = header(headers, request_sig::RUNNER)?.to_owned();
+    let timestamp: i64 = header(headers, request_sig::TIMESTAMP)?
+        .parse()
+        .map_err(|_| ApiError::unauthorized("signed runner request: bad timestamp"))?;
+    let nonce = header(headers, request_sig::NONCE)?.to_owned();
+    let signature = header(headers, request_sig::SIGNATURE)?;
+    if nonce.len() < 32 || nonce.len() > 128 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::unauthorized(
+            "signed runner request: the nonce must be 16 to 64 bytes of hex",
+        ));
+    }
+    let lookup = id.clone();
+    let runner = state
+        .db(move |s| s.runner(&lookup))
+        .await?
+        .ok_or_else(|| ApiError::unauthorized("unknown runner"))?;
+    let key = PublicKey::from_base64(&runner.public_key)
+        .map_err(|_| ApiError::internal("stored runner key unreadable"))?;
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
+    if request_sig::verify(
+        &key,
+        signature,
+        method.as_str(),
+        path,
+        timestamp,
+        &nonce,
+        body,
+    )
+    .is_err()
+    {
+        return Err(reject(
+            state,
+            &runner.org_id,
+            "bad_request_signature",
+            "the request signature does not verify".into(),
+            subject,
+        )
+        .await);
+    }
+    let now = state.now();
+    if (now - timestamp).abs() > request_sig::MAX_SKEW_MS {
+        return Err(reject(
+            state,
+            &runner.org_id,
+            "stale_request",
+            format!(
+                "request time is {} ms from the control plane's",
+                now - timestamp
+            ),
+            subject,
+        )
+        .await);
+    }
+    let (org, runner_id, hash, manifest) = (
+        runner.org_id.clone(),
+        runner.id.clone(),
+        runner.runner_hash.clone(),
+        runner.manifest_hash.clone(),
+    );
+    let expires = timestamp + 2 * request_sig::MAX_SKEW_MS;
+    let (fresh, build_ok, manifest_row) = state
+        .db(move |s| {
+            let fresh = s.use_nonce(&runner_id, &nonce, now, expires)?;
+            let build_ok = s.runner_build_allowed(&org, &hash)?;
+            let manifest = s.manifest(&org, &manifest)?;
+            let key_revoked = match &manifest {
+                Some(m) => s.signing_key_revoked(&org, &m.signed_by)?,
+                None => true,
+            };
+            Ok((
+                fresh,
+                build_ok,
+                manifest.filter(|m| !m.revoked && !key_revoked),
+            ))
+        })
+        .await?;
+    if !fresh {
+        return Err(reject(
+            state,
+            &runner.org_id,
+            "replayed_request",
+            "this request nonce was already used".into(),
+            subject,
+        )
+        .await);
+    }
+    if !build_ok {
+        return Err(reject(
+            state,
+            &runner.org_id,
+            "revoked",
+            "the runner build is not (or no longer) allowed".into(),
+            subject,
+        )
+        .await);
+    }
+    if manifest_row.is_none() {
+        return Err(reject(
+            state,
+            &runner.org_id,
+            "revoked",
+            "the runner's manifest or its signing key was revoked".into(),
+            subject,
+        )
+        .await);
+    }
+    Ok(runner)
+}

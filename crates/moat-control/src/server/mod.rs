@@ -1,0 +1,207 @@
+//! `moat serve`: the control plane's HTTP API (axum) over the store.
+//!
+//! Three kinds of caller, three kinds of credential:
+//! - an operator with the admin token creates orgs;
+//! - an org's API token drives everything of that org (runs, ops, events,
+//!   artifacts, runner builds, manifests, bootstrap tokens) — another org's
+//!   objects answer 404, as if they did not exist;
+//! - a runner registers once with a single-use bootstrap token, then signs
+//!   every request with its per-boot key (see `moat_core::request_sig`).
+//!
+//! Replicas share nothing but the database: waiting requests (`wait_ms`)
+//! are woken at once by changes made in the same process and re-check the
+//! database every 100 ms for changes made by another replica.
+
+mod admin_api;
+mod auth;
+mod error;
+mod openapi;
+mod org_api;
+mod runner_api;
+mod sweep;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use moat_core::sign::PrivateKey;
+use moat_ledger::store::{Store, StoreError};
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::policy::PolicyEngine;
+
+pub use error::ApiError;
+pub use openapi::{ROUTES, document as openapi_document};
+
+/// What the server is configured with.
+pub struct Config {
+    pub store: Arc<Store>,
+    /// Signs capabilities; its public half is what manifests name.
+    pub key: PrivateKey,
+    pub policy: PolicyEngine,
+    /// SHA-256 (hex) of the admin token.
+    pub admin_token_hash: String,
+    /// The environment this control plane serves (`prod`, `staging`...).
+    pub environment: String,
+    pub clock: Arc<dyn Clock>,
+    /// How long a claim lives without a renewal.
+    pub lease: Duration,
+    /// How long a capability lives (at most 60 s).
+    pub capability_ttl: Duration,
+    /// Claims a run gets before it is dead-lettered.
+    pub max_attempts: i64,
+}
+
+/// Shared state of the handlers.
+pub struct AppState {
+    pub config: Config,
+    /// Bumped on every change a waiter may care about.
+    changed: watch::Sender<u64>,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Arc<AppState> {
+        Arc::new(AppState {
+            config,
+            changed: watch::channel(0).0,
+        })
+    }
+
+    pub fn now(&self) -> i64 {
+        self.config.clock.now_ms()
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Runs a store call off the async threads.
+    async fn db<T: Send + 'static>(
+        self: &Arc<Self>,
+        call: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let store = Arc::clone(&self.config.store);
+        tokio::task::spawn_blocking(move || call(&store))
+            .await
+            .map_err(|e| ApiError::internal(format!("store task: {e}")))?
+            .map_err(ApiError::from)
+    }
+
+    /// Calls `probe` until it yields something or `wait` passes; woken by
+    /// local changes, and every 100 ms for other replicas' changes.
+    async fn wait_for<T: Send + 'static>(
+        self: &Arc<Self>,
+        wait: Duration,
+        probe: impl Fn(&Store) -> Result<Option<T>, StoreError> + Send + Sync + Clone + 'static,
+    ) -> Result<Option<T>, ApiError> {
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let mut changes = self.changed.subscribe();
+        loop {
+            changes.mark_unchanged();
+            let found = self.db(probe.clone()).await?;
+            if found.is_some() || tokio::time::Instant::now() >= deadline {
+                return Ok(found);
+            }
+            let tick = (tokio::time::Instant::now() + Duration::from_millis(100)).min(deadline);
+            let _ = tokio::time::timeout_at(tick, changes.changed()).await;
+        }
+    }
+}
+
+/// The longest a request may wait for something to happen.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// The API's routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/openapi.json", get(openapi::serve))
+        .route("/v1/orgs", post(admin_api::create_org))
+        .route(
+            "/v1/bootstrap-tokens",
+            post(admin_api::create_bootstrap_token),
+        )
+        .route(
+            "/v1/runner-builds",
+            get(admin_api::list_builds).post(admin_api::allow_build),
+        )
+        .route(
+            "/v1/runner-builds/{sha256}/revoke",
+            post(admin_api::revoke_build),
+        )
+        .route("/v1/manifests", post(admin_api::publish_manifest))
+        .route("/v1/manifests/current", get(admin_api::current_manifest))
+        .route(
+            "/v1/manifests/{hash}/revoke",
+            post(admin_api::revoke_manifest),
+        )
+        .route("/v1/signing-keys/revoke", post(admin_api::revoke_key))
+        .route("/v1/runners", get(admin_api::list_runners))
+        .route("/v1/ledger/verify", get(admin_api::verify_ledger))
+        .route(
+            "/v1/runs",
+            get(org_api::list_runs).post(org_api::create_run),
+        )
+        .route("/v1/runs/{run}", get(org_api::get_run))
+        .route("/v1/runs/{run}/finish", post(org_api::finish_run))
+        .route(
+            "/v1/runs/{run}/ops",
+            get(org_api::list_ops).post(org_api::post_op),
+        )
+        .route("/v1/runs/{run}/ops/{op}", get(org_api::get_op))
+        .route("/v1/runs/{run}/events", get(org_api::events))
+        .route("/v1/runs/{run}/events/stream", get(org_api::event_stream))
+        .route("/v1/runs/{run}/artifacts", get(org_api::list_artifacts))
+        .route("/v1/artifacts/{sha256}", get(org_api::download_artifact))
+        .route(
+            "/v1/artifacts/{sha256}/verify",
+            get(org_api::verify_artifact),
+        )
+        .route("/v1/runner/register", post(runner_api::register))
+        .route("/v1/runner/events", post(runner_api::events))
+        .route("/v1/runner/claim", post(runner_api::claim))
+        .route(
+            "/v1/runner/manifest",
+            get(runner_api::manifest).post(runner_api::refreshed),
+        )
+        .route("/v1/runner/runs/{run}/next", post(runner_api::next))
+        .route(
+            "/v1/runner/runs/{run}/ops/{op}/result",
+            post(runner_api::result),
+        )
+        .route("/v1/runner/runs/{run}/finish", post(runner_api::finish))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// How long requests in flight get once a stop is asked for.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// The largest request body (inputs and artifacts travel inline).
+pub const MAX_BODY: usize = 64 << 20;
+
+/// Serves `router` on `listener` with the background sweeps, until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let sweeper = tokio::spawn(sweep::run(Arc::clone(&state)));
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = stopping.send(());
+    });
+    // Waiting requests (long polls) get a moment to finish, not their full wait.
+    let result = tokio::select! {
+        result = server => result,
+        _ = async {
+            let _ = stopped.await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => Ok(()),
+    };
+    sweeper.abort();
+    result
+}

@@ -1,0 +1,250 @@
+//! The OpenAPI document of the API, served at `/openapi.json`. Every route
+//! of the router is listed in [`ROUTES`]; a test checks the two agree.
+
+use axum::Json;
+use serde_json::{Value, json};
+
+/// `(method, path, auth, summary)` of every route.
+pub const ROUTES: &[(&str, &str, &str, &str)] = &[
+    ("get", "/healthz", "none", "Liveness: 200 `ok`."),
+    ("get", "/openapi.json", "none", "This document."),
+    (
+        "post",
+        "/v1/orgs",
+        "admin",
+        "Create an org; returns its id and first API token (shown once).",
+    ),
+    (
+        "post",
+        "/v1/bootstrap-tokens",
+        "org",
+        "A single-use runner bootstrap token, valid `ttlSeconds` (default 600, at most 3600).",
+    ),
+    (
+        "get",
+        "/v1/runner-builds",
+        "org",
+        "The runner-build allowlist (SHA-256 of sealed runners).",
+    ),
+    (
+        "post",
+        "/v1/runner-builds",
+        "org",
+        "Allow a runner build: `{sha256, label}`.",
+    ),
+    (
+        "post",
+        "/v1/runner-builds/{sha256}/revoke",
+        "org",
+        "Revoke a runner build: its runners are refused from their next request.",
+    ),
+    (
+        "post",
+        "/v1/manifests",
+        "org",
+        "Publish a signed manifest (signed with this control plane's key, for its environment and policy).",
+    ),
+    (
+        "get",
+        "/v1/manifests/current",
+        "org",
+        "The newest unrevoked manifest of an environment (`?environment=`).",
+    ),
+    (
+        "post",
+        "/v1/manifests/{hash}/revoke",
+        "org",
+        "Revoke a manifest: its runners are refused from their next request.",
+    ),
+    (
+        "post",
+        "/v1/signing-keys/revoke",
+        "org",
+        "Revoke a manifest-signing key: `{publicKey}`.",
+    ),
+    (
+        "get",
+        "/v1/runners",
+        "org",
+        "Registered runners: hash, manifest, policy, version, environment, ops, sandbox mode, boot time.",
+    ),
+    (
+        "get",
+        "/v1/ledger/verify",
+        "admin",
+        "Recompute the event hash chain.",
+    ),
+    (
+        "get",
+        "/v1/runs",
+        "org",
+        "Runs, newest first (`?state=`, `?limit=`).",
+    ),
+    (
+        "post",
+        "/v1/runs",
+        "org",
+        "Create a run: `{id?, environment?, maxAttempts?, inputs: [{path, content | contentBase64}]}`.",
+    ),
+    ("get", "/v1/runs/{run}", "org", "One run."),
+    (
+        "post",
+        "/v1/runs/{run}/finish",
+        "org",
+        "The agent is done: the runner finishes the run after its queued operations.",
+    ),
+    (
+        "get",
+        "/v1/runs/{run}/ops",
+        "org",
+        "The run's operations with decisions and results.",
+    ),
+    (
+        "post",
+        "/v1/runs/{run}/ops",
+        "org",
+        "Submit an operation envelope (`id`, `op`, `args`...): decided by policy; 201 queued, 403 denied; `?wait_ms=` waits for the result.",
+    ),
+    (
+        "get",
+        "/v1/runs/{run}/ops/{op}",
+        "org",
+        "One operation (`?wait_ms=` waits until it is final).",
+    ),
+    (
+        "get",
+        "/v1/runs/{run}/events",
+        "org",
+        "The run's events (`?after=SEQ&limit=`), with their chain hashes.",
+    ),
+    (
+        "get",
+        "/v1/runs/{run}/events/stream",
+        "org",
+        "The run's events as server-sent events (resumes after `Last-Event-ID`).",
+    ),
+    (
+        "get",
+        "/v1/runs/{run}/artifacts",
+        "org",
+        "The run's artifacts: hash, size, kind, label.",
+    ),
+    (
+        "get",
+        "/v1/artifacts/{sha256}",
+        "org",
+        "Download an artifact's bytes.",
+    ),
+    (
+        "get",
+        "/v1/artifacts/{sha256}/verify",
+        "org",
+        "Recompute an artifact's hash.",
+    ),
+    (
+        "post",
+        "/v1/runner/register",
+        "bootstrap",
+        "Register a sealed runner (hashes, manifest, version, environment, ops, sandbox mode, boot time, per-boot public key).",
+    ),
+    (
+        "post",
+        "/v1/runner/events",
+        "runner",
+        "Runner provenance events.",
+    ),
+    (
+        "post",
+        "/v1/runner/claim",
+        "runner",
+        "Claim the next queued run under a lease (`?wait_ms=`); 204 if none.",
+    ),
+    (
+        "get",
+        "/v1/runner/manifest",
+        "runner",
+        "The current manifest of the runner's environment.",
+    ),
+    (
+        "post",
+        "/v1/runner/manifest",
+        "runner",
+        "Report the swap to a refreshed manifest: `{manifestHash}`.",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/next",
+        "runner",
+        "Renew the lease and take the next operation (with a fresh capability), or `finish`/`ended` (`?wait_ms=`).",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/ops/{op}/result",
+        "runner",
+        "Report an operation's result, events and artifacts (recorded once).",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/finish",
+        "runner",
+        "End a run: `{state: succeeded|failed, error?}`.",
+    ),
+];
+
+fn security(auth: &str) -> Value {
+    match auth {
+        "none" => json!([]),
+        "admin" => json!([{"adminToken": []}]),
+        "org" => json!([{"apiToken": []}]),
+        "bootstrap" => json!([{"bootstrapToken": []}]),
+        _ => json!([{"runnerSignature": []}]),
+    }
+}
+
+/// The document.
+pub fn document() -> Value {
+    let mut paths = serde_json::Map::new();
+    for (method, path, auth, summary) in ROUTES {
+        let params: Vec<Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        let entry = paths.entry((*path).to_owned()).or_insert_with(|| json!({}));
+        if let Some(map) = entry.as_object_mut() {
+            map.insert(
+                (*method).to_owned(),
+                json!({
+                    "summary": summary,
+                    "parameters": params,
+                    "security": security(auth),
+                    "responses": {
+                        "200": {"description": "OK"},
+                        "default": {"description": "An error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                    },
+                }),
+            );
+        }
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Moat control plane", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "adminToken": {"type": "http", "scheme": "bearer", "description": "The admin token (`moat serve --admin-token-file`)."},
+                "apiToken": {"type": "http", "scheme": "bearer", "description": "An org's API token."},
+                "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "A single-use runner bootstrap token."},
+                "runnerSignature": {"type": "apiKey", "in": "header", "name": "x-moat-signature",
+                    "description": "Ed25519 signature by the runner's per-boot key over method, path, x-moat-timestamp, x-moat-nonce and the body's SHA-256; with x-moat-runner."},
+            },
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["reason", "message"], "properties": {"reason": {"type": "string"}, "message": {"type": "string"}}}}},
+            },
+        },
+    })
+}
+
+pub async fn serve() -> Json<Value> {
+    Json(document())
+}

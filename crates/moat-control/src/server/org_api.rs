@@ -1,0 +1,700 @@
+//! An org's runs, their operations (decided here), events and artifacts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use moat_core::hash::sha256_hex;
+use moat_core::{
+    DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
+};
+use moat_ledger::store::{
+    ArtifactRow, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event, new_id, stamp,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth;
+use super::error::{ApiError, ApiResult};
+use crate::describe::describe;
+use crate::policy::{Decision, OpRequest};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+pub fn run_json(r: &RunRow) -> Value {
+    json!({
+        "id": r.id, "state": r.state.as_str(), "environment": r.environment, "runnerId": r.runner_id,
+        "manifestHash": r.manifest_hash, "attempts": r.attempts, "maxAttempts": r.max_attempts,
+        "finishRequested": r.finish_wanted, "inputs": r.inputs, "error": r.error,
+        "createdAt": stamp(r.created_ms), "updatedAt": stamp(r.updated_ms),
+        "leaseUntil": (r.lease_until_ms > 0).then(|| stamp(r.lease_until_ms)),
+    })
+}
+
+pub fn op_json(o: &OpRow) -> Value {
+    json!({
+        "id": o.id, "runId": o.run_id, "n": o.n, "op": o.op, "state": o.state.as_str(),
+        "decision": o.decision, "result": o.result,
+        "createdAt": stamp(o.created_ms), "updatedAt": stamp(o.updated_ms),
+    })
+}
+
+fn artifact_json(a: &ArtifactRow) -> Value {
+    json!({
+        "runId": a.run_id, "opId": a.op_id, "sha256": a.sha256, "size": a.size, "kind": a.kind,
+        "label": a.label, "createdAt": stamp(a.created_ms),
+    })
+}
+
+/// A workspace-relative path: no root, no `..`, nothing odd.
+pub fn plain_relative(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 4096
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewInput {
+    path: String,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    content_base64: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewRunBody {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    environment: Option<String>,
+    #[serde(default)]
+    inputs: Vec<NewInput>,
+    #[serde(default)]
+    max_attempts: Option<i64>,
+}
+
+pub async fn create_run(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<NewRunBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org(&state, &headers).await?;
+    let id = body.id.unwrap_or_else(|| new_id("run_"));
+    if id.is_empty()
+        || id.len() > 128
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(ApiError::bad_request("run id: 1 to 128 of [A-Za-z0-9._-]"));
+    }
+    let max_attempts = body.max_attempts.unwrap_or(state.config.max_attempts);
+    if !(1..=100).contains(&max_attempts) {
+        return Err(ApiError::bad_request("maxAttempts: 1 to 100"));
+    }
+    let mut inputs = Vec::new();
+    let mut listed = Vec::new();
+    for input in body.inputs {
+        if !plain_relative(&input.path) {
+            return Err(ApiError::bad_request(format!(
+                "input path {:?}: relative, without . or ..",
+                input.path
+            )));
+        }
+        let data = match (input.content, input.content_base64) {
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(b64)) => B64.decode(b64.as_bytes()).map_err(|_| {
+                ApiError::bad_request(format!("input {}: contentBase64 is not base64", input.path))
+            })?,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "input {}: give content or contentBase64",
+                    input.path
+                )));
+            }
+        };
+        let sha = sha256_hex(&data);
+        listed.push(json!({"path": input.path, "sha256": sha, "size": data.len()}));
+        inputs.push(NewArtifact {
+            sha256: sha,
+            kind: "input".into(),
+            label: input.path,
+            data,
+        });
+    }
+    let environment = body
+        .environment
+        .unwrap_or_else(|| state.config.environment.clone());
+    let now = state.now();
+    let run = state
+        .db(move |s| {
+            let run = s.create_run(
+                &NewRun {
+                    org: &org,
+                    id: &id,
+                    environment: &environment,
+                    inputs: Value::Array(listed),
+                    max_attempts,
+                },
+                now,
+            )?;
+            for input in &inputs {
+                s.add_artifact(&org, &id, "", input, now)?;
+            }
+            Ok(run)
+        })
+        .await?;
+    state.notify();
+    Ok((StatusCode::CREATED, Json(run_json(&run))))
+}
+
+#[derive(Deserialize)]
+pub struct RunsQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+pub async fn list_runs(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<RunsQuery>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let filter = match q.state.as_deref() {
+        None => None,
+        Some(text) => Some(
+            RunState::parse(text)
+                .ok_or_else(|| ApiError::bad_request(format!("unknown run state {text:?}")))?,
+        ),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let runs = state.db(move |s| s.runs(&org, filter, limit)).await?;
+    Ok(Json(
+        json!({"runs": runs.iter().map(run_json).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn the_run(state: &Arc<AppState>, org: &str, run: &str) -> ApiResult<RunRow> {
+    let (org, id) = (org.to_owned(), run.to_owned());
+    state
+        .db(move |s| s.run(&org, &id))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))
+}
+
+pub async fn get_run(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    Ok(Json(run_json(&the_run(&state, &org, &run).await?)))
+}
+
+pub async fn finish_run(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    let now = state.now();
+    let id = run.clone();
+    let row = state
+        .db(move |s| s.request_finish(&org, &id, now))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))?;
+    state.notify();
+    Ok(Json(run_json(&row)))
+}
+
+#[derive(Deserialize)]
+pub struct WaitQuery {
+    wait_ms: Option<u64>,
+}
+
+/// The envelope as posted, completed: its run, a correlation id and a time.
+fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
+    let map = body
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the operation must be a JSON object"))?;
+    if map.contains_key("capability") {
+        return Err(ApiError::bad_request(
+            "capabilities are issued by the control plane, not sent to it",
+        ));
+    }
+    match map.get("runId") {
+        Some(Value::String(given)) if given != run => {
+            return Err(ApiError::bad_request(format!(
+                "runId {given:?} is not this run"
+            )));
+        }
+        _ => {
+            map.insert("runId".into(), run.into());
+        }
+    }
+    let id = match map.get("id") {
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 128 => id.clone(),
+        _ => {
+            return Err(ApiError::bad_request(
+                "id: the operation's id, 1 to 128 characters",
+            ));
+        }
+    };
+    map.entry("correlationId").or_insert_with(|| id.into());
+    map.entry("createdAt").or_insert_with(|| stamp(now).into());
+    serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("the operation envelope: {e}")))
+}
+
+fn denied_result(id: &str, reason: DenialReason, message: String) -> Value {
+    serde_json::to_value(OpResult {
+        id: id.to_owned(),
+        status: OpStatus::Denied,
+        result: None,
+        reason: Some(reason),
+        message: Some(message),
+        event_type: Some(EventType::CapabilityDenied.as_str().to_owned()),
+        artifacts: Vec::new(),
+    })
+    .unwrap_or(Value::Null)
+}
+
+/// The decision for one envelope: `(state, decision record, denial)`.
+fn decide(
+    state: &AppState,
+    org_name: &str,
+    run: &RunRow,
+    manifest: Option<&SignedManifest>,
+    envelope: &Envelope,
+) -> (OpState, Value, Option<(DenialReason, String)>) {
+    let policy_hash = state.config.policy.hash().to_owned();
+    let described = match describe(envelope) {
+        Ok(d) => d,
+        Err(e) => {
+            let reason = if matches!(e, crate::describe::DescribeError::UnknownOp(_)) {
+                DenialReason::UnknownOp
+            } else {
+                DenialReason::InvalidArgs
+            };
+            return (
+                OpState::Denied,
+                json!({"decision": "deny", "policyHash": policy_hash}),
+                Some((reason, e.to_string())),
+            );
+        }
+    };
+    let Some(manifest) = manifest else {
+        return (
+            OpState::Denied,
+            json!({"decision": "deny", "policyHash": policy_hash}),
+            Some((
+                DenialReason::OpNotInManifest,
+                format!("no manifest is published for {:?}", run.environment),
+            )),
+        );
+    };
+    if !manifest.manifest.allowed_ops.contains(&described.op) {
+        return (
+            OpState::Denied,
+            json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash}),
+            Some((
+                DenialReason::OpNotInManifest,
+                format!(
+                    "{} is not in the manifest's allowedOps",
+                    described.op.as_str()
+                ),
+            )),
+        );
+    }
+    let sandbox = manifest
+        .manifest
+        .sandbox_modes
+        .first()
+        .copied()
+        .unwrap_or(SandboxMode::WorkspaceWrite);
+    let request = OpRequest {
+        org: org_name,
+        runner: run.runner_id.as_deref().unwrap_or("unassigned"),
+        op: described.op,
+        resource: described.resource.clone(),
+        size: described.size,
+        network: described.network,
+        sandbox,
+    };
+    let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": format!("{:?}", described.resource)});
+    let with = |decision: &str, extra: Value| {
+        let mut record = base.clone();
+        if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
+            r.insert("decision".into(), decision.into());
+            r.extend(e.clone());
+        }
+        record
+    };
+    match state.config.policy.decide(&request) {
+        Ok(Decision::Allow { policies }) => (
+            OpState::Queued,
+            with("allow", json!({"policies": policies})),
+            None,
+        ),
+        Ok(Decision::Deny { policies }) => {
+            let message = if policies.is_empty() {
+                "no policy permits this operation".to_owned()
+            } else {
+                format!("forbidden by {}", policies.join(", "))
+            };
+            (
+                OpState::Denied,
+                with("deny", json!({"policies": policies})),
+                Some((DenialReason::PolicyDenied, message)),
+            )
+        }
+        Ok(Decision::RequireApproval { rule }) => (
+            OpState::Denied,
+            with("require_approval", json!({"rule": rule})),
+            Some((
+                DenialReason::ApprovalRequired,
+                format!(
+                    "policy {rule} requires an approval, and approvals are not available yet: refused"
+                ),
+            )),
+        ),
+        Err(e) => (
+            OpState::Denied,
+            with("deny", json!({"error": e.to_string()})),
+            Some((
+                DenialReason::PolicyDenied,
+                format!("the policy could not decide: {e}"),
+            )),
+        ),
+    }
+}
+
+pub async fn post_op(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+    Query(q): Query<WaitQuery>,
+    Json(body): Json<Value>,
+) -> ApiResult<Response> {
+    let org = auth::org(&state, &headers).await?;
+    let now = state.now();
+    let envelope = complete_envelope(body, &run_id, now)?;
+    let run = the_run(&state, &org, &run_id).await?;
+    if run.state.is_final() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "run_ended",
+            format!("run {run_id} has ended ({})", run.state.as_str()),
+        ));
+    }
+    let (o, env) = (org.clone(), run.environment.clone());
+    let (org_name, manifest) = state
+        .db(move |s| {
+            Ok((
+                s.org_name(&o)?.unwrap_or_default(),
+                s.current_manifest(&o, &env)?,
+            ))
+        })
+        .await?;
+    let manifest: Option<SignedManifest> =
+        manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
+    let (op_state, decision, denial) =
+        decide(&state, &org_name, &run, manifest.as_ref(), &envelope);
+    let mut requested = event(
+        EventType::CapabilityRequested,
+        &run_id,
+        now,
+        json!({"op": envelope.op}),
+    );
+    requested.op_id = Some(envelope.id.clone());
+    requested.correlation_id = Some(envelope.correlation_id.clone());
+    let mut outcome = match &denial {
+        None => event(EventType::CapabilityGranted, &run_id, now, decision.clone()),
+        Some((reason, message)) => {
+            let mut data = decision.clone();
+            if let Some(map) = data.as_object_mut() {
+                map.insert("reason".into(), reason.as_str().into());
+                map.insert("message".into(), message.clone().into());
+            }
+            event(EventType::CapabilityDenied, &run_id, now, data)
+        }
+    };
+    outcome.op_id = requested.op_id.clone();
+    outcome.correlation_id = requested.correlation_id.clone();
+    let result = denial
+        .as_ref()
+        .map(|(reason, message)| denied_result(&envelope.id, *reason, message.clone()));
+    let envelope_json =
+        serde_json::to_value(&envelope).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (o, r, op_id, kind) = (
+        org.clone(),
+        run_id.clone(),
+        envelope.id.clone(),
+        envelope.op.clone(),
+    );
+    let row = state
+        .db(move |s| {
+            s.insert_op(
+                &NewOp {
+                    org: &o,
+                    run: &r,
+                    id: &op_id,
+                    op: &kind,
+                    state: op_state,
+                    envelope: &envelope_json,
+                    decision: &decision,
+                    result: result.as_ref(),
+                    events: &[requested, outcome],
+                },
+                now,
+            )
+        })
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "run_ended",
+                format!("run {run_id} has ended"),
+            )
+        })?;
+    state.notify();
+    if let Some((reason, message)) = denial {
+        let body =
+            json!({"error": {"reason": reason.as_str(), "message": message}, "op": op_json(&row)});
+        return Ok((StatusCode::FORBIDDEN, Json(body)).into_response());
+    }
+    match q.wait_ms {
+        Some(wait) if wait > 0 => {
+            let done =
+                wait_final(&state, &org, &run_id, &row.id, Duration::from_millis(wait)).await?;
+            Ok((StatusCode::OK, Json(op_json(done.as_ref().unwrap_or(&row)))).into_response())
+        }
+        _ => Ok((StatusCode::CREATED, Json(op_json(&row))).into_response()),
+    }
+}
+
+async fn wait_final(
+    state: &Arc<AppState>,
+    org: &str,
+    run: &str,
+    op: &str,
+    wait: Duration,
+) -> ApiResult<Option<OpRow>> {
+    let (org, run, op) = (org.to_owned(), run.to_owned(), op.to_owned());
+    state
+        .wait_for(wait, move |s| {
+            Ok(s.op(&org, &run, &op)?.filter(|o| o.state.is_final()))
+        })
+        .await
+}
+
+pub async fn list_ops(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    the_run(&state, &org, &run).await?;
+    let ops = state.db(move |s| s.ops(&org, &run)).await?;
+    Ok(Json(
+        json!({"ops": ops.iter().map(op_json).collect::<Vec<_>>()}),
+    ))
+}
+
+pub async fn get_op(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path((run, op)): Path<(String, String)>,
+    Query(q): Query<WaitQuery>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    if let Some(wait) = q.wait_ms.filter(|w| *w > 0) {
+        if let Some(done) = wait_final(&state, &org, &run, &op, Duration::from_millis(wait)).await?
+        {
+            return Ok(Json(op_json(&done)));
+        }
+    }
+    let (r, o) = (run.clone(), op.clone());
+    let row = state
+        .db(move |s| s.op(&org, &r, &o))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("operation {op} of run {run}")))?;
+    Ok(Json(op_json(&row)))
+}
+
+#[derive(Deserialize)]
+pub struct EventsQuery {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+pub async fn events(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    the_run(&state, &org, &run).await?;
+    let (after, limit) = (
+        q.after.unwrap_or(0),
+        q.limit.unwrap_or(1000).clamp(1, 10_000),
+    );
+    let page = state
+        .db(move |s| s.events(&org, Some(&run), after, limit))
+        .await?;
+    Ok(Json(json!({
+        "events": page.events.iter().map(|e| e.to_json()).collect::<Vec<_>>(),
+        "last": page.last_seq,
+    })))
+}
+
+/// Server-sent events of one run: every event so far (or after
+/// `Last-Event-ID`), then new ones as they are recorded; the stream ends
+/// once the run has ended and its events are all sent.
+pub async fn event_stream(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult<Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>>> {
+    let org = auth::org(&state, &headers).await?;
+    the_run(&state, &org, &run).await?;
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let after = resume.or(q.after).unwrap_or(0);
+    let stream = futures_util::stream::unfold(
+        (
+            state,
+            org,
+            run,
+            after,
+            std::collections::VecDeque::new(),
+            false,
+        ),
+        |(state, org, run, mut after, mut queue, mut ended)| async move {
+            loop {
+                if let Some(e) = queue.pop_front() {
+                    return Some((Ok(e), (state, org, run, after, queue, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                let (o, r) = (org.clone(), run.clone());
+                let found = state
+                    .wait_for(Duration::from_secs(15), move |s| {
+                        let page = s.events(&o, Some(&r), after, 500)?;
+                        if !page.events.is_empty() {
+                            return Ok(Some((page, false)));
+                        }
+                        let done = s.run(&o, &r)?.is_none_or(|run| run.state.is_final());
+                        Ok(done.then_some((page, true)))
+                    })
+                    .await;
+                match found {
+                    Ok(Some((page, done))) => {
+                        ended = done;
+                        after = page.last_seq;
+                        for stored in page.events {
+                            let data = stored.to_json().to_string();
+                            queue.push_back(
+                                SseEvent::default()
+                                    .id(stored.seq.to_string())
+                                    .event(stored.event.event_type.as_str())
+                                    .data(data),
+                            );
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(_) => return None,
+                }
+            }
+        },
+    );
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+pub async fn list_artifacts(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(run): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org(&state, &headers).await?;
+    the_run(&state, &org, &run).await?;
+    let artifacts = state.db(move |s| s.artifacts(&org, &run)).await?;
+    Ok(Json(
+        json!({"artifacts": artifacts.iter().map(artifact_json).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn artifact_bytes(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    sha: &str,
+) -> ApiResult<Vec<u8>> {
+    let org = auth::org(state, headers).await?;
+    let lookup = sha.to_owned();
+    state
+        .db(move |s| s.artifact_bytes(&org, &lookup))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("artifact {sha}")))
+}
+
+pub async fn download_artifact(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(sha): Path<String>,
+) -> ApiResult<Response> {
+    let bytes = artifact_bytes(&state, &headers, &sha).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::HeaderName::from_static("x-moat-sha256"), sha),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
+pub async fn verify_artifact(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(sha): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let bytes = artifact_bytes(&state, &headers, &sha).await?;
+    let actual = sha256_hex(&bytes);
+    Ok(Json(
+        json!({"sha256": sha, "size": bytes.len(), "computed": actual, "ok": actual == sha}),
+    ))
+}
+
+/// Kept for the runner API: the run's inputs with their bytes.
+pub fn inputs_with_content(run: &RunRow, load: impl Fn(&str) -> Option<Vec<u8>>) -> Value {
+    let inputs = run.inputs.as_array().cloned().unwrap_or_default();
+    Value::Array(
+        inputs
+            .into_iter()
+            .map(|mut input| {
+                let sha = input["sha256"].as_str().unwrap_or_default().to_owned();
+                if let (Some(map), Some(bytes)) = (input.as_object_mut(), load(&sha)) {
+                    map.insert("contentBase64".into(), B64.encode(bytes).into());
+                }
+                input
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,674 @@
+//! What runners call: registration with a bootstrap token, then signed
+//! requests to claim runs, take operations (each with a fresh capability),
+//! report results and finish runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use moat_core::{Envelope, Event, EventType, OpKind, SignedManifest};
+use moat_ledger::store::{
+    NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, new_id, stamp,
+};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::admin_api::{check_manifest, is_sha256, manifest_expiry, manifest_json};
+use super::auth;
+use super::error::{ApiError, ApiResult};
+use super::org_api::{inputs_with_content, run_json};
+use crate::lifecycle::{self, Lifetime};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("request body: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Registration {
+    runner_hash: String,
+    signed_manifest: SignedManifest,
+    version: String,
+    environment: String,
+    ops: Vec<OpKind>,
+    sandbox_mode: String,
+    boot_time: String,
+    public_key: String,
+}
+
+/// Why a registration is refused, checked in this order.
+fn registration_problem(
+    state: &AppState,
+    reg: &Registration,
+    now: i64,
+    build_allowed: bool,
+    key_revoked: bool,
+    current: Option<&str>,
+) -> Option<(&'static str, String)> {
+    let m = &reg.signed_manifest.manifest;
+    if let Err(problem) = check_manifest(state, &reg.signed_manifest) {
+        return Some(problem);
+    }
+    if key_revoked {
+        return Some(("revoked", "the manifest's signing key was revoked".into()));
+    }
+    if !build_allowed {
+        return Some((
+            "unknown_runner_hash",
+            format!("runner build {} is not on the allowlist", reg.runner_hash),
+        ));
+    }
+    if reg.environment != m.environment {
+        return Some((
+            "wrong_environment",
+            format!(
+                "the runner says {:?}, its manifest {:?}",
+                reg.environment, m.environment
+            ),
+        ));
+    }
+    if reg.version != m.runner_version {
+        return Some((
+            "wrong_version",
+            format!(
+                "runner version {:?}, manifest {:?}",
+                reg.version, m.runner_version
+            ),
+        ));
+    }
+    match manifest_expiry(&reg.signed_manifest) {
+        Ok(expires) if expires <= now => {
+            return Some((
+                "manifest_expired",
+                format!("the manifest expired at {}", m.expires_at),
+            ));
+        }
+        Ok(_) => {}
+        Err(_) => {
+            return Some((
+                "bad_signature",
+                "the manifest's expiresAt is unreadable".into(),
+            ));
+        }
+    }
+    if m.policy_hash != state.config.policy.hash() {
+        return Some((
+            "stale_policy",
+            "the manifest names a policy this control plane no longer serves".into(),
+        ));
+    }
+    if current != Some(reg.signed_manifest.manifest_hash.as_str()) {
+        return Some((
+            "stale_manifest",
+            match current {
+                Some(c) => format!("the current manifest is {c}"),
+                None => "no manifest is published for this environment".into(),
+            },
+        ));
+    }
+    if let Some(extra) = reg.ops.iter().find(|op| !m.allowed_ops.contains(op)) {
+        return Some((
+            "ops_beyond_manifest",
+            format!("{} is not in the manifest's allowedOps", extra.as_str()),
+        ));
+    }
+    if !m
+        .sandbox_modes
+        .iter()
+        .any(|mode| mode.as_str() == reg.sandbox_mode)
+    {
+        return Some((
+            "ops_beyond_manifest",
+            format!("sandbox mode {} is not in the manifest", reg.sandbox_mode),
+        ));
+    }
+    if moat_core::sign::PublicKey::from_base64(&reg.public_key).is_err() {
+        return Some((
+            "bad_signature",
+            "publicKey is not a base64 Ed25519 key".into(),
+        ));
+    }
+    None
+}
+
+pub async fn register(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let token = auth::bootstrap_hash(&headers)?;
+    let now = state.now();
+    // Spent before anything else: a token is good for one attempt.
+    let org = state
+        .db(move |s| s.spend_bootstrap_token(&token, now))
+        .await?
+        .ok_or_else(|| {
+            ApiError::unauthorized("the bootstrap token is unknown, expired or already used")
+        })?;
+    let reg: Registration = parse(&body)?;
+    if !is_sha256(&reg.runner_hash) {
+        return Err(ApiError::bad_request(
+            "runnerHash: 64 lower-case hex digits",
+        ));
+    }
+    let (o, hash, env, signer) = (
+        org.clone(),
+        reg.runner_hash.clone(),
+        reg.signed_manifest.manifest.environment.clone(),
+        reg.signed_manifest.signed_by.clone(),
+    );
+    let (build_allowed, key_revoked, current) = state
+        .db(move |s| {
+            Ok((
+                s.runner_build_allowed(&o, &hash)?,
+                s.signing_key_revoked(&o, &signer)?,
+                s.current_manifest(&o, &env)?.map(|m| m.hash),
+            ))
+        })
+        .await?;
+    let subject = json!({
+        "runnerHash": reg.runner_hash, "manifestHash": reg.signed_manifest.manifest_hash,
+        "policyHash": reg.signed_manifest.manifest.policy_hash, "environment": reg.environment, "version": reg.version,
+    });
+    if let Some((reason, message)) = registration_problem(
+        &state,
+        &reg,
+        now,
+        build_allowed,
+        key_revoked,
+        current.as_deref(),
+    ) {
+        return Err(auth::reject(&state, &org, reason, message, subject).await);
+    }
+    let runner = RunnerRow {
+        id: new_id("runner_"),
+        org_id: org.clone(),
+        runner_hash: reg.runner_hash.clone(),
+        manifest_hash: reg.signed_manifest.manifest_hash.clone(),
+        policy_hash: reg.signed_manifest.manifest.policy_hash.clone(),
+        version: reg.version.clone(),
+        environment: reg.environment.clone(),
+        ops: serde_json::to_value(&reg.ops).unwrap_or(Value::Null),
+        sandbox_mode: reg.sandbox_mode.clone(),
+        boot_time: reg.boot_time.clone(),
+        public_key: reg.public_key.clone(),
+        registered_ms: now,
+        seen_ms: now,
+    };
+    let mut data = subject;
+    if let Some(map) = data.as_object_mut() {
+        map.insert("runnerId".into(), runner.id.clone().into());
+        map.insert("ops".into(), runner.ops.clone());
+        map.insert("sandboxMode".into(), runner.sandbox_mode.clone().into());
+        map.insert("bootTime".into(), runner.boot_time.clone().into());
+    }
+    let stored = runner.clone();
+    state
+        .db(move |s| {
+            s.register_runner(&stored)?;
+            s.append_events(&org, &[event(EventType::RunnerRegistered, "", now, data)])
+        })
+        .await?;
+    let body = json!({
+        "runnerId": runner.id,
+        "leaseMs": state.config.lease.as_millis() as u64,
+        "maxWaitMs": super::MAX_WAIT.as_millis() as u64,
+    });
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn signed(
+    state: &Arc<AppState>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<RunnerRow> {
+    auth::runner(state, method, uri, headers, body).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsBody {
+    events: Vec<Event>,
+}
+
+/// Runner-side provenance (`runner.selected`, `.started`, `.policy.loaded`,
+/// `.manifest.loaded`, `.manifest.refresh_failed`).
+pub async fn events(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let runner = signed(&state, &method, &uri, &headers, &body).await?;
+    let EventsBody { mut events } = parse(&body)?;
+    const ALLOWED: [EventType; 5] = [
+        EventType::RunnerSelected,
+        EventType::RunnerStarted,
+        EventType::RunnerPolicyLoaded,
+        EventType::RunnerManifestLoaded,
+        EventType::RunnerManifestRefreshFailed,
+    ];
+    if events.len() > 100 {
+        return Err(ApiError::bad_request("at most 100 events at once"));
+    }
+    for e in &mut events {
+        if !ALLOWED.contains(&e.event_type) {
+            return Err(ApiError::bad_request(format!(
+                "a runner does not report {} here",
+                e.event_type.as_str()
+            )));
+        }
+        attribute(e, &runner);
+    }
+    let n = events.len();
+    state
+        .db(move |s| s.append_events(&runner.org_id, &events))
+        .await?;
+    Ok(Json(json!({"recorded": n})))
+}
+
+/// Stamps the runner's identity into an event it reports.
+fn attribute(e: &mut Event, runner: &RunnerRow) {
+    if !e.data.is_object() {
+        e.data = json!({"value": e.data.take()});
+    }
+    if let Some(map) = e.data.as_object_mut() {
+        map.insert("runnerId".into(), runner.id.clone().into());
+        map.insert("runnerHash".into(), runner.runner_hash.clone().into());
+        map.insert("manifestHash".into(), runner.manifest_hash.clone().into());
+    }
+}
+
+/// The runner's manifest lifetime and grace, from the published record.
+async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifetime, Duration)> {
+    let (org, hash) = (runner.org_id.clone(), runner.manifest_hash.clone());
+    let row = state
+        .db(move |s| s.manifest(&org, &hash))
+        .await?
+        .ok_or_else(|| ApiError::forbidden("revoked", "the runner's manifest is not published"))?;
+    let signed: SignedManifest =
+        serde_json::from_str(&row.signed).map_err(|e| ApiError::internal(e.to_string()))?;
+    let created = humantime::parse_rfc3339(&signed.manifest.created_at)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let at = |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    Ok((
+        Lifetime {
+            created,
+            expires: at(row.expires_ms),
+        },
+        Duration::from_millis(signed.manifest.limits.timeout_ms),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct WaitQuery {
+    wait_ms: Option<u64>,
+}
+
+pub async fn claim(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(q): Query<WaitQuery>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let runner = signed(&state, &method, &uri, &headers, &body).await?;
+    let (life, grace) = lifetime(&state, &runner).await?;
+    if let Err(stop) = lifecycle::claim(state.config.clock.now(), &life, grace, false) {
+        let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
+        return Err(auth::reject(
+            &state,
+            &runner.org_id,
+            stop_reason(stop),
+            "no new claims on an expired manifest".into(),
+            subject,
+        )
+        .await);
+    }
+    let clock = Arc::clone(&state.config.clock);
+    let lease = state.config.lease.as_millis() as i64;
+    let r = runner.clone();
+    let claimed = state
+        .wait_for(Duration::from_millis(q.wait_ms.unwrap_or(0)), move |s| {
+            s.claim_run(
+                &r.org_id,
+                &r.environment,
+                &r.id,
+                &r.manifest_hash,
+                clock.now_ms(),
+                lease,
+            )
+        })
+        .await?;
+    let Some(run) = claimed else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    state.notify();
+    let (org, run_for_inputs) = (runner.org_id.clone(), run.clone());
+    let inputs = state
+        .db(move |s| {
+            let mut blobs = std::collections::HashMap::new();
+            for input in run_for_inputs.inputs.as_array().into_iter().flatten() {
+                if let Some(sha) = input["sha256"].as_str() {
+                    if let Some(bytes) = s.artifact_bytes(&org, sha)? {
+                        blobs.insert(sha.to_owned(), bytes);
+                    }
+                }
+            }
+            Ok(inputs_with_content(&run_for_inputs, |sha| {
+                blobs.get(sha).cloned()
+            }))
+        })
+        .await?;
+    let deadline = life.expires + grace;
+    Ok(Json(json!({"run": run_json(&run), "inputs": inputs, "finishBy": stamp(crate::clock::ms(deadline))})).into_response())
+}
+
+fn stop_reason(stop: lifecycle::Stop) -> &'static str {
+    stop.as_str()
+}
+
+/// The next thing for the runner to do in a run it holds.
+pub async fn next(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+    Query(q): Query<WaitQuery>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let runner = signed(&state, &method, &uri, &headers, &body).await?;
+    let now = state.now();
+    let lease = state.config.lease.as_millis() as i64;
+    let (org, rid, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
+    let held = state
+        .db(move |s| s.renew_lease(&org, &rid, &run, now, lease))
+        .await?;
+    let Some(run) = held else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_lost",
+            format!("this runner no longer holds run {run_id}"),
+        ));
+    };
+    let (life, grace) = lifetime(&state, &runner).await?;
+    if let Err(stop) = lifecycle::in_flight(state.config.clock.now(), &life, grace, false) {
+        let (org, id) = (runner.org_id.clone(), run.id.clone());
+        state
+            .db(move |s| s.force_end_run(&org, &id, RunState::DeadLettered, stop.as_str(), now))
+            .await?;
+        state.notify();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            stop_reason(stop),
+            "the run outlived its manifest's expiry plus grace",
+        ));
+    }
+    let st = Arc::clone(&state);
+    let r = runner.clone();
+    let id = run_id.clone();
+    let found = state
+        .wait_for(Duration::from_millis(q.wait_ms.unwrap_or(0)), move |s| {
+            let now = st.now();
+            if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
+                return Ok(Some(Ok(op)));
+            }
+            let run = s.run(&r.org_id, &id)?;
+            let idle = s.ops(&r.org_id, &id)?.iter().all(|o| o.state.is_final());
+            match run {
+                Some(run) if run.state.is_final() => Ok(Some(Err("ended"))),
+                Some(run) if run.finish_wanted && idle => Ok(Some(Err("finish"))),
+                None => Ok(Some(Err("ended"))),
+                _ => Ok(None),
+            }
+        })
+        .await?;
+    match found {
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
+        Some(Err(what)) => Ok(Json(json!({"action": what})).into_response()),
+        Some(Ok(op)) => {
+            state.notify();
+            let mut envelope: Envelope = serde_json::from_value(op.envelope.clone())
+                .map_err(|e| ApiError::internal(format!("stored envelope: {e}")))?;
+            let kind =
+                OpKind::parse(&envelope.op).ok_or_else(|| ApiError::internal("stored op kind"))?;
+            let capability = state
+                .config
+                .policy
+                .grant(
+                    &envelope,
+                    kind,
+                    &state.config.key,
+                    state.config.clock.now(),
+                    state.config.capability_ttl,
+                    new_id(""),
+                )
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            envelope.capability = Some(capability);
+            Ok(Json(json!({"action": "op", "envelope": envelope})).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReportedArtifact {
+    sha256: String,
+    kind: String,
+    label: String,
+    content_base64: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultBody {
+    result: moat_core::OpResult,
+    #[serde(default)]
+    events: Vec<Event>,
+    #[serde(default)]
+    artifacts: Vec<ReportedArtifact>,
+}
+
+pub async fn result(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path((run_id, op_id)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let runner = signed(&state, &method, &uri, &headers, &body).await?;
+    let ResultBody {
+        result,
+        mut events,
+        artifacts,
+    } = parse(&body)?;
+    if result.id != op_id {
+        return Err(ApiError::bad_request(
+            "the result's id is not this operation's",
+        ));
+    }
+    let mut blobs = Vec::with_capacity(artifacts.len());
+    for a in artifacts {
+        let data = B64.decode(a.content_base64.as_bytes()).map_err(|_| {
+            ApiError::bad_request(format!("artifact {}: contentBase64 is not base64", a.label))
+        })?;
+        if moat_core::hash::sha256_hex(&data) != a.sha256 {
+            return Err(ApiError::bad_request(format!(
+                "artifact {}: content does not hash to {}",
+                a.label, a.sha256
+            )));
+        }
+        blobs.push(NewArtifact {
+            sha256: a.sha256,
+            kind: a.kind,
+            label: a.label,
+            data,
+        });
+    }
+    let now = state.now();
+    for e in &mut events {
+        // A runner speaks only for the run and operation it reports on.
+        e.run_id = run_id.clone();
+        e.op_id = Some(op_id.clone());
+        attribute(e, &runner);
+    }
+    let succeeded = result.status == moat_core::OpStatus::Ok;
+    let result_json =
+        serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut finished = event(
+        EventType::OpFinished,
+        &run_id,
+        now,
+        json!({
+            "status": result.status, "reason": result.reason, "runnerId": runner.id,
+            "artifacts": result.artifacts.iter().map(|a| &a.sha256).collect::<Vec<_>>(),
+        }),
+    );
+    finished.op_id = Some(op_id.clone());
+    events.push(finished);
+    let recorded = state
+        .db(move |s| {
+            s.finish_op(
+                &StoreOpResult {
+                    org: &runner.org_id,
+                    runner: &runner.id,
+                    run: &run_id,
+                    op: &op_id,
+                    succeeded,
+                    result: &result_json,
+                    events: &events,
+                    artifacts: &blobs,
+                },
+                now,
+            )
+        })
+        .await?;
+    state.notify();
+    Ok(Json(json!({"recorded": recorded})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinishBody {
+    state: String,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+pub async fn finish(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let runner = signed(&state, &method, &uri, &headers, &body).await?;
+    let FinishBody { state: end, error } = parse(&body)?;
+    let end = match end.as_str() {
+        "succeeded" => RunState::Succeeded,
+        "failed" => RunState::Failed,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "state {other:?}: succeeded or failed"
+            )));
+        }
+    };
+    let now = state.now();
+    let finished = state
+        .db(move |s| {
+            s.finish_run(
+                &runner.org_id,
+                &runner.id,
+                &run_id,
+                end,
+                error.as_deref(),
+                now,
+            )
+        })
+        .await?;
+    state.notify();
+    Ok(Json(json!({"recorded": finished})))
+}
+
+/// The current manifest of the runner's environment (for refreshing).
+pub async fn manifest(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let runner = signed(&state, &method, &uri, &headers, &[]).await?;
+    let row = state
+        .db(move |s| s.current_manifest(&runner.org_id, &runner.environment))
+        .await?
+        .ok_or_else(|| ApiError::not_found("published manifest"))?;
+    Ok(Json(manifest_json(&row)?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Refreshed {
+    manifest_hash: String,
+}
+
+/// The runner swapped to a refreshed manifest (at an operation boundary).
+pub async fn refreshed(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let runner = signed(&state, &method, &uri, &headers, &body).await?;
+    let Refreshed { manifest_hash } = parse(&body)?;
+    let (org, env) = (runner.org_id.clone(), runner.environment.clone());
+    let current = state.db(move |s| s.current_manifest(&org, &env)).await?;
+    let Some(current) = current.filter(|c| c.hash == manifest_hash) else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "stale_manifest",
+            "that is not the current manifest",
+        ));
+    };
+    let signed_manifest: SignedManifest =
+        serde_json::from_str(&current.signed).map_err(|e| ApiError::internal(e.to_string()))?;
+    if signed_manifest.manifest.policy_hash != state.config.policy.hash() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "stale_policy",
+            "the manifest names another policy",
+        ));
+    }
+    let now = state.now();
+    let data = json!({
+        "runnerId": runner.id, "from": runner.manifest_hash, "manifestHash": current.hash,
+        "expiresAt": stamp(current.expires_ms),
+    });
+    let policy = signed_manifest.manifest.policy_hash.clone();
+    state
+        .db(move |s| {
+            s.set_runner_manifest(&runner.id, &current.hash, &policy)?;
+            s.append_events(
+                &runner.org_id,
+                &[event(EventType::RunnerManifestRefreshed, "", now, data)],
+            )
+        })
+        .await?;
+    Ok(Json(json!({"manifestHash": manifest_hash})))
+}

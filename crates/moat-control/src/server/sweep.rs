@@ -1,0 +1,65 @@
+//! Background upkeep, on every replica (each step is one transaction, safe
+//! to run concurrently): lost leases are expired (retry or dead-letter),
+//! runs past their manifest's expiry plus grace are dead-lettered, spent
+//! request nonces are forgotten.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_core::SignedManifest;
+use moat_ledger::store::{RunState, Store, StoreError};
+
+use super::AppState;
+use crate::lifecycle::Stop;
+
+const EVERY: Duration = Duration::from_millis(250);
+
+pub async fn run(state: Arc<AppState>) {
+    // Runners could not renew while no control plane was up: give them one
+    // lease to come back before leases count as lost.
+    let started = state.now();
+    let lease = i64::try_from(state.config.lease.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::time::sleep(EVERY).await;
+        let now = state.now();
+        if now < started.saturating_add(lease) {
+            continue;
+        }
+        let st = Arc::clone(&state.config.store);
+        match tokio::task::spawn_blocking(move || once(&st, now)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(_)) => state.notify(),
+            Ok(Err(e)) => eprintln!("moat serve: sweep: {e}"),
+            Err(e) => eprintln!("moat serve: sweep task: {e}"),
+        }
+    }
+}
+
+/// One pass at time `now`; how many runs it changed.
+pub fn once(store: &Store, now: i64) -> Result<usize, StoreError> {
+    let mut changed = store.expire_leases(now)?.len();
+    for run in store.live_runs()? {
+        let Some(hash) = run.manifest_hash.as_deref() else {
+            continue;
+        };
+        let Some(row) = store.manifest(&run.org_id, hash)? else {
+            continue;
+        };
+        let grace = serde_json::from_str::<SignedManifest>(&row.signed)
+            .map(|m| i64::try_from(m.manifest.limits.timeout_ms).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        if now > row.expires_ms.saturating_add(grace)
+            && store.force_end_run(
+                &run.org_id,
+                &run.id,
+                RunState::DeadLettered,
+                Stop::GraceExceeded.as_str(),
+                now,
+            )?
+        {
+            changed += 1;
+        }
+    }
+    store.prune_nonces(now)?;
+    Ok(changed)
+}

@@ -1,0 +1,518 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! The control plane's HTTP API in process, on a real socket, over both
+//! store backends, with a manual clock: runner registration and its
+//! rejections, signed-request replay protection, revocation, the manifest
+//! lifecycle's claim gate and grace, and the OpenAPI document's coverage.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use moat_control::PolicyEngine;
+use moat_control::clock::{Clock, ManualClock};
+use moat_control::server::{self, AppState, Config, ROUTES};
+use moat_core::sign::PrivateKey;
+use moat_core::{EventType, Manifest, SignedManifest, request_sig};
+use moat_ledger::store::{Store, TempPostgres};
+use serde_json::{Value, json};
+
+const POLICY: &str = r#"permit(principal, action == Moat::Action::"artifact_read", resource);"#;
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const T0: i64 = 1_900_000_000_000;
+const DAY: i64 = 86_400_000;
+
+struct Plane {
+    url: String,
+    clock: ManualClock,
+    store: Arc<Store>,
+    key: PrivateKey,
+    _rt: tokio::runtime::Runtime,
+    _pg: Option<TempPostgres>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn planes() -> Vec<Plane> {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
+    let pg = TempPostgres::create().expect("PostgreSQL (see .ci/run)");
+    let postgres = Store::open(&pg.url).unwrap();
+    vec![
+        start(sqlite, None, Some(dir)),
+        start(postgres, Some(pg), None),
+    ]
+}
+
+fn start(store: Store, pg: Option<TempPostgres>, dir: Option<tempfile::TempDir>) -> Plane {
+    let clock = ManualClock::new(T0);
+    let key = PrivateKey::from_seed([9; 32]);
+    let store = Arc::new(store);
+    let state = AppState::new(Config {
+        store: Arc::clone(&store),
+        key: PrivateKey::from_seed([9; 32]),
+        policy: PolicyEngine::new(POLICY).unwrap(),
+        admin_token_hash: moat_core::hash::sha256_hex(ADMIN.as_bytes()),
+        environment: "prod".into(),
+        clock: Arc::new(clock.clone()),
+        lease: Duration::from_secs(3600),
+        capability_ttl: Duration::from_secs(30),
+        max_attempts: 1,
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, server::router(state)).await });
+    Plane {
+        url,
+        clock,
+        store,
+        key,
+        _rt: rt,
+        _pg: pg,
+        _dir: dir,
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+fn call(method: &str, url: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, Value) {
+    let mut response = if method == "GET" {
+        let mut r = agent().get(url);
+        for (k, v) in headers {
+            r = r.header(*k, v);
+        }
+        r.call()
+    } else {
+        let mut r = agent().post(url).header("content-type", "application/json");
+        for (k, v) in headers {
+            r = r.header(*k, v);
+        }
+        r.send(body)
+    }
+    .unwrap();
+    let status = response.status().as_u16();
+    (
+        status,
+        serde_json::from_slice(&response.body_mut().read_to_vec().unwrap()).unwrap_or(Value::Null),
+    )
+}
+
+fn bearer(token: &str) -> Vec<(&'static str, String)> {
+    vec![("authorization", format!("Bearer {token}"))]
+}
+
+fn manifest(plane: &Plane, edit: impl FnOnce(&mut Value), key: &PrivateKey) -> SignedManifest {
+    let stamp = |ms: i64| moat_ledger::store::stamp(ms);
+    let mut m = json!({
+        "runnerVersion": "1.0.0", "environment": "prod",
+        "policyHash": moat_core::hash::sha256_hex(POLICY.as_bytes()),
+        "allowedOps": ["artifact_read"], "allowedExecutables": [], "sandboxModes": ["workspace-write"],
+        "networkPolicy": {"mode": "off", "allowDomains": []},
+        "filesystem": {"readRoots": ["."], "writeRoots": ["output"]},
+        "limits": {"timeoutMs": 60000, "memoryBytes": 1, "pids": 1, "maxOutputBytes": 1, "tmpSizeBytes": 1,
+                   "openFiles": 1, "fileSizeBytes": 1},
+        "createdAt": stamp(T0), "expiresAt": stamp(T0 + 10 * DAY),
+        "controlPlanePublicKey": plane.key.public().to_base64(),
+    });
+    edit(&mut m);
+    let m: Manifest = serde_json::from_value(m).unwrap();
+    m.sign(key).unwrap()
+}
+
+struct Org {
+    token: String,
+}
+
+fn org(plane: &Plane, name: &str) -> Org {
+    let (s, b) = call(
+        "POST",
+        &format!("{}/v1/orgs", plane.url),
+        &bearer(ADMIN),
+        json!({"name": name}).to_string().as_bytes(),
+    );
+    assert_eq!(s, 201, "{b}");
+    Org {
+        token: b["token"].as_str().unwrap().to_owned(),
+    }
+}
+
+fn post(plane: &Plane, org: &Org, path: &str, body: Value) -> (u16, Value) {
+    call(
+        "POST",
+        &format!("{}{path}", plane.url),
+        &bearer(&org.token),
+        body.to_string().as_bytes(),
+    )
+}
+
+const HASH: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+/// A runner identity: its per-boot key and, once registered, its id.
+struct Runner {
+    key: PrivateKey,
+    id: String,
+}
+
+fn registration(signed: &SignedManifest, runner_key: &PrivateKey, ops: Value) -> Value {
+    json!({
+        "runnerHash": HASH, "signedManifest": signed, "version": signed.manifest.runner_version,
+        "environment": signed.manifest.environment, "ops": ops, "sandboxMode": "workspace-write",
+        "bootTime": "2030-03-17T17:46:40Z", "publicKey": runner_key.public().to_base64(),
+    })
+}
+
+fn register(plane: &Plane, org: &Org, body: Value) -> (u16, Value) {
+    let (_, t) = post(plane, org, "/v1/bootstrap-tokens", json!({}));
+    let token = t["token"].as_str().unwrap();
+    call(
+        "POST",
+        &format!("{}/v1/runner/register", plane.url),
+        &bearer(token),
+        body.to_string().as_bytes(),
+    )
+}
+
+fn signed_headers(
+    runner: &Runner,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    at: i64,
+) -> Vec<(&'static str, String)> {
+    let nonce = moat_ledger::store::new_id("");
+    vec![
+        (request_sig::RUNNER, runner.id.clone()),
+        (request_sig::TIMESTAMP, at.to_string()),
+        (request_sig::NONCE, nonce.clone()),
+        (
+            request_sig::SIGNATURE,
+            request_sig::sign(&runner.key, method, path, at, &nonce, body),
+        ),
+    ]
+}
+
+fn runner_call(plane: &Plane, runner: &Runner, path: &str) -> (u16, Value) {
+    let headers = signed_headers(runner, "POST", path, b"", plane.clock.now_ms());
+    call("POST", &format!("{}{path}", plane.url), &headers, b"")
+}
+
+fn rejections(plane: &Plane) -> Vec<String> {
+    plane
+        .store
+        .all_events(0, 100_000)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event.event_type == EventType::RunnerRejected)
+        .map(|e| {
+            e.event.data["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn registration_refuses_each_bad_runner_with_its_reason() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let current = manifest(&plane, |_| {}, &plane.key);
+        assert_eq!(
+            post(
+                &plane,
+                &acme,
+                "/v1/manifests",
+                serde_json::to_value(&current).unwrap()
+            )
+            .0,
+            201
+        );
+        let rk = PrivateKey::from_seed([1; 32]);
+        // Not allowlisted yet.
+        let (s, b) = register(
+            &plane,
+            &acme,
+            registration(&current, &rk, json!(["artifact_read"])),
+        );
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("unknown_runner_hash")),
+            "{b}"
+        );
+        assert_eq!(
+            post(&plane, &acme, "/v1/runner-builds", json!({"sha256": HASH})).0,
+            201
+        );
+
+        let stranger = PrivateKey::from_seed([2; 32]);
+        let older = manifest(
+            &plane,
+            |m| m["createdAt"] = json!(moat_ledger::store::stamp(T0 - 1000)),
+            &plane.key,
+        );
+        let cases = [
+            (
+                registration(
+                    &manifest(&plane, |_| {}, &stranger),
+                    &rk,
+                    json!(["artifact_read"]),
+                ),
+                "bad_signature",
+            ),
+            (
+                registration(
+                    &manifest(&plane, |m| m["environment"] = json!("staging"), &plane.key),
+                    &rk,
+                    json!(["artifact_read"]),
+                ),
+                "wrong_environment",
+            ),
+            (
+                registration(
+                    &manifest(&plane, |m| m["policyHash"] = json!(HASH), &plane.key),
+                    &rk,
+                    json!(["artifact_read"]),
+                ),
+                "stale_policy",
+            ),
+            (
+                registration(&older, &rk, json!(["artifact_read"])),
+                "stale_manifest",
+            ),
+            (
+                registration(&current, &rk, json!(["artifact_read", "exec_argv"])),
+                "ops_beyond_manifest",
+            ),
+        ];
+        for (body, reason) in cases {
+            let (s, b) = register(&plane, &acme, body);
+            assert_eq!(
+                (s, b["error"]["reason"].as_str()),
+                (403, Some(reason)),
+                "{b}"
+            );
+        }
+        // A bootstrap token is good once.
+        let (_, t) = post(&plane, &acme, "/v1/bootstrap-tokens", json!({}));
+        let token = t["token"].as_str().unwrap();
+        let body = registration(&current, &rk, json!(["artifact_read"])).to_string();
+        let url = format!("{}/v1/runner/register", plane.url);
+        assert_eq!(call("POST", &url, &bearer(token), body.as_bytes()).0, 201);
+        assert_eq!(call("POST", &url, &bearer(token), body.as_bytes()).0, 401);
+        // An expired manifest.
+        plane.clock.set(T0 + 11 * DAY);
+        let (s, b) = register(
+            &plane,
+            &acme,
+            registration(&current, &rk, json!(["artifact_read"])),
+        );
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("manifest_expired")),
+            "{b}"
+        );
+        assert_eq!(
+            rejections(&plane),
+            [
+                "unknown_runner_hash",
+                "bad_signature",
+                "wrong_environment",
+                "stale_policy",
+                "stale_manifest",
+                "ops_beyond_manifest",
+                "manifest_expired"
+            ],
+            "{}",
+            plane.store.backend()
+        );
+    }
+}
+
+fn registered(plane: &Plane, org: &Org, seed: u8) -> Runner {
+    let current = manifest(plane, |_| {}, &plane.key);
+    let _ = post(
+        plane,
+        org,
+        "/v1/manifests",
+        serde_json::to_value(&current).unwrap(),
+    );
+    let _ = post(plane, org, "/v1/runner-builds", json!({"sha256": HASH}));
+    let key = PrivateKey::from_seed([seed; 32]);
+    let (s, b) = register(
+        plane,
+        org,
+        registration(&current, &key, json!(["artifact_read"])),
+    );
+    assert_eq!(s, 201, "{b}");
+    Runner {
+        key,
+        id: b["runnerId"].as_str().unwrap().to_owned(),
+    }
+}
+
+#[test]
+fn signed_requests_cannot_be_replayed_altered_or_outlive_revocation() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let runner = registered(&plane, &acme, 3);
+        let path = "/v1/runner/claim";
+        let headers = signed_headers(&runner, "POST", path, b"", T0);
+        let url = format!("{}{path}", plane.url);
+        assert_eq!(call("POST", &url, &headers, b"").0, 204, "a fresh request");
+        let (s, b) = call("POST", &url, &headers, b"");
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("replayed_request")),
+            "{b}"
+        );
+        let mut altered = signed_headers(&runner, "POST", path, b"", T0);
+        altered[1].1 = (T0 + 1).to_string();
+        assert_eq!(
+            call("POST", &url, &altered, b"").1["error"]["reason"],
+            "bad_request_signature"
+        );
+        let old = signed_headers(&runner, "POST", path, b"", T0 - 60_000);
+        assert_eq!(
+            call("POST", &url, &old, b"").1["error"]["reason"],
+            "stale_request"
+        );
+        // Revoking the build takes effect on the very next request.
+        assert_eq!(
+            post(
+                &plane,
+                &acme,
+                &format!("/v1/runner-builds/{HASH}/revoke"),
+                json!({})
+            )
+            .0,
+            200
+        );
+        let (s, b) = runner_call(&plane, &runner, path);
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("revoked")),
+            "{b}"
+        );
+        assert_eq!(
+            rejections(&plane),
+            [
+                "replayed_request",
+                "bad_request_signature",
+                "stale_request",
+                "revoked"
+            ]
+        );
+    }
+}
+
+#[test]
+fn the_manifest_lifecycle_gates_claims_and_bounds_runs_by_grace() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let runner = registered(&plane, &acme, 4);
+        for id in ["early", "late"] {
+            assert_eq!(post(&plane, &acme, "/v1/runs", json!({"id": id})).0, 201);
+        }
+        // Claimed 1 s before expiry: it still gets the full grace (timeoutMs, 60 s).
+        plane.clock.set(T0 + 10 * DAY - 1000);
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
+        assert_eq!((s, b["run"]["id"].as_str()), (200, Some("early")), "{b}");
+        assert_eq!(
+            b["finishBy"],
+            moat_ledger::store::stamp(T0 + 10 * DAY + 60_000)
+        );
+        // After expiry no new claim.
+        plane.clock.set(T0 + 10 * DAY);
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("manifest_expired")),
+            "{b}"
+        );
+        // In flight until expiresAt + grace...
+        plane.clock.set(T0 + 10 * DAY + 59_000);
+        assert_eq!(
+            runner_call(&plane, &runner, "/v1/runner/runs/early/next").0,
+            204
+        );
+        // ...then force-failed into the dead-letter queue.
+        plane.clock.set(T0 + 10 * DAY + 61_000);
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/runs/early/next");
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (409, Some("manifest_expired_with_grace_exceeded")),
+            "{b}"
+        );
+        let run = plane
+            .store
+            .runs(
+                &plane
+                    .store
+                    .org_of_api_token(&moat_core::hash::sha256_hex(acme.token.as_bytes()))
+                    .unwrap()
+                    .unwrap(),
+                None,
+                10,
+            )
+            .unwrap();
+        let early = run.iter().find(|r| r.id == "early").unwrap();
+        assert_eq!(
+            (early.state.as_str(), early.error.as_deref()),
+            (
+                "dead_lettered",
+                Some("manifest_expired_with_grace_exceeded")
+            )
+        );
+        let late = run.iter().find(|r| r.id == "late").unwrap();
+        assert_eq!(late.state.as_str(), "queued", "claimed after expiry");
+        assert_eq!(rejections(&plane), ["manifest_expired"]);
+    }
+}
+
+#[test]
+fn every_documented_route_is_served() {
+    let plane = planes().remove(0);
+    let mut seen = std::collections::BTreeSet::new();
+    for (method, path, _, _) in ROUTES {
+        assert!(seen.insert((method, path)), "{method} {path} listed twice");
+        let concrete = path.replace(['{', '}'], "");
+        let url = format!("{}{concrete}", plane.url);
+        let mut response = if *method == "get" {
+            agent().get(&url).call()
+        } else {
+            agent().post(&url).send_empty()
+        }
+        .unwrap();
+        let status = response.status().as_u16();
+        let body = response.body_mut().read_to_vec().unwrap();
+        // The router's own 404/405 have no body; ours always explain.
+        assert!(
+            !(status == 405 || (status == 404 && body.is_empty())),
+            "{method} {path}: {status}"
+        );
+    }
+    let (s, doc) = call("GET", &format!("{}/openapi.json", plane.url), &[], b"");
+    assert_eq!(s, 200);
+    assert_eq!(doc, server::openapi_document());
+    let paths = doc["paths"].as_object().unwrap();
+    let documented: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
+    assert_eq!(documented, ROUTES.len());
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    if std::env::var_os("MOAT_BLESS").is_some() {
+        std::fs::write(file, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    }
+    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    assert_eq!(
+        checked_in, doc,
+        "docs/openapi.json is stale: MOAT_BLESS=1 cargo test -p moat-control --test server"
+    );
+}

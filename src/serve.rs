@@ -1,0 +1,135 @@
+//! `moat serve`: the control plane.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use moat_control::PolicyEngine;
+use moat_control::clock::SystemClock;
+use moat_control::server::{self, AppState, Config};
+use moat_ledger::store::Store;
+
+use crate::manifest;
+
+const ABOUT: &str = "\
+Serves the control plane's HTTP API: orgs and API tokens, runs and their
+operations (each decided by the Cedar policy; an allow becomes a signed,
+60-second capability bound to the operation), events (also as server-sent
+events), artifacts, the runner-build allowlist, manifests, runner
+registration and signed runner requests. The API is described at
+/openapi.json; docs/control-plane.md walks through it.
+
+Storage is one SQLite file by default; with a PostgreSQL URL several
+replicas can serve the same database (runs are claimed with
+FOR UPDATE SKIP LOCKED). The PostgreSQL password, if any, comes from
+PGPASSWORD, never from the command line.
+
+  moat manifest keygen --out cp            # cp.key, cp.pub
+  head -c 32 /dev/urandom | base64 > admin-token
+  moat serve --key cp.key --policy policy.cedar --admin-token-file admin-token";
+
+/// Run the control plane (HTTP API).
+#[derive(Args)]
+#[command(after_long_help = ABOUT)]
+pub struct ServeArgs {
+    /// `sqlite:PATH` or `postgres://USER@HOST/DB` (or a libpq key=value string).
+    #[arg(long, value_name = "URL", default_value = "sqlite:moat-control.db")]
+    db: String,
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
+    listen: String,
+    /// The control plane's private key (`moat manifest keygen`): signs capabilities.
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// The Cedar policy set operations are decided by.
+    #[arg(long, value_name = "FILE")]
+    policy: PathBuf,
+    /// File holding the admin token (creates orgs). Never on the command line.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: PathBuf,
+    /// The environment this control plane serves; manifests must name it.
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    environment: String,
+    /// How long a runner's claim on a run lives without renewal.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// How long a capability lives (at most 60s).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    capability_ttl: Duration,
+    /// Claims a run gets (lost leases) before it is dead-lettered.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    max_attempts: i64,
+}
+
+pub fn main(args: ServeArgs) -> ExitCode {
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moat serve: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if args.capability_ttl > moat_core::capability::MAX_LIFETIME || args.capability_ttl.is_zero() {
+        bail!("--capability-ttl: more than 0 and at most 60s");
+    }
+    if !(1..=100).contains(&args.max_attempts) {
+        bail!("--max-attempts: 1 to 100");
+    }
+    if args.lease < Duration::from_secs(1) {
+        bail!("--lease: at least 1s");
+    }
+    let key = manifest::read_private_key(&args.key)?;
+    let source = std::fs::read_to_string(&args.policy)
+        .with_context(|| format!("--policy {}", args.policy.display()))?;
+    let policy = PolicyEngine::new(&source)
+        .with_context(|| format!("--policy {}", args.policy.display()))?;
+    let admin = std::fs::read_to_string(&args.admin_token_file)
+        .with_context(|| format!("--admin-token-file {}", args.admin_token_file.display()))?;
+    let admin = admin.trim();
+    if admin.len() < 16 {
+        bail!("the admin token must be at least 16 characters");
+    }
+    let store = Store::open(&args.db).with_context(|| format!("--db {}", args.db))?;
+    let backend = store.backend();
+    let state = AppState::new(Config {
+        store: Arc::new(store),
+        key,
+        policy,
+        admin_token_hash: moat_core::hash::sha256_hex(admin.as_bytes()),
+        environment: args.environment,
+        clock: Arc::new(SystemClock),
+        lease: args.lease,
+        capability_ttl: args.capability_ttl,
+        max_attempts: args.max_attempts,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("--listen {}", args.listen))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "moat serve: listening on http://{local} ({backend}; policy {})",
+            state.config.policy.hash()
+        );
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+        };
+        server::serve(listener, state, shutdown).await?;
+        eprintln!("moat serve: stopped");
+        anyhow::Ok(())
+    })
+}

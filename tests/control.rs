@@ -1,0 +1,769 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! The managed path end to end, with real processes on both storage
+//! backends: `moat serve` (SQLite file, then a PostgreSQL database of its
+//! own), a sealed runner started with a bootstrap token, an agent speaking
+//! HTTP. Operations are decided by Cedar, executed by the runner's shell
+//! under a capability, and recorded once in the control plane's ledger.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use moat_ledger::store::TempPostgres;
+use serde_json::{Value, json};
+
+const POLICY: &str = r#"
+@id("read-inputs")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"artifact_read", resource)
+when { context.size <= 1048576 };
+
+@id("write-outputs")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"artifact_write", resource);
+
+@id("tools")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv", resource)
+when { context.network == "off" && (resource == Moat::Executable::"/usr/bin/wc"
+       || resource == Moat::Executable::"/usr/bin/python3") };
+
+@id("python-with-network") @approval("required")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv",
+       resource == Moat::Executable::"/usr/bin/python3")
+when { context.network != "off" };
+
+@id("no-secrets")
+forbid(principal, action, resource == Moat::Path::"input/secret.txt");
+"#;
+
+const ADMIN: &str = "admin-token-for-tests-0123456789";
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    moat_core::hash::sha256_hex(bytes)
+}
+
+/// One storage backend for a test: the `--db` value and what keeps it alive.
+struct Db {
+    url: String,
+    _pg: Option<TempPostgres>,
+}
+
+fn databases(dir: &Path) -> Vec<Db> {
+    let pg = TempPostgres::create()
+        .expect("PostgreSQL is needed: .ci/run installs and starts it (or set MOAT_TEST_POSTGRES)");
+    vec![
+        Db {
+            url: format!("sqlite:{}", dir.join("control.db").display()),
+            _pg: None,
+        },
+        Db {
+            url: pg.url.clone(),
+            _pg: Some(pg),
+        },
+    ]
+}
+
+/// Everything a control plane needs on disk: keys, policy, admin token, a
+/// signed manifest for environment `test` naming the policy, a sealed runner.
+struct Setup {
+    dir: PathBuf,
+    key: PathBuf,
+    policy: PathBuf,
+    admin: PathBuf,
+    signed: Value,
+    runner: PathBuf,
+    runner_hash: String,
+}
+
+fn setup(dir: &Path) -> Setup {
+    let (signed_path, public) = signed_manifest(dir, |m| {
+        m["environment"] = json!("test");
+        m["policyHash"] = json!(sha256_hex(POLICY.as_bytes()));
+    });
+    let policy = dir.join("policy.cedar");
+    std::fs::write(&policy, POLICY).unwrap();
+    let admin = dir.join("admin-token");
+    std::fs::write(&admin, ADMIN).unwrap();
+    let runner = dir.join("moat-runner");
+    let built = Command::new(MOAT)
+        .args(["runner", "build", "--manifest", path_str(&signed_path)])
+        .args([
+            "--trusted-key",
+            path_str(&public),
+            "--out",
+            path_str(&runner),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let report: Value = serde_json::from_slice(&built.stdout).unwrap();
+    Setup {
+        dir: dir.to_owned(),
+        key: dir.join("keys/moat.key"),
+        policy,
+        admin,
+        signed: serde_json::from_str(&std::fs::read_to_string(&signed_path).unwrap()).unwrap(),
+        runner,
+        runner_hash: report["runnerHash"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// A `moat serve` process, killed (by its pid) when dropped.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Serve {
+    fn start(setup: &Setup, db: &str, listen: &str) -> Serve {
+        let mut child = Command::new(MOAT)
+            .args([
+                "serve",
+                "--db",
+                db,
+                "--listen",
+                listen,
+                "--environment",
+                "test",
+                "--lease",
+                "3s",
+            ])
+            .args([
+                "--key",
+                path_str(&setup.key),
+                "--policy",
+                path_str(&setup.policy),
+            ])
+            .args(["--admin-token-file", path_str(&setup.admin)])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("moat serve did not start: {line}"))
+            .to_owned();
+        // Keep draining its stderr so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+            }
+        });
+        Serve { child, url }
+    }
+
+    fn port(&self) -> &str {
+        self.url.rsplit(':').next().unwrap()
+    }
+
+    fn stop(&mut self) {
+        // SIGTERM to the pid of the child this test started: a clean stop.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP call: status and JSON body.
+fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let auth = format!("Bearer {token}");
+    let response = match (method, body) {
+        ("GET", _) => agent.get(url).header("authorization", &auth).call(),
+        (_, Some(body)) => agent
+            .post(url)
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes()),
+        (_, None) => agent.post(url).header("authorization", &auth).send_empty(),
+    };
+    let mut response = response.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    let bytes = response.body_mut().read_to_vec().unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn download(url: &str, token: &str) -> (u16, Vec<u8>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent
+        .get(url)
+        .header("authorization", &format!("Bearer {token}"))
+        .call()
+        .unwrap();
+    (
+        response.status().as_u16(),
+        response.body_mut().read_to_vec().unwrap(),
+    )
+}
+
+/// An org on `serve`: its API token.
+fn org(serve: &Serve, name: &str) -> String {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/orgs", serve.url),
+        ADMIN,
+        Some(json!({"name": name})),
+    );
+    assert_eq!(status, 201, "{body}");
+    body["token"].as_str().unwrap().to_owned()
+}
+
+/// Publishes the manifest and allowlists the runner build for the org.
+fn prepare_org(serve: &Serve, setup: &Setup, token: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/manifests", serve.url),
+        token,
+        Some(setup.signed.clone()),
+    );
+    assert_eq!(status, 201, "{body}");
+    let build = json!({"sha256": setup.runner_hash, "label": "test build"});
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runner-builds", serve.url),
+        token,
+        Some(build),
+    );
+    assert_eq!(status, 201, "{body}");
+}
+
+/// A sealed runner process, registered with a fresh bootstrap token.
+struct Runner {
+    child: Child,
+    state: PathBuf,
+}
+
+impl Runner {
+    fn start(serve: &Serve, setup: &Setup, token: &str, name: &str) -> Runner {
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/bootstrap-tokens", serve.url),
+            token,
+            Some(json!({})),
+        );
+        assert_eq!(status, 201, "{body}");
+        let token_file = setup.dir.join(format!("{name}.token"));
+        std::fs::write(&token_file, body["token"].as_str().unwrap()).unwrap();
+        let state = setup.dir.join(name);
+        let child = Command::new(&setup.runner)
+            .args(["runner", "start", "--control-plane", &serve.url])
+            .args([
+                "--bootstrap-token-file",
+                path_str(&token_file),
+                "--state-dir",
+                path_str(&state),
+            ])
+            .spawn()
+            .unwrap();
+        Runner { child, state }
+    }
+
+    /// Kills the runner and the processes it started (found by its state
+    /// directory on their command lines), as a crash would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for found in host_processes_with(path_str(&self.state)) {
+            let pid = found.split(':').next().unwrap_or_default();
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn envelope(id: &str, op: &str, args: Value) -> Value {
+    json!({"id": id, "op": op, "args": args})
+}
+
+fn post_op(serve: &Serve, token: &str, run: &str, env: Value) -> (u16, Value) {
+    call(
+        "POST",
+        &format!("{}/v1/runs/{run}/ops?wait_ms=20000", serve.url),
+        token,
+        Some(env),
+    )
+}
+
+fn run_state(serve: &Serve, token: &str, run: &str) -> String {
+    let (_, body) = call("GET", &format!("{}/v1/runs/{run}", serve.url), token, None);
+    body["state"].as_str().unwrap_or_default().to_owned()
+}
+
+fn wait_state(serve: &Serve, token: &str, run: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = run_state(serve, token, run);
+        if state == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} stayed {state}, wanted {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_events(serve: &Serve, token: &str, run: &str) -> Vec<Value> {
+    let (status, body) = call(
+        "GET",
+        &format!("{}/v1/runs/{run}/events?limit=10000", serve.url),
+        token,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    body["events"].as_array().unwrap().clone()
+}
+
+fn count(events: &[Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["type"] == kind).count()
+}
+
+fn assert_ledger_intact(serve: &Serve) {
+    let (status, body) = call(
+        "GET",
+        &format!("{}/v1/ledger/verify", serve.url),
+        ADMIN,
+        None,
+    );
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+}
+
+#[test]
+fn operations_flow_agent_to_runner_and_back_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for db in databases(dir.path()) {
+        let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+        let acme = org(&serve, "acme");
+        let other = org(&serve, "other");
+        prepare_org(&serve, &setup, &acme);
+        let _runner = Runner::start(&serve, &setup, &acme, &format!("runner-{}", db.url.len()));
+
+        let run = json!({"id": "run-1", "inputs": [
+            {"path": "input/data.txt", "content": "hello moat\n"},
+            {"path": "input/secret.txt", "content": "do not read\n"},
+        ]});
+        let (status, body) = call("POST", &format!("{}/v1/runs", serve.url), &acme, Some(run));
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["state"], "queued");
+
+        // Allowed operations run on the runner, under their capability.
+        let (status, op) = post_op(
+            &serve,
+            &acme,
+            "run-1",
+            envelope(
+                "1",
+                "artifact_read",
+                json!({"path": "input/data.txt", "maxBytes": 1000}),
+            ),
+        );
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("succeeded")),
+            "{op}"
+        );
+        assert_eq!(op["result"]["status"], "ok", "{op}");
+        assert!(op["result"].to_string().contains("hello moat"), "{op}");
+        let (status, op) = post_op(
+            &serve,
+            &acme,
+            "run-1",
+            envelope(
+                "2",
+                "exec_argv",
+                json!({"argv": ["/usr/bin/wc", "-c", "input/data.txt"]}),
+            ),
+        );
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("succeeded")),
+            "{op}"
+        );
+        assert!(op["result"].to_string().contains("11"), "{op}");
+        let (status, op) = post_op(
+            &serve,
+            &acme,
+            "run-1",
+            envelope(
+                "3",
+                "artifact_write",
+                json!({"path": "output/report.md", "content": "# report\n", "maxBytes": 1000}),
+            ),
+        );
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("succeeded")),
+            "{op}"
+        );
+
+        // Denials, each with its reason, none reaching the runner.
+        for (id, op, args, reason) in [
+            (
+                "4",
+                "exec_argv",
+                json!({"argv": ["/usr/bin/python3", "-c", "1"], "network": "allowlist"}),
+                "approval_required",
+            ),
+            (
+                "5",
+                "artifact_read",
+                json!({"path": "input/secret.txt", "maxBytes": 100}),
+                "policy_denied",
+            ),
+            (
+                "6",
+                "exec_argv",
+                json!({"argv": ["/bin/sh", "-c", "id"]}),
+                "policy_denied",
+            ),
+            (
+                "7",
+                "http_request",
+                json!({"method": "GET", "url": "https://example.com/"}),
+                "op_not_in_manifest",
+            ),
+        ] {
+            let (status, body) = post_op(&serve, &acme, "run-1", envelope(id, op, args));
+            assert_eq!(
+                (status, body["error"]["reason"].as_str()),
+                (403, Some(reason)),
+                "{body}"
+            );
+            assert_eq!(body["op"]["state"], "denied");
+        }
+        // A repeated id is refused; a capability cannot be smuggled in.
+        let (status, _) = post_op(
+            &serve,
+            &acme,
+            "run-1",
+            envelope("1", "artifact_list", json!({"path": "."})),
+        );
+        assert_eq!(status, 409);
+        let mut forged = envelope("8", "artifact_list", json!({"path": "."}));
+        forged["capability"] = json!("x.y");
+        assert_eq!(post_op(&serve, &acme, "run-1", forged).0, 400);
+
+        let (status, _) = call(
+            "POST",
+            &format!("{}/v1/runs/run-1/finish", serve.url),
+            &acme,
+            None,
+        );
+        assert_eq!(status, 200);
+        wait_state(&serve, &acme, "run-1", "succeeded");
+
+        let events = run_events(&serve, &acme, "run-1");
+        for (kind, n) in [
+            ("run.created", 1),
+            ("run.claimed", 1),
+            ("capability.denied", 4),
+            ("op.finished", 3),
+            ("sandbox.exec.finished", 1),
+            ("artifact.created", 1),
+            ("run.finished", 1),
+        ] {
+            assert_eq!(count(&events, kind), n, "{kind} in {events:#?}");
+        }
+        // Each allowed op: granted by the control plane, then its capability
+        // accepted by the runner's shell (reported with the runner's id).
+        let granted = |by_runner: bool| {
+            events
+                .iter()
+                .filter(|e| {
+                    e["type"] == "capability.granted"
+                        && e["data"]["runnerId"].is_string() == by_runner
+                })
+                .count()
+        };
+        assert_eq!((granted(false), granted(true)), (3, 3), "{events:#?}");
+        let denied: Vec<_> = events
+            .iter()
+            .filter(|e| e["type"] == "capability.denied")
+            .map(|e| e["data"]["reason"].clone())
+            .collect();
+        assert_eq!(
+            denied,
+            [
+                json!("approval_required"),
+                json!("policy_denied"),
+                json!("policy_denied"),
+                json!("op_not_in_manifest")
+            ]
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| e["type"] == "capability.denied" && e["data"]["runnerId"].is_string()),
+            "the runner refused a capability: {events:#?}"
+        );
+
+        // Artifacts: listed, downloadable, verifiable — and only by their org.
+        let (_, listed) = call(
+            "GET",
+            &format!("{}/v1/runs/run-1/artifacts", serve.url),
+            &acme,
+            None,
+        );
+        let report = listed["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["label"] == "output/report.md")
+            .cloned()
+            .unwrap_or_else(|| panic!("no report artifact in {listed}"));
+        let sha = report["sha256"].as_str().unwrap();
+        let (status, bytes) = download(&format!("{}/v1/artifacts/{sha}", serve.url), &acme);
+        assert_eq!((status, bytes.as_slice()), (200, &b"# report\n"[..]));
+        let (_, verified) = call(
+            "GET",
+            &format!("{}/v1/artifacts/{sha}/verify", serve.url),
+            &acme,
+            None,
+        );
+        assert_eq!(verified["ok"], true);
+        for path in [
+            "/v1/runs/run-1",
+            "/v1/runs/run-1/events",
+            "/v1/runs/run-1/ops",
+            "/v1/runs/run-1/ops/1",
+            "/v1/runs/run-1/artifacts",
+            &format!("/v1/artifacts/{sha}"),
+        ] {
+            let (status, _) = call("GET", &format!("{}{path}", serve.url), &other, None);
+            assert_eq!(status, 404, "{path} visible to another org");
+        }
+        let (status, _) = post_op(
+            &serve,
+            &other,
+            "run-1",
+            envelope("9", "artifact_list", json!({"path": "."})),
+        );
+        assert_eq!(status, 404);
+        let (_, runners) = call("GET", &format!("{}/v1/runners", serve.url), &other, None);
+        assert_eq!(runners["runners"], json!([]));
+        let (status, _) = call(
+            "GET",
+            &format!("{}/v1/runs", serve.url),
+            "moat_not_a_token",
+            None,
+        );
+        assert_eq!(status, 401);
+        assert_ledger_intact(&serve);
+    }
+}
+
+#[test]
+fn a_killed_runner_loses_its_run_and_a_restarted_control_plane_is_rejoined() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for (i, db) in databases(dir.path()).into_iter().enumerate() {
+        let mut serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        let mut first = Runner::start(&serve, &setup, &acme, &format!("first-{i}"));
+        let (status, _) = call(
+            "POST",
+            &format!("{}/v1/runs", serve.url),
+            &acme,
+            Some(json!({"id": "r", "maxAttempts": 2})),
+        );
+        assert_eq!(status, 201);
+        // A long operation; the runner dies in the middle of it.
+        let slow = envelope(
+            "slow",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c", "import time; time.sleep(20)"]}),
+        );
+        let (status, op) = call(
+            "POST",
+            &format!("{}/v1/runs/r/ops", serve.url),
+            &acme,
+            Some(slow),
+        );
+        assert_eq!(status, 201, "{op}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while call(
+            "GET",
+            &format!("{}/v1/runs/r/ops/slow", serve.url),
+            &acme,
+            None,
+        )
+        .1["state"]
+            != "dispatched"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the operation was never dispatched"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        first.kill();
+        // The lease (3 s) runs out: the op fails, the run is queued again.
+        wait_state(&serve, &acme, "r", "queued");
+        let (_, op) = call(
+            "GET",
+            &format!("{}/v1/runs/r/ops/slow", serve.url),
+            &acme,
+            None,
+        );
+        assert_eq!(
+            (
+                op["state"].as_str(),
+                op["result"]["error"]["reason"].as_str()
+            ),
+            (Some("failed"), Some("lease_expired")),
+            "{op}"
+        );
+
+        let _second = Runner::start(&serve, &setup, &acme, &format!("second-{i}"));
+        wait_state(&serve, &acme, "r", "running");
+        // The control plane restarts mid-run (same address, same database).
+        let port = serve.port().to_owned();
+        serve.stop();
+        let serve = Serve::start(&setup, &db.url, &format!("127.0.0.1:{port}"));
+        let (status, op) = post_op(
+            &serve,
+            &acme,
+            "r",
+            envelope(
+                "after",
+                "artifact_write",
+                json!({"path": "output/x", "content": "x", "maxBytes": 10}),
+            ),
+        );
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("succeeded")),
+            "{op}"
+        );
+        call(
+            "POST",
+            &format!("{}/v1/runs/r/finish", serve.url),
+            &acme,
+            None,
+        );
+        wait_state(&serve, &acme, "r", "succeeded");
+
+        let events = run_events(&serve, &acme, "r");
+        for (kind, n) in [
+            ("run.claimed", 2),
+            ("run.lease_expired", 1),
+            ("run.retried", 1),
+            ("run.finished", 1),
+            ("op.finished", 1),
+        ] {
+            assert_eq!(count(&events, kind), n, "{kind} in {events:#?}");
+        }
+        assert_ledger_intact(&serve);
+    }
+}
+
+#[test]
+fn two_control_planes_four_runners_a_thousand_runs_each_claimed_and_finished_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let pg = TempPostgres::create().expect("PostgreSQL (see .ci/run)");
+    let planes = [
+        Serve::start(&setup, &pg.url, "127.0.0.1:0"),
+        Serve::start(&setup, &pg.url, "127.0.0.1:0"),
+    ];
+    let acme = org(&planes[0], "acme");
+    prepare_org(&planes[1], &setup, &acme);
+    let _runners: Vec<Runner> = (0..4)
+        .map(|i| Runner::start(&planes[i % 2], &setup, &acme, &format!("r{i}")))
+        .collect();
+    const RUNS: usize = 1000;
+    let creators: Vec<_> = (0..2)
+        .map(|p| {
+            let (url, token) = (planes[p].url.clone(), acme.clone());
+            std::thread::spawn(move || {
+                for i in (p..RUNS).step_by(2) {
+                    let id = format!("run-{i:04}");
+                    let (status, body) = call(
+                        "POST",
+                        &format!("{url}/v1/runs"),
+                        &token,
+                        Some(json!({"id": id})),
+                    );
+                    assert_eq!(status, 201, "{body}");
+                    let (status, _) =
+                        call("POST", &format!("{url}/v1/runs/{id}/finish"), &token, None);
+                    assert_eq!(status, 200);
+                }
+            })
+        })
+        .collect();
+    for c in creators {
+        c.join().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (_, body) = call(
+            "GET",
+            &format!("{}/v1/runs?state=succeeded&limit=1000", planes[0].url),
+            &acme,
+            None,
+        );
+        if body["runs"].as_array().map_or(0, Vec::len) == RUNS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all runs finished");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // From the ledger: every run claimed once and finished once.
+    let store = moat_ledger::store::Store::open(&pg.url).unwrap();
+    let events = store.all_events(0, 1_000_000).unwrap();
+    let mut claims = std::collections::HashMap::<String, (usize, usize)>::new();
+    for e in &events {
+        let entry = claims.entry(e.event.run_id.clone()).or_default();
+        match e.event.event_type {
+            moat_core::EventType::RunClaimed => entry.0 += 1,
+            moat_core::EventType::RunFinished => entry.1 += 1,
+            _ => {}
+        }
+    }
+    let runs: Vec<_> = claims
+        .iter()
+        .filter(|(id, _)| id.starts_with("run-"))
+        .collect();
+    assert_eq!(runs.len(), RUNS);
+    assert!(
+        runs.iter().all(|(_, counts)| **counts == (1, 1)),
+        "a run claimed or finished twice"
+    );
+    assert!(store.verify_ledger().unwrap().is_ok());
+}

@@ -18,7 +18,6 @@ mod ledger;
 mod manifest;
 mod mcp;
 mod runner;
-mod runner_start;
 mod seal;
 mod serve;
 mod shell;

@@ -78,9 +78,19 @@ struct Setup {
 }
 
 fn setup(dir: &Path) -> Setup {
+    setup_with(dir, |_| {})
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// `setup`, with the sealed manifest edited first.
+fn setup_with(dir: &Path, edit: impl FnOnce(&mut Value)) -> Setup {
     let (signed_path, public) = signed_manifest(dir, |m| {
         m["environment"] = json!("test");
         m["policyHash"] = json!(sha256_hex(POLICY.as_bytes()));
+        edit(m);
     });
     let policy = dir.join("policy.cedar");
     std::fs::write(&policy, POLICY).unwrap();
@@ -307,13 +317,26 @@ fn envelope(id: &str, op: &str, args: Value) -> Value {
     json!({"id": id, "op": op, "args": args})
 }
 
+/// Submits an operation and waits (up to 2 minutes: the suite runs tests
+/// side by side on two cores) for its result.
 fn post_op(serve: &Serve, token: &str, run: &str, env: Value) -> (u16, Value) {
-    call(
+    let id = env["id"].as_str().unwrap_or_default().to_owned();
+    let (status, mut op) = call(
         "POST",
         &format!("{}/v1/runs/{run}/ops?wait_ms=20000", serve.url),
         token,
         Some(env),
-    )
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while status == 200 && matches!(op["state"].as_str(), Some("queued" | "dispatched")) {
+        assert!(
+            Instant::now() < deadline,
+            "operation {id} never finished: {op}"
+        );
+        let url = format!("{}/v1/runs/{run}/ops/{id}?wait_ms=20000", serve.url);
+        op = call("GET", &url, token, None).1;
+    }
+    (status, op)
 }
 
 fn run_state(serve: &Serve, token: &str, run: &str) -> String {
@@ -322,7 +345,7 @@ fn run_state(serve: &Serve, token: &str, run: &str) -> String {
 }
 
 fn wait_state(serve: &Serve, token: &str, run: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let state = run_state(serve, token, run);
         if state == want {
@@ -766,4 +789,138 @@ fn two_control_planes_four_runners_a_thousand_runs_each_claimed_and_finished_onc
         "a run claimed or finished twice"
     );
     assert!(store.verify_ledger().unwrap().is_ok());
+}
+
+/// Signs `dir/manifest.json`, edited, with the same key: a newer manifest.
+fn resign(setup: &Setup, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut bare: Value =
+        serde_json::from_str(&std::fs::read_to_string(setup.dir.join("manifest.json")).unwrap())
+            .unwrap();
+    edit(&mut bare);
+    let (bare_path, signed_path) = (
+        setup.dir.join("manifest2.json"),
+        setup.dir.join("signed2.json"),
+    );
+    std::fs::write(&bare_path, bare.to_string()).unwrap();
+    let _ = std::fs::remove_file(&signed_path);
+    let out = Command::new(MOAT)
+        .args([
+            "manifest",
+            "sign",
+            "--key",
+            path_str(&setup.key),
+            "--out",
+            path_str(&signed_path),
+        ])
+        .arg(&bare_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&signed_path).unwrap()).unwrap()
+}
+
+/// Waits until the ledger holds an event of `kind`; returns them all.
+fn wait_event(
+    store: &moat_ledger::store::Store,
+    kind: moat_core::EventType,
+) -> Vec<moat_ledger::StoredEvent> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let found: Vec<_> = store
+            .all_events(0, 100_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event.event_type == kind)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "no {} event", kind.as_str());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_runner_refreshes_its_manifest_in_the_window_and_keeps_long_operations_leased() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = std::time::SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    // Ten days of life, nine gone: inside the refresh window from the start.
+    let setup = setup_with(dir.path(), |m| {
+        m["createdAt"] = json!(rfc3339(now - 9 * day));
+        m["expiresAt"] = json!(rfc3339(now + day));
+    });
+    for (i, db) in databases(dir.path()).into_iter().enumerate() {
+        let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+        let store = moat_ledger::store::Store::open(&db.url).unwrap();
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        let _runner = Runner::start(&serve, &setup, &acme, &format!("refresher-{i}"));
+        // Nothing newer is published yet: the attempt is reported as failed.
+        let failed = wait_event(&store, moat_core::EventType::RunnerManifestRefreshFailed);
+        assert_eq!(
+            failed[0].event.data["reason"], "no newer manifest is published",
+            "{:?}",
+            failed[0]
+        );
+
+        let newer = resign(&setup, |m| {
+            m["createdAt"] = json!(rfc3339(now));
+            m["expiresAt"] = json!(rfc3339(now + 7 * day));
+        });
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/manifests", serve.url),
+            &acme,
+            Some(newer.clone()),
+        );
+        assert_eq!(status, 201, "{body}");
+        let refreshed = wait_event(&store, moat_core::EventType::RunnerManifestRefreshed);
+        assert_eq!(
+            refreshed[0].event.data["manifestHash"],
+            newer["manifestHash"]
+        );
+        let (_, runners) = call("GET", &format!("{}/v1/runners", serve.url), &acme, None);
+        assert_eq!(
+            runners["runners"][0]["manifestHash"], newer["manifestHash"],
+            "{runners}"
+        );
+
+        // Runs now go on under the new manifest; an op longer than the
+        // lease (3 s) keeps its run through heartbeats.
+        call(
+            "POST",
+            &format!("{}/v1/runs", serve.url),
+            &acme,
+            Some(json!({"id": "long", "maxAttempts": 1})),
+        );
+        let slow = envelope(
+            "slow",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c", "import time; time.sleep(5); print('done')"]}),
+        );
+        let (status, op) = post_op(&serve, &acme, "long", slow);
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("succeeded")),
+            "{op}"
+        );
+        assert!(op["result"].to_string().contains("done"), "{op}");
+        call(
+            "POST",
+            &format!("{}/v1/runs/long/finish", serve.url),
+            &acme,
+            None,
+        );
+        wait_state(&serve, &acme, "long", "succeeded");
+        let events = run_events(&serve, &acme, "long");
+        assert_eq!(count(&events, "run.lease_expired"), 0, "{events:#?}");
+        let (_, run) = call("GET", &format!("{}/v1/runs/long", serve.url), &acme, None);
+        assert_eq!(run["manifestHash"], newer["manifestHash"], "{run}");
+        assert_ledger_intact(&serve);
+    }
 }

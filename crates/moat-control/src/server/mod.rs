@@ -168,6 +168,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/runner/runs/{run}/next", post(runner_api::next))
         .route(
+            "/v1/runner/runs/{run}/heartbeat",
+            post(runner_api::heartbeat),
+        )
+        .route(
             "/v1/runner/runs/{run}/ops/{op}/result",
             post(runner_api::result),
         )

@@ -179,6 +179,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "post",
+        "/v1/runner/runs/{run}/heartbeat",
+        "runner",
+        "Renew the lease of a run while an operation runs.",
+    ),
+    (
+        "post",
         "/v1/runner/runs/{run}/ops/{op}/result",
         "runner",
         "Report an operation's result, events and artifacts (recorded once).",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use moat_core::{Envelope, Event, EventType, OpKind, SignedManifest};
@@ -226,14 +226,26 @@ pub async fn register(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-async fn signed(
-    state: &Arc<AppState>,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> ApiResult<RunnerRow> {
-    auth::runner(state, method, uri, headers, body).await
+/// A request signed by a registered runner, with its body (extracted last).
+pub struct SignedRunner {
+    pub runner: RunnerRow,
+    pub body: Bytes,
+}
+
+impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        let body = axum::body::to_bytes(body, super::MAX_BODY)
+            .await
+            .map_err(|_| ApiError::bad_request("request body unreadable or too large"))?;
+        let runner = auth::runner(state, &parts.method, &parts.uri, &parts.headers, &body).await?;
+        Ok(SignedRunner { runner, body })
+    }
 }
 
 #[derive(Deserialize)]
@@ -246,12 +258,8 @@ pub struct EventsBody {
 /// `.manifest.loaded`, `.manifest.refresh_failed`).
 pub async fn events(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Value>> {
-    let runner = signed(&state, &method, &uri, &headers, &body).await?;
     let EventsBody { mut events } = parse(&body)?;
     const ALLOWED: [EventType; 5] = [
         EventType::RunnerSelected,
@@ -319,13 +327,9 @@ pub struct WaitQuery {
 
 pub async fn claim(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Query(q): Query<WaitQuery>,
-    body: Bytes,
+    SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Response> {
-    let runner = signed(&state, &method, &uri, &headers, &body).await?;
     let (life, grace) = lifetime(&state, &runner).await?;
     if let Err(stop) = lifecycle::claim(state.config.clock.now(), &life, grace, false) {
         let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
@@ -384,14 +388,10 @@ fn stop_reason(stop: lifecycle::Stop) -> &'static str {
 /// The next thing for the runner to do in a run it holds.
 pub async fn next(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(run_id): Path<String>,
     Query(q): Query<WaitQuery>,
-    body: Bytes,
+    SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Response> {
-    let runner = signed(&state, &method, &uri, &headers, &body).await?;
     let now = state.now();
     let lease = state.config.lease.as_millis() as i64;
     let (org, rid, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
@@ -464,6 +464,28 @@ pub async fn next(
     }
 }
 
+/// Keeps the lease of a run while a long operation runs.
+pub async fn heartbeat(
+    State(state): State<Arc<AppState>>,
+    Path(run_id): Path<String>,
+    SignedRunner { runner, .. }: SignedRunner,
+) -> ApiResult<Json<Value>> {
+    let now = state.now();
+    let lease = state.config.lease.as_millis() as i64;
+    let (org, rid, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
+    let held = state
+        .db(move |s| s.renew_lease(&org, &rid, &run, now, lease))
+        .await?;
+    match held {
+        Some(run) => Ok(Json(json!({"leaseUntil": stamp(run.lease_until_ms)}))),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_lost",
+            format!("this runner no longer holds run {run_id}"),
+        )),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReportedArtifact {
@@ -485,13 +507,9 @@ pub struct ResultBody {
 
 pub async fn result(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path((run_id, op_id)): Path<(String, String)>,
-    body: Bytes,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Value>> {
-    let runner = signed(&state, &method, &uri, &headers, &body).await?;
     let ResultBody {
         result,
         mut events,
@@ -572,13 +590,9 @@ pub struct FinishBody {
 
 pub async fn finish(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(run_id): Path<String>,
-    body: Bytes,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Value>> {
-    let runner = signed(&state, &method, &uri, &headers, &body).await?;
     let FinishBody { state: end, error } = parse(&body)?;
     let end = match end.as_str() {
         "succeeded" => RunState::Succeeded,
@@ -609,11 +623,8 @@ pub async fn finish(
 /// The current manifest of the runner's environment (for refreshing).
 pub async fn manifest(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
+    SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Json<Value>> {
-    let runner = signed(&state, &method, &uri, &headers, &[]).await?;
     let row = state
         .db(move |s| s.current_manifest(&runner.org_id, &runner.environment))
         .await?
@@ -630,12 +641,8 @@ pub struct Refreshed {
 /// The runner swapped to a refreshed manifest (at an operation boundary).
 pub async fn refreshed(
     State(state): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Value>> {
-    let runner = signed(&state, &method, &uri, &headers, &body).await?;
     let Refreshed { manifest_hash } = parse(&body)?;
     let (org, env) = (runner.org_id.clone(), runner.environment.clone());
     let current = state.db(move |s| s.current_manifest(&org, &env)).await?;

@@ -10,6 +10,10 @@ use moat_core::SignedManifest;
 
 use crate::{manifest, seal};
 
+mod client;
+mod refresh;
+mod start;
+
 /// Seal a manifest into a runner binary, and inspect sealed runners.
 #[derive(Args)]
 pub struct RunnerArgs {
@@ -33,7 +37,7 @@ enum RunnerCommand {
         out: PathBuf,
     },
     /// Register with the control plane and serve its runs (sealed runners only).
-    Start(crate::runner_start::StartArgs),
+    Start(start::StartArgs),
     /// Print a runner's identity and sealed manifest as JSON (default: this binary).
     Inspect {
         #[arg(value_name = "FILE")]
@@ -49,7 +53,7 @@ pub fn main(args: RunnerArgs) -> ExitCode {
             out,
         } => build(manifest, trusted_key, out),
         RunnerCommand::Inspect { runner } => inspect(runner),
-        RunnerCommand::Start(args) => return crate::runner_start::main(args),
+        RunnerCommand::Start(args) => return start::main(args),
     };
     match result {
         Ok(text) => {

@@ -1,0 +1,412 @@
+//! `moat runner start`: a sealed runner's life. It reads and checks its own
+//! trailer, registers with a single-use bootstrap token and a fresh per-boot
+//! key, reports its provenance, then claims runs and executes their
+//! operations through a `moat shell --require-capabilities` child per run:
+//! the shell checks every capability offline against the manifest's
+//! control-plane key, and the sandbox is launched from that single-threaded
+//! child, never from this process. Events the shell records and artifacts
+//! it names go back with each result.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use base64::Engine as _;
+use clap::Args;
+use moat_core::EventType;
+use moat_core::sign::PrivateKey;
+use moat_ledger::Ledger;
+use serde_json::{Value, json};
+
+use super::client::{Client, error_text, stamp};
+use super::refresh::Manifests;
+use crate::seal;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+#[derive(Args)]
+pub struct StartArgs {
+    /// The control plane's base URL, e.g. http://127.0.0.1:7700.
+    #[arg(long, value_name = "URL")]
+    control_plane: String,
+    /// File holding the single-use bootstrap token (`POST /v1/bootstrap-tokens`).
+    /// Read once; never passed on to a child.
+    #[arg(long, value_name = "FILE")]
+    bootstrap_token_file: PathBuf,
+    /// Where runs' workspaces, the ledger and artifacts are kept.
+    #[arg(long, value_name = "DIR")]
+    state_dir: PathBuf,
+    /// Stop after this many runs (default: serve until killed).
+    #[arg(long, value_name = "N")]
+    max_runs: Option<u64>,
+    /// Answer NAME with ADDRESS in the egress proxy's resolver (passed to the shell).
+    #[arg(long = "resolve", value_name = "NAME=ADDRESS[,ADDRESS]")]
+    resolve: Vec<String>,
+}
+
+pub fn main(args: StartArgs) -> ExitCode {
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moat runner: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn read_token(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--bootstrap-token-file {}", path.display()))?;
+    let token = text.trim().to_owned();
+    if token.is_empty() {
+        bail!("--bootstrap-token-file {} is empty", path.display());
+    }
+    Ok(token)
+}
+
+/// What a running runner holds.
+struct Runner {
+    args: StartArgs,
+    client: Client,
+    manifests: Manifests,
+    /// The shells' state directory (ledger, artifacts, trusted key).
+    shell_state: PathBuf,
+    /// Heartbeat period while an operation runs: a third of the lease.
+    heartbeat: Duration,
+}
+
+fn run(args: StartArgs) -> anyhow::Result<()> {
+    let boot = SystemTime::now();
+    let me = std::env::current_exe().context("finding this binary")?;
+    let Some((signed, _)) = seal::read_trailer(&me)? else {
+        bail!(
+            "{} is not a sealed runner: build one with `moat runner build`",
+            me.display()
+        );
+    };
+    // The trailer must be what it claims; the control plane then checks
+    // that its key signed it and that this build is allowed.
+    let trusted =
+        moat_core::sign::PublicKey::from_base64(&signed.manifest.control_plane_public_key)
+            .context("the sealed manifest's controlPlanePublicKey")?;
+    signed
+        .verify(&trusted)
+        .context("the sealed manifest does not verify")?;
+    let runner_hash = seal::file_sha256(&me)?;
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    let shell_state = args.state_dir.join("shell");
+    std::fs::create_dir_all(&shell_state)?;
+    std::fs::write(
+        shell_state.join("trusted.pub"),
+        &signed.manifest.control_plane_public_key,
+    )?;
+
+    let mut seed = [0u8; 32];
+    moat_ledger::store::random_bytes(&mut seed);
+    let mut client = Client::new(&args.control_plane, PrivateKey::from_seed(seed));
+    seed.fill(0);
+    let sandbox_mode = signed
+        .manifest
+        .sandbox_modes
+        .first()
+        .map_or("workspace-write", |m| m.as_str());
+    let registration = json!({
+        "runnerHash": runner_hash,
+        "signedManifest": signed,
+        "version": signed.manifest.runner_version,
+        "environment": signed.manifest.environment,
+        "ops": signed.manifest.allowed_ops,
+        "sandboxMode": sandbox_mode,
+        "bootTime": stamp(boot),
+        "publicKey": client.key.public().to_base64(),
+    });
+    let mut token = read_token(&args.bootstrap_token_file)?;
+    let answer = client.register(&token, &registration);
+    // The token is spent either way; do not keep it around.
+    token.replace_range(.., &"0".repeat(token.len()));
+    drop(token);
+    let answer = answer?;
+    if answer.status != 201 {
+        bail!("registration refused: {}", error_text(&answer));
+    }
+    client.runner_id = answer.body["runnerId"]
+        .as_str()
+        .context("registration: no runnerId")?
+        .to_owned();
+    let lease = Duration::from_millis(answer.body["leaseMs"].as_u64().unwrap_or(30_000));
+    eprintln!(
+        "moat runner: registered as {} (build {runner_hash})",
+        client.runner_id
+    );
+    let at = stamp(SystemTime::now());
+    let provenance =
+        |kind: EventType, data: Value| json!({"type": kind, "at": at, "runId": "", "data": data});
+    let events = json!({"events": [
+        provenance(EventType::RunnerSelected, json!({"runnerHash": runner_hash, "binary": me.display().to_string()})),
+        provenance(EventType::RunnerStarted, json!({"bootTime": stamp(boot), "version": signed.manifest.runner_version, "sandboxMode": sandbox_mode})),
+        provenance(EventType::RunnerPolicyLoaded, json!({"policyHash": signed.manifest.policy_hash})),
+        provenance(EventType::RunnerManifestLoaded, json!({"manifestHash": signed.manifest_hash, "expiresAt": signed.manifest.expires_at})),
+    ]});
+    let answer = client.signed_retrying("POST", "/v1/runner/events", Some(&events))?;
+    if answer.status != 200 {
+        bail!("reporting provenance: {}", error_text(&answer));
+    }
+    let manifests = Manifests::new(signed, trusted, args.state_dir.clone())?;
+    let mut runner = Runner {
+        args,
+        client,
+        manifests,
+        shell_state,
+        heartbeat: (lease / 3).max(Duration::from_millis(200)),
+    };
+    runner.serve()
+}
+
+impl Runner {
+    fn serve(&mut self) -> anyhow::Result<()> {
+        let mut done = 0u64;
+        while self.args.max_runs.is_none_or(|max| done < max) {
+            self.manifests.tick(&self.client);
+            let answer =
+                self.client
+                    .signed_retrying("POST", "/v1/runner/claim?wait_ms=5000", None)?;
+            match answer.status {
+                204 => continue,
+                200 => {
+                    let run_id = answer.body["run"]["id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    if let Err(e) = self.execute_run(&answer.body) {
+                        eprintln!("moat runner: run {run_id}: {e:#}");
+                        let body = json!({"state": "failed", "error": format!("{e:#}")});
+                        let _ = self.client.signed_retrying(
+                            "POST",
+                            &format!("/v1/runner/runs/{run_id}/finish"),
+                            Some(&body),
+                        );
+                    }
+                    done += 1;
+                }
+                _ => bail!("claim refused: {}", error_text(&answer)),
+            }
+        }
+        Ok(())
+    }
+
+    fn execute_run(&mut self, claim: &Value) -> anyhow::Result<()> {
+        let run_id = claim["run"]["id"]
+            .as_str()
+            .context("claim without a run id")?
+            .to_owned();
+        let workspace = self.args.state_dir.join("runs").join(&run_id);
+        if workspace.exists() {
+            std::fs::remove_dir_all(&workspace)?;
+        }
+        std::fs::create_dir_all(workspace.join("output"))?;
+        std::fs::create_dir_all(workspace.join("input"))?;
+        write_inputs(&workspace, &claim["inputs"])?;
+        // Started at the first operation: a run without any costs no process.
+        let mut shell: Option<ShellChild> = None;
+        let ledger_path = self.shell_state.join("ledger.db");
+        let mut ledger_seq = Ledger::open(&ledger_path)?.summary()?.0;
+        let next = format!("/v1/runner/runs/{run_id}/next?wait_ms=5000");
+        loop {
+            // An operation boundary: a refreshed manifest takes over here,
+            // in a new shell.
+            if self.manifests.tick(&self.client) {
+                shell = None;
+            }
+            let answer = self.client.signed_retrying("POST", &next, None)?;
+            match (answer.status, answer.body["action"].as_str()) {
+                (204, _) => continue,
+                (200, Some("op")) => {
+                    let envelope = &answer.body["envelope"];
+                    let op_id = envelope["id"].as_str().unwrap_or_default().to_owned();
+                    let shell = match &mut shell {
+                        Some(shell) => shell,
+                        None => shell.insert(start_shell(
+                            &self.args,
+                            &self.shell_state,
+                            &workspace,
+                            self.manifests.file.as_deref(),
+                        )?),
+                    };
+                    let result = self.run_op(shell, &run_id, &op_id, envelope)?;
+                    let ledger = Ledger::open(&ledger_path)?;
+                    let events = ledger.events(Some(&run_id), ledger_seq, 10_000)?;
+                    ledger_seq = ledger.summary()?.0;
+                    let artifacts = collect_artifacts(&self.shell_state, &result)?;
+                    let body = json!({
+                        "result": result,
+                        "events": events.iter().map(|e| &e.event).collect::<Vec<_>>(),
+                        "artifacts": artifacts,
+                    });
+                    let path = format!("/v1/runner/runs/{run_id}/ops/{op_id}/result");
+                    let answer = self.client.signed_retrying("POST", &path, Some(&body))?;
+                    if answer.status != 200 {
+                        bail!("reporting operation {op_id}: {}", error_text(&answer));
+                    }
+                }
+                (200, Some("finish")) => {
+                    drop(shell);
+                    let body = json!({"state": "succeeded"});
+                    let answer = self.client.signed_retrying(
+                        "POST",
+                        &format!("/v1/runner/runs/{run_id}/finish"),
+                        Some(&body),
+                    )?;
+                    if answer.status != 200 {
+                        bail!("finishing: {}", error_text(&answer));
+                    }
+                    return Ok(());
+                }
+                (200, _) => return Ok(()),
+                _ => {
+                    eprintln!("moat runner: run {run_id} stopped: {}", error_text(&answer));
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// One operation through the shell, with the run's lease kept alive by
+    /// heartbeats while it runs (the shell child is what launches sandboxes,
+    /// so this process may have a thread).
+    fn run_op(
+        &self,
+        shell: &mut ShellChild,
+        run_id: &str,
+        op_id: &str,
+        envelope: &Value,
+    ) -> anyhow::Result<Value> {
+        let stop = AtomicBool::new(false);
+        let beat = format!("/v1/runner/runs/{run_id}/heartbeat");
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let step = Duration::from_millis(50);
+                let mut waited = Duration::ZERO;
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(step);
+                    waited += step;
+                    if waited >= self.heartbeat {
+                        waited = Duration::ZERO;
+                        if let Err(e) = self.client.signed("POST", &beat, None) {
+                            eprintln!("moat runner: heartbeat: {e:#}");
+                        }
+                    }
+                }
+            });
+            let result = (|| {
+                writeln!(shell.stdin, "{envelope}")?;
+                shell.stdin.flush()?;
+                let mut line = String::new();
+                if shell.stdout.read_line(&mut line)? == 0 {
+                    bail!("the shell ended before answering operation {op_id}");
+                }
+                serde_json::from_str(&line).context("the shell's result line")
+            })();
+            stop.store(true, Ordering::Relaxed);
+            result
+        })
+    }
+}
+
+/// The shell child serving one run.
+struct ShellChild {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for ShellChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `manifest`: a refreshed manifest's file (default: the sealed one).
+fn start_shell(
+    args: &StartArgs,
+    state: &Path,
+    workspace: &Path,
+    manifest: Option<&Path>,
+) -> anyhow::Result<ShellChild> {
+    let me = std::env::current_exe()?;
+    let mut command = Command::new(me);
+    command
+        .arg("shell")
+        .arg("--workspace")
+        .arg(workspace)
+        .arg("--state")
+        .arg(state)
+        .arg("--require-capabilities");
+    if let Some(manifest) = manifest {
+        command.arg("--manifest").arg(manifest);
+    }
+    for entry in &args.resolve {
+        command.arg("--resolve").arg(entry);
+    }
+    // Nothing of this process's environment reaches the shell.
+    command.env_clear().env("PATH", "/usr/bin:/bin");
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting moat shell")?;
+    let stdin = child.stdin.take().context("shell stdin")?;
+    let stdout = BufReader::new(child.stdout.take().context("shell stdout")?);
+    Ok(ShellChild {
+        child,
+        stdin,
+        stdout,
+    })
+}
+
+fn write_inputs(workspace: &Path, inputs: &Value) -> anyhow::Result<()> {
+    for input in inputs.as_array().into_iter().flatten() {
+        let path = input["path"].as_str().context("input without a path")?;
+        if path.starts_with('/')
+            || path
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            bail!("input path {path:?} is not a plain relative path");
+        }
+        let bytes = B64
+            .decode(input["contentBase64"].as_str().unwrap_or_default())
+            .with_context(|| format!("input {path}"))?;
+        let target = workspace.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&target, bytes).with_context(|| format!("writing input {path}"))?;
+    }
+    Ok(())
+}
+
+/// The artifacts a result names, with their bytes from the shell's store.
+fn collect_artifacts(state: &Path, result: &Value) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for a in result["artifacts"].as_array().into_iter().flatten() {
+        let sha = a["sha256"].as_str().unwrap_or_default();
+        if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let path = state.join("artifacts").join(&sha[..2]).join(sha);
+        let mut bytes = Vec::new();
+        std::fs::File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .with_context(|| format!("artifact {sha}"))?;
+        out.push(json!({
+            "sha256": sha, "kind": a["kind"], "label": a["label"], "contentBase64": B64.encode(&bytes),
+        }));
+    }
+    Ok(out)
+}

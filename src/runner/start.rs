@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
@@ -212,8 +212,9 @@ impl Runner {
         write_inputs(&workspace, &claim["inputs"])?;
         // Started at the first operation: a run without any costs no process.
         let mut shell: Option<ShellChild> = None;
-        let ledger_path = self.shell_state.join("ledger.db");
-        let mut ledger_seq = Ledger::open(&ledger_path)?.summary()?.0;
+        // Read alongside the shell, which writes it (WAL: readers see each commit).
+        let ledger = Ledger::open(&self.shell_state.join("ledger.db"))?;
+        let mut ledger_seq = ledger.summary()?.0;
         let next = format!("/v1/runner/runs/{run_id}/next?wait_ms=5000");
         loop {
             // An operation boundary: a refreshed manifest takes over here,
@@ -237,7 +238,6 @@ impl Runner {
                         )?),
                     };
                     let result = self.run_op(shell, &run_id, &op_id, envelope)?;
-                    let ledger = Ledger::open(&ledger_path)?;
                     let events = ledger.events(Some(&run_id), ledger_seq, 10_000)?;
                     ledger_seq = ledger.summary()?.0;
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
@@ -284,20 +284,14 @@ impl Runner {
         op_id: &str,
         envelope: &Value,
     ) -> anyhow::Result<Value> {
-        let stop = AtomicBool::new(false);
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let beat = format!("/v1/runner/runs/{run_id}/heartbeat");
         std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let step = Duration::from_millis(50);
-                let mut waited = Duration::ZERO;
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(step);
-                    waited += step;
-                    if waited >= self.heartbeat {
-                        waited = Duration::ZERO;
-                        if let Err(e) = self.client.signed("POST", &beat, None) {
-                            eprintln!("moat runner: heartbeat: {e:#}");
-                        }
+            scope.spawn(move || {
+                // Woken at once when the operation ends (the sender drops).
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(self.heartbeat) {
+                    if let Err(e) = self.client.signed("POST", &beat, None) {
+                        eprintln!("moat runner: heartbeat: {e:#}");
                     }
                 }
             });
@@ -310,7 +304,7 @@ impl Runner {
                 }
                 serde_json::from_str(&line).context("the shell's result line")
             })();
-            stop.store(true, Ordering::Relaxed);
+            drop(stop);
             result
         })
     }

@@ -3,6 +3,7 @@
 //! collect its report and events, plant and check canaries on the host.
 #![allow(dead_code)]
 
+pub mod control;
 pub mod servers;
 
 use std::path::{Path, PathBuf};

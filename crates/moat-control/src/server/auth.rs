@@ -9,7 +9,7 @@ use moat_core::EventType;
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_ledger::store::{RunnerRow, event, new_id};
+use moat_ledger::store::{RunnerRequest, RunnerRow, event, new_id};
 use serde_json::json;
 
 use super::AppState;
@@ -121,101 +121,74 @@ pub async fn runner(
             "signed runner request: the nonce must be 16 to 64 bytes of hex",
         ));
     }
-    let lookup = id.clone();
-    let runner = state
-        .db(move |s| s.runner(&lookup))
-        .await?
-        .ok_or_else(|| ApiError::unauthorized("unknown runner"))?;
-    let key = PublicKey::from_base64(&runner.public_key)
-        .map_err(|_| ApiError::internal("stored runner key unreadable"))?;
-    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
-    let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
-    if request_sig::verify(
-        &key,
-        signature,
-        method.as_str(),
-        path,
-        timestamp,
-        &nonce,
-        body,
-    )
-    .is_err()
-    {
-        return Err(reject(
-            state,
-            &runner.org_id,
-            "bad_request_signature",
-            "the request signature does not verify".into(),
-            subject,
-        )
-        .await);
-    }
+    let path = uri
+        .path_and_query()
+        .map_or(uri.path(), |p| p.as_str())
+        .to_owned();
+    let (method, signature, body) = (
+        method.as_str().to_owned(),
+        signature.to_owned(),
+        body.to_vec(),
+    );
     let now = state.now();
-    if (now - timestamp).abs() > request_sig::MAX_SKEW_MS {
-        return Err(reject(
-            state,
-            &runner.org_id,
+    let expires = timestamp + 2 * request_sig::MAX_SKEW_MS;
+    let spent = nonce.clone();
+    let checked = state
+        .db(move |s| {
+            s.runner_request(&id, &spent, now, expires, |runner| {
+                PublicKey::from_base64(&runner.public_key).is_ok_and(|key| {
+                    request_sig::verify(&key, &signature, &method, &path, timestamp, &nonce, &body)
+                        .is_ok()
+                })
+            })
+        })
+        .await?;
+    let standing = match checked {
+        RunnerRequest::UnknownRunner => return Err(ApiError::unauthorized("unknown runner")),
+        RunnerRequest::Refused(runner) => {
+            let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
+            return Err(reject(
+                state,
+                &runner.org_id,
+                "bad_request_signature",
+                "the request signature does not verify".into(),
+                subject,
+            )
+            .await);
+        }
+        RunnerRequest::Checked(standing) => standing,
+    };
+    let runner = standing.runner;
+    let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
+    // A stale request spends its nonce too: harmless, and it is refused.
+    let refusal = if (now - timestamp).abs() > request_sig::MAX_SKEW_MS {
+        Some((
             "stale_request",
             format!(
                 "request time is {} ms from the control plane's",
                 now - timestamp
             ),
-            subject,
-        )
-        .await);
-    }
-    let (org, runner_id, hash, manifest) = (
-        runner.org_id.clone(),
-        runner.id.clone(),
-        runner.runner_hash.clone(),
-        runner.manifest_hash.clone(),
-    );
-    let expires = timestamp + 2 * request_sig::MAX_SKEW_MS;
-    let (fresh, build_ok, manifest_row) = state
-        .db(move |s| {
-            let fresh = s.use_nonce(&runner_id, &nonce, now, expires)?;
-            let build_ok = s.runner_build_allowed(&org, &hash)?;
-            let manifest = s.manifest(&org, &manifest)?;
-            let key_revoked = match &manifest {
-                Some(m) => s.signing_key_revoked(&org, &m.signed_by)?,
-                None => true,
-            };
-            Ok((
-                fresh,
-                build_ok,
-                manifest.filter(|m| !m.revoked && !key_revoked),
-            ))
-        })
-        .await?;
-    if !fresh {
-        return Err(reject(
-            state,
-            &runner.org_id,
+        ))
+    } else if !standing.fresh_nonce {
+        Some((
             "replayed_request",
-            "this request nonce was already used".into(),
-            subject,
-        )
-        .await);
-    }
-    if !build_ok {
-        return Err(reject(
-            state,
-            &runner.org_id,
+            "this request nonce was already used".to_owned(),
+        ))
+    } else if !standing.build_allowed {
+        Some((
             "revoked",
-            "the runner build is not (or no longer) allowed".into(),
-            subject,
-        )
-        .await);
-    }
-    if manifest_row.is_none() {
-        return Err(reject(
-            state,
-            &runner.org_id,
+            "the runner build is not (or no longer) allowed".to_owned(),
+        ))
+    } else if !standing.manifest_standing {
+        Some((
             "revoked",
-            "the runner's manifest or its signing key was revoked".into(),
-            subject,
-        )
-        .await);
+            "the runner's manifest or its signing key was revoked".to_owned(),
+        ))
+    } else {
+        None
+    };
+    if let Some((reason, message)) = refusal {
+        return Err(reject(state, &runner.org_id, reason, message, subject).await);
     }
     Ok(runner)
 }

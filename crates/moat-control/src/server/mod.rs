@@ -194,6 +194,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let sweeper = tokio::spawn(sweep::run(Arc::clone(&state)));
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    use axum::serve::ListenerExt as _;
+    // Small answers go out at once (no Nagle wait for the peer's ACK).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
         shutdown.await;
         let _ = stopping.send(());

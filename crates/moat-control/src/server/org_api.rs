@@ -391,7 +391,11 @@ pub async fn post_op(
     let org = auth::org(&state, &headers).await?;
     let now = state.now();
     let envelope = complete_envelope(body, &run_id, now)?;
-    let run = the_run(&state, &org, &run_id).await?;
+    let (o, r) = (org.clone(), run_id.clone());
+    let (run, org_name, manifest) = state
+        .db(move |s| s.op_context(&o, &r))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
     if run.state.is_final() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -399,15 +403,6 @@ pub async fn post_op(
             format!("run {run_id} has ended ({})", run.state.as_str()),
         ));
     }
-    let (o, env) = (org.clone(), run.environment.clone());
-    let (org_name, manifest) = state
-        .db(move |s| {
-            Ok((
-                s.org_name(&o)?.unwrap_or_default(),
-                s.current_manifest(&o, &env)?,
-            ))
-        })
-        .await?;
     let manifest: Option<SignedManifest> =
         manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
     let (op_state, decision, denial) =

@@ -428,7 +428,7 @@ pub async fn next(
                 return Ok(Some(Ok(op)));
             }
             let run = s.run(&r.org_id, &id)?;
-            let idle = s.ops(&r.org_id, &id)?.iter().all(|o| o.state.is_final());
+            let idle = s.open_ops(&r.org_id, &id)? == 0;
             match run {
                 Some(run) if run.state.is_final() => Ok(Some(Err("ended"))),
                 Some(run) if run.finish_wanted && idle => Ok(Some(Err("finish"))),

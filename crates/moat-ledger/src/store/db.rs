@@ -5,6 +5,8 @@
 //! the common subset of both dialects (`ON CONFLICT`, `RETURNING`); the few
 //! places that differ ask [`Tx::dialect`].
 
+use std::collections::HashMap;
+
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 use super::StoreError;
@@ -223,24 +225,116 @@ fn pg_params(params: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
     params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
 }
 
-impl Tx for postgres::Transaction<'_> {
+/// A pooled PostgreSQL connection with its prepared statements: each
+/// statement text is parsed once per connection, not once per use.
+pub(crate) struct PgConn {
+    pub client: postgres::Client,
+    statements: HashMap<String, postgres::Statement>,
+}
+
+impl PgConn {
+    pub fn new(client: postgres::Client) -> Self {
+        PgConn {
+            client,
+            statements: HashMap::new(),
+        }
+    }
+
+    pub fn transaction(&mut self) -> Result<PgTx<'_>, StoreError> {
+        Ok(PgTx {
+            tx: self.client.transaction()?,
+            statements: &mut self.statements,
+        })
+    }
+}
+
+/// A transaction on a [`PgConn`].
+pub(crate) struct PgTx<'a> {
+    tx: postgres::Transaction<'a>,
+    statements: &'a mut HashMap<String, postgres::Statement>,
+}
+
+/// Single statements on a [`PgConn`] without a transaction (reads).
+pub(crate) struct PgAuto<'a> {
+    client: &'a mut postgres::Client,
+    statements: &'a mut HashMap<String, postgres::Statement>,
+}
+
+impl PgConn {
+    pub fn autocommit(&mut self) -> PgAuto<'_> {
+        PgAuto {
+            client: &mut self.client,
+            statements: &mut self.statements,
+        }
+    }
+}
+
+impl PgTx<'_> {
+    pub fn commit(self) -> Result<(), StoreError> {
+        Ok(self.tx.commit()?)
+    }
+}
+
+/// `sql` prepared once per connection.
+fn statement(
+    client: &mut impl postgres::GenericClient,
+    statements: &mut HashMap<String, postgres::Statement>,
+    sql: &str,
+) -> Result<postgres::Statement, StoreError> {
+    if let Some(statement) = statements.get(sql) {
+        return Ok(statement.clone());
+    }
+    let statement = client.prepare(&numbered(sql))?;
+    statements.insert(sql.to_owned(), statement.clone());
+    Ok(statement)
+}
+
+fn pg_execute(
+    client: &mut impl postgres::GenericClient,
+    statements: &mut HashMap<String, postgres::Statement>,
+    sql: &str,
+    params: &[Value],
+) -> Result<u64, StoreError> {
+    let prepared = statement(client, statements, sql)?;
+    Ok(client.execute(&prepared, &pg_params(params))?)
+}
+
+fn pg_query(
+    client: &mut impl postgres::GenericClient,
+    statements: &mut HashMap<String, postgres::Statement>,
+    sql: &str,
+    params: &[Value],
+) -> Result<Vec<Row>, StoreError> {
+    let prepared = statement(client, statements, sql)?;
+    let rows = client.query(&prepared, &pg_params(params))?;
+    rows.iter().map(pg_row).collect()
+}
+
+impl Tx for PgTx<'_> {
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
 
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
-        let stmt = self.prepare(&numbered(sql))?;
-        Ok(postgres::Transaction::execute(
-            self,
-            &stmt,
-            &pg_params(params),
-        )?)
+        pg_execute(&mut self.tx, self.statements, sql, params)
     }
 
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
-        let stmt = self.prepare(&numbered(sql))?;
-        let rows = postgres::Transaction::query(self, &stmt, &pg_params(params))?;
-        rows.iter().map(pg_row).collect()
+        pg_query(&mut self.tx, self.statements, sql, params)
+    }
+}
+
+impl Tx for PgAuto<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, StoreError> {
+        pg_execute(self.client, self.statements, sql, params)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        pg_query(self.client, self.statements, sql, params)
     }
 }
 

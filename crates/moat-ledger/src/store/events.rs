@@ -7,6 +7,9 @@ use moat_core::Event;
 use super::{Store, StoreError, Tx, Value};
 use crate::{GENESIS, StoredEvent, Verified, VerifyError, chain_hash};
 
+/// Most events in one INSERT statement.
+const INSERT_BATCH: usize = 32;
+
 /// A page of events and where the next one starts.
 #[derive(Debug, Clone)]
 pub struct Page {
@@ -33,30 +36,37 @@ pub fn append(
         .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
     let (mut seq, mut prev) = (head.int(0)?, head.text(1)?);
     let mut stored = Vec::with_capacity(events.len());
+    let mut rows: Vec<Value> = Vec::with_capacity(events.len() * 7);
     for event in events {
         seq += 1;
         let body = moat_core::hash::canonical_json(event)
             .map_err(|e| StoreError::Encode(e.to_string()))?;
         let hash = chain_hash(&prev, seq, &body);
-        tx.execute(
-            "INSERT INTO events (seq, org_id, run_id, event_type, body, prev_hash, hash)
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
-            &[
-                seq.into(),
-                org.into(),
-                event.run_id.as_str().into(),
-                event.event_type.as_str().into(),
-                body.into(),
-                prev.as_str().into(),
-                hash.as_str().into(),
-            ],
-        )?;
+        rows.extend([
+            seq.into(),
+            org.into(),
+            event.run_id.as_str().into(),
+            event.event_type.as_str().into(),
+            body.into(),
+            prev.as_str().into(),
+            hash.as_str().into(),
+        ]);
         stored.push(StoredEvent {
             seq,
             prev_hash: std::mem::replace(&mut prev, hash.clone()),
             hash,
             event: event.clone(),
         });
+    }
+    // One statement per batch of rows: one round trip instead of one per event.
+    for batch in rows.chunks(7 * INSERT_BATCH) {
+        let tuples = vec!["(?, ?, ?, ?, ?, ?, ?)"; batch.len() / 7].join(", ");
+        tx.execute(
+            &format!(
+                "INSERT INTO events (seq, org_id, run_id, event_type, body, prev_hash, hash) VALUES {tuples}"
+            ),
+            batch,
+        )?;
     }
     tx.execute(
         "UPDATE ledger_head SET seq = ?, hash = ? WHERE id = 1",
@@ -95,7 +105,7 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Page, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             let rows = match run {
                 Some(run) => tx.query(
                     "SELECT seq, body, prev_hash, hash FROM events
@@ -117,7 +127,7 @@ impl Store {
     /// Every event of every org in chain order, `limit` after `after`
     /// (operators' view and tests that check the whole ledger).
     pub fn all_events(&self, after: i64, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 "SELECT seq, body, prev_hash, hash FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
                 &[after.into(), limit.into()],

@@ -23,7 +23,7 @@ pub use events::Page;
 pub use objects::{ArtifactRow, ManifestRow, NewArtifact};
 pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;
-pub use runners::RunnerRow;
+pub use runners::{RunnerRequest, RunnerRow, Standing};
 pub use runs::{NewRun, RunRow, RunState, event, stamp};
 
 /// Errors of the store.
@@ -80,22 +80,22 @@ enum Backend {
 /// Idle PostgreSQL connections, reused; a new one is opened when none is free.
 struct PgPool {
     config: postgres::Config,
-    idle: Mutex<Vec<postgres::Client>>,
+    idle: Mutex<Vec<db::PgConn>>,
 }
 
 const POOL_IDLE_MAX: usize = 16;
 
 impl PgPool {
-    fn take(&self) -> Result<postgres::Client, StoreError> {
+    fn take(&self) -> Result<db::PgConn, StoreError> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         match idle {
-            Some(client) if !client.is_closed() => Ok(client),
-            _ => Ok(self.config.connect(postgres::NoTls)?),
+            Some(conn) if !conn.client.is_closed() => Ok(conn),
+            _ => Ok(db::PgConn::new(self.config.connect(postgres::NoTls)?)),
         }
     }
 
-    fn give(&self, client: postgres::Client) {
-        if client.is_closed() {
+    fn give(&self, client: db::PgConn) {
+        if client.client.is_closed() {
             return;
         }
         if let Ok(mut idle) = self.idle.lock() {
@@ -176,34 +176,62 @@ impl Store {
         }
     }
 
+    /// Runs read-only `body`: on PostgreSQL without a transaction (each
+    /// statement sees the latest commits; two round trips fewer), on
+    /// SQLite in a deferred one. Nothing in `body` may write.
+    pub fn read<T>(
+        &self,
+        mut body: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(conn) => {
+                sqlite_tx(conn, rusqlite::TransactionBehavior::Deferred, &mut body)
+            }
+            Backend::Postgres(pool) => {
+                let mut conn = pool.take()?;
+                let result = body(&mut conn.autocommit());
+                pool.give(conn);
+                result
+            }
+        }
+    }
+
     fn tx_once<T>(
         &self,
         body: &mut impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         match &self.backend {
             Backend::Sqlite(conn) => {
-                let mut conn = conn
-                    .lock()
-                    .map_err(|_| StoreError::Corrupt("store lock poisoned".into()))?;
-                let mut tx =
-                    conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let value = body(&mut tx)?;
-                tx.commit()?;
-                Ok(value)
+                sqlite_tx(conn, rusqlite::TransactionBehavior::Immediate, body)
             }
             Backend::Postgres(pool) => {
-                let mut client = pool.take()?;
+                let mut conn = pool.take()?;
                 let result = (|| {
-                    let mut tx = client.transaction()?;
+                    let mut tx = conn.transaction()?;
                     let value = body(&mut tx)?;
                     tx.commit()?;
                     Ok(value)
                 })();
-                pool.give(client);
+                pool.give(conn);
                 result
             }
         }
     }
+}
+
+/// `body` in one SQLite transaction of `behavior`, committed if it returns `Ok`.
+fn sqlite_tx<T>(
+    conn: &Mutex<rusqlite::Connection>,
+    behavior: rusqlite::TransactionBehavior,
+    body: &mut impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut conn = conn
+        .lock()
+        .map_err(|_| StoreError::Corrupt("store lock poisoned".into()))?;
+    let mut tx = conn.transaction_with_behavior(behavior)?;
+    let value = body(&mut tx)?;
+    tx.commit()?;
+    Ok(value)
 }
 
 /// A random identifier: `prefix` and 16 bytes of hex.

@@ -104,6 +104,26 @@ fn decode_manifest(row: &Row) -> Result<ManifestRow, StoreError> {
     })
 }
 
+/// The newest unrevoked manifest of the org's environment, in `tx`.
+pub(super) fn current_manifest(
+    tx: &mut dyn Tx,
+    org: &str,
+    environment: &str,
+) -> Result<Option<ManifestRow>, StoreError> {
+    tx.query_one(
+        &format!(
+            "SELECT {MANIFEST_COLUMNS} FROM manifests m WHERE org_id = ? AND environment = ?
+             AND revoked = 0 AND NOT EXISTS
+               (SELECT 1 FROM revoked_keys k WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)
+             ORDER BY published_ms DESC, expires_ms DESC LIMIT 1"
+        ),
+        &[org.into(), environment.into()],
+    )?
+    .as_ref()
+    .map(decode_manifest)
+    .transpose()
+}
+
 const MANIFEST_COLUMNS: &str =
     "hash, environment, signed, signed_by, expires_ms, published_ms, revoked";
 
@@ -122,7 +142,7 @@ impl Store {
 
     /// The run's artifacts, oldest first.
     pub fn artifacts(&self, org: &str, run: &str) -> Result<Vec<ArtifactRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 "SELECT run_id, op_id, sha256, size, kind, label, created_ms FROM artifacts
                  WHERE org_id = ? AND run_id = ? ORDER BY created_ms, op_id, label",
@@ -136,7 +156,7 @@ impl Store {
 
     /// The bytes of `sha256`, if one of the org's artifacts names them.
     pub fn artifact_bytes(&self, org: &str, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query_one(
                 "SELECT b.data FROM blobs b WHERE b.sha256 = ? AND EXISTS
                  (SELECT 1 FROM artifacts a WHERE a.org_id = ? AND a.sha256 = b.sha256)",
@@ -177,7 +197,7 @@ impl Store {
 
     /// `(sha256, label, revoked)` of the org's runner builds.
     pub fn runner_builds(&self, org: &str) -> Result<Vec<(String, String, bool)>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 "SELECT sha256, label, revoked FROM runner_builds WHERE org_id = ? ORDER BY created_ms",
                 &[org.into()],
@@ -190,7 +210,7 @@ impl Store {
 
     /// Whether `sha256` is an allowed, unrevoked build of the org.
     pub fn runner_build_allowed(&self, org: &str, sha256: &str) -> Result<bool, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             Ok(tx
                 .query_one(
                     "SELECT 1 FROM runner_builds WHERE org_id = ? AND sha256 = ? AND revoked = 0",
@@ -226,25 +246,12 @@ impl Store {
         org: &str,
         environment: &str,
     ) -> Result<Option<ManifestRow>, StoreError> {
-        self.tx(|tx| {
-            tx.query_one(
-                &format!(
-                    "SELECT {MANIFEST_COLUMNS} FROM manifests m WHERE org_id = ? AND environment = ?
-                     AND revoked = 0 AND NOT EXISTS
-                       (SELECT 1 FROM revoked_keys k WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)
-                     ORDER BY published_ms DESC, expires_ms DESC LIMIT 1"
-                ),
-                &[org.into(), environment.into()],
-            )?
-            .as_ref()
-            .map(decode_manifest)
-            .transpose()
-        })
+        self.read(|tx| current_manifest(tx, org, environment))
     }
 
     /// A published manifest by hash.
     pub fn manifest(&self, org: &str, hash: &str) -> Result<Option<ManifestRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query_one(
                 &format!("SELECT {MANIFEST_COLUMNS} FROM manifests WHERE org_id = ? AND hash = ?"),
                 &[org.into(), hash.into()],
@@ -277,7 +284,7 @@ impl Store {
     }
 
     pub fn signing_key_revoked(&self, org: &str, public_key: &str) -> Result<bool, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             Ok(tx
                 .query_one(
                     "SELECT 1 FROM revoked_keys WHERE org_id = ? AND public_key = ?",

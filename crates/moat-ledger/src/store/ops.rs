@@ -167,7 +167,7 @@ impl Store {
 
     /// One operation of the org's run.
     pub fn op(&self, org: &str, run: &str, id: &str) -> Result<Option<OpRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query_one(
                 &format!("SELECT {COLUMNS} FROM ops WHERE org_id = ? AND run_id = ? AND id = ?"),
                 &[org.into(), run.into(), id.into()],
@@ -180,7 +180,7 @@ impl Store {
 
     /// Every operation of the org's run, in order.
     pub fn ops(&self, org: &str, run: &str) -> Result<Vec<OpRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 &format!("SELECT {COLUMNS} FROM ops WHERE org_id = ? AND run_id = ? ORDER BY n"),
                 &[org.into(), run.into()],
@@ -188,6 +188,18 @@ impl Store {
             .iter()
             .map(decode)
             .collect()
+        })
+    }
+
+    /// How many of the run's operations are queued or dispatched.
+    pub fn open_ops(&self, org: &str, run: &str) -> Result<i64, StoreError> {
+        self.read(|tx| {
+            tx.query_one(
+                "SELECT COUNT(*) FROM ops WHERE org_id = ? AND run_id = ?
+                 AND state IN ('queued', 'dispatched')",
+                &[org.into(), run.into()],
+            )?
+            .map_or(Ok(0), |r| r.int(0))
         })
     }
 

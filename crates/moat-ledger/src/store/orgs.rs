@@ -67,7 +67,7 @@ impl Store {
 
     /// The org an API token belongs to.
     pub fn org_of_api_token(&self, token_hash: &str) -> Result<Option<String>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query_one(
                 "SELECT org_id FROM tokens WHERE hash = ? AND kind = 'api'",
                 &[token_hash.into()],
@@ -98,7 +98,7 @@ impl Store {
 
     /// The org's name.
     pub fn org_name(&self, org: &str) -> Result<Option<String>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query_one("SELECT name FROM orgs WHERE id = ?", &[org.into()])?
                 .map(|r| r.text(0))
                 .transpose()

@@ -73,7 +73,7 @@ impl Store {
 
     /// A runner by id (any org: request signatures are checked before scoping).
     pub fn runner(&self, id: &str) -> Result<Option<RunnerRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query_one(
                 &format!("SELECT {COLUMNS} FROM runners WHERE id = ?"),
                 &[id.into()],
@@ -85,7 +85,7 @@ impl Store {
     }
 
     pub fn runners(&self, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 &format!("SELECT {COLUMNS} FROM runners WHERE org_id = ? ORDER BY registered_ms"),
                 &[org.into()],
@@ -142,6 +142,90 @@ impl Store {
                 "DELETE FROM request_nonces WHERE expires_ms < ?",
                 &[now.into()],
             )
+        })
+    }
+}
+
+/// Where a runner stands for one signed request.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    pub runner: RunnerRow,
+    /// The request's nonce had not been used.
+    pub fresh_nonce: bool,
+    /// Its build is on the allowlist, unrevoked.
+    pub build_allowed: bool,
+    /// Its manifest is published, unrevoked, and its signing key stands.
+    pub manifest_standing: bool,
+}
+
+/// What [`Store::runner_request`] found.
+#[derive(Debug, Clone)]
+pub enum RunnerRequest {
+    UnknownRunner,
+    /// `verify` refused the request (bad signature): nothing was recorded.
+    Refused(RunnerRow),
+    Checked(Standing),
+}
+
+impl Store {
+    /// Everything a signed runner request needs, in one transaction: the
+    /// runner; `verify` (the signature check, with the runner's key); then,
+    /// only for a verified request, its nonce spent and its standing.
+    pub fn runner_request(
+        &self,
+        id: &str,
+        nonce: &str,
+        now: i64,
+        nonce_expires_ms: i64,
+        mut verify: impl FnMut(&RunnerRow) -> bool,
+    ) -> Result<RunnerRequest, StoreError> {
+        self.tx(|tx| {
+            let Some(row) = tx.query_one(
+                &format!("SELECT {COLUMNS} FROM runners WHERE id = ?"),
+                &[id.into()],
+            )?
+            else {
+                return Ok(RunnerRequest::UnknownRunner);
+            };
+            let runner = decode(&row)?;
+            if !verify(&runner) {
+                return Ok(RunnerRequest::Refused(runner));
+            }
+            let fresh_nonce = tx.execute(
+                "INSERT INTO request_nonces (runner_id, nonce, expires_ms) VALUES (?, ?, ?)
+                 ON CONFLICT (runner_id, nonce) DO NOTHING",
+                &[id.into(), nonce.into(), nonce_expires_ms.into()],
+            )? == 1;
+            tx.execute(
+                "UPDATE runners SET seen_ms = ? WHERE id = ?",
+                &[now.into(), id.into()],
+            )?;
+            let build_allowed = tx
+                .query_one(
+                    "SELECT 1 FROM runner_builds WHERE org_id = ? AND sha256 = ? AND revoked = 0",
+                    &[
+                        runner.org_id.as_str().into(),
+                        runner.runner_hash.as_str().into(),
+                    ],
+                )?
+                .is_some();
+            let manifest_standing = tx
+                .query_one(
+                    "SELECT 1 FROM manifests m WHERE m.org_id = ? AND m.hash = ? AND m.revoked = 0
+                     AND NOT EXISTS (SELECT 1 FROM revoked_keys k
+                                     WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)",
+                    &[
+                        runner.org_id.as_str().into(),
+                        runner.manifest_hash.as_str().into(),
+                    ],
+                )?
+                .is_some();
+            Ok(RunnerRequest::Checked(Standing {
+                runner,
+                fresh_nonce,
+                build_allowed,
+                manifest_standing,
+            }))
         })
     }
 }

@@ -216,8 +216,29 @@ impl Store {
         })
     }
 
+    /// What deciding an operation of a run needs, in one transaction: the
+    /// run, the org's name, and the current manifest of the run's environment.
+    pub fn op_context(
+        &self,
+        org: &str,
+        id: &str,
+    ) -> Result<Option<(RunRow, String, Option<super::ManifestRow>)>, StoreError> {
+        self.read(|tx| {
+            let Some(run) = get(tx, org, id)? else {
+                return Ok(None);
+            };
+            let name = tx
+                .query_one("SELECT name FROM orgs WHERE id = ?", &[org.into()])?
+                .map(|r| r.text(0))
+                .transpose()?
+                .unwrap_or_default();
+            let manifest = super::objects::current_manifest(tx, org, &run.environment)?;
+            Ok(Some((run, name, manifest)))
+        })
+    }
+
     pub fn run(&self, org: &str, id: &str) -> Result<Option<RunRow>, StoreError> {
-        self.tx(|tx| get(tx, org, id))
+        self.read(|tx| get(tx, org, id))
     }
 
     /// The org's runs, newest first, optionally in one state.
@@ -227,7 +248,7 @@ impl Store {
         state: Option<RunState>,
         limit: i64,
     ) -> Result<Vec<RunRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             let rows = match state {
                 Some(state) => tx.query(
                     &format!("SELECT {COLUMNS} FROM runs WHERE org_id = ? AND state = ? ORDER BY created_ms DESC, id LIMIT ?"),
@@ -435,7 +456,7 @@ impl Store {
 
     /// Live runs (claimed, running, paused) a runner holds.
     pub fn runs_of_runner(&self, runner: &str) -> Result<Vec<RunRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 &format!("SELECT {COLUMNS} FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')"),
                 &[runner.into()],
@@ -448,7 +469,7 @@ impl Store {
 
     /// Every live run of every org (the manifest-grace sweep).
     pub fn live_runs(&self) -> Result<Vec<RunRow>, StoreError> {
-        self.tx(|tx| {
+        self.read(|tx| {
             tx.query(
                 &format!(
                     "SELECT {COLUMNS} FROM runs WHERE state IN ('claimed', 'running', 'paused')"

@@ -1,0 +1,439 @@
+//! The control plane's test rig: a `moat serve` process on a backend, a
+//! sealed runner registered with a bootstrap token, an agent's HTTP calls.
+//! Shared by tests/control.rs and benches/control.rs.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use moat_ledger::store::TempPostgres;
+use serde_json::{Value, json};
+
+use super::{MOAT, host_processes_with, path_str, signed_manifest};
+
+pub const POLICY: &str = r#"
+@id("read-inputs")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"artifact_read", resource)
+when { context.size <= 1048576 };
+
+@id("write-outputs")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"artifact_write", resource);
+
+@id("tools")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv", resource)
+when { context.network == "off" && (resource == Moat::Executable::"/usr/bin/wc"
+       || resource == Moat::Executable::"/usr/bin/python3") };
+
+@id("python-with-network") @approval("required")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv",
+       resource == Moat::Executable::"/usr/bin/python3")
+when { context.network != "off" };
+
+@id("no-secrets")
+forbid(principal, action, resource == Moat::Path::"input/secret.txt");
+"#;
+
+pub const ADMIN: &str = "admin-token-for-tests-0123456789";
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    moat_core::hash::sha256_hex(bytes)
+}
+
+/// One storage backend for a test: the `--db` value and what keeps it alive.
+pub struct Db {
+    pub url: String,
+    _pg: Option<TempPostgres>,
+}
+
+pub fn databases(dir: &Path) -> Vec<Db> {
+    let pg = TempPostgres::create()
+        .expect("PostgreSQL is needed: .ci/run installs and starts it (or set MOAT_TEST_POSTGRES)");
+    vec![
+        Db {
+            url: format!("sqlite:{}", dir.join("control.db").display()),
+            _pg: None,
+        },
+        Db {
+            url: pg.url.clone(),
+            _pg: Some(pg),
+        },
+    ]
+}
+
+/// Everything a control plane needs on disk: keys, policy, admin token, a
+/// signed manifest for environment `test` naming the policy, a sealed runner.
+pub struct Setup {
+    pub dir: PathBuf,
+    pub key: PathBuf,
+    pub policy: PathBuf,
+    pub admin: PathBuf,
+    pub signed: Value,
+    pub runner: PathBuf,
+    pub runner_hash: String,
+}
+
+pub fn setup(dir: &Path) -> Setup {
+    setup_with(dir, |_| {})
+}
+
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// `setup`, with the sealed manifest edited first.
+pub fn setup_with(dir: &Path, edit: impl FnOnce(&mut Value)) -> Setup {
+    let (signed_path, public) = signed_manifest(dir, |m| {
+        m["environment"] = json!("test");
+        m["policyHash"] = json!(sha256_hex(POLICY.as_bytes()));
+        edit(m);
+    });
+    let policy = dir.join("policy.cedar");
+    std::fs::write(&policy, POLICY).unwrap();
+    let admin = dir.join("admin-token");
+    std::fs::write(&admin, ADMIN).unwrap();
+    let runner = dir.join("moat-runner");
+    let built = Command::new(MOAT)
+        .args(["runner", "build", "--manifest", path_str(&signed_path)])
+        .args([
+            "--trusted-key",
+            path_str(&public),
+            "--out",
+            path_str(&runner),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let report: Value = serde_json::from_slice(&built.stdout).unwrap();
+    Setup {
+        dir: dir.to_owned(),
+        key: dir.join("keys/moat.key"),
+        policy,
+        admin,
+        signed: serde_json::from_str(&std::fs::read_to_string(&signed_path).unwrap()).unwrap(),
+        runner,
+        runner_hash: report["runnerHash"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// A `moat serve` process, killed (by its pid) when dropped.
+pub struct Serve {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Serve {
+    pub fn start(setup: &Setup, db: &str, listen: &str) -> Serve {
+        let mut child = Command::new(MOAT)
+            .args([
+                "serve",
+                "--db",
+                db,
+                "--listen",
+                listen,
+                "--environment",
+                "test",
+                "--lease",
+                "3s",
+            ])
+            .args([
+                "--key",
+                path_str(&setup.key),
+                "--policy",
+                path_str(&setup.policy),
+            ])
+            .args(["--admin-token-file", path_str(&setup.admin)])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("moat serve did not start: {line}"))
+            .to_owned();
+        // Keep draining its stderr so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+            }
+        });
+        Serve { child, url }
+    }
+
+    pub fn port(&self) -> &str {
+        self.url.rsplit(':').next().unwrap()
+    }
+
+    pub fn stop(&mut self) {
+        // SIGTERM to the pid of the child this test started: a clean stop.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP call: status and JSON body.
+/// One client for all calls, keeping its connections (as an agent would).
+static AGENT: std::sync::LazyLock<ureq::Agent> = std::sync::LazyLock::new(|| {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+});
+
+pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+    let agent = &*AGENT;
+    let auth = format!("Bearer {token}");
+    let response = match (method, body) {
+        ("GET", _) => agent.get(url).header("authorization", &auth).call(),
+        (_, Some(body)) => agent
+            .post(url)
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes()),
+        (_, None) => agent.post(url).header("authorization", &auth).send_empty(),
+    };
+    let mut response = response.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    let bytes = response.body_mut().read_to_vec().unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+pub fn download(url: &str, token: &str) -> (u16, Vec<u8>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent
+        .get(url)
+        .header("authorization", &format!("Bearer {token}"))
+        .call()
+        .unwrap();
+    (
+        response.status().as_u16(),
+        response.body_mut().read_to_vec().unwrap(),
+    )
+}
+
+/// An org on `serve`: its API token.
+pub fn org(serve: &Serve, name: &str) -> String {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/orgs", serve.url),
+        ADMIN,
+        Some(json!({"name": name})),
+    );
+    assert_eq!(status, 201, "{body}");
+    body["token"].as_str().unwrap().to_owned()
+}
+
+/// Publishes the manifest and allowlists the runner build for the org.
+pub fn prepare_org(serve: &Serve, setup: &Setup, token: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/manifests", serve.url),
+        token,
+        Some(setup.signed.clone()),
+    );
+    assert_eq!(status, 201, "{body}");
+    let build = json!({"sha256": setup.runner_hash, "label": "test build"});
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runner-builds", serve.url),
+        token,
+        Some(build),
+    );
+    assert_eq!(status, 201, "{body}");
+}
+
+/// A sealed runner process, registered with a fresh bootstrap token.
+pub struct Runner {
+    pub child: Child,
+    pub state: PathBuf,
+}
+
+impl Runner {
+    pub fn start(serve: &Serve, setup: &Setup, token: &str, name: &str) -> Runner {
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/bootstrap-tokens", serve.url),
+            token,
+            Some(json!({})),
+        );
+        assert_eq!(status, 201, "{body}");
+        let token_file = setup.dir.join(format!("{name}.token"));
+        std::fs::write(&token_file, body["token"].as_str().unwrap()).unwrap();
+        let state = setup.dir.join(name);
+        let child = Command::new(&setup.runner)
+            .args(["runner", "start", "--control-plane", &serve.url])
+            .args([
+                "--bootstrap-token-file",
+                path_str(&token_file),
+                "--state-dir",
+                path_str(&state),
+            ])
+            .spawn()
+            .unwrap();
+        Runner { child, state }
+    }
+
+    /// Kills the runner and the processes it started (found by its state
+    /// directory on their command lines), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for found in host_processes_with(path_str(&self.state)) {
+            let pid = found.split(':').next().unwrap_or_default();
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn envelope(id: &str, op: &str, args: Value) -> Value {
+    json!({"id": id, "op": op, "args": args})
+}
+
+/// Submits an operation and waits (up to 2 minutes: the suite runs tests
+/// side by side on two cores) for its result.
+pub fn post_op(serve: &Serve, token: &str, run: &str, env: Value) -> (u16, Value) {
+    let id = env["id"].as_str().unwrap_or_default().to_owned();
+    let (status, mut op) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/ops?wait_ms=20000", serve.url),
+        token,
+        Some(env),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while status == 200 && matches!(op["state"].as_str(), Some("queued" | "dispatched")) {
+        assert!(
+            Instant::now() < deadline,
+            "operation {id} never finished: {op}"
+        );
+        let url = format!("{}/v1/runs/{run}/ops/{id}?wait_ms=20000", serve.url);
+        op = call("GET", &url, token, None).1;
+    }
+    (status, op)
+}
+
+pub fn run_state(serve: &Serve, token: &str, run: &str) -> String {
+    let (_, body) = call("GET", &format!("{}/v1/runs/{run}", serve.url), token, None);
+    body["state"].as_str().unwrap_or_default().to_owned()
+}
+
+pub fn wait_state(serve: &Serve, token: &str, run: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let state = run_state(serve, token, run);
+        if state == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} stayed {state}, wanted {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn run_events(serve: &Serve, token: &str, run: &str) -> Vec<Value> {
+    let (status, body) = call(
+        "GET",
+        &format!("{}/v1/runs/{run}/events?limit=10000", serve.url),
+        token,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    body["events"].as_array().unwrap().clone()
+}
+
+pub fn count(events: &[Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["type"] == kind).count()
+}
+
+pub fn assert_ledger_intact(serve: &Serve) {
+    let (status, body) = call(
+        "GET",
+        &format!("{}/v1/ledger/verify", serve.url),
+        ADMIN,
+        None,
+    );
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+}
+
+/// Signs `dir/manifest.json`, edited, with the same key: a newer manifest.
+pub fn resign(setup: &Setup, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut bare: Value =
+        serde_json::from_str(&std::fs::read_to_string(setup.dir.join("manifest.json")).unwrap())
+            .unwrap();
+    edit(&mut bare);
+    let (bare_path, signed_path) = (
+        setup.dir.join("manifest2.json"),
+        setup.dir.join("signed2.json"),
+    );
+    std::fs::write(&bare_path, bare.to_string()).unwrap();
+    let _ = std::fs::remove_file(&signed_path);
+    let out = Command::new(MOAT)
+        .args([
+            "manifest",
+            "sign",
+            "--key",
+            path_str(&setup.key),
+            "--out",
+            path_str(&signed_path),
+        ])
+        .arg(&bare_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&signed_path).unwrap()).unwrap()
+}
+
+/// Waits until the ledger holds an event of `kind`; returns them all.
+pub fn wait_event(
+    store: &moat_ledger::store::Store,
+    kind: moat_core::EventType,
+) -> Vec<moat_ledger::StoredEvent> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let found: Vec<_> = store
+            .all_events(0, 100_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event.event_type == kind)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "no {} event", kind.as_str());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -95,7 +95,8 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
     if admin.len() < 16 {
         bail!("the admin token must be at least 16 characters");
     }
-    let store = Store::open(&args.db).with_context(|| format!("--db {}", args.db))?;
+    let store = Store::open(&args.db)
+        .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
     let backend = store.backend();
     let state = AppState::new(Config {
         store: Arc::new(store),

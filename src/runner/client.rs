@@ -85,7 +85,15 @@ impl Client {
         let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
         let ts = now_ms();
         let nonce = random_hex(16);
-        let signature = request_sig::sign(&self.key, method, path, ts, &nonce, &bytes);
+        let signature = request_sig::Signed {
+            runner: &self.runner_id,
+            method,
+            path_and_query: path,
+            timestamp_ms: ts,
+            nonce: &nonce,
+            body: &bytes,
+        }
+        .sign(&self.key);
         let url = format!("{}{}", self.base, path);
         let headers = [
             (request_sig::RUNNER, self.runner_id.clone()),

@@ -203,6 +203,10 @@ impl Runner {
             .as_str()
             .context("claim without a run id")?
             .to_owned();
+        // It names a directory here and a URL path segment: never trust its shape.
+        if !moat_core::op::is_plain_id(&run_id) {
+            bail!("the claimed run id {run_id:?} is not a plain id");
+        }
         let workspace = self.args.state_dir.join("runs").join(&run_id);
         if workspace.exists() {
             std::fs::remove_dir_all(&workspace)?;
@@ -228,6 +232,9 @@ impl Runner {
                 (200, Some("op")) => {
                     let envelope = &answer.body["envelope"];
                     let op_id = envelope["id"].as_str().unwrap_or_default().to_owned();
+                    if !moat_core::op::is_plain_id(&op_id) {
+                        bail!("operation id {op_id:?} is not a plain id");
+                    }
                     let shell = match &mut shell {
                         Some(shell) => shell,
                         None => shell.insert(start_shell(
@@ -238,8 +245,13 @@ impl Runner {
                         )?),
                     };
                     let result = self.run_op(shell, &run_id, &op_id, envelope)?;
-                    let events = ledger.events(Some(&run_id), ledger_seq, 10_000)?;
-                    ledger_seq = ledger.summary()?.0;
+                    let mut events = Vec::new();
+                    loop {
+                        let page = ledger.events(Some(&run_id), ledger_seq, 1000)?;
+                        let Some(last) = page.last() else { break };
+                        ledger_seq = last.seq;
+                        events.extend(page);
+                    }
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
                     let body = json!({
                         "result": result,
@@ -373,9 +385,16 @@ fn write_inputs(workspace: &Path, inputs: &Value) -> anyhow::Result<()> {
         {
             bail!("input path {path:?} is not a plain relative path");
         }
+        let content = input["contentBase64"]
+            .as_str()
+            .with_context(|| format!("input {path}: no content"))?;
         let bytes = B64
-            .decode(input["contentBase64"].as_str().unwrap_or_default())
+            .decode(content)
             .with_context(|| format!("input {path}"))?;
+        // Exactly the bytes the agent gave: checked against the recorded hash.
+        if input["sha256"].as_str() != Some(moat_core::hash::sha256_hex(&bytes).as_str()) {
+            bail!("input {path}: content does not match its sha256");
+        }
         let target = workspace.join(path);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;

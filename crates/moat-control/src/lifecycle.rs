@@ -77,7 +77,11 @@ pub fn claim(
     if now >= manifest.expires {
         return Err(Stop::ManifestExpired);
     }
-    Ok(manifest.expires + grace)
+    // A grace too long to add is a broken manifest: no claim on it.
+    manifest
+        .expires
+        .checked_add(grace)
+        .ok_or(Stop::ManifestExpired)
 }
 
 /// May a claimed run go on now?
@@ -90,10 +94,10 @@ pub fn in_flight(
     if revoked {
         return Err(Stop::Revoked);
     }
-    if now > manifest.expires + grace {
-        return Err(Stop::GraceExceeded);
+    match manifest.expires.checked_add(grace) {
+        Some(end) if now <= end => Ok(()),
+        _ => Err(Stop::GraceExceeded),
     }
-    Ok(())
 }
 
 /// What the refresher wants next.

@@ -195,7 +195,15 @@ fn signed_headers(
         (request_sig::NONCE, nonce.clone()),
         (
             request_sig::SIGNATURE,
-            request_sig::sign(&runner.key, method, path, at, &nonce, body),
+            request_sig::Signed {
+                runner: &runner.id,
+                method,
+                path_and_query: path,
+                timestamp_ms: at,
+                nonce: &nonce,
+                body,
+            }
+            .sign(&runner.key),
         ),
     ]
 }
@@ -515,4 +523,90 @@ fn every_documented_route_is_served() {
         checked_in, doc,
         "docs/openapi.json is stale: MOAT_BLESS=1 cargo test -p moat-control --test server"
     );
+}
+
+#[test]
+fn agents_and_runners_stay_in_their_lane() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let runner = registered(&plane, &acme, 5);
+        let (s, b) = post(&plane, &acme, "/v1/agent-tokens", json!({}));
+        assert_eq!(s, 201, "{b}");
+        let agent = Org {
+            token: b["token"].as_str().unwrap().to_owned(),
+        };
+        // An agent token drives runs, not the org's trust.
+        for (path, body) in [
+            ("/v1/runner-builds", json!({"sha256": HASH})),
+            ("/v1/bootstrap-tokens", json!({})),
+            ("/v1/agent-tokens", json!({})),
+            ("/v1/signing-keys/revoke", json!({"publicKey": "x"})),
+        ] {
+            let (s, b) = post(&plane, &agent, path, body);
+            assert_eq!(
+                (s, b["error"]["reason"].as_str()),
+                (403, Some("admin_token_required")),
+                "{path}: {b}"
+            );
+        }
+        // Ids name directories and URL segments on runners: plain ones only.
+        for bad in ["..", ".", "-x", "a/b", "a b"] {
+            assert_eq!(
+                post(&plane, &agent, "/v1/runs", json!({"id": bad})).0,
+                400,
+                "run id {bad:?}"
+            );
+        }
+        assert_eq!(post(&plane, &agent, "/v1/runs", json!({"id": "r"})).0, 201);
+        let op = json!({"id": "../x", "op": "artifact_read", "args": {"path": "a", "maxBytes": 1}});
+        assert_eq!(post(&plane, &agent, "/v1/runs/r/ops", op).0, 400);
+        let op = json!({"id": "o1", "op": "artifact_read", "args": {"path": "a", "maxBytes": 1}});
+        assert_eq!(post(&plane, &agent, "/v1/runs/r/ops", op).0, 201);
+
+        // A runner reports what its shell records about the op, nothing else.
+        assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 200);
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/runs/r/next");
+        assert_eq!((s, b["action"].as_str()), (200, Some("op")), "{b}");
+        let result = |kind: &str| {
+            json!({
+                "result": {"id": "o1", "status": "ok"},
+                "events": [{"type": kind, "at": "2030-01-01T00:00:00Z", "runId": "other", "data": {}}],
+            })
+            .to_string()
+        };
+        let path = "/v1/runner/runs/r/ops/o1/result";
+        let send = |body: String| {
+            let headers =
+                signed_headers(&runner, "POST", path, body.as_bytes(), plane.clock.now_ms());
+            call(
+                "POST",
+                &format!("{}{path}", plane.url),
+                &headers,
+                body.as_bytes(),
+            )
+        };
+        for forged in [
+            "run.finished",
+            "approval.granted",
+            "manifest.published",
+            "runner.registered",
+        ] {
+            let (s, b) = send(result(forged));
+            assert_eq!(s, 400, "{forged} accepted: {b}");
+        }
+        let (s, b) = send(result("capability.granted"));
+        assert_eq!((s, b["recorded"].as_bool()), (200, Some(true)), "{b}");
+        let events = plane.store.all_events(0, 100_000).unwrap();
+        let reported = events
+            .iter()
+            .find(|e| {
+                e.event.data["runnerId"] == json!(runner.id)
+                    && e.event.event_type == EventType::CapabilityGranted
+            })
+            .expect("the reported event");
+        assert_eq!(
+            reported.event.run_id, "r",
+            "a runner wrote into another run"
+        );
+    }
 }

@@ -19,51 +19,42 @@ pub const SIGNATURE: &str = "x-moat-signature";
 /// How far a request's timestamp may be from the control plane's clock.
 pub const MAX_SKEW_MS: i64 = 30_000;
 
-/// The bytes signed for one request.
-pub fn message(
-    method: &str,
-    path_and_query: &str,
-    timestamp_ms: i64,
-    nonce: &str,
-    body: &[u8],
-) -> Vec<u8> {
-    format!(
-        "moat-runner-request/1\n{}\n{}\n{}\n{}\n{}",
-        method.to_ascii_uppercase(),
-        path_and_query,
-        timestamp_ms,
-        nonce,
-        sha256_hex(body)
-    )
-    .into_bytes()
+/// What a signature covers: everything that makes one request this request.
+#[derive(Debug, Clone, Copy)]
+pub struct Signed<'a> {
+    /// The runner id (so a request signed for one runner never passes for
+    /// another that registered the same key).
+    pub runner: &'a str,
+    pub method: &'a str,
+    pub path_and_query: &'a str,
+    pub timestamp_ms: i64,
+    pub nonce: &'a str,
+    pub body: &'a [u8],
 }
 
-/// The signature header's value.
-pub fn sign(
-    key: &PrivateKey,
-    method: &str,
-    path_and_query: &str,
-    timestamp_ms: i64,
-    nonce: &str,
-    body: &[u8],
-) -> String {
-    key.sign(&message(method, path_and_query, timestamp_ms, nonce, body))
-}
+impl Signed<'_> {
+    /// The bytes signed.
+    pub fn message(&self) -> Vec<u8> {
+        format!(
+            "moat-runner-request/1\n{}\n{}\n{}\n{}\n{}\n{}",
+            self.runner,
+            self.method.to_ascii_uppercase(),
+            self.path_and_query,
+            self.timestamp_ms,
+            self.nonce,
+            sha256_hex(self.body)
+        )
+        .into_bytes()
+    }
 
-/// Checks a request's signature.
-pub fn verify(
-    key: &PublicKey,
-    signature: &str,
-    method: &str,
-    path_and_query: &str,
-    timestamp_ms: i64,
-    nonce: &str,
-    body: &[u8],
-) -> Result<(), SignError> {
-    key.verify(
-        &message(method, path_and_query, timestamp_ms, nonce, body),
-        signature,
-    )
+    /// The signature header's value.
+    pub fn sign(&self, key: &PrivateKey) -> String {
+        key.sign(&self.message())
+    }
+
+    pub fn verify(&self, key: &PublicKey, signature: &str) -> Result<(), SignError> {
+        key.verify(&self.message(), signature)
+    }
 }
 
 #[cfg(test)]
@@ -73,23 +64,44 @@ mod tests {
     #[test]
     fn any_change_breaks_the_signature() {
         let key = PrivateKey::from_seed([7; 32]);
-        let sig = sign(&key, "POST", "/v1/runner/claim", 1000, "ab", b"{}");
+        let request = Signed {
+            runner: "r1",
+            method: "POST",
+            path_and_query: "/v1/runner/claim",
+            timestamp_ms: 1000,
+            nonce: "ab",
+            body: b"{}",
+        };
+        let sig = request.sign(&key);
         let public = key.public();
-        assert!(verify(&public, &sig, "POST", "/v1/runner/claim", 1000, "ab", b"{}").is_ok());
-        assert!(verify(&public, &sig, "POST", "/v1/runner/claim", 1001, "ab", b"{}").is_err());
-        assert!(verify(&public, &sig, "POST", "/v1/runner/claim", 1000, "ac", b"{}").is_err());
-        assert!(
-            verify(
-                &public,
-                &sig,
-                "POST",
-                "/v1/runner/claim",
-                1000,
-                "ab",
-                b"{ }"
-            )
-            .is_err()
-        );
-        assert!(verify(&public, &sig, "GET", "/v1/runner/claim", 1000, "ab", b"{}").is_err());
+        assert!(request.verify(&public, &sig).is_ok());
+        for changed in [
+            Signed {
+                runner: "r2",
+                ..request
+            },
+            Signed {
+                method: "GET",
+                ..request
+            },
+            Signed {
+                path_and_query: "/v1/runner/claim?x",
+                ..request
+            },
+            Signed {
+                timestamp_ms: 1001,
+                ..request
+            },
+            Signed {
+                nonce: "ac",
+                ..request
+            },
+            Signed {
+                body: b"{ }",
+                ..request
+            },
+        ] {
+            assert!(changed.verify(&public, &sig).is_err(), "{changed:?}");
+        }
     }
 }

@@ -54,6 +54,7 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
                 id,
                 environment: "test",
                 inputs: json!([]),
+                blobs: &[],
                 max_attempts,
             },
             10,
@@ -416,5 +417,52 @@ fn nonces_manifests_and_builds() {
         );
         assert!(s.revoke_manifest(&a, "m1").unwrap());
         assert!(s.current_manifest(&a, "prod").unwrap().is_none());
+    }
+}
+
+#[test]
+fn moving_an_event_to_another_org_or_run_breaks_the_chain() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        run(s, &a, "r1", 1);
+        run(s, &a, "r2", 1);
+        assert!(s.verify_ledger().unwrap().is_ok());
+        for tamper in [
+            "UPDATE events SET org_id = 'elsewhere' WHERE seq = 1",
+            "UPDATE events SET run_id = 'r2' WHERE seq = 1",
+            "UPDATE events SET event_type = 'run.finished' WHERE seq = 1",
+        ] {
+            let (org_id, run_id, kind): (String, String, String) = s
+                .tx(|tx| {
+                    let row = tx
+                        .query_one(
+                            "SELECT org_id, run_id, event_type FROM events WHERE seq = 1",
+                            &[],
+                        )?
+                        .unwrap();
+                    Ok((row.text(0)?, row.text(1)?, row.text(2)?))
+                })
+                .unwrap();
+            s.tx(|tx| tx.execute(tamper, &[])).unwrap();
+            assert_eq!(
+                s.verify_ledger().unwrap(),
+                Err(moat_ledger::VerifyError::Edited(1)),
+                "{}: {tamper}",
+                s.backend()
+            );
+            s.tx(|tx| {
+                tx.execute(
+                    "UPDATE events SET org_id = ?, run_id = ?, event_type = ? WHERE seq = 1",
+                    &[
+                        org_id.as_str().into(),
+                        run_id.as_str().into(),
+                        kind.as_str().into(),
+                    ],
+                )
+            })
+            .unwrap();
+            assert!(s.verify_ledger().unwrap().is_ok());
+        }
     }
 }

@@ -70,7 +70,7 @@ pub async fn create_bootstrap_token(
     headers: HeaderMap,
     Json(body): Json<NewBootstrap>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     if body.ttl_seconds == 0 || body.ttl_seconds > MAX_BOOTSTRAP_TTL {
         return Err(ApiError::bad_request(format!(
             "ttlSeconds: 1 to {MAX_BOOTSTRAP_TTL}"
@@ -88,11 +88,25 @@ pub async fn create_bootstrap_token(
     ))
 }
 
+/// A token for an agent of the org: runs, operations, events, artifacts.
+pub async fn create_agent_token(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org_admin(&state, &headers).await?;
+    let token = new_token();
+    let hash = sha256_hex(token.as_bytes());
+    state
+        .db(move |s| s.add_token(&org, &hash, TokenKind::Agent, 0))
+        .await?;
+    Ok((StatusCode::CREATED, Json(json!({"token": token}))))
+}
+
 pub async fn list_builds(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     let builds = state.db(move |s| s.runner_builds(&org)).await?;
     let builds: Vec<Value> = builds
         .into_iter()
@@ -121,7 +135,7 @@ pub async fn allow_build(
     headers: HeaderMap,
     Json(body): Json<NewBuild>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     if !is_sha256(&body.sha256) {
         return Err(ApiError::bad_request(
             "sha256: 64 lower-case hex digits (`moat runner inspect` prints it)",
@@ -143,7 +157,7 @@ pub async fn revoke_build(
     headers: HeaderMap,
     Path(sha): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     let lookup = sha.clone();
     if !state
         .db(move |s| s.revoke_runner_build(&org, &lookup))
@@ -198,7 +212,7 @@ pub async fn publish_manifest(
     headers: HeaderMap,
     Json(signed): Json<SignedManifest>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     check_manifest(&state, &signed).map_err(|(reason, message)| {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, reason, message)
     })?;
@@ -258,7 +272,7 @@ pub async fn current_manifest(
     headers: HeaderMap,
     Query(q): Query<EnvQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     let env = q
         .environment
         .unwrap_or_else(|| state.config.environment.clone());
@@ -275,7 +289,7 @@ pub async fn revoke_manifest(
     headers: HeaderMap,
     Path(hash): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     let now = state.now();
     let h = hash.clone();
     let found = state
@@ -313,7 +327,7 @@ pub async fn revoke_key(
     headers: HeaderMap,
     Json(body): Json<RevokeKey>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     let now = state.now();
     let key = body.public_key.clone();
     state
@@ -346,7 +360,7 @@ pub async fn list_runners(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::org_admin(&state, &headers).await?;
     let runners = state.db(move |s| s.runners(&org)).await?;
     Ok(Json(
         json!({"runners": runners.iter().map(runner_json).collect::<Vec<_>>()}),

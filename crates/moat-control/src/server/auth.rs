@@ -9,7 +9,7 @@ use moat_core::EventType;
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_ledger::store::{RunnerRequest, RunnerRow, event, new_id};
+use moat_ledger::store::{RunnerRequest, RunnerRow, TokenKind, event, new_id};
 use serde_json::json;
 
 use super::AppState;
@@ -51,14 +51,32 @@ pub fn admin(state: &AppState, headers: &HeaderMap) -> ApiResult<()> {
     }
 }
 
-/// The org whose API token the request carries.
-pub async fn org(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<String> {
+/// The org whose token (its admin's or an agent's) the request carries:
+/// for runs, operations, events and artifacts.
+pub async fn agent(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<String> {
+    Ok(token_org(state, headers).await?.0)
+}
+
+/// The org whose admin token the request carries: for what shapes the
+/// org's trust (runner builds, bootstrap and agent tokens, manifests,
+/// revocations). An agent's token is refused here.
+pub async fn org_admin(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<String> {
+    match token_org(state, headers).await? {
+        (org, TokenKind::Api) => Ok(org),
+        _ => Err(ApiError::forbidden(
+            "admin_token_required",
+            "this takes the org's admin token, not an agent token",
+        )),
+    }
+}
+
+async fn token_org(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<(String, TokenKind)> {
     let token = bearer(headers).ok_or_else(|| {
         ApiError::unauthorized("an API token is required (Authorization: Bearer ...)")
     })?;
     let hash = sha256_hex(token.as_bytes());
     state
-        .db(move |s| s.org_of_api_token(&hash))
+        .db(move |s| s.org_of_token(&hash))
         .await?
         .ok_or_else(|| ApiError::unauthorized("unknown API token"))
 }
@@ -75,6 +93,30 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<&'a str> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| ApiError::unauthorized(format!("signed runner request: {name} missing")))
+}
+
+/// The cheap checks of a signed runner request, before its body is read:
+/// the headers are there and well formed, and its time is near ours.
+pub fn precheck(headers: &HeaderMap, now: i64) -> ApiResult<()> {
+    header(headers, request_sig::RUNNER)?;
+    header(headers, request_sig::SIGNATURE)?;
+    let timestamp: i64 = header(headers, request_sig::TIMESTAMP)?
+        .parse()
+        .map_err(|_| ApiError::unauthorized("signed runner request: bad timestamp"))?;
+    let nonce = header(headers, request_sig::NONCE)?;
+    if nonce.len() < 32 || nonce.len() > 128 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::unauthorized(
+            "signed runner request: the nonce must be 16 to 64 bytes of hex",
+        ));
+    }
+    // Well outside the window: refused unread (near it, the full check
+    // records the refusal against the runner).
+    if now.abs_diff(timestamp) > 10 * request_sig::MAX_SKEW_MS.unsigned_abs() {
+        return Err(ApiError::unauthorized(
+            "signed runner request: timestamp far off",
+        ));
+    }
+    Ok(())
 }
 
 /// Records `runner.rejected` for `org` with `reason` and answers 403.
@@ -131,15 +173,21 @@ pub async fn runner(
         body.to_vec(),
     );
     let now = state.now();
-    let expires = timestamp + 2 * request_sig::MAX_SKEW_MS;
+    let expires = timestamp.saturating_add(2 * request_sig::MAX_SKEW_MS);
     let spent = nonce.clone();
     let checked = state
         .db(move |s| {
             s.runner_request(&id, &spent, now, expires, |runner| {
-                PublicKey::from_base64(&runner.public_key).is_ok_and(|key| {
-                    request_sig::verify(&key, &signature, &method, &path, timestamp, &nonce, &body)
-                        .is_ok()
-                })
+                let signed = request_sig::Signed {
+                    runner: &runner.id,
+                    method: &method,
+                    path_and_query: &path,
+                    timestamp_ms: timestamp,
+                    nonce: &nonce,
+                    body: &body,
+                };
+                PublicKey::from_base64(&runner.public_key)
+                    .is_ok_and(|key| signed.verify(&key, &signature).is_ok())
             })
         })
         .await?;
@@ -161,13 +209,11 @@ pub async fn runner(
     let runner = standing.runner;
     let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
     // A stale request spends its nonce too: harmless, and it is refused.
-    let refusal = if (now - timestamp).abs() > request_sig::MAX_SKEW_MS {
+    let skew = now.abs_diff(timestamp);
+    let refusal = if skew > request_sig::MAX_SKEW_MS.unsigned_abs() {
         Some((
             "stale_request",
-            format!(
-                "request time is {} ms from the control plane's",
-                now - timestamp
-            ),
+            format!("request time is {skew} ms from the control plane's"),
         ))
     } else if !standing.fresh_nonce {
         Some((

@@ -45,17 +45,25 @@ impl ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        // Details stay in the server's log: database messages can quote data.
         match e {
             StoreError::Conflict(what) => ApiError::new(
                 StatusCode::CONFLICT,
                 "conflict",
                 format!("{what} already exists"),
             ),
-            other => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                other.to_string(),
-            ),
+            StoreError::Sqlite(_) | StoreError::Postgres(_) => {
+                eprintln!("moat serve: store: {e}");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the database could not be reached or was busy; retry",
+                )
+            }
+            other => {
+                eprintln!("moat serve: store: {other}");
+                ApiError::internal("stored data could not be read or written")
+            }
         }
     }
 }

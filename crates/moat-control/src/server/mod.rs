@@ -123,6 +123,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/bootstrap-tokens",
             post(admin_api::create_bootstrap_token),
         )
+        .route("/v1/agent-tokens", post(admin_api::create_agent_token))
         .route(
             "/v1/runner-builds",
             get(admin_api::list_builds).post(admin_api::allow_build),
@@ -176,15 +177,20 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(runner_api::result),
         )
         .route("/v1/runner/runs/{run}/finish", post(runner_api::finish))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY))
         .with_state(state)
 }
 
 /// How long requests in flight get once a stop is asked for.
 const STOP_GRACE: Duration = Duration::from_secs(1);
 
-/// The largest request body (inputs and artifacts travel inline).
+/// The largest request body: a run with its inputs, or a runner's result
+/// with its artifacts (they travel inline).
 pub const MAX_BODY: usize = 64 << 20;
+
+/// The largest body anywhere else (parsed before the token is checked, so
+/// kept small).
+pub const SMALL_BODY: usize = 1 << 20;
 
 /// Serves `router` on `listener` with the background sweeps, until `shutdown`.
 pub async fn serve(

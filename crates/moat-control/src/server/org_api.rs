@@ -90,15 +90,12 @@ pub async fn create_run(
     headers: HeaderMap,
     Json(body): Json<NewRunBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     let id = body.id.unwrap_or_else(|| new_id("run_"));
-    if id.is_empty()
-        || id.len() > 128
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    {
-        return Err(ApiError::bad_request("run id: 1 to 128 of [A-Za-z0-9._-]"));
+    if !moat_core::op::is_plain_id(&id) {
+        return Err(ApiError::bad_request(
+            "run id: 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
+        ));
     }
     let max_attempts = body.max_attempts.unwrap_or(state.config.max_attempts);
     if !(1..=100).contains(&max_attempts) {
@@ -140,20 +137,17 @@ pub async fn create_run(
     let now = state.now();
     let run = state
         .db(move |s| {
-            let run = s.create_run(
+            s.create_run(
                 &NewRun {
                     org: &org,
                     id: &id,
                     environment: &environment,
-                    inputs: Value::Array(listed),
+                    inputs: Value::Array(listed.clone()),
+                    blobs: &inputs,
                     max_attempts,
                 },
                 now,
-            )?;
-            for input in &inputs {
-                s.add_artifact(&org, &id, "", input, now)?;
-            }
-            Ok(run)
+            )
         })
         .await?;
     state.notify();
@@ -171,7 +165,7 @@ pub async fn list_runs(
     headers: HeaderMap,
     Query(q): Query<RunsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     let filter = match q.state.as_deref() {
         None => None,
         Some(text) => Some(
@@ -199,7 +193,7 @@ pub async fn get_run(
     headers: HeaderMap,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     Ok(Json(run_json(&the_run(&state, &org, &run).await?)))
 }
 
@@ -208,7 +202,7 @@ pub async fn finish_run(
     headers: HeaderMap,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     let now = state.now();
     let id = run.clone();
     let row = state
@@ -245,10 +239,10 @@ fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope
         }
     }
     let id = match map.get("id") {
-        Some(Value::String(id)) if !id.is_empty() && id.len() <= 128 => id.clone(),
+        Some(Value::String(id)) if moat_core::op::is_plain_id(id) => id.clone(),
         _ => {
             return Err(ApiError::bad_request(
-                "id: the operation's id, 1 to 128 characters",
+                "id: the operation's id, 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
             ));
         }
     };
@@ -388,7 +382,7 @@ pub async fn post_op(
     Query(q): Query<WaitQuery>,
     Json(body): Json<Value>,
 ) -> ApiResult<Response> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     let now = state.now();
     let envelope = complete_envelope(body, &run_id, now)?;
     let (o, r) = (org.clone(), run_id.clone());
@@ -500,7 +494,7 @@ pub async fn list_ops(
     headers: HeaderMap,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let ops = state.db(move |s| s.ops(&org, &run)).await?;
     Ok(Json(
@@ -514,7 +508,7 @@ pub async fn get_op(
     Path((run, op)): Path<(String, String)>,
     Query(q): Query<WaitQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     if let Some(wait) = q.wait_ms.filter(|w| *w > 0) {
         if let Some(done) = wait_final(&state, &org, &run, &op, Duration::from_millis(wait)).await?
         {
@@ -541,7 +535,7 @@ pub async fn events(
     Path(run): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let (after, limit) = (
         q.after.unwrap_or(0),
@@ -565,7 +559,7 @@ pub async fn event_stream(
     Path(run): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let resume = headers
         .get("last-event-id")
@@ -628,7 +622,7 @@ pub async fn list_artifacts(
     headers: HeaderMap,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org(&state, &headers).await?;
+    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let artifacts = state.db(move |s| s.artifacts(&org, &run)).await?;
     Ok(Json(
@@ -641,7 +635,7 @@ async fn artifact_bytes(
     headers: &HeaderMap,
     sha: &str,
 ) -> ApiResult<Vec<u8>> {
-    let org = auth::org(state, headers).await?;
+    let org = auth::agent(state, headers).await?;
     let lookup = sha.to_owned();
     state
         .db(move |s| s.artifact_bytes(&org, &lookup))

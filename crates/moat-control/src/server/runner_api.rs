@@ -240,7 +240,14 @@ impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
         let (parts, body) = request.into_parts();
-        let body = axum::body::to_bytes(body, super::MAX_BODY)
+        // Nothing is buffered for a request that cannot be a runner's.
+        auth::precheck(&parts.headers, state.now())?;
+        let limit = if parts.uri.path().ends_with("/result") {
+            super::MAX_BODY
+        } else {
+            super::SMALL_BODY
+        };
+        let body = axum::body::to_bytes(body, limit)
             .await
             .map_err(|_| ApiError::bad_request("request body unreadable or too large"))?;
         let runner = auth::runner(state, &parts.method, &parts.uri, &parts.headers, &body).await?;
@@ -278,6 +285,10 @@ pub async fn events(
                 e.event_type.as_str()
             )));
         }
+        // Provenance is about the runner, never about a run.
+        e.run_id = String::new();
+        e.op_id = None;
+        e.correlation_id = None;
         attribute(e, &runner);
     }
     let n = events.len();
@@ -331,17 +342,20 @@ pub async fn claim(
     SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Response> {
     let (life, grace) = lifetime(&state, &runner).await?;
-    if let Err(stop) = lifecycle::claim(state.config.clock.now(), &life, grace, false) {
-        let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
-        return Err(auth::reject(
-            &state,
-            &runner.org_id,
-            stop_reason(stop),
-            "no new claims on an expired manifest".into(),
-            subject,
-        )
-        .await);
-    }
+    let deadline = match lifecycle::claim(state.config.clock.now(), &life, grace, false) {
+        Ok(deadline) => deadline,
+        Err(stop) => {
+            let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
+            return Err(auth::reject(
+                &state,
+                &runner.org_id,
+                stop_reason(stop),
+                "no new claims on an expired manifest".into(),
+                subject,
+            )
+            .await);
+        }
+    };
     let clock = Arc::clone(&state.config.clock);
     let lease = state.config.lease.as_millis() as i64;
     let r = runner.clone();
@@ -377,7 +391,6 @@ pub async fn claim(
             }))
         })
         .await?;
-    let deadline = life.expires + grace;
     Ok(Json(json!({"run": run_json(&run), "inputs": inputs, "finishBy": stamp(crate::clock::ms(deadline))})).into_response())
 }
 
@@ -486,6 +499,26 @@ pub async fn heartbeat(
     }
 }
 
+/// Most events a runner may report with one result.
+const MAX_RESULT_EVENTS: usize = 1000;
+
+/// The events a shell records about an operation.
+const SHELL_EVENTS: [EventType; 13] = [
+    EventType::CapabilityRequested,
+    EventType::CapabilityGranted,
+    EventType::CapabilityDenied,
+    EventType::SandboxExecStarted,
+    EventType::SandboxExecDenied,
+    EventType::SandboxExecFinished,
+    EventType::SandboxSyscallDenied,
+    EventType::SandboxDangerFullAccess,
+    EventType::ArtifactCreated,
+    EventType::ProcessTimeout,
+    EventType::NetworkDenied,
+    EventType::NetworkRequest,
+    EventType::PathDenied,
+];
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReportedArtifact {
@@ -539,7 +572,20 @@ pub async fn result(
         });
     }
     let now = state.now();
+    if events.len() > MAX_RESULT_EVENTS {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_RESULT_EVENTS} events with one result"
+        )));
+    }
     for e in &mut events {
+        // What the shell records about an operation, nothing else: a
+        // runner cannot write run, approval, manifest or runner events.
+        if !SHELL_EVENTS.contains(&e.event_type) {
+            return Err(ApiError::bad_request(format!(
+                "a runner does not report {} with a result",
+                e.event_type.as_str()
+            )));
+        }
         // A runner speaks only for the run and operation it reports on.
         e.run_id = run_id.clone();
         e.op_id = Some(op_id.clone());

@@ -1,11 +1,23 @@
 //! The control plane's ledger: one hash chain over every org's events (the
-//! same chain rule as the local [`crate::Ledger`]); appends serialise on the
-//! head row, so two replicas never fork the chain.
+//! chain rule of the local [`crate::Ledger`], over the org id and the
+//! event's canonical JSON, so an event moved to another org breaks the
+//! chain too); appends serialise on the head row, so two replicas never
+//! fork the chain.
 
 use moat_core::Event;
 
 use super::{Store, StoreError, Tx, Value};
 use crate::{GENESIS, StoredEvent, Verified, VerifyError, chain_hash};
+
+/// What is hashed for one event: its org and its canonical JSON (which
+/// holds its run and type).
+fn chained(org: &str, body: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(org.len() + 1 + body.len());
+    bytes.extend_from_slice(org.as_bytes());
+    bytes.push(b'\n');
+    bytes.extend_from_slice(body);
+    bytes
+}
 
 /// Most events in one INSERT statement.
 const INSERT_BATCH: usize = 32;
@@ -41,7 +53,7 @@ pub fn append(
         seq += 1;
         let body = moat_core::hash::canonical_json(event)
             .map_err(|e| StoreError::Encode(e.to_string()))?;
-        let hash = chain_hash(&prev, seq, &body);
+        let hash = chain_hash(&prev, seq, &chained(org, &body));
         rows.extend([
             seq.into(),
             org.into(),
@@ -147,11 +159,13 @@ impl Store {
         let (head_seq, head_hash) = (head.int(0)?, head.text(1)?);
         let mut prev = GENESIS.to_owned();
         let mut expected = 1;
-        loop {
-            let rows = self.tx(|tx| {
+        // Up to the head read first: later appends are for the next check.
+        while expected <= head_seq {
+            let rows = self.read(|tx| {
                 tx.query(
-                    "SELECT seq, body, prev_hash, hash FROM events WHERE seq >= ? ORDER BY seq LIMIT 1000",
-                    &[Value::Int(expected)],
+                    "SELECT seq, body, prev_hash, hash, org_id, run_id, event_type FROM events
+                     WHERE seq >= ? AND seq <= ? ORDER BY seq LIMIT 1000",
+                    &[Value::Int(expected), Value::Int(head_seq)],
                 )
             })?;
             if rows.is_empty() {
@@ -166,7 +180,14 @@ impl Store {
                     return Ok(Err(VerifyError::Reordered(seq)));
                 }
                 let hash = row.text(3)?;
-                if chain_hash(&prev, seq, &row.blob(1)?) != hash {
+                let body = row.blob(1)?;
+                if chain_hash(&prev, seq, &chained(&row.text(4)?, &body)) != hash {
+                    return Ok(Err(VerifyError::Edited(seq)));
+                }
+                // The columns queries filter on must say what the hashed body says.
+                let event: Event = serde_json::from_slice(&body)
+                    .map_err(|e| StoreError::Corrupt(format!("event #{seq}: {e}")))?;
+                if event.run_id != row.text(5)? || event.event_type.as_str() != row.text(6)? {
                     return Ok(Err(VerifyError::Edited(seq)));
                 }
                 prev = hash;

@@ -16,7 +16,7 @@ mod runners;
 mod runs;
 mod schema;
 
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 pub use db::{Dialect, Row, Tx, Value};
 pub use events::Page;
@@ -74,35 +74,65 @@ impl StoreError {
 
 enum Backend {
     Sqlite(Mutex<rusqlite::Connection>),
-    Postgres(PgPool),
+    Postgres(Box<PgPool>),
 }
 
-/// Idle PostgreSQL connections, reused; a new one is opened when none is free.
+/// PostgreSQL connections, reused; at most [`POOL_MAX`] open at once (a
+/// caller beyond that waits for one to come back), so one busy replica
+/// cannot take the server's every connection.
 struct PgPool {
     config: postgres::Config,
-    idle: Mutex<Vec<db::PgConn>>,
+    /// Idle connections, and how many are open in all.
+    state: Mutex<(Vec<db::PgConn>, usize)>,
+    returned: Condvar,
 }
 
-const POOL_IDLE_MAX: usize = 16;
+const POOL_MAX: usize = 32;
 
 impl PgPool {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, (Vec<db::PgConn>, usize)>, StoreError> {
+        self.state
+            .lock()
+            .map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))
+    }
+
     fn take(&self) -> Result<db::PgConn, StoreError> {
-        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
-        match idle {
-            Some(conn) if !conn.client.is_closed() => Ok(conn),
-            _ => Ok(db::PgConn::new(self.config.connect(postgres::NoTls)?)),
+        let mut state = self.lock()?;
+        loop {
+            while let Some(conn) = state.0.pop() {
+                if !conn.client.is_closed() {
+                    return Ok(conn);
+                }
+                state.1 -= 1;
+            }
+            if state.1 < POOL_MAX {
+                state.1 += 1;
+                drop(state);
+                return match self.config.connect(postgres::NoTls) {
+                    Ok(client) => Ok(db::PgConn::new(client)),
+                    Err(e) => {
+                        self.lock()?.1 -= 1;
+                        self.returned.notify_one();
+                        Err(e.into())
+                    }
+                };
+            }
+            state = self
+                .returned
+                .wait(state)
+                .map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))?;
         }
     }
 
-    fn give(&self, client: db::PgConn) {
-        if client.client.is_closed() {
-            return;
-        }
-        if let Ok(mut idle) = self.idle.lock() {
-            if idle.len() < POOL_IDLE_MAX {
-                idle.push(client);
+    fn give(&self, conn: db::PgConn) {
+        if let Ok(mut state) = self.lock() {
+            if conn.client.is_closed() {
+                state.1 -= 1;
+            } else {
+                state.0.push(conn);
             }
         }
+        self.returned.notify_one();
     }
 }
 
@@ -117,7 +147,7 @@ impl Store {
     pub fn open(url: &str) -> Result<Store, StoreError> {
         let backend = if let Some(path) = url.strip_prefix("sqlite:") {
             if path.is_empty() {
-                return Err(StoreError::Url(url.to_owned()));
+                return Err(StoreError::Url(redact_url(url)));
             }
             let conn = rusqlite::Connection::open(path)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -130,19 +160,20 @@ impl Store {
             || url.contains("host=")
         {
             let mut config: postgres::Config =
-                url.parse().map_err(|_| StoreError::Url(url.to_owned()))?;
+                url.parse().map_err(|_| StoreError::Url(redact_url(url)))?;
             if config.get_password().is_none() {
                 if let Ok(password) = std::env::var("PGPASSWORD") {
                     config.password(password);
                 }
             }
             config.application_name("moat");
-            Backend::Postgres(PgPool {
+            Backend::Postgres(Box::new(PgPool {
                 config,
-                idle: Mutex::new(Vec::new()),
-            })
+                state: Mutex::new((Vec::new(), 0)),
+                returned: Condvar::new(),
+            }))
         } else {
-            return Err(StoreError::Url(url.to_owned()));
+            return Err(StoreError::Url(redact_url(url)));
         };
         let store = Store { backend };
         store.tx(schema::create)?;
@@ -234,6 +265,26 @@ fn sqlite_tx<T>(
     Ok(value)
 }
 
+/// `url` with any password in it masked, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if let Some((userinfo, host)) = authority.rsplit_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}{path}");
+            }
+        }
+        return url.to_owned();
+    }
+    url.split_whitespace()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A random identifier: `prefix` and 16 bytes of hex.
 pub fn new_id(prefix: &str) -> String {
     let mut bytes = [0u8; 16];
@@ -289,5 +340,26 @@ impl Drop for TempPostgres {
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("postgres://moat:s3cret@db.example:5432/moat"),
+            "postgres://moat:***@db.example:5432/moat"
+        );
+        assert_eq!(
+            redact_url("host=db user=moat password=s3cret dbname=moat"),
+            "host=db user=moat password=*** dbname=moat"
+        );
+        assert_eq!(
+            redact_url("sqlite:/var/lib/moat.db"),
+            "sqlite:/var/lib/moat.db"
+        );
     }
 }

@@ -5,8 +5,11 @@ use super::{Store, StoreError, new_id};
 /// What a token lets its holder do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenKind {
-    /// The org's API: runs, ops, events, artifacts, builds, manifests.
+    /// The org's administrator: everything of the org (runner builds,
+    /// bootstrap and agent tokens, manifests, revocations) and what agents do.
     Api,
+    /// An agent: runs, operations, events and artifacts of the org only.
+    Agent,
     /// One runner registration, once, before it expires.
     Bootstrap,
 }
@@ -15,6 +18,7 @@ impl TokenKind {
     fn as_str(self) -> &'static str {
         match self {
             TokenKind::Api => "api",
+            TokenKind::Agent => "agent",
             TokenKind::Bootstrap => "bootstrap",
         }
     }
@@ -65,15 +69,30 @@ impl Store {
         })
     }
 
-    /// The org an API token belongs to.
+    /// The org an API token belongs to (an admin's or an agent's).
     pub fn org_of_api_token(&self, token_hash: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.org_of_token(token_hash)?.map(|(org, _)| org))
+    }
+
+    /// The org and kind of an admin or agent token.
+    pub fn org_of_token(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<(String, TokenKind)>, StoreError> {
         self.read(|tx| {
-            tx.query_one(
-                "SELECT org_id FROM tokens WHERE hash = ? AND kind = 'api'",
+            let Some(row) = tx.query_one(
+                "SELECT org_id, kind FROM tokens WHERE hash = ? AND kind IN ('api', 'agent')",
                 &[token_hash.into()],
             )?
-            .map(|r| r.text(0))
-            .transpose()
+            else {
+                return Ok(None);
+            };
+            let kind = if row.text(1)? == "agent" {
+                TokenKind::Agent
+            } else {
+                TokenKind::Api
+            };
+            Ok(Some((row.text(0)?, kind)))
         })
     }
 

@@ -187,6 +187,9 @@ pub struct NewRun<'a> {
     pub id: &'a str,
     pub environment: &'a str,
     pub inputs: serde_json::Value,
+    /// The inputs' bytes, stored with the run (a run is never claimable
+    /// before its inputs exist).
+    pub blobs: &'a [super::NewArtifact],
     pub max_attempts: i64,
 }
 
@@ -209,6 +212,9 @@ impl Store {
             )?;
             if inserted == 0 {
                 return Err(StoreError::Conflict(format!("run {}", run.id)));
+            }
+            for blob in run.blobs {
+                super::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
             }
             let data = json!({"environment": run.environment, "inputs": run.inputs, "maxAttempts": run.max_attempts});
             events::append(tx, run.org, &[event(EventType::RunCreated, run.id, now, data)])?;

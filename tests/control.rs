@@ -234,6 +234,49 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
             None,
         );
         assert_eq!(status, 401);
+
+        // The same events as a server-sent stream (it ends: the run has ended).
+        let stream = stream_text(&format!("{}/v1/runs/run-1/events/stream", serve.url), &acme);
+        let streamed: Vec<&str> = stream
+            .lines()
+            .filter_map(|l| l.strip_prefix("event: "))
+            .collect();
+        let listed: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(streamed, listed, "{stream}");
+        let tail = stream_text_after(
+            &format!("{}/v1/runs/run-1/events/stream", serve.url),
+            &acme,
+            events[2]["seq"].as_i64().unwrap(),
+        );
+        assert_eq!(
+            tail.lines().filter(|l| l.starts_with("event: ")).count(),
+            listed.len() - 3,
+            "resumed after Last-Event-ID"
+        );
+        let (status, _) = call(
+            "GET",
+            &format!("{}/v1/runs/run-1/events/stream", serve.url),
+            &other,
+            None,
+        );
+        assert_eq!(status, 404);
+
+        // The runner's provenance, recorded at its start.
+        let store = moat_ledger::store::Store::open(&db.url).unwrap();
+        let all = store.all_events(0, 100_000).unwrap();
+        for kind in [
+            "runner.registered",
+            "runner.selected",
+            "runner.started",
+            "runner.policy.loaded",
+            "runner.manifest.loaded",
+        ] {
+            let found = all
+                .iter()
+                .filter(|e| e.event.event_type.as_str() == kind)
+                .count();
+            assert_eq!(found, 1, "{kind}");
+        }
         assert_ledger_intact(&serve);
     }
 }

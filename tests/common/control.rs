@@ -218,6 +218,24 @@ pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, 
     )
 }
 
+/// The whole body of a server-sent event stream (read until it ends).
+pub fn stream_text(url: &str, token: &str) -> String {
+    stream_text_after(url, token, 0)
+}
+
+/// The same, resuming after event `seq` (`Last-Event-ID`).
+pub fn stream_text_after(url: &str, token: &str, seq: i64) -> String {
+    let mut request = AGENT
+        .get(url)
+        .header("authorization", &format!("Bearer {token}"));
+    if seq > 0 {
+        request = request.header("last-event-id", &seq.to_string());
+    }
+    let mut response = request.call().unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response.body_mut().read_to_string().unwrap()
+}
+
 pub fn download(url: &str, token: &str) -> (u16, Vec<u8>) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)

@@ -610,3 +610,51 @@ fn agents_and_runners_stay_in_their_lane() {
         );
     }
 }
+
+#[test]
+fn revoking_a_manifest_or_its_signing_key_stops_its_runners_at_once() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let runner = registered(&plane, &acme, 6);
+        assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 204);
+        let key = plane.key.public().to_base64();
+        assert_eq!(
+            post(
+                &plane,
+                &acme,
+                "/v1/signing-keys/revoke",
+                json!({"publicKey": key})
+            )
+            .0,
+            200
+        );
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("revoked")),
+            "{b}"
+        );
+
+        let other = org(&plane, "other");
+        let runner = registered(&plane, &other, 7);
+        assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 204);
+        let hash = manifest(&plane, |_| {}, &plane.key).manifest_hash;
+        assert_eq!(
+            post(
+                &plane,
+                &other,
+                &format!("/v1/manifests/{hash}/revoke"),
+                json!({})
+            )
+            .0,
+            200
+        );
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("revoked")),
+            "{b}"
+        );
+        assert_eq!(rejections(&plane), ["revoked", "revoked"]);
+    }
+}

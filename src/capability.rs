@@ -95,7 +95,7 @@ fn run(args: IssueArgs) -> anyhow::Result<String> {
         run_id: envelope.run_id.clone(),
         op_id: envelope.id.clone(),
         op,
-        args_hash: args_hash(&envelope.args),
+        args_hash: args_hash(&envelope),
         policy_hash,
         issued_at: stamp(issued),
         expires_at: stamp(issued + args.ttl),

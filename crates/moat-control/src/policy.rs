@@ -202,7 +202,7 @@ impl PolicyEngine {
             run_id: envelope.run_id.clone(),
             op_id: envelope.id.clone(),
             op,
-            args_hash: args_hash(&envelope.args),
+            args_hash: args_hash(envelope),
             policy_hash: self.hash.clone(),
             issued_at: stamp(now),
             expires_at: stamp(now + ttl),
@@ -349,13 +349,8 @@ mod tests {
             )
             .unwrap();
         let claims = CapabilityClaims::verify(&token, &key.public(), now).unwrap();
-        let bound = claims.check_binding(
-            "run-1",
-            "1",
-            OpKind::ArtifactRead,
-            &envelope.args,
-            engine.hash(),
-        );
+        let bound =
+            claims.check_binding("run-1", "1", OpKind::ArtifactRead, &envelope, engine.hash());
         assert_eq!(bound, Ok(()));
         assert!(matches!(
             engine.grant(

@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{canonical_hash, canonical_json};
-use crate::op::OpKind;
+use crate::op::{Envelope, OpKind};
 use crate::sign::{PrivateKey, PublicKey};
 
 /// The longest a capability may live (from issue to expiry).
@@ -30,7 +30,8 @@ pub struct CapabilityClaims {
     pub run_id: String,
     pub op_id: String,
     pub op: OpKind,
-    /// `sha256(JCS(args))`, hex.
+    /// [`args_hash`] of the envelope: its arguments and the envelope-level
+    /// fields that shape how it runs.
     pub args_hash: String,
     /// The policy that made the decision (the manifest's `policyHash`).
     pub policy_hash: String,
@@ -68,9 +69,20 @@ fn parse_time(text: &str) -> Result<SystemTime, CapabilityError> {
     humantime::parse_rfc3339(text).map_err(|e| CapabilityError::Claims(format!("{text:?}: {e}")))
 }
 
-/// `sha256(JCS(args))`, hex: what a capability's `argsHash` is compared with.
-pub fn args_hash(args: &serde_json::Value) -> String {
-    canonical_hash(args).unwrap_or_default()
+/// What a capability's `argsHash` is compared with: `sha256(JCS({args,
+/// network, cwd, timeoutMs, maxOutputBytes}))`, hex — the arguments and
+/// every envelope-level field that changes what the operation does, so
+/// nothing between the control plane and the shell can alter them (absent
+/// fields are `null`).
+pub fn args_hash(envelope: &Envelope) -> String {
+    canonical_hash(&serde_json::json!({
+        "args": envelope.args,
+        "network": envelope.network,
+        "cwd": envelope.cwd,
+        "timeoutMs": envelope.timeout_ms,
+        "maxOutputBytes": envelope.max_output_bytes,
+    }))
+    .unwrap_or_default()
 }
 
 impl CapabilityClaims {
@@ -120,14 +132,14 @@ impl CapabilityClaims {
         run_id: &str,
         op_id: &str,
         op: OpKind,
-        args: &serde_json::Value,
+        envelope: &Envelope,
         policy_hash: &str,
     ) -> Result<(), CapabilityError> {
         let checks = [
             (self.run_id == run_id, "run"),
             (self.op_id == op_id, "operation id"),
             (self.op == op, "operation"),
-            (self.args_hash == args_hash(args), "set of arguments"),
+            (self.args_hash == args_hash(envelope), "set of arguments"),
             (self.policy_hash == policy_hash, "policy"),
         ];
         match checks.iter().find(|(ok, _)| !ok) {
@@ -142,13 +154,21 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn envelope(args: serde_json::Value) -> Envelope {
+        serde_json::from_value(json!({
+            "id": "1", "runId": "r1", "correlationId": "c", "op": "artifact_read",
+            "args": args, "createdAt": "2026-11-29T12:00:00Z",
+        }))
+        .unwrap()
+    }
+
     fn claims(issued: SystemTime, life: Duration) -> CapabilityClaims {
         let at = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
         CapabilityClaims {
             run_id: "r1".into(),
             op_id: "1".into(),
             op: OpKind::ArtifactRead,
-            args_hash: args_hash(&json!({"path": "a", "maxBytes": 10})),
+            args_hash: args_hash(&envelope(json!({"path": "a", "maxBytes": 10}))),
             policy_hash: "p".repeat(64),
             issued_at: at(issued),
             expires_at: at(issued + life),
@@ -164,7 +184,7 @@ mod tests {
         let token = c.sign(&key);
         let got = CapabilityClaims::verify(&token, &key.public(), now).unwrap();
         assert_eq!(got, c);
-        let args = json!({"maxBytes": 10, "path": "a"}); // same canonical form
+        let args = envelope(json!({"maxBytes": 10, "path": "a"})); // same canonical form
         let p = "p".repeat(64);
         assert_eq!(
             got.check_binding("r1", "1", OpKind::ArtifactRead, &args, &p),
@@ -175,11 +195,30 @@ mod tests {
                 "r1",
                 "1",
                 OpKind::ArtifactRead,
-                &json!({"path": "b", "maxBytes": 10}),
+                &envelope(json!({"path": "b", "maxBytes": 10})),
                 &p
             ),
             Err(CapabilityError::Mismatch("set of arguments"))
         );
+        // Envelope-level fields that change what runs are bound too.
+        for edit in [
+            json!({"network": "full"}),
+            json!({"cwd": "output"}),
+            json!({"timeoutMs": 999_999}),
+            json!({"maxOutputBytes": 1}),
+        ] {
+            let mut changed = serde_json::to_value(&args).unwrap();
+            changed
+                .as_object_mut()
+                .unwrap()
+                .extend(edit.as_object().unwrap().clone());
+            let changed: Envelope = serde_json::from_value(changed).unwrap();
+            assert_eq!(
+                got.check_binding("r1", "1", OpKind::ArtifactRead, &changed, &p),
+                Err(CapabilityError::Mismatch("set of arguments")),
+                "{edit}"
+            );
+        }
         assert_eq!(
             got.check_binding("r2", "1", OpKind::ArtifactRead, &args, &p),
             Err(CapabilityError::Mismatch("run"))

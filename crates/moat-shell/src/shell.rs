@@ -228,7 +228,7 @@ impl Shell {
             &envelope.run_id,
             &envelope.id,
             kind,
-            &envelope.args,
+            envelope,
             &self.config.manifest.policy_hash,
         )?;
         // Expired nonces can go: their capabilities no longer verify.
@@ -410,10 +410,7 @@ impl Shell {
             op.correlation_id = envelope.correlation_id.clone();
             op.kind = OpKind::parse(&envelope.op);
         }
-        let args_hash = parsed
-            .as_ref()
-            .ok()
-            .and_then(|e| moat_core::hash::canonical_hash(&e.args).ok());
+        let args_hash = parsed.as_ref().ok().map(moat_core::capability::args_hash);
         op.event(
             EventType::CapabilityRequested,
             json!({

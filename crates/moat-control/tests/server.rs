@@ -658,3 +658,59 @@ fn revoking_a_manifest_or_its_signing_key_stops_its_runners_at_once() {
         assert_eq!(rejections(&plane), ["revoked", "revoked"]);
     }
 }
+
+#[test]
+fn a_run_pinned_to_a_manifest_goes_only_to_its_runners() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let runner = registered(&plane, &acme, 8);
+        let older = manifest(
+            &plane,
+            |m| m["createdAt"] = json!(moat_ledger::store::stamp(T0 - 1000)),
+            &plane.key,
+        );
+        assert_eq!(
+            post(
+                &plane,
+                &acme,
+                "/v1/manifests",
+                serde_json::to_value(&older).unwrap()
+            )
+            .0,
+            201
+        );
+        let current = manifest(&plane, |_| {}, &plane.key);
+        assert_eq!(
+            post(
+                &plane,
+                &acme,
+                "/v1/runs",
+                json!({"id": "x", "manifestHash": HASH})
+            )
+            .0,
+            400
+        );
+        let (s, b) = post(
+            &plane,
+            &acme,
+            "/v1/runs",
+            json!({"id": "old", "manifestHash": older.manifest_hash}),
+        );
+        assert_eq!(s, 201, "{b}");
+        assert_eq!(
+            runner_call(&plane, &runner, "/v1/runner/claim").0,
+            204,
+            "claimed under another manifest"
+        );
+        let (s, b) = post(
+            &plane,
+            &acme,
+            "/v1/runs",
+            json!({"id": "mine", "manifestHash": current.manifest_hash}),
+        );
+        assert_eq!(s, 201, "{b}");
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
+        assert_eq!((s, b["run"]["id"].as_str()), (200, Some("mine")), "{b}");
+        assert_eq!(b["run"]["manifestHash"], json!(current.manifest_hash));
+    }
+}

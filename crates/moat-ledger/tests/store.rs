@@ -55,6 +55,7 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
                 environment: "test",
                 inputs: json!([]),
                 blobs: &[],
+                manifest_hash: None,
                 max_attempts,
             },
             10,

@@ -90,7 +90,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runs",
         "org",
-        "Create a run: `{id?, environment?, maxAttempts?, inputs: [{path, content | contentBase64}]}`.",
+        "Create a run: `{id?, environment?, manifestHash?, maxAttempts?, inputs: [{path, content | contentBase64}]}`; with `manifestHash`, only runners under that manifest claim it.",
     ),
     ("get", "/v1/runs/{run}", "org", "One run."),
     (

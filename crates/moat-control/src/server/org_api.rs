@@ -83,6 +83,9 @@ pub struct NewRunBody {
     inputs: Vec<NewInput>,
     #[serde(default)]
     max_attempts: Option<i64>,
+    /// Pin the run to a published manifest: only runners under it claim it.
+    #[serde(default)]
+    manifest_hash: Option<String>,
 }
 
 pub async fn create_run(
@@ -131,9 +134,32 @@ pub async fn create_run(
             data,
         });
     }
-    let environment = body
+    let mut environment = body
         .environment
+        .clone()
         .unwrap_or_else(|| state.config.environment.clone());
+    if let Some(hash) = &body.manifest_hash {
+        let (o, h) = (org.clone(), hash.clone());
+        let pinned = state
+            .db(move |s| s.manifest(&o, &h))
+            .await?
+            .filter(|m| !m.revoked)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("manifestHash {hash}: no such published manifest"))
+            })?;
+        if body
+            .environment
+            .as_ref()
+            .is_some_and(|e| *e != pinned.environment)
+        {
+            return Err(ApiError::bad_request(format!(
+                "manifest {hash} is for environment {:?}",
+                pinned.environment
+            )));
+        }
+        environment = pinned.environment;
+    }
+    let manifest_hash = body.manifest_hash;
     let now = state.now();
     let run = state
         .db(move |s| {
@@ -145,6 +171,7 @@ pub async fn create_run(
                     inputs: Value::Array(listed.clone()),
                     blobs: &inputs,
                     max_attempts,
+                    manifest_hash: manifest_hash.as_deref(),
                 },
                 now,
             )
@@ -397,6 +424,7 @@ pub async fn post_op(
             format!("run {run_id} has ended ({})", run.state.as_str()),
         ));
     }
+    let manifest = manifest.filter(|m| !m.revoked);
     let manifest: Option<SignedManifest> =
         manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
     let (op_state, decision, denial) =

@@ -124,6 +124,21 @@ pub(super) fn current_manifest(
     .transpose()
 }
 
+/// A published manifest by hash, in `tx`.
+pub(super) fn manifest(
+    tx: &mut dyn Tx,
+    org: &str,
+    hash: &str,
+) -> Result<Option<ManifestRow>, StoreError> {
+    tx.query_one(
+        &format!("SELECT {MANIFEST_COLUMNS} FROM manifests WHERE org_id = ? AND hash = ?"),
+        &[org.into(), hash.into()],
+    )?
+    .as_ref()
+    .map(decode_manifest)
+    .transpose()
+}
+
 const MANIFEST_COLUMNS: &str =
     "hash, environment, signed, signed_by, expires_ms, published_ms, revoked";
 
@@ -251,15 +266,7 @@ impl Store {
 
     /// A published manifest by hash.
     pub fn manifest(&self, org: &str, hash: &str) -> Result<Option<ManifestRow>, StoreError> {
-        self.read(|tx| {
-            tx.query_one(
-                &format!("SELECT {MANIFEST_COLUMNS} FROM manifests WHERE org_id = ? AND hash = ?"),
-                &[org.into(), hash.into()],
-            )?
-            .as_ref()
-            .map(decode_manifest)
-            .transpose()
-        })
+        self.read(|tx| manifest(tx, org, hash))
     }
 
     /// Revokes a manifest; `false` if the org has none with that hash.

@@ -191,6 +191,9 @@ pub struct NewRun<'a> {
     /// before its inputs exist).
     pub blobs: &'a [super::NewArtifact],
     pub max_attempts: i64,
+    /// Only runners under this manifest may claim the run (default: any
+    /// runner of the environment, under the manifest it runs with).
+    pub manifest_hash: Option<&'a str>,
 }
 
 impl Store {
@@ -198,8 +201,8 @@ impl Store {
     pub fn create_run(&self, run: &NewRun<'_>, now: i64) -> Result<RunRow, StoreError> {
         self.tx(|tx| {
             let inserted = tx.execute(
-                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms)
-                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash)
+                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 &[
                     run.id.into(),
                     run.org.into(),
@@ -208,6 +211,7 @@ impl Store {
                     run.inputs.to_string().into(),
                     now.into(),
                     now.into(),
+                    run.manifest_hash.map(str::to_owned).into(),
                 ],
             )?;
             if inserted == 0 {
@@ -238,7 +242,12 @@ impl Store {
                 .map(|r| r.text(0))
                 .transpose()?
                 .unwrap_or_default();
-            let manifest = super::objects::current_manifest(tx, org, &run.environment)?;
+            // A run pinned or claimed decides under its own manifest;
+            // otherwise under the environment's current one.
+            let manifest = match &run.manifest_hash {
+                Some(hash) => super::objects::manifest(tx, org, hash)?,
+                None => super::objects::current_manifest(tx, org, &run.environment)?,
+            };
             Ok(Some((run, name, manifest)))
         })
     }
@@ -284,10 +293,11 @@ impl Store {
         self.tx(|tx| {
             let sql = format!(
                 "SELECT id FROM runs WHERE org_id = ? AND environment = ? AND state = 'queued'
+                 AND (manifest_hash IS NULL OR manifest_hash = ?)
                  ORDER BY created_ms, id LIMIT 1{}",
                 tx.skip_locked()
             );
-            let Some(row) = tx.query_one(&sql, &[org.into(), environment.into()])? else {
+            let Some(row) = tx.query_one(&sql, &[org.into(), environment.into(), manifest_hash.into()])? else {
                 return Ok(None);
             };
             let id = row.text(0)?;

@@ -32,38 +32,76 @@ impl Ledger {
             .conn
             .prepare("SELECT seq, body, prev_hash, hash FROM events ORDER BY seq")?;
         let mut rows = stmt.query([])?;
-        let mut expected_seq = 1i64;
-        let mut prev = GENESIS.to_owned();
+        let mut walk = Walk::new();
         while let Some(row) = rows.next()? {
             let seq: i64 = row.get(0)?;
             let body = row.get_ref(1)?.as_bytes().map_err(rusqlite::Error::from)?;
             let prev_hash = row.get_ref(2)?.as_str().map_err(rusqlite::Error::from)?;
             let hash = row.get_ref(3)?.as_str().map_err(rusqlite::Error::from)?;
-            if seq != expected_seq {
-                return Ok(Err(VerifyError::Missing(expected_seq)));
+            if let Err(broken) = walk.step(seq, prev_hash, hash, body) {
+                return Ok(Err(broken));
             }
-            if prev_hash != prev {
-                return Ok(Err(VerifyError::Reordered(seq)));
-            }
-            if chain_hash(&prev, seq, body) != hash {
-                return Ok(Err(VerifyError::Edited(seq)));
-            }
-            prev = hash.to_owned();
-            expected_seq += 1;
         }
-        let last = expected_seq - 1;
+        Ok(walk.finish(head_seq, &head_hash))
+    }
+}
+
+/// Walks a chain link by link, in sequence order, from the genesis hash.
+pub(crate) struct Walk {
+    expected: i64,
+    prev: String,
+}
+
+impl Walk {
+    pub(crate) fn new() -> Self {
+        Walk {
+            expected: 1,
+            prev: GENESIS.to_owned(),
+        }
+    }
+
+    /// The sequence number the next link must have.
+    pub(crate) fn expected(&self) -> i64 {
+        self.expected
+    }
+
+    /// One stored link; `hashed` is what its hash covers.
+    pub(crate) fn step(
+        &mut self,
+        seq: i64,
+        prev_hash: &str,
+        hash: &str,
+        hashed: &[u8],
+    ) -> Result<(), VerifyError> {
+        if seq != self.expected {
+            return Err(VerifyError::Missing(self.expected));
+        }
+        if prev_hash != self.prev {
+            return Err(VerifyError::Reordered(seq));
+        }
+        if chain_hash(&self.prev, seq, hashed) != hash {
+            return Err(VerifyError::Edited(seq));
+        }
+        hash.clone_into(&mut self.prev);
+        self.expected += 1;
+        Ok(())
+    }
+
+    /// The end of the walk against the head record.
+    pub(crate) fn finish(self, head_seq: i64, head_hash: &str) -> Result<Verified, VerifyError> {
+        let last = self.expected - 1;
         if last < head_seq {
-            return Ok(Err(VerifyError::TruncatedTail {
+            return Err(VerifyError::TruncatedTail {
                 last,
                 head: head_seq,
-            }));
+            });
         }
-        if last != head_seq || prev != head_hash {
-            return Ok(Err(VerifyError::HeadMismatch(last)));
+        if last != head_seq || self.prev != head_hash {
+            return Err(VerifyError::HeadMismatch(last));
         }
-        Ok(Ok(Verified {
+        Ok(Verified {
             events: last,
-            head: prev,
-        }))
+            head: self.prev,
+        })
     }
 }

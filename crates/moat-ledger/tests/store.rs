@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use moat_core::EventType;
 use moat_ledger::store::{
-    NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, Store, TempPostgres, TokenKind,
+    NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest, RunnerRow, Store,
+    TempPostgres, TokenKind,
 };
 use serde_json::json;
 
@@ -193,6 +194,23 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             events: std::slice::from_ref(&ev),
             artifacts: std::slice::from_ref(&artifact),
         };
+        // An artifact under a wrong hash fails the whole report: nothing recorded.
+        let forged = NewArtifact {
+            sha256: "00".repeat(32),
+            ..artifact.clone()
+        };
+        let forged_report = OpResult {
+            artifacts: std::slice::from_ref(&forged),
+            ..report
+        };
+        assert!(
+            s.finish_op(&forged_report, 24).is_err(),
+            "artifact under a wrong hash"
+        );
+        assert_eq!(
+            s.op(&a, "r", "op-1").unwrap().expect("op").state,
+            OpState::Dispatched
+        );
         assert!(s.finish_op(&report, 24).unwrap());
         assert!(!s.finish_op(&report, 25).unwrap(), "second report recorded");
         let finished = event_types(s, "r")
@@ -213,14 +231,6 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             s.artifact_bytes(&other, &artifact.sha256).unwrap(),
             None,
             "other org reads the blob"
-        );
-        let forged = NewArtifact {
-            sha256: "00".repeat(32),
-            ..artifact.clone()
-        };
-        assert!(
-            s.add_artifact(&a, "r", "op-1", &forged, 26).is_err(),
-            "artifact under a wrong hash"
         );
         assert!(s.verify_ledger().unwrap().is_ok());
     }
@@ -377,12 +387,43 @@ fn nonces_manifests_and_builds() {
     for b in backends() {
         let s = &b.store;
         let a = org(s, "a");
-        assert!(s.use_nonce("runner", "n1", 1, 100).unwrap());
-        assert!(
-            !s.use_nonce("runner", "n1", 2, 100).unwrap(),
-            "replayed nonce accepted"
+        s.register_runner(&RunnerRow {
+            id: "runner".into(),
+            org_id: a.clone(),
+            runner_hash: "h1".into(),
+            manifest_hash: "m1".into(),
+            policy_hash: "p".into(),
+            version: "1".into(),
+            environment: "prod".into(),
+            ops: json!([]),
+            sandbox_mode: "workspace-write".into(),
+            boot_time: "t".into(),
+            public_key: "k".into(),
+            registered_ms: 1,
+            seen_ms: 1,
+        })
+        .unwrap();
+        let fresh = |nonce: &str, verified: bool| match s
+            .runner_request("runner", nonce, 2, 100, |_| verified)
+            .unwrap()
+        {
+            RunnerRequest::Checked(standing) => Some(standing.fresh_nonce),
+            RunnerRequest::Refused(_) => None,
+            RunnerRequest::UnknownRunner => panic!("runner not found"),
+        };
+        assert_eq!(fresh("n0", false), None, "unverified request checked");
+        assert_eq!(
+            fresh("n0", true),
+            Some(true),
+            "a refused request spent its nonce"
         );
-        assert_eq!(s.prune_nonces(200).unwrap(), 1);
+        assert_eq!(fresh("n1", true), Some(true));
+        assert_eq!(fresh("n1", true), Some(false), "replayed nonce accepted");
+        assert!(matches!(
+            s.runner_request("nobody", "n2", 2, 100, |_| true).unwrap(),
+            RunnerRequest::UnknownRunner
+        ));
+        assert_eq!(s.prune_nonces(200).unwrap(), 2);
 
         s.allow_runner_build(&a, "h1", "v1", 1).unwrap();
         assert!(s.runner_build_allowed(&a, "h1").unwrap());

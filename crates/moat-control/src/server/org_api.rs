@@ -699,7 +699,7 @@ pub async fn verify_artifact(
     ))
 }
 
-/// Kept for the runner API: the run's inputs with their bytes.
+/// The run's inputs with their bytes (what a runner gets with its claim).
 pub fn inputs_with_content(run: &RunRow, load: impl Fn(&str) -> Option<Vec<u8>>) -> Value {
     let inputs = run.inputs.as_array().cloned().unwrap_or_default();
     Value::Array(

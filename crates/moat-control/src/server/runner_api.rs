@@ -349,7 +349,7 @@ pub async fn claim(
             return Err(auth::reject(
                 &state,
                 &runner.org_id,
-                stop_reason(stop),
+                stop.as_str(),
                 "no new claims on an expired manifest".into(),
                 subject,
             )
@@ -394,10 +394,6 @@ pub async fn claim(
     Ok(Json(json!({"run": run_json(&run), "inputs": inputs, "finishBy": stamp(crate::clock::ms(deadline))})).into_response())
 }
 
-fn stop_reason(stop: lifecycle::Stop) -> &'static str {
-    stop.as_str()
-}
-
 /// The next thing for the runner to do in a run it holds.
 pub async fn next(
     State(state): State<Arc<AppState>>,
@@ -427,7 +423,7 @@ pub async fn next(
         state.notify();
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            stop_reason(stop),
+            stop.as_str(),
             "the run outlived its manifest's expiry plus grace",
         ));
     }

@@ -7,7 +7,8 @@
 use moat_core::Event;
 
 use super::{Store, StoreError, Tx, Value};
-use crate::{GENESIS, StoredEvent, Verified, VerifyError, chain_hash};
+use crate::verify::Walk;
+use crate::{StoredEvent, Verified, VerifyError, chain_hash};
 
 /// What is hashed for one event: its org and its canonical JSON (which
 /// holds its run and type).
@@ -157,15 +158,14 @@ impl Store {
                 .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))
         })?;
         let (head_seq, head_hash) = (head.int(0)?, head.text(1)?);
-        let mut prev = GENESIS.to_owned();
-        let mut expected = 1;
+        let mut walk = Walk::new();
         // Up to the head read first: later appends are for the next check.
-        while expected <= head_seq {
+        while walk.expected() <= head_seq {
             let rows = self.read(|tx| {
                 tx.query(
                     "SELECT seq, body, prev_hash, hash, org_id, run_id, event_type FROM events
                      WHERE seq >= ? AND seq <= ? ORDER BY seq LIMIT 1000",
-                    &[Value::Int(expected), Value::Int(head_seq)],
+                    &[Value::Int(walk.expected()), Value::Int(head_seq)],
                 )
             })?;
             if rows.is_empty() {
@@ -173,16 +173,10 @@ impl Store {
             }
             for row in rows {
                 let seq = row.int(0)?;
-                if seq != expected {
-                    return Ok(Err(VerifyError::Missing(expected)));
-                }
-                if row.text(2)? != prev {
-                    return Ok(Err(VerifyError::Reordered(seq)));
-                }
-                let hash = row.text(3)?;
                 let body = row.blob(1)?;
-                if chain_hash(&prev, seq, &chained(&row.text(4)?, &body)) != hash {
-                    return Ok(Err(VerifyError::Edited(seq)));
+                let hashed = chained(&row.text(4)?, &body);
+                if let Err(broken) = walk.step(seq, &row.text(2)?, &row.text(3)?, &hashed) {
+                    return Ok(Err(broken));
                 }
                 // The columns queries filter on must say what the hashed body says.
                 let event: Event = serde_json::from_slice(&body)
@@ -190,23 +184,8 @@ impl Store {
                 if event.run_id != row.text(5)? || event.event_type.as_str() != row.text(6)? {
                     return Ok(Err(VerifyError::Edited(seq)));
                 }
-                prev = hash;
-                expected += 1;
             }
         }
-        let last = expected - 1;
-        if last < head_seq {
-            return Ok(Err(VerifyError::TruncatedTail {
-                last,
-                head: head_seq,
-            }));
-        }
-        if last != head_seq || prev != head_hash {
-            return Ok(Err(VerifyError::HeadMismatch(last)));
-        }
-        Ok(Ok(Verified {
-            events: last,
-            head: prev,
-        }))
+        Ok(walk.finish(head_seq, &head_hash))
     }
 }

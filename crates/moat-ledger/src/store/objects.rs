@@ -143,18 +143,6 @@ const MANIFEST_COLUMNS: &str =
     "hash, environment, signed, signed_by, expires_ms, published_ms, revoked";
 
 impl Store {
-    /// Records an artifact of `run` (an input, or a control-plane product).
-    pub fn add_artifact(
-        &self,
-        org: &str,
-        run: &str,
-        op: &str,
-        artifact: &NewArtifact,
-        now: i64,
-    ) -> Result<(), StoreError> {
-        self.tx(|tx| insert_artifact(tx, org, run, op, artifact, now))
-    }
-
     /// The run's artifacts, oldest first.
     pub fn artifacts(&self, org: &str, run: &str) -> Result<Vec<ArtifactRow>, StoreError> {
         self.read(|tx| {

@@ -114,13 +114,4 @@ impl Store {
             .transpose()
         })
     }
-
-    /// The org's name.
-    pub fn org_name(&self, org: &str) -> Result<Option<String>, StoreError> {
-        self.read(|tx| {
-            tx.query_one("SELECT name FROM orgs WHERE id = ?", &[org.into()])?
-                .map(|r| r.text(0))
-                .transpose()
-        })
-    }
 }

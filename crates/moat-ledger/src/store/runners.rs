@@ -112,29 +112,6 @@ impl Store {
         })
     }
 
-    /// Records a request nonce of `runner`, and when the runner was last
-    /// seen; `false` if the nonce was already used (a replay).
-    pub fn use_nonce(
-        &self,
-        runner: &str,
-        nonce: &str,
-        now: i64,
-        expires_ms: i64,
-    ) -> Result<bool, StoreError> {
-        self.tx(|tx| {
-            let fresh = tx.execute(
-                "INSERT INTO request_nonces (runner_id, nonce, expires_ms) VALUES (?, ?, ?)
-                 ON CONFLICT (runner_id, nonce) DO NOTHING",
-                &[runner.into(), nonce.into(), expires_ms.into()],
-            )? == 1;
-            tx.execute(
-                "UPDATE runners SET seen_ms = ? WHERE id = ?",
-                &[now.into(), runner.into()],
-            )?;
-            Ok(fresh)
-        })
-    }
-
     /// Forgets nonces whose requests could no longer be accepted anyway.
     pub fn prune_nonces(&self, now: i64) -> Result<u64, StoreError> {
         self.tx(|tx| {

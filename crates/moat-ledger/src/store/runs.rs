@@ -382,21 +382,7 @@ impl Store {
         error: Option<&str>,
         now: i64,
     ) -> Result<bool, StoreError> {
-        self.tx(|tx| {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM runs WHERE org_id = ? AND id = ?{}",
-                tx.for_update()
-            );
-            let Some(row) = tx.query_one(&sql, &[org.into(), run.into()])? else {
-                return Ok(false);
-            };
-            let row = decode(&row)?;
-            if row.state.is_final() || row.runner_id.as_deref() != Some(runner) {
-                return Ok(false);
-            }
-            end(tx, &row, state, error, now)?;
-            Ok(true)
-        })
+        self.end_live_run(org, run, Some(runner), state, error, now)
     }
 
     /// Ends a run from the control plane's side (dead-letter on manifest
@@ -409,6 +395,19 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
+        self.end_live_run(org, run, None, state, Some(reason), now)
+    }
+
+    /// Ends `run` if it is live (and held by `holder`, when given).
+    fn end_live_run(
+        &self,
+        org: &str,
+        run: &str,
+        holder: Option<&str>,
+        state: RunState,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<bool, StoreError> {
         self.tx(|tx| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM runs WHERE org_id = ? AND id = ?{}",
@@ -418,10 +417,11 @@ impl Store {
                 return Ok(false);
             };
             let row = decode(&row)?;
-            if row.state.is_final() {
+            let held = holder.is_none_or(|h| row.runner_id.as_deref() == Some(h));
+            if row.state.is_final() || !held {
                 return Ok(false);
             }
-            end(tx, &row, state, Some(reason), now)?;
+            end(tx, &row, state, reason, now)?;
             Ok(true)
         })
     }
@@ -467,19 +467,6 @@ impl Store {
                 }
             }
             Ok(handled)
-        })
-    }
-
-    /// Live runs (claimed, running, paused) a runner holds.
-    pub fn runs_of_runner(&self, runner: &str) -> Result<Vec<RunRow>, StoreError> {
-        self.read(|tx| {
-            tx.query(
-                &format!("SELECT {COLUMNS} FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')"),
-                &[runner.into()],
-            )?
-            .iter()
-            .map(decode)
-            .collect()
         })
     }
 

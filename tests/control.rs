@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::control::*;
 use moat_ledger::store::TempPostgres;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[test]
 fn operations_flow_agent_to_runner_and_back_on_both_backends() {
@@ -22,7 +22,7 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
         let acme = org(&serve, "acme");
         let other = org(&serve, "other");
         prepare_org(&serve, &setup, &acme);
-        let _runner = Runner::start(&serve, &setup, &acme, &format!("runner-{}", db.url.len()));
+        let runner = Runner::start(&serve, &setup, &acme, &format!("runner-{}", db.url.len()));
 
         let run = json!({"id": "run-1", "inputs": [
             {"path": "input/data.txt", "content": "hello moat\n"},
@@ -139,6 +139,27 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
         wait_state(&serve, &acme, "run-1", "succeeded");
 
         let events = run_events(&serve, &acme, "run-1");
+        // Denied operations never reached the runner: its own ledger has
+        // nothing of them, and the secret's content is nowhere.
+        let local = moat_ledger::Ledger::open(&runner.state.join("shell/ledger.db")).unwrap();
+        let local: Vec<_> = local.events(Some("run-1"), 0, 10_000).unwrap();
+        assert!(!local.is_empty(), "the runner's ledger is empty");
+        for denied in ["4", "5", "6", "7"] {
+            assert!(
+                !local
+                    .iter()
+                    .any(|e| e.event.op_id.as_deref() == Some(denied)),
+                "denied op {denied} reached the runner"
+            );
+        }
+        let (_, ops) = call(
+            "GET",
+            &format!("{}/v1/runs/run-1/ops", serve.url),
+            &acme,
+            None,
+        );
+        let everything = format!("{ops}{}", Value::Array(events.clone()));
+        assert!(!everything.contains("do not read"), "the secret leaked");
         for (kind, n) in [
             ("run.created", 1),
             ("run.claimed", 1),

@@ -17,6 +17,7 @@ mod files;
 mod ledger;
 mod manifest;
 mod mcp;
+mod operator;
 mod runner;
 mod seal;
 mod serve;
@@ -47,6 +48,7 @@ enum Command {
     Capability(capability::CapabilityArgs),
     Runner(runner::RunnerArgs),
     Serve(serve::ServeArgs),
+    Approvals(operator::approvals::ApprovalsArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -76,5 +78,6 @@ fn main() -> ExitCode {
         Command::Capability(args) => capability::main(args),
         Command::Runner(args) => runner::main(args),
         Command::Serve(args) => serve::main(args),
+        Command::Approvals(args) => operator::approvals::main(args),
     }
 }

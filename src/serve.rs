@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// Claims a run gets (lost leases) before it is dead-lettered.
     #[arg(long, value_name = "N", default_value_t = 3)]
     max_attempts: i64,
+    /// How long an approval request waits for a person; then its operation
+    /// fails closed (`approval_expired`).
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = humantime::parse_duration)]
+    approval_ttl: Duration,
 }
 
 pub fn main(args: ServeArgs) -> ExitCode {
@@ -108,6 +112,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         lease: args.lease,
         capability_ttl: args.capability_ttl,
         max_attempts: args.max_attempts,
+        approval_ttl: args.approval_ttl,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

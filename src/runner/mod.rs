@@ -10,7 +10,7 @@ use moat_core::SignedManifest;
 
 use crate::{manifest, seal};
 
-mod client;
+pub mod client;
 mod refresh;
 mod start;
 

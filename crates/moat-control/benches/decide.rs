@@ -44,6 +44,9 @@ fn bench(c: &mut Criterion) {
         size: 4096,
         network: NetworkMode::Off,
         sandbox: SandboxMode::WorkspaceWrite,
+        path: "input/a.csv",
+        method: "",
+        action: "",
     };
     c.bench_function("decide + sign capability (202 policies)", |b| {
         b.iter(|| {

@@ -17,6 +17,13 @@ pub struct Described {
     pub resource: Resource,
     pub size: u64,
     pub network: NetworkMode,
+    /// The workspace path an artifact operation names ("" for others).
+    pub path: String,
+    /// The HTTP method of a direct request ("" for others, and for tool
+    /// calls, whose method is known only to the tool).
+    pub method: String,
+    /// A browser step's action (`navigate`, `click`, `submit`...; "" for others).
+    pub action: String,
 }
 
 /// Why an envelope cannot be described (and so is refused before policy).
@@ -54,17 +61,21 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
     let op =
         OpKind::parse(&envelope.op).ok_or_else(|| DescribeError::UnknownOp(envelope.op.clone()))?;
     let run = || Resource::Run(envelope.run_id.clone());
+    let (mut path, mut method, mut action) = (String::new(), String::new(), String::new());
     let (resource, size, network) = match op {
         OpKind::ArtifactRead => {
             let a: ArtifactReadArgs = args(op, &envelope.args)?;
+            path.clone_from(&a.path);
             (Resource::Path(a.path), a.max_bytes, NetworkMode::Off)
         }
         OpKind::ArtifactWrite => {
             let a: ArtifactWriteArgs = args(op, &envelope.args)?;
+            path.clone_from(&a.path);
             (Resource::Path(a.path), a.max_bytes, NetworkMode::Off)
         }
         OpKind::ArtifactList => {
             let a: ArtifactListArgs = args(op, &envelope.args)?;
+            path.clone_from(&a.path);
             (Resource::Path(a.path), 0, NetworkMode::Off)
         }
         OpKind::ExecArgv => {
@@ -90,6 +101,7 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
                 (Resource::Tool(a.profile), 0, NetworkMode::Allowlist)
             } else {
                 let a: DirectRequestArgs = args(op, &envelope.args)?;
+                method = a.method.to_ascii_uppercase();
                 let host = host_of(&a.url).ok_or_else(|| DescribeError::InvalidArgs {
                     op: op.as_str(),
                     message: format!("{:?} is not an http(s) URL with a host", a.url),
@@ -101,13 +113,22 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
                 )
             }
         }
-        OpKind::BrowserStep => (run(), 0, NetworkMode::Off),
+        OpKind::BrowserStep => {
+            action = envelope.args["action"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            (run(), 0, NetworkMode::Off)
+        }
     };
     Ok(Described {
         op,
         resource,
         size,
         network,
+        path,
+        method,
+        action,
     })
 }
 

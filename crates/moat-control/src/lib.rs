@@ -8,11 +8,12 @@
 //! | principal | `Moat::Runner::"<runner>"`, member of `Moat::Org::"<org>"` |
 //! | action | `Moat::Action::"<op>"` (`artifact_read`, `exec_argv`, `http_request`, ...) |
 //! | resource | `Moat::Path::"<path>"`, `Moat::Executable::"<path>"`, `Moat::Domain::"<host>"`, `Moat::Tool::"<name>"`, else `Moat::Run::"<run id>"` |
-//! | context | `size` (Long, bytes asked for), `network` and `sandbox` (the modes, as strings) |
+//! | context | `size` (Long, bytes asked for), `network` and `sandbox` (the modes, as strings), `path` (an artifact operation's path), `method` (a direct HTTP request's method), `action` (a browser step's action); "" where they do not apply |
 //!
 //! `permit` allows, `forbid` denies (and wins), no match denies. A `permit`
 //! annotated `@approval("required")` that decides an allow makes it
-//! `require_approval` instead.
+//! `require_approval` instead (`@risk("low|medium|high|critical")` tells
+//! the approver how much is at stake).
 //!
 //! [`lifecycle`] holds the manifest lifecycle's rules (refresh window,
 //! backoff, swap at an operation boundary, expiry, grace, revocation) as

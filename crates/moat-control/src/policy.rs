@@ -18,6 +18,8 @@ pub enum PolicyError {
     Parse(String),
     #[error("policy {id}: @approval takes \"required\" only")]
     Annotation { id: String },
+    #[error("policy {id}: @risk takes low, medium, high or critical")]
+    Risk { id: String },
     #[error("building the request: {0}")]
     Request(String),
     #[error("evaluating the policies: {0}")]
@@ -37,15 +39,27 @@ pub enum Resource {
     Run(String),
 }
 
+/// As Cedar names it: `Moat::Path::"input/a.csv"`.
+impl std::fmt::Display for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, id) = self.parts();
+        write!(f, "Moat::{kind}::{id:?}")
+    }
+}
+
 impl Resource {
-    fn uid(&self) -> Result<EntityUid, PolicyError> {
-        let (kind, id) = match self {
+    fn parts(&self) -> (&'static str, &str) {
+        match self {
             Resource::Path(p) => ("Path", p),
             Resource::Executable(p) => ("Executable", p),
             Resource::Domain(d) => ("Domain", d),
             Resource::Tool(t) => ("Tool", t),
             Resource::Run(r) => ("Run", r),
-        };
+        }
+    }
+
+    fn uid(&self) -> Result<EntityUid, PolicyError> {
+        let (kind, id) = self.parts();
         uid(kind, id)
     }
 }
@@ -61,6 +75,10 @@ pub struct OpRequest<'a> {
     pub size: u64,
     pub network: NetworkMode,
     pub sandbox: SandboxMode,
+    /// `context.path`, `context.method`, `context.action` (see [`crate::describe::Described`]).
+    pub path: &'a str,
+    pub method: &'a str,
+    pub action: &'a str,
 }
 
 /// The outcome, with the policies that made it.
@@ -75,8 +93,16 @@ pub enum Decision {
     },
     RequireApproval {
         rule: String,
+        /// The rule's `@risk` (`medium` if it has none).
+        risk: String,
     },
 }
+
+/// The default policy set: `policies/default.cedar` (what `moat up` runs with).
+pub const DEFAULT_POLICY: &str = include_str!("../../../policies/default.cedar");
+
+/// The risk levels a policy's `@risk` may name.
+pub const RISKS: [&str; 4] = ["low", "medium", "high", "critical"];
 
 fn uid(kind: &str, id: &str) -> Result<EntityUid, PolicyError> {
     let kind = EntityTypeName::from_str(&format!("Moat::{kind}"))
@@ -99,6 +125,13 @@ impl PolicyEngine {
             if let Some(value) = policy.annotation("approval") {
                 if value != "required" {
                     return Err(PolicyError::Annotation {
+                        id: policy.id().to_string(),
+                    });
+                }
+            }
+            if let Some(value) = policy.annotation("risk") {
+                if !RISKS.contains(&value) {
+                    return Err(PolicyError::Risk {
                         id: policy.id().to_string(),
                     });
                 }
@@ -140,6 +173,9 @@ impl PolicyEngine {
                 "size": i64::try_from(request.size).unwrap_or(i64::MAX),
                 "network": request.network.as_str(),
                 "sandbox": request.sandbox.as_str(),
+                "path": request.path,
+                "method": request.method,
+                "action": request.action,
             }),
             None,
         )
@@ -176,6 +212,12 @@ impl PolicyEngine {
                 match approval {
                     Some(rule) => Decision::RequireApproval {
                         rule: self.name(rule),
+                        risk: self
+                            .policies
+                            .policy(rule)
+                            .and_then(|p| p.annotation("risk"))
+                            .unwrap_or("medium")
+                            .to_owned(),
                     },
                     None => Decision::Allow { policies: reasons },
                 }
@@ -226,7 +268,7 @@ mod tests {
                resource == Moat::Executable::"/usr/bin/python3")
         when { context.network == "off" };
 
-        @id("exec-with-network") @approval("required")
+        @id("exec-with-network") @approval("required") @risk("high")
         permit(principal in Moat::Org::"acme", action == Moat::Action::"exec_argv",
                resource == Moat::Executable::"/usr/bin/python3")
         when { context.network != "off" };
@@ -244,6 +286,9 @@ mod tests {
             size: 4096,
             network: NetworkMode::Off,
             sandbox: SandboxMode::WorkspaceWrite,
+            path: "",
+            method: "",
+            action: "",
         }
     }
 
@@ -302,7 +347,8 @@ mod tests {
         assert_eq!(
             engine.decide(&online).unwrap(),
             Decision::RequireApproval {
-                rule: "exec-with-network".into()
+                rule: "exec-with-network".into(),
+                risk: "high".into(),
             }
         );
         // No policy for this operation: denied.
@@ -325,6 +371,10 @@ mod tests {
         assert!(matches!(
             PolicyEngine::new(r#"@approval("maybe") permit(principal, action, resource);"#),
             Err(PolicyError::Annotation { .. })
+        ));
+        assert!(matches!(
+            PolicyEngine::new(r#"@risk("scary") permit(principal, action, resource);"#),
+            Err(PolicyError::Risk { .. })
         ));
     }
 
@@ -363,5 +413,102 @@ mod tests {
             ),
             Err(PolicyError::Lifetime)
         ));
+    }
+
+    #[test]
+    fn the_default_policy_asks_a_person_for_the_risky_operations() {
+        let engine = PolicyEngine::new(DEFAULT_POLICY).unwrap();
+        let ask = |op: OpKind, resource: Resource, edit: &dyn Fn(&mut OpRequest<'static>)| {
+            let mut r = request(op, resource);
+            edit(&mut r);
+            match engine.decide(&r).unwrap() {
+                Decision::Allow { .. } => "allow".to_owned(),
+                Decision::Deny { .. } => "deny".to_owned(),
+                Decision::RequireApproval { rule, .. } => rule,
+            }
+        };
+        let path = |p: &'static str| Resource::Path(p.into());
+        let exe = Resource::Executable("/usr/bin/wc".into());
+        let cases: Vec<(&str, String)> = vec![
+            (
+                "allow",
+                ask(OpKind::ArtifactRead, path("input/a.csv"), &|r| {
+                    r.path = "input/a.csv"
+                }),
+            ),
+            (
+                "allow",
+                ask(OpKind::ArtifactWrite, path("output/r.txt"), &|r| {
+                    r.path = "output/r.txt"
+                }),
+            ),
+            (
+                "large-write",
+                ask(OpKind::ArtifactWrite, path("output/big"), &|r| {
+                    r.path = "output/big";
+                    r.size = 64 << 20;
+                }),
+            ),
+            (
+                "data-export",
+                ask(OpKind::ArtifactWrite, path("export/x.csv"), &|r| {
+                    r.path = "export/x.csv"
+                }),
+            ),
+            (
+                "sensitive-path",
+                ask(OpKind::ArtifactRead, path("input/sensitive/p.csv"), &|r| {
+                    r.path = "input/sensitive/p.csv"
+                }),
+            ),
+            ("allow", ask(OpKind::ExecArgv, exe.clone(), &|_| {})),
+            (
+                "exec-with-network",
+                ask(OpKind::ExecArgv, exe, &|r| {
+                    r.network = NetworkMode::Allowlist
+                }),
+            ),
+            (
+                "allow",
+                ask(
+                    OpKind::HttpRequest,
+                    Resource::Domain("api.example.com".into()),
+                    &|r| r.method = "GET",
+                ),
+            ),
+            (
+                "integration-write",
+                ask(
+                    OpKind::HttpRequest,
+                    Resource::Domain("api.example.com".into()),
+                    &|r| r.method = "POST",
+                ),
+            ),
+            (
+                "integration-write",
+                ask(OpKind::HttpRequest, Resource::Tool("crm".into()), &|_| {}),
+            ),
+            (
+                "allow",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "navigate"
+                }),
+            ),
+            (
+                "browser-act",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "submit"
+                }),
+            ),
+            (
+                "deny",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "download"
+                }),
+            ),
+        ];
+        for (want, got) in cases {
+            assert_eq!(want, got);
+        }
     }
 }

@@ -15,7 +15,12 @@ use moat_core::{EventType, Manifest, SignedManifest, request_sig};
 use moat_ledger::store::{Store, TempPostgres};
 use serde_json::{Value, json};
 
-const POLICY: &str = r#"permit(principal, action == Moat::Action::"artifact_read", resource);"#;
+const POLICY: &str = r#"
+permit(principal, action == Moat::Action::"artifact_read", resource);
+@id("sensitive") @approval("required") @risk("high")
+permit(principal, action == Moat::Action::"artifact_read", resource)
+when { context.path like "sensitive/*" };
+"#;
 const ADMIN: &str = "admin-token-0123456789abcdef";
 const T0: i64 = 1_900_000_000_000;
 const DAY: i64 = 86_400_000;
@@ -54,6 +59,7 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: Option<tempfile::TempDir>)
         clock: Arc::new(clock.clone()),
         lease: Duration::from_secs(3600),
         capability_ttl: Duration::from_secs(30),
+        approval_ttl: Duration::from_secs(600),
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -712,5 +718,182 @@ fn a_run_pinned_to_a_manifest_goes_only_to_its_runners() {
         let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
         assert_eq!((s, b["run"]["id"].as_str()), (200, Some("mine")), "{b}");
         assert_eq!(b["run"]["manifestHash"], json!(current.manifest_hash));
+    }
+}
+
+fn events_of(plane: &Plane, kind: EventType) -> Vec<moat_core::Event> {
+    plane
+        .store
+        .all_events(0, 100_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event)
+        .filter(|e| e.event_type == kind)
+        .collect()
+}
+
+#[test]
+fn approvals_pause_an_operation_until_an_admin_decides_or_it_expires() {
+    for plane in planes() {
+        let acme = org(&plane, "acme");
+        let globex = org(&plane, "globex");
+        let runner = registered(&plane, &acme, 7);
+        let (_, b) = post(&plane, &acme, "/v1/agent-tokens", json!({}));
+        let agent = Org {
+            token: b["token"].as_str().unwrap().to_owned(),
+        };
+        assert_eq!(post(&plane, &agent, "/v1/runs", json!({"id": "r"})).0, 201);
+        assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 200);
+        let read = |id: &str, path: &str| json!({"id": id, "op": "artifact_read", "args": {"path": path, "maxBytes": 10}});
+
+        // The rule asks for a person: the op waits, the runner gets nothing.
+        let (s, b) = post(&plane, &agent, "/v1/runs/r/ops", read("o1", "sensitive/a"));
+        assert_eq!(
+            (s, b["state"].as_str()),
+            (202, Some("pending_approval")),
+            "{b}"
+        );
+        let approval = b["approval"]["id"].as_str().unwrap().to_owned();
+        assert_eq!(
+            runner_call(&plane, &runner, "/v1/runner/runs/r/next").0,
+            204
+        );
+        let (s, b) = call(
+            "GET",
+            &format!("{}/v1/approvals", plane.url),
+            &bearer(&agent.token),
+            b"",
+        );
+        assert_eq!(s, 200, "{b}");
+        let listed = &b["approvals"][0];
+        assert_eq!(
+            (
+                listed["id"].as_str(),
+                listed["rule"].as_str(),
+                listed["risk"].as_str()
+            ),
+            (Some(approval.as_str()), Some("sensitive"), Some("high"))
+        );
+        assert_eq!(
+            listed["summary"]["resource"],
+            json!("Moat::Path::\"sensitive/a\"")
+        );
+
+        // Not the agent, not another org: only the org's admin decides.
+        let approve = format!("/v1/approvals/{approval}/approve");
+        let (s, b) = post(&plane, &agent, &approve, json!({}));
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (403, Some("admin_token_required"))
+        );
+        assert_eq!(post(&plane, &globex, &approve, json!({})).0, 404);
+        assert!(events_of(&plane, EventType::ApprovalGranted).is_empty());
+
+        let (s, b) = post(&plane, &acme, &approve, json!({"reason": "ticket 7"}));
+        assert_eq!((s, b["state"].as_str()), (200, Some("approved")), "{b}");
+        assert!(b["resolvedBy"].as_str().unwrap().starts_with("token:"));
+        let (s, b) = post(&plane, &acme, &approve, json!({}));
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (409, Some("approval_settled"))
+        );
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/runs/r/next");
+        assert_eq!((s, b["envelope"]["id"].as_str()), (200, Some("o1")), "{b}");
+        assert!(b["envelope"]["capability"].is_string());
+        let granted = events_of(&plane, EventType::ApprovalGranted);
+        assert_eq!(granted.len(), 1);
+        assert_eq!(granted[0].op_id.as_deref(), Some("o1"));
+        assert_eq!(granted[0].data["reason"], json!("ticket 7"));
+        assert!(
+            granted[0].data["by"]
+                .as_str()
+                .unwrap()
+                .starts_with("token:")
+        );
+        assert_eq!(events_of(&plane, EventType::ApprovalRequested).len(), 1);
+
+        // Denied: the op is refused with the approver's reason.
+        let (_, b) = post(&plane, &agent, "/v1/runs/r/ops", read("o2", "sensitive/b"));
+        let deny = format!(
+            "/v1/approvals/{}/deny",
+            b["approval"]["id"].as_str().unwrap()
+        );
+        assert_eq!(
+            post(&plane, &acme, &deny, json!({})).0,
+            400,
+            "a denial needs a reason"
+        );
+        let (s, b) = post(&plane, &acme, &deny, json!({"reason": "not this data"}));
+        assert_eq!((s, b["state"].as_str()), (200, Some("denied")), "{b}");
+        let (_, op) = call(
+            "GET",
+            &format!("{}/v1/runs/r/ops/o2", plane.url),
+            &bearer(&agent.token),
+            b"",
+        );
+        assert_eq!(
+            (op["state"].as_str(), op["result"]["reason"].as_str()),
+            (Some("denied"), Some("approval_denied")),
+            "{op}"
+        );
+        assert!(
+            events_of(&plane, EventType::CapabilityDenied)
+                .iter()
+                .any(|e| e.op_id.as_deref() == Some("o2")
+                    && e.data["reason"] == json!("approval_denied"))
+        );
+
+        // Nobody answers: the sweep expires it and the op fails closed.
+        let (_, b) = post(&plane, &agent, "/v1/runs/r/ops", read("o3", "sensitive/c"));
+        let late = b["approval"]["id"].as_str().unwrap().to_owned();
+        let (_, b) = post(&plane, &agent, "/v1/runs/r/ops", read("o4", "sensitive/d"));
+        let later = b["approval"]["id"].as_str().unwrap().to_owned();
+        plane.clock.advance(Duration::from_secs(601));
+        // Approving after the deadline expires it instead.
+        let (s, b) = post(
+            &plane,
+            &acme,
+            &format!("/v1/approvals/{later}/approve"),
+            json!({}),
+        );
+        assert_eq!(
+            (s, b["error"]["reason"].as_str()),
+            (409, Some("approval_expired")),
+            "{b}"
+        );
+        assert!(server::sweep_once(&plane.store, plane.clock.now_ms()).unwrap() >= 1);
+        for (op, id) in [("o3", &late), ("o4", &later)] {
+            let (_, o) = call(
+                "GET",
+                &format!("{}/v1/runs/r/ops/{op}", plane.url),
+                &bearer(&agent.token),
+                b"",
+            );
+            assert_eq!(
+                (o["state"].as_str(), o["result"]["reason"].as_str()),
+                (Some("denied"), Some("approval_expired")),
+                "{o}"
+            );
+            let (_, a) = call(
+                "GET",
+                &format!("{}/v1/approvals/{id}", plane.url),
+                &bearer(&agent.token),
+                b"",
+            );
+            assert_eq!(a["state"], json!("expired"));
+        }
+        assert_eq!(events_of(&plane, EventType::ApprovalExpired).len(), 2);
+        assert_eq!(
+            runner_call(&plane, &runner, "/v1/runner/runs/r/next").0,
+            204,
+            "nothing leaks to the runner"
+        );
+        let (_, v) = call(
+            "GET",
+            &format!("{}/v1/ledger/verify", plane.url),
+            &bearer(ADMIN),
+            b"",
+        );
+        assert_eq!(v["ok"], json!(true), "{v}");
     }
 }

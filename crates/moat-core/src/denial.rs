@@ -88,6 +88,10 @@ reasons! {
     PolicyDenied => "policy_denied",
     /// A human must approve this operation first.
     ApprovalRequired => "approval_required",
+    /// The approver refused this operation.
+    ApprovalDenied => "approval_denied",
+    /// Nobody approved this operation in time; it failed closed.
+    ApprovalExpired => "approval_expired",
     /// The capability attached to the operation is missing, expired, replayed or does not match.
     CapabilityInvalid => "capability_invalid",
     /// The operation exists but this build cannot perform it (it never pretends to).

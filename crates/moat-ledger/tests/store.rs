@@ -155,6 +155,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             decision: &decision,
             result: None,
             events: &[],
+            approval: None,
         };
         s.insert_op(&new, 21).unwrap().expect("op");
         assert!(
@@ -257,6 +258,7 @@ fn a_lost_lease_retries_then_dead_letters() {
                 decision: &envelope,
                 result: None,
                 events: &[],
+                approval: None,
             },
             101,
         )

@@ -81,6 +81,37 @@ async fn token_org(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<(Str
         .ok_or_else(|| ApiError::unauthorized("unknown API token"))
 }
 
+/// An org's admin, as approvals record them: the org and the token's
+/// fingerprint (never the token).
+#[derive(Debug, Clone)]
+pub struct Operator {
+    pub org: String,
+    pub who: String,
+}
+
+/// The operator behind an org admin token given as-is (the Inspector's
+/// cookie, or a bearer token).
+pub async fn operator_of(state: &Arc<AppState>, token: &str) -> ApiResult<Operator> {
+    let hash = sha256_hex(token.as_bytes());
+    let who = format!("token:{}", &hash[..16]);
+    match state.db(move |s| s.org_of_token(&hash)).await? {
+        Some((org, TokenKind::Api)) => Ok(Operator { org, who }),
+        Some(_) => Err(ApiError::forbidden(
+            "admin_token_required",
+            "this takes the org's admin token, not an agent token",
+        )),
+        None => Err(ApiError::unauthorized("unknown API token")),
+    }
+}
+
+/// The operator whose admin token the request carries (approvals).
+pub async fn operator(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<Operator> {
+    let token = bearer(headers).ok_or_else(|| {
+        ApiError::unauthorized("an API token is required (Authorization: Bearer ...)")
+    })?;
+    operator_of(state, token).await
+}
+
 /// The bootstrap token's hash (spent by registration).
 pub fn bootstrap_hash(headers: &HeaderMap) -> ApiResult<String> {
     let token =

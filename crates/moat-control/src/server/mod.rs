@@ -13,6 +13,7 @@
 //! database every 100 ms for changes made by another replica.
 
 mod admin_api;
+mod approvals_api;
 mod auth;
 mod error;
 mod openapi;
@@ -34,6 +35,7 @@ use crate::policy::PolicyEngine;
 
 pub use error::ApiError;
 pub use openapi::{ROUTES, document as openapi_document};
+pub use sweep::once as sweep_once;
 
 /// What the server is configured with.
 pub struct Config {
@@ -52,6 +54,8 @@ pub struct Config {
     pub capability_ttl: Duration,
     /// Claims a run gets before it is dead-lettered.
     pub max_attempts: i64,
+    /// How long an approval request waits before its operation fails closed.
+    pub approval_ttl: Duration,
 }
 
 /// Shared state of the handlers.
@@ -73,7 +77,7 @@ impl AppState {
         self.config.clock.now_ms()
     }
 
-    fn notify(&self) {
+    pub(crate) fn notify(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -160,6 +164,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/artifacts/{sha256}/verify",
             get(org_api::verify_artifact),
         )
+        .route("/v1/approvals", get(approvals_api::list))
+        .route("/v1/approvals/{id}", get(approvals_api::show))
+        .route("/v1/approvals/{id}/approve", post(approvals_api::approve))
+        .route("/v1/approvals/{id}/deny", post(approvals_api::deny))
         .route("/v1/runner/register", post(runner_api::register))
         .route("/v1/runner/events", post(runner_api::events))
         .route("/v1/runner/claim", post(runner_api::claim))

@@ -109,13 +109,37 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runs/{run}/ops",
         "org",
-        "Submit an operation envelope (`id`, `op`, `args`...): decided by policy; 201 queued, 403 denied; `?wait_ms=` waits for the result.",
+        "Submit an operation envelope (`id`, `op`, `args`...): decided by policy; 201 queued, 202 waiting for an approval (`approval.id`), 403 denied; `?wait_ms=` waits for the result.",
     ),
     (
         "get",
         "/v1/runs/{run}/ops/{op}",
         "org",
         "One operation (`?wait_ms=` waits until it is final).",
+    ),
+    (
+        "get",
+        "/v1/approvals",
+        "org",
+        "Approval requests, newest first (`?state=pending|approved|denied|expired|all`, `?limit=`).",
+    ),
+    (
+        "get",
+        "/v1/approvals/{id}",
+        "org",
+        "One approval request: the operation's summary, the rule that asked, its risk, expiry and resolution.",
+    ),
+    (
+        "post",
+        "/v1/approvals/{id}/approve",
+        "org-admin",
+        "Approve (`{reason?}`): the operation is queued for the runner at once. 409 if settled or expired.",
+    ),
+    (
+        "post",
+        "/v1/approvals/{id}/deny",
+        "org-admin",
+        "Deny (`{reason}`, required): the operation is denied with `approval_denied`. 409 if settled or expired.",
     ),
     (
         "get",

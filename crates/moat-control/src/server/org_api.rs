@@ -14,7 +14,8 @@ use moat_core::{
     DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
 };
 use moat_ledger::store::{
-    ArtifactRow, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event, new_id, stamp,
+    ArtifactRow, NewApproval, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event,
+    new_id, stamp,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -279,7 +280,7 @@ fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope
         .map_err(|e| ApiError::bad_request(format!("the operation envelope: {e}")))
 }
 
-fn denied_result(id: &str, reason: DenialReason, message: String) -> Value {
+pub(crate) fn denied_result(id: &str, reason: DenialReason, message: String) -> Value {
     serde_json::to_value(OpResult {
         id: id.to_owned(),
         status: OpStatus::Denied,
@@ -292,14 +293,37 @@ fn denied_result(id: &str, reason: DenialReason, message: String) -> Value {
     .unwrap_or(Value::Null)
 }
 
-/// The decision for one envelope: `(state, decision record, denial)`.
+/// What the control plane decided for one envelope.
+struct Decided {
+    state: OpState,
+    /// The decision record (stored with the op, and in its events).
+    record: Value,
+    denial: Option<(DenialReason, String)>,
+    /// `(rule, risk)` when a person must approve first.
+    approval: Option<(String, String)>,
+    /// What the operation acts on and moves (for an approver to read).
+    described: Option<crate::describe::Described>,
+}
+
+impl Decided {
+    fn denied(record: Value, reason: DenialReason, message: String) -> Decided {
+        Decided {
+            state: OpState::Denied,
+            record,
+            denial: Some((reason, message)),
+            approval: None,
+            described: None,
+        }
+    }
+}
+
 fn decide(
     state: &AppState,
     org_name: &str,
     run: &RunRow,
     manifest: Option<&SignedManifest>,
     envelope: &Envelope,
-) -> (OpState, Value, Option<(DenialReason, String)>) {
+) -> Decided {
     let policy_hash = state.config.policy.hash().to_owned();
     let described = match describe(envelope) {
         Ok(d) => d,
@@ -309,34 +333,28 @@ fn decide(
             } else {
                 DenialReason::InvalidArgs
             };
-            return (
-                OpState::Denied,
+            return Decided::denied(
                 json!({"decision": "deny", "policyHash": policy_hash}),
-                Some((reason, e.to_string())),
+                reason,
+                e.to_string(),
             );
         }
     };
     let Some(manifest) = manifest else {
-        return (
-            OpState::Denied,
+        return Decided::denied(
             json!({"decision": "deny", "policyHash": policy_hash}),
-            Some((
-                DenialReason::OpNotInManifest,
-                format!("no manifest is published for {:?}", run.environment),
-            )),
+            DenialReason::OpNotInManifest,
+            format!("no manifest is published for {:?}", run.environment),
         );
     };
     if !manifest.manifest.allowed_ops.contains(&described.op) {
-        return (
-            OpState::Denied,
+        return Decided::denied(
             json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash}),
-            Some((
-                DenialReason::OpNotInManifest,
-                format!(
-                    "{} is not in the manifest's allowedOps",
-                    described.op.as_str()
-                ),
-            )),
+            DenialReason::OpNotInManifest,
+            format!(
+                "{} is not in the manifest's allowedOps",
+                described.op.as_str()
+            ),
         );
     }
     let sandbox = manifest
@@ -353,8 +371,11 @@ fn decide(
         size: described.size,
         network: described.network,
         sandbox,
+        path: &described.path,
+        method: &described.method,
+        action: &described.action,
     };
-    let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": format!("{:?}", described.resource)});
+    let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": described.resource.to_string(), "sandbox": sandbox.as_str()});
     let with = |decision: &str, extra: Value| {
         let mut record = base.clone();
         if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
@@ -364,42 +385,52 @@ fn decide(
         record
     };
     match state.config.policy.decide(&request) {
-        Ok(Decision::Allow { policies }) => (
-            OpState::Queued,
-            with("allow", json!({"policies": policies})),
-            None,
-        ),
+        Ok(Decision::Allow { policies }) => Decided {
+            state: OpState::Queued,
+            record: with("allow", json!({"policies": policies})),
+            denial: None,
+            approval: None,
+            described: Some(described),
+        },
         Ok(Decision::Deny { policies }) => {
             let message = if policies.is_empty() {
                 "no policy permits this operation".to_owned()
             } else {
                 format!("forbidden by {}", policies.join(", "))
             };
-            (
-                OpState::Denied,
+            Decided::denied(
                 with("deny", json!({"policies": policies})),
-                Some((DenialReason::PolicyDenied, message)),
+                DenialReason::PolicyDenied,
+                message,
             )
         }
-        Ok(Decision::RequireApproval { rule }) => (
-            OpState::Denied,
-            with("require_approval", json!({"rule": rule})),
-            Some((
-                DenialReason::ApprovalRequired,
-                format!(
-                    "policy {rule} requires an approval, and approvals are not available yet: refused"
-                ),
-            )),
-        ),
-        Err(e) => (
-            OpState::Denied,
+        Ok(Decision::RequireApproval { rule, risk }) => Decided {
+            state: OpState::PendingApproval,
+            record: with(
+                "require_approval",
+                json!({"rule": rule, "risk": risk, "policies": [rule]}),
+            ),
+            denial: None,
+            approval: Some((rule, risk)),
+            described: Some(described),
+        },
+        Err(e) => Decided::denied(
             with("deny", json!({"error": e.to_string()})),
-            Some((
-                DenialReason::PolicyDenied,
-                format!("the policy could not decide: {e}"),
-            )),
+            DenialReason::PolicyDenied,
+            format!("the policy could not decide: {e}"),
         ),
     }
+}
+
+/// What an approver reads about an operation.
+fn approval_summary(envelope: &Envelope, described: Option<&crate::describe::Described>) -> Value {
+    json!({
+        "op": envelope.op,
+        "resource": described.map(|d| d.resource.to_string()),
+        "size": described.map(|d| d.size),
+        "network": described.map(|d| d.network.as_str()),
+        "args": envelope.args,
+    })
 }
 
 pub async fn post_op(
@@ -427,8 +458,12 @@ pub async fn post_op(
     let manifest = manifest.filter(|m| !m.revoked);
     let manifest: Option<SignedManifest> =
         manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
-    let (op_state, decision, denial) =
-        decide(&state, &org_name, &run, manifest.as_ref(), &envelope);
+    let decided = decide(&state, &org_name, &run, manifest.as_ref(), &envelope);
+    let (op_state, decision, denial) = (
+        decided.state,
+        decided.record.clone(),
+        decided.denial.clone(),
+    );
     let mut requested = event(
         EventType::CapabilityRequested,
         &run_id,
@@ -437,9 +472,12 @@ pub async fn post_op(
     );
     requested.op_id = Some(envelope.id.clone());
     requested.correlation_id = Some(envelope.correlation_id.clone());
-    let mut outcome = match &denial {
-        None => event(EventType::CapabilityGranted, &run_id, now, decision.clone()),
-        Some((reason, message)) => {
+    let approval_id = new_id("apr_");
+    let approval_ttl = i64::try_from(state.config.approval_ttl.as_millis()).unwrap_or(i64::MAX);
+    let approval_expires = now.saturating_add(approval_ttl);
+    let summary = approval_summary(&envelope, decided.described.as_ref());
+    let mut outcome = match (&denial, &decided.approval) {
+        (Some((reason, message)), _) => {
             let mut data = decision.clone();
             if let Some(map) = data.as_object_mut() {
                 map.insert("reason".into(), reason.as_str().into());
@@ -447,6 +485,17 @@ pub async fn post_op(
             }
             event(EventType::CapabilityDenied, &run_id, now, data)
         }
+        (None, Some((rule, risk))) => event(
+            EventType::ApprovalRequested,
+            &run_id,
+            now,
+            json!({
+                "approvalId": approval_id, "rule": rule, "risk": risk,
+                "expiresAt": stamp(approval_expires), "summary": summary,
+                "policyHash": decision["policyHash"], "manifestHash": decision["manifestHash"],
+            }),
+        ),
+        (None, None) => event(EventType::CapabilityGranted, &run_id, now, decision.clone()),
     };
     outcome.op_id = requested.op_id.clone();
     outcome.correlation_id = requested.correlation_id.clone();
@@ -455,6 +504,8 @@ pub async fn post_op(
         .map(|(reason, message)| denied_result(&envelope.id, *reason, message.clone()));
     let envelope_json =
         serde_json::to_value(&envelope).map_err(|e| ApiError::internal(e.to_string()))?;
+    let approval = decided.approval.clone();
+    let approval_ref = approval.as_ref().map(|_| approval_id.clone());
     let (o, r, op_id, kind) = (
         org.clone(),
         run_id.clone(),
@@ -474,6 +525,13 @@ pub async fn post_op(
                     decision: &decision,
                     result: result.as_ref(),
                     events: &[requested, outcome],
+                    approval: approval.as_ref().map(|(rule, risk)| NewApproval {
+                        id: &approval_id,
+                        rule,
+                        risk,
+                        summary: &summary,
+                        expires_ms: approval_expires,
+                    }),
                 },
                 now,
             )
@@ -492,13 +550,21 @@ pub async fn post_op(
             json!({"error": {"reason": reason.as_str(), "message": message}, "op": op_json(&row)});
         return Ok((StatusCode::FORBIDDEN, Json(body)).into_response());
     }
+    let pending = approval_ref.map(|id| json!({"id": id, "expiresAt": stamp(approval_expires)}));
     match q.wait_ms {
         Some(wait) if wait > 0 => {
             let done =
                 wait_final(&state, &org, &run_id, &row.id, Duration::from_millis(wait)).await?;
             Ok((StatusCode::OK, Json(op_json(done.as_ref().unwrap_or(&row)))).into_response())
         }
-        _ => Ok((StatusCode::CREATED, Json(op_json(&row))).into_response()),
+        _ => match pending {
+            Some(approval) => {
+                let mut body = op_json(&row);
+                body["approval"] = approval;
+                Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+            }
+            None => Ok((StatusCode::CREATED, Json(op_json(&row))).into_response()),
+        },
     }
 }
 

@@ -1,7 +1,8 @@
 //! Background upkeep, on every replica (each step is one transaction, safe
 //! to run concurrently): lost leases are expired (retry or dead-letter),
 //! runs past their manifest's expiry plus grace are dead-lettered, spent
-//! request nonces are forgotten.
+//! request nonces are forgotten, approval requests past their time expire
+//! (their operations fail closed).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +61,7 @@ pub fn once(store: &Store, now: i64) -> Result<usize, StoreError> {
             changed += 1;
         }
     }
+    changed += super::approvals_api::expire_due(store, now)?;
     store.prune_nonces(now)?;
     Ok(changed)
 }

@@ -78,6 +78,13 @@ impl Row {
         }
     }
 
+    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.at(i)? {
+            Value::Null => Ok(None),
+            _ => self.int(i).map(Some),
+        }
+    }
+
     pub fn text(&self, i: usize) -> Result<String, StoreError> {
         self.opt_text(i)?
             .ok_or_else(|| StoreError::Corrupt(format!("column {i}: unexpected NULL")))

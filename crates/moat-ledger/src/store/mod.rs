@@ -7,6 +7,7 @@
 //! Every method takes the current time from the caller (milliseconds since
 //! the epoch), so the control plane's clock can be injected in tests.
 
+mod approvals;
 pub mod db;
 mod events;
 mod objects;
@@ -18,6 +19,7 @@ mod schema;
 
 use std::sync::{Condvar, Mutex};
 
+pub use approvals::{ApprovalRow, ApprovalState, NewApproval, Settled, Settlement};
 pub use db::{Dialect, Row, Tx, Value};
 pub use events::Page;
 pub use objects::{ArtifactRow, ManifestRow, NewArtifact};

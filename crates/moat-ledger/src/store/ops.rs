@@ -3,12 +3,15 @@
 
 use moat_core::Event;
 
+use super::approvals::{self, NewApproval};
 use super::objects::{self, NewArtifact};
 use super::{Row, Store, StoreError, events};
 
 /// Where an operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpState {
+    /// Waiting for a person's approval (see `approvals`).
+    PendingApproval,
     /// Allowed, waiting for the runner.
     Queued,
     /// Handed to the runner; waiting for its result.
@@ -22,6 +25,7 @@ pub enum OpState {
 impl OpState {
     pub fn as_str(self) -> &'static str {
         match self {
+            OpState::PendingApproval => "pending_approval",
             OpState::Queued => "queued",
             OpState::Dispatched => "dispatched",
             OpState::Succeeded => "succeeded",
@@ -32,6 +36,7 @@ impl OpState {
 
     fn parse(text: &str) -> Option<OpState> {
         [
+            OpState::PendingApproval,
             OpState::Queued,
             OpState::Dispatched,
             OpState::Succeeded,
@@ -101,8 +106,11 @@ pub struct NewOp<'a> {
     pub decision: &'a serde_json::Value,
     /// For a denied op, the error result the agent gets.
     pub result: Option<&'a serde_json::Value>,
-    /// The decision's events (`capability.requested`, `.granted`/`.denied`).
+    /// The decision's events (`capability.requested`, `.granted`/`.denied`,
+    /// `approval.requested`).
     pub events: &'a [Event],
+    /// The approval request a `PendingApproval` operation waits on.
+    pub approval: Option<NewApproval<'a>>,
 }
 
 /// A runner's result for an operation.
@@ -160,6 +168,9 @@ impl Store {
             if inserted == 0 {
                 return Err(StoreError::Conflict(format!("operation {}", op.id)));
             }
+            if let Some(approval) = &op.approval {
+                approvals::insert(tx, op.org, op.run, op.id, approval, now)?;
+            }
             events::append(tx, op.org, op.events)?;
             get(tx, op.run, op.id)
         })
@@ -191,12 +202,13 @@ impl Store {
         })
     }
 
-    /// How many of the run's operations are queued or dispatched.
+    /// How many of the run's operations are waiting for an approval, queued
+    /// or dispatched.
     pub fn open_ops(&self, org: &str, run: &str) -> Result<i64, StoreError> {
         self.read(|tx| {
             tx.query_one(
                 "SELECT COUNT(*) FROM ops WHERE org_id = ? AND run_id = ?
-                 AND state IN ('queued', 'dispatched')",
+                 AND state IN ('pending_approval', 'queued', 'dispatched')",
                 &[org.into(), run.into()],
             )?
             .map_or(Ok(0), |r| r.int(0))

@@ -157,7 +157,7 @@ fn end(
     set_state(tx, run, state, reason, now)?;
     tx.execute(
         "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
-         WHERE run_id = ? AND state IN ('queued', 'dispatched')",
+         WHERE run_id = ? AND state IN ('pending_approval', 'queued', 'dispatched')",
         &[
             json!({"status": "error", "error": {"reason": "run_ended", "message": format!("the run ended ({})", state.as_str())}})
                 .to_string()
@@ -166,6 +166,30 @@ fn end(
             run.id.as_str().into(),
         ],
     )?;
+    // Approvals still asked for have nothing left to approve.
+    let pending = tx.query(
+        "SELECT id, op_id FROM approvals WHERE run_id = ? AND state = 'pending'",
+        &[run.id.as_str().into()],
+    )?;
+    if !pending.is_empty() {
+        tx.execute(
+            "UPDATE approvals SET state = 'expired', resolved_ms = ?, reason = 'the run ended'
+             WHERE run_id = ? AND state = 'pending'",
+            &[now.into(), run.id.as_str().into()],
+        )?;
+        let mut expired = Vec::new();
+        for row in &pending {
+            let mut e = event(
+                EventType::ApprovalExpired,
+                &run.id,
+                now,
+                json!({"approvalId": row.text(0)?, "reason": "the run ended"}),
+            );
+            e.op_id = Some(row.text(1)?);
+            expired.push(e);
+        }
+        events::append(tx, &run.org_id, &expired)?;
+    }
     let kind = if state == RunState::DeadLettered {
         EventType::RunDeadLettered
     } else {

@@ -120,6 +120,24 @@ CREATE TABLE IF NOT EXISTS runners (
     registered_ms  BIGINT NOT NULL,
     seen_ms        BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS approvals (
+    id            TEXT PRIMARY KEY,
+    org_id        TEXT NOT NULL REFERENCES orgs (id),
+    run_id        TEXT NOT NULL,
+    op_id         TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    rule          TEXT NOT NULL,
+    risk          TEXT NOT NULL,
+    summary       TEXT NOT NULL,
+    requested_ms  BIGINT NOT NULL,
+    expires_ms    BIGINT NOT NULL,
+    resolved_ms   BIGINT,
+    resolved_by   TEXT,
+    reason        TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_by_org ON approvals (org_id, state, requested_ms);
+CREATE INDEX IF NOT EXISTS approvals_due ON approvals (state, expires_ms);
+CREATE INDEX IF NOT EXISTS runs_by_org ON runs (org_id, created_ms);
 CREATE TABLE IF NOT EXISTS request_nonces (
     runner_id   TEXT NOT NULL,
     nonce       TEXT NOT NULL,

@@ -1,0 +1,292 @@
+//! Approval requests: listed by anyone of the org, approved or denied by
+//! its admin only (an agent must not approve its own operations), expired
+//! by the sweep. Approving queues the operation: the runner waiting on the
+//! run is woken at once and gets it with a fresh capability.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use moat_core::{DenialReason, EventType};
+use moat_ledger::store::{
+    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, event, stamp,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth::{self, Operator};
+use super::error::{ApiError, ApiResult};
+use super::org_api::denied_result;
+
+pub fn approval_json(a: &ApprovalRow) -> Value {
+    json!({
+        "id": a.id, "runId": a.run_id, "opId": a.op_id, "state": a.state.as_str(),
+        "rule": a.rule, "risk": a.risk, "summary": a.summary,
+        "requestedAt": stamp(a.requested_ms), "expiresAt": stamp(a.expires_ms),
+        "resolvedAt": a.resolved_ms.map(stamp), "resolvedBy": a.resolved_by, "reason": a.reason,
+    })
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::agent(&state, &headers).await?;
+    let filter = match q.state.as_deref() {
+        None | Some("all") => None,
+        Some(text) => Some(ApprovalState::parse(text).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown approval state {text:?} (pending, approved, denied, expired, all)"
+            ))
+        })?),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = state.db(move |s| s.approvals(&org, filter, limit)).await?;
+    Ok(Json(
+        json!({"approvals": rows.iter().map(approval_json).collect::<Vec<_>>()}),
+    ))
+}
+
+pub async fn show(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let org = auth::agent(&state, &headers).await?;
+    let lookup = id.clone();
+    let row = state
+        .db(move |s| s.approval(&org, &lookup))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("approval {id}")))?;
+    Ok(Json(approval_json(&row)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Resolution {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+pub async fn approve(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<Resolution>>,
+) -> ApiResult<Json<Value>> {
+    let operator = auth::operator(&state, &headers).await?;
+    let reason = body.and_then(|Json(b)| b.reason);
+    let row = resolve(&state, &operator, &id, true, reason, "api").await?;
+    Ok(Json(approval_json(&row)))
+}
+
+pub async fn deny(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Option<Json<Resolution>>,
+) -> ApiResult<Json<Value>> {
+    let operator = auth::operator(&state, &headers).await?;
+    let reason = body.and_then(|Json(b)| b.reason);
+    let row = resolve(&state, &operator, &id, false, reason, "api").await?;
+    Ok(Json(approval_json(&row)))
+}
+
+/// The longest reason an approver may give.
+const MAX_REASON: usize = 2000;
+
+/// Approves or denies a pending request as `operator`, through `via`
+/// (`api`, `inspector`). A request past its time is expired instead, and
+/// answers 409 like one settled before.
+pub async fn resolve(
+    state: &Arc<AppState>,
+    operator: &Operator,
+    id: &str,
+    approve: bool,
+    reason: Option<String>,
+    via: &'static str,
+) -> ApiResult<ApprovalRow> {
+    let reason = reason
+        .map(|r| r.trim().to_owned())
+        .filter(|r| !r.is_empty());
+    if reason.as_ref().is_some_and(|r| r.len() > MAX_REASON) {
+        return Err(ApiError::bad_request(format!(
+            "reason: at most {MAX_REASON} bytes"
+        )));
+    }
+    if !approve && reason.is_none() {
+        return Err(ApiError::bad_request(
+            "a denial needs a reason (the agent and the ledger get it)",
+        ));
+    }
+    let now = state.now();
+    let (org, who, lookup) = (operator.org.clone(), operator.who.clone(), id.to_owned());
+    let settled = state
+        .db(move |s| {
+            let Some(current) = s.approval(&org, &lookup)? else {
+                return Ok(Settled::Missing);
+            };
+            let verdict = if approve {
+                Verdict::Approved
+            } else {
+                Verdict::Denied
+            };
+            match settle(
+                s,
+                &current,
+                verdict,
+                Some(&who),
+                reason.as_deref(),
+                via,
+                now,
+            )? {
+                Settled::Late(late) => {
+                    settle(s, &late, Verdict::Expired, None, None, via, now)?;
+                    Ok(Settled::Late(late))
+                }
+                other => Ok(other),
+            }
+        })
+        .await?;
+    match settled {
+        Settled::Done(row) => {
+            state.notify();
+            Ok(row)
+        }
+        Settled::Missing => Err(ApiError::not_found(format_args!("approval {id}"))),
+        Settled::Already(row) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "approval_settled",
+            format!("approval {id} is already {}", row.state.as_str()),
+        )),
+        Settled::Late(_) => {
+            state.notify();
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "approval_expired",
+                format!("approval {id} expired before it was resolved; the operation failed"),
+            ))
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Approved,
+    Denied,
+    Expired,
+}
+
+/// Settles one request with its events: `approval.granted` and
+/// `capability.granted`; or `approval.denied`/`.expired` and
+/// `capability.denied` with the operation's denial.
+fn settle(
+    store: &Store,
+    approval: &ApprovalRow,
+    verdict: Verdict,
+    by: Option<&str>,
+    reason: Option<&str>,
+    via: &str,
+    now: i64,
+) -> Result<Settled, StoreError> {
+    let run = approval.run_id.as_str();
+    let base = json!({
+        "approvalId": approval.id, "rule": approval.rule, "risk": approval.risk,
+        "by": by, "via": via, "reason": reason,
+    });
+    let with_op = |mut e: moat_core::Event| {
+        e.op_id = Some(approval.op_id.clone());
+        e.correlation_id = Some(approval.op_id.clone());
+        e
+    };
+    let (state, events, op_result) = match verdict {
+        Verdict::Approved => {
+            let mut granted = base.clone();
+            granted["decision"] = "allow".into();
+            granted["policies"] = json!([approval.rule]);
+            (
+                ApprovalState::Approved,
+                vec![
+                    with_op(event(EventType::ApprovalGranted, run, now, base.clone())),
+                    with_op(event(EventType::CapabilityGranted, run, now, granted)),
+                ],
+                None,
+            )
+        }
+        Verdict::Denied | Verdict::Expired => {
+            let (kind, denial, message, state) = if verdict == Verdict::Denied {
+                (
+                    EventType::ApprovalDenied,
+                    DenialReason::ApprovalDenied,
+                    format!(
+                        "denied by the approver: {}",
+                        reason.unwrap_or("no reason given")
+                    ),
+                    ApprovalState::Denied,
+                )
+            } else {
+                (
+                    EventType::ApprovalExpired,
+                    DenialReason::ApprovalExpired,
+                    format!(
+                        "nobody approved it by {}: failed closed",
+                        stamp(approval.expires_ms)
+                    ),
+                    ApprovalState::Expired,
+                )
+            };
+            let mut denied = base.clone();
+            denied["decision"] = "deny".into();
+            denied["reason"] = denial.as_str().into();
+            denied["message"] = message.clone().into();
+            (
+                state,
+                vec![
+                    with_op(event(kind, run, now, base.clone())),
+                    with_op(event(EventType::CapabilityDenied, run, now, denied)),
+                ],
+                Some(denied_result(&approval.op_id, denial, message)),
+            )
+        }
+    };
+    store.settle_approval(
+        &approval.org_id,
+        &approval.id,
+        &Settlement {
+            state,
+            by,
+            reason,
+            op_result: op_result.as_ref(),
+            events: &events,
+        },
+        now,
+    )
+}
+
+/// Expires the requests whose time is up (the sweep); how many.
+pub fn expire_due(store: &Store, now: i64) -> Result<usize, StoreError> {
+    let mut expired = 0;
+    for approval in store.due_approvals(now, 100)? {
+        if let Settled::Done(_) = settle(
+            store,
+            &approval,
+            Verdict::Expired,
+            None,
+            None,
+            "expiry",
+            now,
+        )? {
+            expired += 1;
+        }
+    }
+    Ok(expired)
+}

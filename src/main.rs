@@ -23,6 +23,7 @@ mod seal;
 mod serve;
 mod shell;
 mod state;
+mod up;
 
 use std::process::ExitCode;
 
@@ -49,6 +50,7 @@ enum Command {
     Runner(runner::RunnerArgs),
     Serve(serve::ServeArgs),
     Approvals(operator::approvals::ApprovalsArgs),
+    Up(up::UpArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -79,5 +81,6 @@ fn main() -> ExitCode {
         Command::Runner(args) => runner::main(args),
         Command::Serve(args) => serve::main(args),
         Command::Approvals(args) => operator::approvals::main(args),
+        Command::Up(args) => up::main(args),
     }
 }

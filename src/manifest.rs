@@ -125,7 +125,7 @@ fn keygen(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn template(key: &PublicKey) -> Manifest {
+pub fn template(key: &PublicKey) -> Manifest {
     let now = SystemTime::now();
     let stamp = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
     Manifest {

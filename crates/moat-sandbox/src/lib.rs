@@ -14,6 +14,7 @@ pub mod error;
 pub mod helper;
 mod launch;
 mod mounts;
+pub mod process;
 mod seccomp;
 pub mod spec;
 mod supervise;

@@ -16,6 +16,7 @@ mod admin_api;
 mod approvals_api;
 mod auth;
 mod error;
+mod inspector;
 mod openapi;
 mod org_api;
 mod runner_api;
@@ -185,6 +186,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(runner_api::result),
         )
         .route("/v1/runner/runs/{run}/finish", post(runner_api::finish))
+        .merge(inspector::routes())
         .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY))
         .with_state(state)
 }

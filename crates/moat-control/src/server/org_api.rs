@@ -46,7 +46,7 @@ pub fn op_json(o: &OpRow) -> Value {
     })
 }
 
-fn artifact_json(a: &ArtifactRow) -> Value {
+pub fn artifact_json(a: &ArtifactRow) -> Value {
     json!({
         "runId": a.run_id, "opId": a.op_id, "sha256": a.sha256, "size": a.size, "kind": a.kind,
         "label": a.label, "createdAt": stamp(a.created_ms),
@@ -660,6 +660,19 @@ pub async fn event_stream(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
     let after = resume.or(q.after).unwrap_or(0);
+    Ok(run_events_sse(state, org, run, after, true))
+}
+
+/// The SSE stream of a run's events after `after`. With `named`, each SSE
+/// event carries the event type as its name (API clients filter on it);
+/// without, all are plain messages (what a page's `onmessage` receives).
+pub(crate) fn run_events_sse(
+    state: Arc<AppState>,
+    org: String,
+    run: String,
+    after: i64,
+    named: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
     let stream = futures_util::stream::unfold(
         (
             state,
@@ -669,7 +682,7 @@ pub async fn event_stream(
             std::collections::VecDeque::new(),
             false,
         ),
-        |(state, org, run, mut after, mut queue, mut ended)| async move {
+        move |(state, org, run, mut after, mut queue, mut ended)| async move {
             loop {
                 if let Some(e) = queue.pop_front() {
                     return Some((Ok(e), (state, org, run, after, queue, ended)));
@@ -694,12 +707,12 @@ pub async fn event_stream(
                         after = page.last_seq;
                         for stored in page.events {
                             let data = stored.to_json().to_string();
-                            queue.push_back(
-                                SseEvent::default()
-                                    .id(stored.seq.to_string())
-                                    .event(stored.event.event_type.as_str())
-                                    .data(data),
-                            );
+                            let sse = SseEvent::default().id(stored.seq.to_string()).data(data);
+                            queue.push_back(if named {
+                                sse.event(stored.event.event_type.as_str())
+                            } else {
+                                sse
+                            });
                         }
                     }
                     Ok(None) => {}
@@ -708,7 +721,7 @@ pub async fn event_stream(
             }
         },
     );
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 pub async fn list_artifacts(

@@ -152,6 +152,16 @@ impl Store {
     }
 
     /// Recomputes the whole chain; `Ok(Err(_))` names the first break.
+    /// The chain's head: the last sequence number and its hash.
+    pub fn ledger_head(&self) -> Result<(i64, String), StoreError> {
+        self.read(|tx| {
+            let head = tx
+                .query_one("SELECT seq, hash FROM ledger_head WHERE id = 1", &[])?
+                .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+            Ok((head.int(0)?, head.text(1)?))
+        })
+    }
+
     pub fn verify_ledger(&self) -> Result<Result<Verified, VerifyError>, StoreError> {
         let head = self.tx(|tx| {
             tx.query_one("SELECT seq, hash FROM ledger_head WHERE id = 1", &[])?

@@ -32,18 +32,18 @@ impl RunState {
         }
     }
 
+    pub const ALL: [RunState; 7] = [
+        RunState::Queued,
+        RunState::Claimed,
+        RunState::Running,
+        RunState::Paused,
+        RunState::Succeeded,
+        RunState::Failed,
+        RunState::DeadLettered,
+    ];
+
     pub fn parse(text: &str) -> Option<RunState> {
-        [
-            RunState::Queued,
-            RunState::Claimed,
-            RunState::Running,
-            RunState::Paused,
-            RunState::Succeeded,
-            RunState::Failed,
-            RunState::DeadLettered,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == text)
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
     pub fn is_final(self) -> bool {

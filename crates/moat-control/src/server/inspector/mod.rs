@@ -1,0 +1,375 @@
+//! The Inspector: the operator's web UI, served under `/ui` by `moat serve`.
+//! Pages are rendered here (no build step, no CDN: the stylesheet and the
+//! one small script are compiled into the binary).
+//!
+//! An operator signs in with the org's admin token; it is kept in an
+//! HttpOnly, SameSite=Strict cookie scoped to `/ui` and checked on every
+//! request like a bearer token (so revoking the token signs them out), and
+//! everything shown is the token's org's. Forms that change something also
+//! refuse a foreign `Origin`.
+
+// Page handlers answer errors as ready pages (a redirect to the login, an
+// error page): axum's `Response` is the error type here, large or not.
+#![allow(clippy::result_large_err)]
+
+mod pages;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::AppState;
+use super::approvals_api;
+use super::auth::{self, Operator};
+use super::error::ApiError;
+
+const COOKIE: &str = "moat_inspector";
+const STYLE: &str = include_str!("style.css");
+const SCRIPT: &str = include_str!("live.js");
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::to("/ui/runs") }))
+        .route("/ui/", get(|| async { Redirect::to("/ui/runs") }))
+        .route("/ui/assets/style.css", get(style))
+        .route("/ui/assets/live.js", get(script))
+        .route("/ui/login", get(login_page).post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/runs", get(runs))
+        .route("/ui/runs/{run}", get(run))
+        .route("/ui/runs/{run}/events", get(run_events))
+        .route("/ui/artifacts/{sha256}", get(artifact))
+        .route("/ui/approvals", get(approvals))
+        .route("/ui/approvals/{id}/{verdict}", post(resolve))
+        .route("/ui/runners", get(runners))
+        .route("/ui/ledger", get(ledger))
+}
+
+async fn style() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE)
+}
+
+async fn script() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        SCRIPT,
+    )
+}
+
+/// What a page handler answers: a page, or a way back to the login.
+type Page = Result<Response, Response>;
+
+fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+        .filter(|t| !t.is_empty())
+}
+
+/// The signed-in operator, or a redirect to the login page.
+async fn operator(state: &Arc<AppState>, headers: &HeaderMap) -> Result<Operator, Response> {
+    let Some(token) = cookie_token(headers) else {
+        return Err(Redirect::to("/ui/login").into_response());
+    };
+    auth::operator_of(state, token)
+        .await
+        .map_err(|_| Redirect::to("/ui/login").into_response())
+}
+
+/// A state-changing form must come from this site.
+fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
+    let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST))
+    else {
+        // No Origin (an old browser, curl): the SameSite cookie still holds.
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or_default();
+    let host = host.to_str().unwrap_or_default();
+    let matches = origin
+        .split_once("://")
+        .is_some_and(|(_, authority)| authority == host);
+    if matches {
+        Ok(())
+    } else {
+        Err((StatusCode::FORBIDDEN, "cross-site form refused").into_response())
+    }
+}
+
+fn failure(e: ApiError) -> Response {
+    (e.status, Html(pages::error(&e.message))).into_response()
+}
+
+async fn login_page() -> Html<String> {
+    Html(pages::login(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if let Err(refused) = same_origin(&headers) {
+        return refused;
+    }
+    let token = form.token.trim();
+    let cookie_safe = !token.is_empty()
+        && token.len() <= 256
+        && token.bytes().all(|b| b.is_ascii_graphic() && b != b';');
+    if !cookie_safe {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Html(pages::login(Some("not a token"))),
+        )
+            .into_response();
+    }
+    match auth::operator_of(&state, token).await {
+        Ok(_) => {
+            let cookie = format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict");
+            let mut response = Redirect::to("/ui/runs").into_response();
+            if let Ok(value) = HeaderValue::from_str(&cookie) {
+                response.headers_mut().insert(header::SET_COOKIE, value);
+            }
+            response
+        }
+        Err(e) => (
+            StatusCode::UNAUTHORIZED,
+            Html(pages::login(Some(&format!(
+                "{} (the Inspector takes the org's admin token)",
+                e.message
+            )))),
+        )
+            .into_response(),
+    }
+}
+
+async fn logout() -> Response {
+    let mut response = Redirect::to("/ui/login").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("moat_inspector=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"),
+    );
+    response
+}
+
+#[derive(Deserialize)]
+struct RunsQuery {
+    state: Option<String>,
+}
+
+async fn runs(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<RunsQuery>,
+) -> Page {
+    let op = operator(&state, &headers).await?;
+    let filter = match q.state.as_deref().filter(|s| !s.is_empty() && *s != "all") {
+        None => None,
+        Some(text) => Some(moat_ledger::store::RunState::parse(text).ok_or_else(|| {
+            failure(ApiError::bad_request(format!("unknown run state {text:?}")))
+        })?),
+    };
+    let org = op.org.clone();
+    let rows = state
+        .db(move |s| s.runs(&org, filter, 200))
+        .await
+        .map_err(failure)?;
+    Ok(Html(pages::runs(&rows, filter)).into_response())
+}
+
+async fn run(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Page {
+    let op = operator(&state, &headers).await?;
+    let (org, lookup) = (op.org.clone(), id.clone());
+    let found = state
+        .db(move |s| {
+            let Some(run) = s.run(&org, &lookup)? else {
+                return Ok(None);
+            };
+            let ops = s.ops(&org, &lookup)?;
+            let events = s.events(&org, Some(&lookup), 0, pages::EVENTS_SHOWN)?;
+            let artifacts = s.artifacts(&org, &lookup)?;
+            Ok(Some((run, ops, events, artifacts)))
+        })
+        .await
+        .map_err(failure)?;
+    let Some((run, ops, events, artifacts)) = found else {
+        return Err(failure(ApiError::not_found(format_args!("run {id}"))));
+    };
+    Ok(Html(pages::run(&run, &ops, &events, &artifacts)).into_response())
+}
+
+#[derive(Deserialize)]
+struct AfterQuery {
+    after: Option<i64>,
+}
+
+async fn run_events(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<AfterQuery>,
+) -> Page {
+    let op = operator(&state, &headers).await?;
+    let (org, lookup) = (op.org.clone(), id.clone());
+    let exists = state
+        .db(move |s| s.run(&org, &lookup))
+        .await
+        .map_err(failure)?;
+    if exists.is_none() {
+        return Err(failure(ApiError::not_found(format_args!("run {id}"))));
+    }
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .or(q.after)
+        .unwrap_or(0);
+    Ok(
+        super::org_api::run_events_sse(Arc::clone(&state), op.org, id, after, false)
+            .into_response(),
+    )
+}
+
+async fn artifact(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(sha): Path<String>,
+) -> Page {
+    let op = operator(&state, &headers).await?;
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(failure(ApiError::bad_request("not a SHA-256")));
+    }
+    let lookup = sha.clone();
+    let bytes = state
+        .db(move |s| s.artifact_bytes(&op.org, &lookup))
+        .await
+        .map_err(failure)?
+        .ok_or_else(|| failure(ApiError::not_found(format_args!("artifact {sha}"))))?;
+    let disposition = format!("attachment; filename=\"{sha}\"");
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_DISPOSITION, disposition),
+            (header::HeaderName::from_static("x-moat-sha256"), sha),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
+async fn approvals(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page {
+    let op = operator(&state, &headers).await?;
+    let org = op.org.clone();
+    let (pending, recent) = state
+        .db(move |s| {
+            let pending =
+                s.approvals(&org, Some(moat_ledger::store::ApprovalState::Pending), 500)?;
+            let recent = s.approvals(&org, None, 50)?;
+            Ok((pending, recent))
+        })
+        .await
+        .map_err(failure)?;
+    Ok(Html(pages::approvals(&pending, &recent, None)).into_response())
+}
+
+#[derive(Deserialize)]
+struct ResolveForm {
+    #[serde(default)]
+    reason: String,
+}
+
+async fn resolve(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path((id, verdict)): Path<(String, String)>,
+    Form(form): Form<ResolveForm>,
+) -> Page {
+    same_origin(&headers)?;
+    let op = operator(&state, &headers).await?;
+    let approve = match verdict.as_str() {
+        "approve" => true,
+        "deny" => false,
+        _ => return Err(failure(ApiError::not_found("no such action"))),
+    };
+    let reason = Some(form.reason).filter(|r| !r.trim().is_empty());
+    match approvals_api::resolve(&state, &op, &id, approve, reason, "inspector").await {
+        Ok(_) => Ok(Redirect::to("/ui/approvals").into_response()),
+        Err(e) => {
+            let org = op.org.clone();
+            let (pending, recent) = state
+                .db(move |s| {
+                    Ok((
+                        s.approvals(&org, Some(moat_ledger::store::ApprovalState::Pending), 500)?,
+                        s.approvals(&org, None, 50)?,
+                    ))
+                })
+                .await
+                .map_err(failure)?;
+            Ok((
+                e.status,
+                Html(pages::approvals(&pending, &recent, Some(&e.message))),
+            )
+                .into_response())
+        }
+    }
+}
+
+async fn runners(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page {
+    let op = operator(&state, &headers).await?;
+    let org = op.org.clone();
+    let rows = state
+        .db(move |s| {
+            let mut rows = Vec::new();
+            for runner in s.runners(&org)? {
+                let manifest = s.manifest(&org, &runner.manifest_hash)?;
+                rows.push((runner, manifest));
+            }
+            Ok(rows)
+        })
+        .await
+        .map_err(failure)?;
+    Ok(Html(pages::runners(&rows, state.now())).into_response())
+}
+
+#[derive(Deserialize)]
+struct LedgerQuery {
+    verify: Option<String>,
+}
+
+/// The chain's head; with `?verify=1`, the chain re-hashed (read-only, so a
+/// plain GET form).
+async fn ledger(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<LedgerQuery>,
+) -> Page {
+    operator(&state, &headers).await?;
+    let head = state.db(|s| s.ledger_head()).await.map_err(failure)?;
+    let verdict = if q.verify.is_some() {
+        let checked = state.db(|s| s.verify_ledger()).await.map_err(failure)?;
+        Some(
+            checked
+                .map(|v| v.events)
+                .map_err(|broken| broken.to_string()),
+        )
+    } else {
+        None
+    };
+    Ok(Html(pages::ledger(head, verdict)).into_response())
+}

@@ -1,0 +1,436 @@
+//! `moat up`: everything on one machine in one command — the control plane
+//! on embedded SQLite (with the Inspector), a demo org with a signed sample
+//! manifest, and one sealed local runner — then it waits until Ctrl-C.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use moat_core::sign::PrivateKey;
+use serde_json::{Value, json};
+
+use crate::files;
+use crate::manifest;
+
+const ABOUT: &str = "\
+Starts, on this machine: `moat serve` on an embedded SQLite database with the
+Inspector, a demo org, a sample manifest signed by a fresh control-plane key
+(the default policy, policies/default.cedar, is written beside it for you to
+edit), a sealed runner built from this binary and registered with a
+single-use bootstrap token. Then it prints the Inspector's address and an
+agent's first commands, and serves until Ctrl-C (which stops both).
+
+Everything lives in --dir (kept between runs: the database, the keys, the
+tokens, the policy). Tokens are files there, readable by you only.
+
+  moat up                 # then open the printed Inspector URL
+  moat up --demo          # also submits a sample run (one step waits for your approval)";
+
+/// Start a control plane, a runner and the Inspector on this machine.
+#[derive(Args)]
+#[command(after_long_help = ABOUT)]
+pub struct UpArgs {
+    /// Where the database, keys, tokens and runner state live.
+    #[arg(long, value_name = "DIR", default_value = "moat-up")]
+    dir: PathBuf,
+    /// Address of the control plane and the Inspector.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
+    listen: String,
+    /// Also submit a sample run.
+    #[arg(long)]
+    demo: bool,
+}
+
+pub fn main(args: UpArgs) -> ExitCode {
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moat up: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Child processes, stopped (by pid) when dropped.
+struct Children(Vec<(&'static str, Child)>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in self.0.iter_mut().rev() {
+            // SIGTERM first: both shut down cleanly on it.
+            let _ = moat_sandbox::process::terminate(child.id());
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn secret_file(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        return Ok(text.trim().to_owned());
+    }
+    let value = make();
+    files::write_atomic(path, format!("{value}\n").as_bytes(), 0o600)?;
+    Ok(value)
+}
+
+fn random_token() -> String {
+    moat_ledger::store::new_id("moat_")
+}
+
+fn http() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+fn call(url: &str, token: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
+    let agent = http();
+    let response = match body {
+        Some(body) => agent
+            .post(url)
+            .header("authorization", &format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes()),
+        None => agent
+            .get(url)
+            .header("authorization", &format!("Bearer {token}"))
+            .call(),
+    };
+    let mut response = response.with_context(|| format!("reaching {url}"))?;
+    let status = response.status().as_u16();
+    let bytes = response.body_mut().read_to_vec().unwrap_or_default();
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
+
+fn expect(url: &str, token: &str, body: &Value, what: &str) -> anyhow::Result<Value> {
+    let (status, answer) = call(url, token, Some(body))?;
+    if !(200..300).contains(&status) {
+        bail!("{what}: {status} {answer}");
+    }
+    Ok(answer)
+}
+
+fn run(args: UpArgs) -> anyhow::Result<()> {
+    let me = std::env::current_exe().context("finding this binary")?;
+    if crate::seal::read_trailer(&me)?.is_some() {
+        bail!("this is a sealed runner; run `moat up` with the plain moat binary");
+    }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let dir = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{}", args.dir.display()))?;
+    let path = |name: &str| dir.join(name);
+
+    // The control plane's key, the admin token and the policy: made once.
+    let key = match manifest::read_private_key(&path("control-plane.key")) {
+        Ok(key) => key,
+        Err(_) if !path("control-plane.key").exists() => {
+            let mut seed = [0u8; 32];
+            moat_ledger::store::random_bytes(&mut seed);
+            let key = PrivateKey::from_seed(seed);
+            files::write_atomic(
+                &path("control-plane.key"),
+                (key.to_base64() + "\n").as_bytes(),
+                0o600,
+            )?;
+            key
+        }
+        Err(e) => return Err(e),
+    };
+    files::write_atomic(
+        &path("control-plane.pub"),
+        (key.public().to_base64() + "\n").as_bytes(),
+        0o644,
+    )?;
+    let admin = secret_file(&path("admin-token"), random_token)?;
+    if !path("policy.cedar").exists() {
+        files::write_atomic(
+            &path("policy.cedar"),
+            moat_control::policy::DEFAULT_POLICY.as_bytes(),
+            0o644,
+        )?;
+    }
+    let policy_text = std::fs::read_to_string(path("policy.cedar"))?;
+    moat_control::PolicyEngine::new(&policy_text)
+        .with_context(|| format!("{}", path("policy.cedar").display()))?;
+
+    let url = format!("http://{}", args.listen);
+    let mut children = Children(Vec::new());
+    let serve = Command::new(&me)
+        .args(["serve", "--listen", &args.listen, "--environment", "local"])
+        .arg("--db")
+        .arg(format!("sqlite:{}", path("moat.db").display()))
+        .arg("--key")
+        .arg(path("control-plane.key"))
+        .arg("--policy")
+        .arg(path("policy.cedar"))
+        .arg("--admin-token-file")
+        .arg(path("admin-token"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(path("serve.log"))?)
+        .spawn()
+        .context("starting moat serve")?;
+    children.0.push(("moat serve", serve));
+    wait_healthy(&url, &mut children, &path("serve.log"))?;
+
+    // The demo org: its admin token is kept, so a second `moat up` reuses it.
+    let org_token = match std::fs::read_to_string(path("org-admin-token")) {
+        Ok(token) => token.trim().to_owned(),
+        Err(_) => {
+            let answer = expect(
+                &format!("{url}/v1/orgs"),
+                &admin,
+                &json!({"name": "demo"}),
+                "creating the demo org",
+            )?;
+            let token = answer["token"].as_str().unwrap_or_default().to_owned();
+            files::write_atomic(
+                &path("org-admin-token"),
+                format!("{token}\n").as_bytes(),
+                0o600,
+            )?;
+            token
+        }
+    };
+    let agent_token = match std::fs::read_to_string(path("agent-token")) {
+        Ok(token) => token.trim().to_owned(),
+        Err(_) => {
+            let answer = expect(
+                &format!("{url}/v1/agent-tokens"),
+                &org_token,
+                &json!({}),
+                "creating an agent token",
+            )?;
+            let token = answer["token"].as_str().unwrap_or_default().to_owned();
+            files::write_atomic(&path("agent-token"), format!("{token}\n").as_bytes(), 0o600)?;
+            token
+        }
+    };
+
+    // A fresh sample manifest for this policy, and a runner sealed with it.
+    let mut sample = manifest::template(&key.public());
+    sample.policy_hash = moat_core::hash::sha256_hex(policy_text.as_bytes());
+    sample
+        .allowed_executables
+        .retain(|e| Path::new(&e.path).exists());
+    // Exports (which the default policy sends for approval) are written too.
+    sample.filesystem.write_roots.push("export".into());
+    let signed = sample.sign(&key).context("signing the sample manifest")?;
+    let signed_json = serde_json::to_value(&signed)?;
+    files::write_atomic(
+        &path("manifest.signed.json"),
+        signed_json.to_string().as_bytes(),
+        0o644,
+    )?;
+    expect(
+        &format!("{url}/v1/manifests"),
+        &org_token,
+        &signed_json,
+        "publishing the sample manifest",
+    )?;
+    let runner_path = path("moat-runner");
+    let _ = std::fs::remove_file(&runner_path);
+    let built = Command::new(&me)
+        .args(["runner", "build", "--manifest"])
+        .arg(path("manifest.signed.json"))
+        .arg("--trusted-key")
+        .arg(path("control-plane.pub"))
+        .arg("--out")
+        .arg(&runner_path)
+        .output()
+        .context("building the sealed runner")?;
+    if !built.status.success() {
+        bail!(
+            "building the sealed runner: {}",
+            String::from_utf8_lossy(&built.stderr).trim()
+        );
+    }
+    let report: Value = serde_json::from_slice(&built.stdout)?;
+    let runner_hash = report["runnerHash"].as_str().unwrap_or_default().to_owned();
+    expect(
+        &format!("{url}/v1/runner-builds"),
+        &org_token,
+        &json!({"sha256": runner_hash, "label": "moat up local runner"}),
+        "allowing the runner build",
+    )?;
+    let bootstrap = expect(
+        &format!("{url}/v1/bootstrap-tokens"),
+        &org_token,
+        &json!({}),
+        "minting a bootstrap token",
+    )?;
+    files::write_atomic(
+        &path("bootstrap-token"),
+        bootstrap["token"].as_str().unwrap_or_default().as_bytes(),
+        0o600,
+    )?;
+    let runner = Command::new(&runner_path)
+        .args(["runner", "start", "--control-plane", &url])
+        .arg("--bootstrap-token-file")
+        .arg(path("bootstrap-token"))
+        .arg("--state-dir")
+        .arg(path("runner-state"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(path("runner.log"))?)
+        .spawn()
+        .context("starting the runner")?;
+    children.0.push(("moat runner", runner));
+    wait_runner(&url, &org_token, &mut children, &path("runner.log"))?;
+
+    let demo = if args.demo {
+        Some(demo_run(&url, &agent_token)?)
+    } else {
+        None
+    };
+    print_welcome(&url, &dir, demo.as_deref());
+    wait_for_stop(&mut children)
+}
+
+fn wait_healthy(url: &str, children: &mut Children, log: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(response) = http().get(&format!("{url}/healthz")).call() {
+            if response.status() == 200 {
+                return Ok(());
+            }
+        }
+        check_alive(children, log)?;
+        if Instant::now() > deadline {
+            bail!(
+                "moat serve did not answer within 20 s (see {})",
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_runner(url: &str, token: &str, children: &mut Children, log: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, answer) = call(&format!("{url}/v1/runners"), token, None)?;
+        let registered = answer["runners"].as_array().is_some_and(|r| !r.is_empty());
+        if status == 200 && registered {
+            return Ok(());
+        }
+        check_alive(children, log)?;
+        if Instant::now() > deadline {
+            bail!(
+                "the runner did not register within 30 s (see {})",
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn check_alive(children: &mut Children, log: &Path) -> anyhow::Result<()> {
+    for (name, child) in &mut children.0 {
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            bail!(
+                "{name} exited ({status}): {}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A sample run: read an input, count it, write a result, and one step that
+/// waits for a person (a write under export/ is a data export).
+fn demo_run(url: &str, agent: &str) -> anyhow::Result<String> {
+    let id = format!("demo-{}", &random_token()[5..13]);
+    expect(
+        &format!("{url}/v1/runs"),
+        agent,
+        &json!({"id": id, "inputs": [{"path": "input/notes.txt", "content": "Moat runs each step in a fresh sandbox.\nEvery decision is in the ledger.\n"}]}),
+        "creating the demo run",
+    )?;
+    let ops = [
+        json!({"id": "read", "op": "artifact_read", "args": {"path": "input/notes.txt", "maxBytes": 4096}}),
+        json!({"id": "count", "op": "exec_argv", "args": {"argv": ["/usr/bin/wc", "-l", "input/notes.txt"]}}),
+        json!({"id": "summary", "op": "artifact_write", "args": {"path": "output/summary.txt", "content": "2 lines\n", "maxBytes": 4096}}),
+        json!({"id": "export", "op": "artifact_write", "args": {"path": "export/summary.csv", "content": "lines\n2\n", "maxBytes": 4096}}),
+    ];
+    for op in ops {
+        let (status, answer) = call(&format!("{url}/v1/runs/{id}/ops"), agent, Some(&op))?;
+        if !(200..300).contains(&status) {
+            eprintln!("moat up: demo op {}: {status} {answer}", op["id"]);
+        }
+    }
+    Ok(id)
+}
+
+fn print_welcome(url: &str, dir: &Path, demo: Option<&str>) {
+    let d = dir.display();
+    outln!(
+        "\nMoat is up (control plane, one sealed runner, the Inspector).\n\n  \
+         Inspector:  {url}/ui   (sign in with the token in {d}/org-admin-token)\n  \
+         API:        {url}/openapi.json\n  Logs:       {d}/serve.log, {d}/runner.log\n"
+    );
+    if let Some(run) = demo {
+        outln!(
+            "Demo run {run} is in: its `export` step waits for your approval at {url}/ui/approvals\n"
+        );
+    }
+    outln!(
+        "An agent's first steps (paste into a shell):\n\n  \
+         TOKEN=$(cat {d}/agent-token)\n  \
+         curl -s -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"id\":\"hello\",\"inputs\":[{{\"path\":\"input/a.txt\",\"content\":\"hi\\n\"}}]}}' {url}/v1/runs\n  \
+         curl -s -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"id\":\"wc\",\"op\":\"exec_argv\",\"args\":{{\"argv\":[\"/usr/bin/wc\",\"-c\",\"input/a.txt\"]}}}}' '{url}/v1/runs/hello/ops?wait_ms=10000'\n\n\
+         Approvals from a shell:  MOAT_CONTROL_PLANE={url} MOAT_TOKEN_FILE={d}/org-admin-token moat approvals list\n\
+         Stop with Ctrl-C."
+    );
+}
+
+fn wait_for_stop(children: &mut Children) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let stopped = runtime.block_on(async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return None,
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => return None,
+                _ = tick.tick() => {
+                    for (name, child) in &mut children.0 {
+                        if let Ok(Some(status)) = child.try_wait() {
+                            return Some(format!("{name} exited ({status})"));
+                        }
+                    }
+                }
+            }
+        }
+    });
+    match stopped {
+        None => {
+            eprintln!("moat up: stopping");
+            Ok(())
+        }
+        Some(why) => bail!("{why}; stopping"),
+    }
+}

@@ -1,0 +1,217 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! `moat up` and the Inspector, end to end: `moat up --demo` starts the
+//! control plane, a sealed runner and the Inspector; a real headless
+//! Chromium (Playwright, `tests/inspector/walkthrough.mjs`) signs in, finds
+//! the demo run, watches its events arrive live, approves the step waiting
+//! for approval, sees it finish and downloads its artifact. Screenshots go
+//! to `target/inspector-screenshots/`. Then the ledger is checked for who
+//! approved, through which door, and that the chain is intact.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MOAT, path_str};
+use serde_json::Value;
+
+/// `moat up`, stopped with SIGTERM (by its pid) when dropped.
+struct Up {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = moat_sandbox::process::terminate(self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(url: &str, token: &str) -> Value {
+    let mut response = ureq::get(url)
+        .header("authorization", &format!("Bearer {token}"))
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    serde_json::from_slice(&response.body_mut().read_to_vec().unwrap()).unwrap()
+}
+
+fn start_up(dir: &Path, port: u16) -> Up {
+    let child = Command::new(MOAT)
+        .args(["up", "--demo", "--dir", path_str(dir)])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.with_extension("out")).unwrap())
+        .stderr(std::fs::File::create(dir.with_extension("err")).unwrap())
+        .spawn()
+        .expect("moat up");
+    let mut up = Up {
+        child,
+        dir: dir.to_owned(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let printed = std::fs::read_to_string(dir.with_extension("out")).unwrap_or_default();
+        if printed.contains("Stop with Ctrl-C") {
+            return up;
+        }
+        if let Ok(Some(status)) = up.child.try_wait() {
+            panic!(
+                "moat up exited ({status}): {}",
+                std::fs::read_to_string(dir.with_extension("err")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "moat up did not come up in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result() {
+    let node_modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inspector/node_modules");
+    assert!(
+        node_modules.join("playwright-core").is_dir(),
+        "playwright-core is not installed: (cd tests/inspector && npm ci), as .ci/run does"
+    );
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "/usr/bin/chromium is missing: apt-get install chromium, as .ci/run does"
+    );
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("up");
+    let port = free_port();
+    let up = start_up(&dir, port);
+    let url = format!("http://127.0.0.1:{port}");
+    let admin = std::fs::read_to_string(dir.join("org-admin-token")).unwrap();
+    let admin = admin.trim();
+
+    // The demo's export step waits for a person.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let approval = loop {
+        let pending = get(&format!("{url}/v1/approvals?state=pending"), admin);
+        if let Some(first) = pending["approvals"].as_array().and_then(|a| a.first()) {
+            break first.clone();
+        }
+        assert!(Instant::now() < deadline, "no approval request: {pending}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(approval["rule"], "data-export", "{approval}");
+    let run = approval["runId"].as_str().unwrap().to_owned();
+    let op = approval["opId"].as_str().unwrap().to_owned();
+
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inspector-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    std::fs::create_dir_all(&shots).unwrap();
+    let walk = Command::new("node")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inspector/walkthrough.mjs"))
+        .env("MOAT_URL", &url)
+        .env("MOAT_TOKEN", admin)
+        .env("MOAT_RUN", &run)
+        .env("MOAT_APPROVAL", approval["id"].as_str().unwrap())
+        .env("MOAT_OP", &op)
+        .env("MOAT_SHOTS", &shots)
+        .output()
+        .expect("node (the machine's Node.js)");
+    assert!(
+        walk.status.success(),
+        "walkthrough failed:\n{}\n{}\nmoat up's log: {}",
+        String::from_utf8_lossy(&walk.stdout),
+        String::from_utf8_lossy(&walk.stderr),
+        std::fs::read_to_string(up.dir.join("serve.log")).unwrap_or_default()
+    );
+    let report: Value = serde_json::from_slice(
+        walk.stdout
+            .split(|b| *b == b'\n')
+            .rfind(|l| !l.is_empty())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    for name in ["01-login.png", "04-approved.png", "05-run-done.png"] {
+        assert!(shots.join(name).is_file(), "{name} missing");
+    }
+
+    // The ledger says who approved, through which door; the artifact the
+    // browser downloaded is the run's.
+    let events = get(&format!("{url}/v1/runs/{run}/events"), admin);
+    let events = events["events"].as_array().unwrap();
+    let granted = events
+        .iter()
+        .find(|e| e["type"] == "approval.granted")
+        .expect("approval.granted");
+    assert_eq!(granted["opId"], op.as_str());
+    assert_eq!(granted["data"]["via"], "inspector");
+    assert!(
+        granted["data"]["by"]
+            .as_str()
+            .unwrap()
+            .starts_with("token:")
+    );
+    let artifacts = get(&format!("{url}/v1/runs/{run}/artifacts"), admin);
+    assert!(
+        artifacts["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["sha256"] == report["artifactSha256"]),
+        "{artifacts} / {report}"
+    );
+    // The Inspector refuses a stranger, and a foreign site's form.
+    let plain: ureq::Agent = ureq::Agent::config_builder()
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let page = plain.get(&format!("{url}/ui/runs")).call().unwrap();
+    assert_eq!(
+        (
+            page.status().as_u16(),
+            page.headers().get("location").map(|l| l.to_str().unwrap())
+        ),
+        (303, Some("/ui/login"))
+    );
+    let forged = plain
+        .post(&format!(
+            "{url}/ui/approvals/{}/approve",
+            approval["id"].as_str().unwrap()
+        ))
+        .header("origin", "http://evil.example")
+        .header("cookie", &format!("moat_inspector={admin}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .send("reason=forged")
+        .unwrap();
+    assert_eq!(
+        forged.status().as_u16(),
+        403,
+        "a cross-site form was accepted"
+    );
+
+    let pid = up.child.id();
+    drop(up);
+    // Nothing of moat up is left: not the control plane, not the runner.
+    let leftovers: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(path_str(&dir)))
+        .collect();
+    assert!(leftovers.is_empty(), "moat up ({pid}) left {leftovers:?}");
+}

@@ -51,6 +51,7 @@ enum Command {
     Serve(serve::ServeArgs),
     Approvals(operator::approvals::ApprovalsArgs),
     Up(up::UpArgs),
+    Audit(operator::audit::AuditArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -82,5 +83,6 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::main(args),
         Command::Approvals(args) => operator::approvals::main(args),
         Command::Up(args) => up::main(args),
+        Command::Audit(args) => operator::audit::main(args),
     }
 }

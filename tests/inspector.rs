@@ -115,6 +115,20 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
     assert_eq!(approval["rule"], "data-export", "{approval}");
     let run = approval["runId"].as_str().unwrap().to_owned();
     let op = approval["opId"].as_str().unwrap().to_owned();
+    // The same queue from a shell.
+    let listed = Command::new(MOAT)
+        .args(["approvals", "list", "--json"])
+        .env("MOAT_CONTROL_PLANE", &url)
+        .env("MOAT_TOKEN_FILE", dir.join("org-admin-token"))
+        .output()
+        .unwrap();
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed["approvals"][0]["id"], approval["id"]);
 
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inspector-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
@@ -201,6 +215,44 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         forged.status().as_u16(),
         403,
         "a cross-site form was accepted"
+    );
+
+    // The audit, from the ledger alone: it went beyond its default
+    // boundary once, through the Inspector, in a workspace-write sandbox.
+    let audited = Command::new(MOAT)
+        .args(["audit", &run, "--json", "--db"])
+        .arg(format!("sqlite:{}", dir.join("moat.db").display()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        audited.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&audited.stderr)
+    );
+    let audit: Value = serde_json::from_slice(&audited.stdout).unwrap();
+    assert_eq!(audit["beyondDefaultBoundary"], true, "{audit}");
+    assert_eq!(audit["approvals"][0]["opId"], op.as_str());
+    assert_eq!(audit["approvals"][0]["via"], "inspector");
+    assert_eq!(
+        audit["sandboxModes"],
+        serde_json::json!(["workspace-write"])
+    );
+    assert_eq!(audit["networkModes"], serde_json::json!(["off"]));
+    assert!(
+        audit["roots"]
+            .as_array()
+            .unwrap()
+            .contains(&"/workspace (ro)".into()),
+        "{audit}"
+    );
+    assert_eq!(
+        audit["enforcement"]["seccomp"]["status"], "enforced",
+        "{audit}"
+    );
+    assert!(
+        audit["ledger"].as_str().unwrap().starts_with("intact"),
+        "{audit}"
     );
 
     let pid = up.child.id();

@@ -4,6 +4,7 @@
 //! token itself on the command line.
 
 pub mod approvals;
+pub mod audit;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -19,6 +19,7 @@
 //! backoff, swap at an operation boundary, expiry, grace, revocation) as
 //! functions of a clock the caller passes in.
 
+pub mod audit;
 pub mod clock;
 pub mod describe;
 pub mod lifecycle;

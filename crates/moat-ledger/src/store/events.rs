@@ -151,7 +151,20 @@ impl Store {
         })
     }
 
-    /// Recomputes the whole chain; `Ok(Err(_))` names the first break.
+    /// Every event of one run, whichever org it is in, in chain order (the
+    /// auditor's view; run ids are unique across orgs).
+    pub fn events_of_run(&self, run: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        self.read(|tx| {
+            tx.query(
+                "SELECT seq, body, prev_hash, hash FROM events WHERE run_id = ? ORDER BY seq",
+                &[run.into()],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+
     /// The chain's head: the last sequence number and its hash.
     pub fn ledger_head(&self) -> Result<(i64, String), StoreError> {
         self.read(|tx| {
@@ -162,6 +175,7 @@ impl Store {
         })
     }
 
+    /// Recomputes the whole chain; `Ok(Err(_))` names the first break.
     pub fn verify_ledger(&self) -> Result<Result<Verified, VerifyError>, StoreError> {
         let head = self.tx(|tx| {
             tx.query_one("SELECT seq, hash FROM ledger_head WHERE id = 1", &[])?

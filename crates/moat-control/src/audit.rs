@@ -1,0 +1,150 @@
+//! What a run was allowed and what it did, answered from its ledger events
+//! alone: the sandbox it ran in and what each layer enforced, the
+//! permission envelope (manifest, policy, sandbox mode, the rules that
+//! granted), the filesystem roots, the network, and every time it went
+//! beyond its default boundary.
+
+use std::collections::BTreeSet;
+
+use moat_core::EventType;
+use moat_ledger::StoredEvent;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// The answers, as `moat audit --json` prints them.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Audit {
+    pub run_id: String,
+    /// `succeeded`, `failed`, `dead_lettered`, or the last state seen.
+    pub outcome: String,
+    pub events: usize,
+    pub runners: BTreeSet<String>,
+    pub runner_hashes: BTreeSet<String>,
+    /// Manifests the run ran under (more than one: refreshed mid-run).
+    pub manifest_hashes: BTreeSet<String>,
+    pub policy_hashes: BTreeSet<String>,
+    /// Sandbox modes operations ran in (`read-only`, `workspace-write`...).
+    pub sandbox_modes: BTreeSet<String>,
+    /// The sandbox class and, per layer, what the launcher reported.
+    pub sandbox_class: String,
+    pub enforcement: Value,
+    /// Filesystem roots mounted into the sandboxes (`/workspace (ro)`...).
+    pub roots: BTreeSet<String>,
+    pub root_views: BTreeSet<String>,
+    /// Network modes programs ran with, and the egress it used.
+    pub network_modes: BTreeSet<String>,
+    pub network_requests: usize,
+    pub network_denied: usize,
+    /// Policy rules that granted its operations.
+    pub granted_by: BTreeSet<String>,
+    /// Operations the agent asked for (by id).
+    pub operations: BTreeSet<String>,
+    pub denied: Vec<Value>,
+    /// Beyond the default boundary.
+    pub approvals: Vec<Value>,
+    pub danger: Vec<Value>,
+    pub manifest_refreshed: bool,
+    pub beyond_default_boundary: bool,
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
+    let mut a = Audit {
+        run_id: run_id.to_owned(),
+        events: events.len(),
+        sandbox_class: "none (no program ran)".into(),
+        enforcement: Value::Null,
+        ..Audit::default()
+    };
+    for stored in events {
+        let e = &stored.event;
+        let d = &e.data;
+        if let Some(h) = text(&d["manifestHash"]) {
+            a.manifest_hashes.insert(h);
+        }
+        if let Some(h) = text(&d["policyHash"]) {
+            a.policy_hashes.insert(h);
+        }
+        if let Some(r) = text(&d["runnerId"]) {
+            a.runners.insert(r);
+        }
+        if let Some(h) = text(&d["runnerHash"]) {
+            a.runner_hashes.insert(h);
+        }
+        match e.event_type {
+            EventType::RunCreated => a.outcome = "queued".into(),
+            EventType::RunClaimed => a.outcome = "running".into(),
+            EventType::RunFinished => {
+                a.outcome = text(&d["state"]).unwrap_or_else(|| "finished".into());
+            }
+            EventType::RunDeadLettered => a.outcome = "dead_lettered".into(),
+            EventType::CapabilityRequested => {
+                if let Some(op) = &e.op_id {
+                    a.operations.insert(op.clone());
+                }
+            }
+            EventType::CapabilityGranted => {
+                if let Some(s) = text(&d["sandbox"]) {
+                    a.sandbox_modes.insert(s);
+                }
+                for p in d["policies"].as_array().into_iter().flatten() {
+                    if let Some(p) = text(p) {
+                        a.granted_by.insert(p);
+                    }
+                }
+            }
+            EventType::CapabilityDenied => a.denied.push(json!({
+                "opId": e.op_id, "reason": d["reason"], "message": d["message"],
+            })),
+            EventType::ApprovalGranted => a.approvals.push(json!({
+                "opId": e.op_id, "rule": d["rule"], "risk": d["risk"], "by": d["by"],
+                "via": d["via"], "reason": d["reason"], "at": e.at,
+            })),
+            EventType::SandboxExecStarted => {
+                if let Some(m) = text(&d["mode"]) {
+                    if m == "danger-full-access" {
+                        a.danger
+                            .push(json!({"opId": e.op_id, "what": "danger-full-access"}));
+                    }
+                    a.sandbox_modes.insert(m);
+                }
+                if let Some(n) = text(&d["network"]) {
+                    if n == "full" {
+                        a.danger
+                            .push(json!({"opId": e.op_id, "what": "network full"}));
+                    }
+                    a.network_modes.insert(n);
+                }
+                if let Some(v) = text(&d["rootView"]) {
+                    a.root_views.insert(v);
+                }
+                for root in d["roots"].as_array().into_iter().flatten() {
+                    if let Some(inside) = text(&root["inside"]) {
+                        let rw = if root["writable"] == true { "rw" } else { "ro" };
+                        a.roots.insert(format!("{inside} ({rw})"));
+                    }
+                }
+            }
+            EventType::SandboxExecFinished => {
+                a.sandbox_class =
+                    "moat-sandbox: Linux namespaces, pivot_root, Landlock, seccomp, cgroups, rlimits"
+                        .into();
+                a.enforcement = d["enforcement"].clone();
+            }
+            EventType::NetworkRequest => a.network_requests += 1,
+            EventType::NetworkDenied => a.network_denied += 1,
+            EventType::RunnerManifestRefreshed => a.manifest_refreshed = true,
+            _ => {}
+        }
+    }
+    if a.manifest_hashes.len() > 1 {
+        a.manifest_refreshed = true;
+    }
+    a.beyond_default_boundary =
+        !a.approvals.is_empty() || !a.danger.is_empty() || a.manifest_refreshed;
+    a
+}

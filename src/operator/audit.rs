@@ -1,0 +1,176 @@
+//! `moat audit RUN_ID`: what a run was allowed and what it did, from the
+//! ledger alone (the control plane's database, read directly).
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use moat_control::audit::{Audit, audit};
+use moat_ledger::store::Store;
+use serde_json::Value;
+
+const ABOUT: &str = "\
+Reads the run's events from the control plane's ledger, checks the whole
+hash chain first, and answers: which sandbox class and mode the run used
+and what each layer enforced, which permission level was active (manifest,
+policy, the rules that granted), which filesystem roots were mounted, which
+network policy applied, and whether it ever went beyond its default boundary
+(approvals granted, danger mode or full network, manifest refreshed mid-run).
+Exits 0 if it did not, 3 if it did, 1 on an error or a broken chain.
+
+  moat audit demo-1a2b3c4d                       # moat up's database
+  moat audit --db postgres://moat@db/moat run-42 --json";
+
+/// Answer, from the ledger alone, what a run was allowed and did.
+#[derive(Args)]
+#[command(after_long_help = ABOUT)]
+pub struct AuditArgs {
+    /// The run.
+    run: String,
+    /// The control plane's database (`sqlite:PATH`, or PostgreSQL).
+    #[arg(long, value_name = "URL", default_value = "sqlite:moat-up/moat.db")]
+    db: String,
+    /// One JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: AuditArgs) -> ExitCode {
+    match run(&args) {
+        Ok(report) => {
+            if report.beyond_default_boundary {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("moat audit: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: &AuditArgs) -> anyhow::Result<Audit> {
+    if let Some(path) = args.db.strip_prefix("sqlite:") {
+        // Opening would create an empty database: say what is wrong instead.
+        if !std::path::Path::new(path).exists() {
+            bail!("--db {}: no such database", args.db);
+        }
+    }
+    let store = Store::open(&args.db)
+        .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
+    let chain = store.verify_ledger()?;
+    let events = store.events_of_run(&args.run)?;
+    if events.is_empty() {
+        bail!("run {}: no events in this ledger", args.run);
+    }
+    let report = audit(&args.run, &events);
+    let intact = match &chain {
+        Ok(v) => format!("intact ({} events re-hashed)", v.events),
+        Err(broken) => format!("BROKEN: {broken}"),
+    };
+    if args.json {
+        let mut doc = serde_json::to_value(&report)?;
+        doc["ledger"] = Value::String(intact.clone());
+        outln!("{doc:#}");
+    } else {
+        print_text(&report, &intact);
+    }
+    if chain.is_err() {
+        bail!("the ledger's hash chain is broken: these answers cannot be trusted");
+    }
+    Ok(report)
+}
+
+fn list(set: &std::collections::BTreeSet<String>) -> String {
+    if set.is_empty() {
+        "-".into()
+    } else {
+        set.iter().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+fn print_text(a: &Audit, intact: &str) {
+    outln!(
+        "run {}: {} ({} events; ledger {intact})",
+        a.run_id,
+        a.outcome,
+        a.events
+    );
+    outln!("\nSandbox");
+    outln!("  class:        {}", a.sandbox_class);
+    outln!("  modes:        {}", list(&a.sandbox_modes));
+    if let Some(layers) = a.enforcement.as_object() {
+        for (layer, v) in layers {
+            if let Some(status) = v["status"].as_str() {
+                outln!(
+                    "  {layer:<13} {status}: {}",
+                    v["detail"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    outln!("\nPermission level");
+    outln!("  manifest:     {}", list(&a.manifest_hashes));
+    outln!("  policy:       {}", list(&a.policy_hashes));
+    outln!("  granted by:   {}", list(&a.granted_by));
+    outln!(
+        "  runner:       {} (build {})",
+        list(&a.runners),
+        list(&a.runner_hashes)
+    );
+    outln!(
+        "  operations:   {} asked, {} denied",
+        a.operations.len(),
+        a.denied.len()
+    );
+    for d in &a.denied {
+        outln!(
+            "    denied {}: {}",
+            d["opId"].as_str().unwrap_or("?"),
+            d["reason"].as_str().unwrap_or("?")
+        );
+    }
+    outln!(
+        "\nFilesystem roots: {} (root: {})",
+        list(&a.roots),
+        list(&a.root_views)
+    );
+    outln!(
+        "Network: {} ({} requests, {} refused)",
+        list(&a.network_modes),
+        a.network_requests,
+        a.network_denied
+    );
+    outln!(
+        "\nBeyond its default boundary: {}",
+        if a.beyond_default_boundary {
+            "YES"
+        } else {
+            "no"
+        }
+    );
+    for ap in &a.approvals {
+        outln!(
+            "  approval: op {} by {} via {} (rule {}, risk {}) at {}: {}",
+            ap["opId"].as_str().unwrap_or("?"),
+            ap["by"].as_str().unwrap_or("?"),
+            ap["via"].as_str().unwrap_or("?"),
+            ap["rule"].as_str().unwrap_or("?"),
+            ap["risk"].as_str().unwrap_or("?"),
+            ap["at"].as_str().unwrap_or("?"),
+            ap["reason"].as_str().unwrap_or("no reason given"),
+        );
+    }
+    for d in &a.danger {
+        outln!(
+            "  danger: op {}: {}",
+            d["opId"].as_str().unwrap_or("?"),
+            d["what"].as_str().unwrap_or("?")
+        );
+    }
+    if a.manifest_refreshed {
+        outln!("  manifest refreshed mid-run: {}", list(&a.manifest_hashes));
+    }
+}

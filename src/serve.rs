@@ -66,6 +66,11 @@ pub struct ServeArgs {
     /// fails closed (`approval_expired`).
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = humantime::parse_duration)]
     approval_ttl: Duration,
+    /// File holding the key that seals the credential proxy's secrets (32
+    /// bytes, base64). Keep it outside the database's backups. Without it,
+    /// secrets cannot be stored or used.
+    #[arg(long, value_name = "FILE")]
+    secrets_key: Option<PathBuf>,
 }
 
 pub fn main(args: ServeArgs) -> ExitCode {
@@ -101,6 +106,17 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let store = Store::open(&args.db)
         .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
+    let vault = match &args.secrets_key {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--secrets-key {}", path.display()))?;
+            Some(
+                moat_control::vault::Vault::from_base64(&text)
+                    .with_context(|| format!("--secrets-key {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let backend = store.backend();
     let state = AppState::new(Config {
         store: Arc::new(store),
@@ -113,6 +129,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         capability_ttl: args.capability_ttl,
         max_attempts: args.max_attempts,
         approval_ttl: args.approval_ttl,
+        vault,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

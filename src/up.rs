@@ -7,6 +7,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use base64::Engine as _;
 use clap::Args;
 use moat_core::sign::PrivateKey;
 use serde_json::{Value, json};
@@ -160,6 +161,11 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         0o644,
     )?;
     let admin = secret_file(&path("admin-token"), random_token)?;
+    secret_file(&path("secrets.key"), || {
+        let mut key = [0u8; 32];
+        moat_ledger::store::random_bytes(&mut key);
+        base64::engine::general_purpose::STANDARD.encode(key)
+    })?;
     if !path("policy.cedar").exists() {
         files::write_atomic(
             &path("policy.cedar"),
@@ -183,6 +189,8 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         .arg(path("policy.cedar"))
         .arg("--admin-token-file")
         .arg(path("admin-token"))
+        .arg("--secrets-key")
+        .arg(path("secrets.key"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(path("serve.log"))?)

@@ -82,14 +82,48 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
             "{op}"
         );
 
-        // Denials, each with its reason, none reaching the runner.
-        for (id, op, args, reason) in [
-            (
+        // A program with network waits for a person; denied, it never runs.
+        let (status, pending) = call(
+            "POST",
+            &format!("{}/v1/runs/run-1/ops", serve.url),
+            &acme,
+            Some(envelope(
                 "4",
                 "exec_argv",
                 json!({"argv": ["/usr/bin/python3", "-c", "1"], "network": "allowlist"}),
-                "approval_required",
-            ),
+            )),
+        );
+        assert_eq!(
+            (status, pending["state"].as_str()),
+            (202, Some("pending_approval")),
+            "{pending}"
+        );
+        let approval = pending["approval"]["id"].as_str().unwrap();
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/approvals/{approval}/deny", serve.url),
+            &acme,
+            Some(json!({"reason": "no network for this run"})),
+        );
+        assert_eq!(
+            (status, body["state"].as_str()),
+            (200, Some("denied")),
+            "{body}"
+        );
+        let (_, op) = call(
+            "GET",
+            &format!("{}/v1/runs/run-1/ops/4", serve.url),
+            &acme,
+            None,
+        );
+        assert_eq!(
+            (op["state"].as_str(), op["result"]["reason"].as_str()),
+            (Some("denied"), Some("approval_denied")),
+            "{op}"
+        );
+
+        // Denials, each with its reason, none reaching the runner.
+        for (id, op, args, reason) in [
             (
                 "5",
                 "artifact_read",
@@ -191,7 +225,7 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
         assert_eq!(
             denied,
             [
-                json!("approval_required"),
+                json!("approval_denied"),
                 json!("policy_denied"),
                 json!("policy_denied"),
                 json!("op_not_in_manifest")

@@ -235,6 +235,18 @@ impl Runner {
                     if !moat_core::op::is_plain_id(&op_id) {
                         bail!("operation id {op_id:?} is not a plain id");
                     }
+                    // A tool call is made by the control plane, which holds
+                    // the credential: this runner only asks for it.
+                    if envelope["op"] == "http_request"
+                        && envelope["args"]["profile"] == moat_control::tools::PROFILE
+                    {
+                        let path = format!("/v1/runner/runs/{run_id}/ops/{op_id}/tool");
+                        let answer = self.client.signed_retrying("POST", &path, None)?;
+                        if answer.status != 200 {
+                            bail!("tool call {op_id}: {}", error_text(&answer));
+                        }
+                        continue;
+                    }
                     let shell = match &mut shell {
                         Some(shell) => shell,
                         None => shell.insert(start_shell(

@@ -32,6 +32,15 @@ when { context.network != "off" };
 
 @id("no-secrets")
 forbid(principal, action, resource == Moat::Path::"input/secret.txt");
+
+@id("crm-read")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",
+       resource == Moat::Tool::"crm_lookup")
+when { context.method == "GET" };
+
+@id("crm-write") @approval("required") @risk("high")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",
+       resource == Moat::Tool::"crm_update");
 "#;
 
 pub const ADMIN: &str = "admin-token-for-tests-0123456789";
@@ -128,6 +137,11 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(setup: &Setup, db: &str, listen: &str) -> Serve {
+        Self::start_with(setup, db, listen, &[])
+    }
+
+    /// `start` with more flags for `moat serve`.
+    pub fn start_with(setup: &Setup, db: &str, listen: &str, extra: &[&str]) -> Serve {
         let mut child = Command::new(MOAT)
             .args([
                 "serve",
@@ -147,6 +161,7 @@ impl Serve {
                 path_str(&setup.policy),
             ])
             .args(["--admin-token-file", path_str(&setup.admin)])
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -202,6 +217,11 @@ pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, 
     let auth = format!("Bearer {token}");
     let response = match (method, body) {
         ("GET", _) => agent.get(url).header("authorization", &auth).call(),
+        ("PUT", Some(body)) => agent
+            .put(url)
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes()),
         (_, Some(body)) => agent
             .post(url)
             .header("authorization", &auth)

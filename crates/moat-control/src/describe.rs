@@ -96,7 +96,18 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
             (Resource::Executable(program), size, network)
         }
         OpKind::HttpRequest => {
-            if envelope.args.get("profile").is_some() {
+            if envelope.args["profile"] == crate::tools::PROFILE {
+                // A tool call through the control plane's credential proxy:
+                // its method is the tool's (the caller fills it in).
+                let a: crate::server::ToolCallArgs = args(op, &envelope.args)?;
+                if !crate::tools::plain_name(&a.tool) {
+                    return Err(DescribeError::InvalidArgs {
+                        op: op.as_str(),
+                        message: format!("tool {:?}: 1 to 64 of [A-Za-z0-9_.-]", a.tool),
+                    });
+                }
+                (Resource::Tool(a.tool), 0, NetworkMode::Off)
+            } else if envelope.args.get("profile").is_some() {
                 let a: ProfileRequestArgs = args(op, &envelope.args)?;
                 (Resource::Tool(a.profile), 0, NetworkMode::Allowlist)
             } else {

@@ -25,5 +25,7 @@ pub mod describe;
 pub mod lifecycle;
 pub mod policy;
 pub mod server;
+pub mod tools;
+pub mod vault;
 
 pub use policy::{Decision, OpRequest, PolicyEngine, PolicyError, Resource};

@@ -60,6 +60,7 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: Option<tempfile::TempDir>)
         lease: Duration::from_secs(3600),
         capability_ttl: Duration::from_secs(30),
         approval_ttl: Duration::from_secs(600),
+        vault: None,
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -500,10 +501,10 @@ fn every_documented_route_is_served() {
         assert!(seen.insert((method, path)), "{method} {path} listed twice");
         let concrete = path.replace(['{', '}'], "");
         let url = format!("{}{concrete}", plane.url);
-        let mut response = if *method == "get" {
-            agent().get(&url).call()
-        } else {
-            agent().post(&url).send_empty()
+        let mut response = match *method {
+            "get" => agent().get(&url).call(),
+            "put" => agent().put(&url).send_empty(),
+            _ => agent().post(&url).send_empty(),
         }
         .unwrap();
         let status = response.status().as_u16();

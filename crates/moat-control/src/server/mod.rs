@@ -21,6 +21,7 @@ mod openapi;
 mod org_api;
 mod runner_api;
 mod sweep;
+mod tools_api;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +38,7 @@ use crate::policy::PolicyEngine;
 pub use error::ApiError;
 pub use openapi::{ROUTES, document as openapi_document};
 pub use sweep::once as sweep_once;
+pub use tools_api::ToolCallArgs;
 
 /// What the server is configured with.
 pub struct Config {
@@ -57,6 +59,8 @@ pub struct Config {
     pub max_attempts: i64,
     /// How long an approval request waits before its operation fails closed.
     pub approval_ttl: Duration,
+    /// Seals the credential proxy's secrets (`None`: no secrets can be stored).
+    pub vault: Option<crate::vault::Vault>,
 }
 
 /// Shared state of the handlers.
@@ -169,6 +173,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/approvals/{id}", get(approvals_api::show))
         .route("/v1/approvals/{id}/approve", post(approvals_api::approve))
         .route("/v1/approvals/{id}/deny", post(approvals_api::deny))
+        .route("/v1/secrets", get(tools_api::list_secrets))
+        .route(
+            "/v1/secrets/{name}",
+            axum::routing::put(tools_api::put_secret),
+        )
+        .route(
+            "/v1/tools",
+            get(tools_api::list_tools).post(tools_api::put_tool),
+        )
+        .route("/v1/runner/runs/{run}/ops/{op}/tool", post(tools_api::call))
         .route("/v1/runner/register", post(runner_api::register))
         .route("/v1/runner/events", post(runner_api::events))
         .route("/v1/runner/claim", post(runner_api::claim))

@@ -143,6 +143,30 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "get",
+        "/v1/secrets",
+        "org-admin",
+        "The org's secret names and when each was set (values are never returned).",
+    ),
+    (
+        "put",
+        "/v1/secrets/{name}",
+        "org-admin",
+        "Set a secret: `{value}` (8 bytes to 64 KiB), sealed with the control plane's secrets key; write-only.",
+    ),
+    (
+        "get",
+        "/v1/tools",
+        "org",
+        "The org's tools (credential proxy).",
+    ),
+    (
+        "post",
+        "/v1/tools",
+        "org-admin",
+        "Define a tool: `{name, method, url, params, credential: {secret, in: header|query|basic, name, prefix}, redact: {drop, mask}, approval, maxResponseBytes}`.",
+    ),
+    (
+        "get",
         "/v1/runs/{run}/events",
         "org",
         "The run's events (`?after=SEQ&limit=`), with their chain hashes.",
@@ -218,6 +242,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "/v1/runner/runs/{run}/ops/{op}/result",
         "runner",
         "Report an operation's result, events and artifacts (recorded once).",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/ops/{op}/tool",
+        "runner",
+        "Make a dispatched `control-plane-tool-proxy` operation's call: the control plane adds the credential, redacts and scrubs the answer, and records it as the result.",
     ),
     (
         "post",

@@ -24,7 +24,8 @@ use super::AppState;
 use super::auth;
 use super::error::{ApiError, ApiResult};
 use crate::describe::describe;
-use crate::policy::{Decision, OpRequest};
+use crate::policy::{Decision, OpRequest, Resource};
+use crate::tools::ToolDef;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -323,6 +324,7 @@ fn decide(
     run: &RunRow,
     manifest: Option<&SignedManifest>,
     envelope: &Envelope,
+    tool: Option<&ToolDef>,
 ) -> Decided {
     let policy_hash = state.config.policy.hash().to_owned();
     let described = match describe(envelope) {
@@ -357,6 +359,32 @@ fn decide(
             ),
         );
     }
+    let mut method = described.method.clone();
+    let mut tool_approval = None;
+    if let (Resource::Tool(name), true) = (
+        &described.resource,
+        envelope.args["profile"] == crate::tools::PROFILE,
+    ) {
+        let record = json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash});
+        let Some(def) = tool else {
+            return Decided::denied(
+                record,
+                DenialReason::InvalidArgs,
+                format!("no tool {name:?} is defined in this org"),
+            );
+        };
+        if !manifest.manifest.allowed_tools.contains(name) {
+            return Decided::denied(
+                record,
+                DenialReason::OpNotInManifest,
+                format!("tool {name} is not in the manifest's allowedTools"),
+            );
+        }
+        method.clone_from(&def.method);
+        if def.approval {
+            tool_approval = Some(format!("tool:{name}"));
+        }
+    }
     let sandbox = manifest
         .manifest
         .sandbox_modes
@@ -372,7 +400,7 @@ fn decide(
         network: described.network,
         sandbox,
         path: &described.path,
-        method: &described.method,
+        method: &method,
         action: &described.action,
     };
     let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": described.resource.to_string(), "sandbox": sandbox.as_str()});
@@ -385,6 +413,19 @@ fn decide(
         record
     };
     match state.config.policy.decide(&request) {
+        Ok(Decision::Allow { policies }) if tool_approval.is_some() => {
+            let rule = tool_approval.unwrap_or_default();
+            Decided {
+                state: OpState::PendingApproval,
+                record: with(
+                    "require_approval",
+                    json!({"rule": rule, "risk": "high", "policies": policies}),
+                ),
+                denial: None,
+                approval: Some((rule, "high".to_owned())),
+                described: Some(described),
+            }
+        }
         Ok(Decision::Allow { policies }) => Decided {
             state: OpState::Queued,
             record: with("allow", json!({"policies": policies})),
@@ -442,6 +483,12 @@ pub async fn post_op(
 ) -> ApiResult<Response> {
     let org = auth::agent(&state, &headers).await?;
     let now = state.now();
+    // An agent cannot hand one of the org's secrets to a program or to the
+    // ledger: known values are scrubbed from the envelope before anything.
+    let mut body = body;
+    super::tools_api::scrubber(&state, &org)
+        .await?
+        .json(&mut body);
     let envelope = complete_envelope(body, &run_id, now)?;
     let (o, r) = (org.clone(), run_id.clone());
     let (run, org_name, manifest) = state
@@ -458,7 +505,28 @@ pub async fn post_op(
     let manifest = manifest.filter(|m| !m.revoked);
     let manifest: Option<SignedManifest> =
         manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
-    let decided = decide(&state, &org_name, &run, manifest.as_ref(), &envelope);
+    let tool = match (
+        &envelope.op[..],
+        envelope.args["profile"].as_str(),
+        envelope.args["tool"].as_str(),
+    ) {
+        ("http_request", Some(crate::tools::PROFILE), Some(name)) => {
+            let (o, n) = (org.clone(), name.to_owned());
+            state
+                .db(move |s| s.tool(&o, &n))
+                .await?
+                .and_then(|t| ToolDef::parse(&t.definition).ok())
+        }
+        _ => None,
+    };
+    let decided = decide(
+        &state,
+        &org_name,
+        &run,
+        manifest.as_ref(),
+        &envelope,
+        tool.as_ref(),
+    );
     let (op_state, decision, denial) = (
         decided.state,
         decided.record.clone(),

@@ -549,7 +549,7 @@ pub async fn result(
             "the result's id is not this operation's",
         ));
     }
-    let mut blobs = Vec::with_capacity(artifacts.len());
+    let mut blobs: Vec<NewArtifact> = Vec::with_capacity(artifacts.len());
     for a in artifacts {
         let data = B64.decode(a.content_base64.as_bytes()).map_err(|_| {
             ApiError::bad_request(format!("artifact {}: contentBase64 is not base64", a.label))
@@ -588,15 +588,34 @@ pub async fn result(
         attribute(e, &runner);
     }
     let succeeded = result.status == moat_core::OpStatus::Ok;
-    let result_json =
+    let mut result_json =
         serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
+    // No secret of the org is kept, whatever a program printed or wrote.
+    let scrubber = super::tools_api::scrubber(&state, &runner.org_id).await?;
+    if !scrubber.is_empty() {
+        scrubber.json(&mut result_json);
+        for e in &mut events {
+            scrubber.json(&mut e.data);
+        }
+        for blob in &mut blobs {
+            if let Some(clean) = scrubber.bytes(&blob.data) {
+                let sha = moat_core::hash::sha256_hex(&clean);
+                let old = std::mem::replace(&mut blob.sha256, sha.clone());
+                blob.data = clean;
+                crate::tools::replace_text(&mut result_json, &old, &sha);
+                for e in &mut events {
+                    crate::tools::replace_text(&mut e.data, &old, &sha);
+                }
+            }
+        }
+    }
     let mut finished = event(
         EventType::OpFinished,
         &run_id,
         now,
         json!({
             "status": result.status, "reason": result.reason, "runnerId": runner.id,
-            "artifacts": result.artifacts.iter().map(|a| &a.sha256).collect::<Vec<_>>(),
+            "artifacts": result_json["artifacts"].as_array().map(|a| a.iter().map(|x| x["sha256"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
         }),
     );
     finished.op_id = Some(op_id.clone());

@@ -16,6 +16,7 @@ mod orgs;
 mod runners;
 mod runs;
 mod schema;
+mod secrets;
 
 use std::sync::{Condvar, Mutex};
 
@@ -27,6 +28,7 @@ pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;
 pub use runners::{RunnerRequest, RunnerRow, Standing};
 pub use runs::{NewRun, RunRow, RunState, event, stamp};
+pub use secrets::{SealedSecret, ToolRow};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]

@@ -138,6 +138,21 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_by_org ON approvals (org_id, state, requested_ms);
 CREATE INDEX IF NOT EXISTS approvals_due ON approvals (state, expires_ms);
 CREATE INDEX IF NOT EXISTS runs_by_org ON runs (org_id, created_ms);
+CREATE TABLE IF NOT EXISTS secrets (
+    org_id      TEXT NOT NULL REFERENCES orgs (id),
+    name        TEXT NOT NULL,
+    nonce       {BLOB} NOT NULL,
+    ciphertext  {BLOB} NOT NULL,
+    updated_ms  BIGINT NOT NULL,
+    PRIMARY KEY (org_id, name)
+);
+CREATE TABLE IF NOT EXISTS tools (
+    org_id      TEXT NOT NULL REFERENCES orgs (id),
+    name        TEXT NOT NULL,
+    definition  TEXT NOT NULL,
+    updated_ms  BIGINT NOT NULL,
+    PRIMARY KEY (org_id, name)
+);
 CREATE TABLE IF NOT EXISTS request_nonces (
     runner_id   TEXT NOT NULL,
     nonce       TEXT NOT NULL,

@@ -1,0 +1,343 @@
+//! The credential proxy's API: secrets (write-only), tools, and the call a
+//! runner makes for a `control-plane-tool-proxy` operation. The secret is
+//! decrypted here, put where the tool says, and never leaves: the answer is
+//! redacted, and every known secret value is scrubbed from it, from the
+//! events and from any error message before anything is stored or returned.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use moat_core::{EventType, OpStatus};
+use moat_ledger::store::{OpResult as StoreOpResult, OpState, event, stamp};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth;
+use super::error::{ApiError, ApiResult};
+use super::runner_api::SignedRunner;
+use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolDef};
+use crate::vault::VaultError;
+
+/// The largest secret value.
+const MAX_SECRET: usize = 64 << 10;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBody {
+    value: String,
+}
+
+pub async fn put_secret(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Json(body): Json<SecretBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org_admin(&state, &headers).await?;
+    if !tools::plain_name(&name) {
+        return Err(ApiError::bad_request(
+            "secret name: 1 to 64 of [A-Za-z0-9_.-]",
+        ));
+    }
+    if !(MIN_SECRET..=MAX_SECRET).contains(&body.value.len()) {
+        return Err(ApiError::bad_request(format!(
+            "a secret is {MIN_SECRET} bytes to 64 KiB (shorter values would be scrubbed everywhere they occur)"
+        )));
+    }
+    let vault = state.config.vault.as_ref().ok_or_else(no_vault)?;
+    let (nonce, sealed) = vault
+        .seal(&org, &name, body.value.as_bytes())
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    drop(body);
+    let now = state.now();
+    let n = name.clone();
+    state
+        .db(move |s| s.put_secret(&org, &n, &nonce, &sealed, now))
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"name": name, "updatedAt": stamp(now)})),
+    ))
+}
+
+fn no_vault() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_secrets_key",
+        VaultError::NoKey.to_string(),
+    )
+}
+
+/// Names and times only: a secret is never read back.
+pub async fn list_secrets(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let org = auth::org_admin(&state, &headers).await?;
+    let rows = state.db(move |s| s.secrets(&org)).await?;
+    Ok(Json(json!({"secrets": rows.iter().map(|r| json!({
+        "name": r.name, "updatedAt": stamp(r.updated_ms),
+    })).collect::<Vec<_>>()})))
+}
+
+pub async fn put_tool(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let org = auth::org_admin(&state, &headers).await?;
+    let def = ToolDef::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let stored = serde_json::to_value(&def).map_err(|e| ApiError::internal(e.to_string()))?;
+    let now = state.now();
+    let (name, value) = (def.name.clone(), stored.clone());
+    state
+        .db(move |s| s.put_tool(&org, &name, &value, now))
+        .await?;
+    Ok((StatusCode::CREATED, Json(stored)))
+}
+
+pub async fn list_tools(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let org = auth::agent(&state, &headers).await?;
+    let rows = state.db(move |s| s.tools(&org)).await?;
+    Ok(Json(
+        json!({"tools": rows.iter().map(|r| &r.definition).collect::<Vec<_>>()}),
+    ))
+}
+
+/// Every secret of `org`, opened: `(name, value)`. A secret that does not
+/// open (another key) is an error: fail closed.
+pub(crate) fn open_secrets(
+    state: &AppState,
+    org: &str,
+    sealed: &[moat_ledger::store::SealedSecret],
+) -> Result<Vec<(String, String)>, ApiError> {
+    if sealed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let vault = state.config.vault.as_ref().ok_or_else(no_vault)?;
+    sealed
+        .iter()
+        .map(|s| {
+            let plain = vault
+                .open(org, &s.name, &s.nonce, &s.ciphertext)
+                .map_err(|e| ApiError::internal(format!("secret {}: {e}", s.name)))?;
+            let text = String::from_utf8(plain)
+                .map_err(|_| ApiError::internal(format!("secret {}: not UTF-8", s.name)))?;
+            Ok((s.name.clone(), text))
+        })
+        .collect()
+}
+
+/// The scrubber for everything `org`'s runners report.
+pub(crate) async fn scrubber(state: &Arc<AppState>, org: &str) -> ApiResult<Scrubber> {
+    let o = org.to_owned();
+    let sealed = state.db(move |s| s.secrets(&o)).await?;
+    Ok(Scrubber::new(open_secrets(state, org, &sealed)?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallArgs {
+    pub profile: String,
+    pub tool: String,
+    #[serde(default)]
+    pub params: serde_json::Map<String, Value>,
+}
+
+/// The runner's `control-plane-tool-proxy` operation, made here: checked
+/// (dispatched to this runner, so allowed or approved), called, redacted,
+/// scrubbed, recorded as the operation's result.
+pub async fn call(
+    State(state): State<Arc<AppState>>,
+    Path((run_id, op_id)): Path<(String, String)>,
+    SignedRunner { runner, .. }: SignedRunner,
+) -> ApiResult<Json<Value>> {
+    let (org, r, o) = (runner.org_id.clone(), run_id.clone(), op_id.clone());
+    let (run, op) = state
+        .db(move |s| Ok((s.run(&org, &r)?, s.op(&org, &r, &o)?)))
+        .await?;
+    let held = run.is_some_and(|r| r.runner_id.as_deref() == Some(runner.id.as_str()));
+    let Some(op) = op.filter(|o| held && o.state == OpState::Dispatched) else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_dispatched",
+            format!("operation {op_id} is not dispatched to this runner"),
+        ));
+    };
+    let args: ToolCallArgs = serde_json::from_value(op.envelope["args"].clone())
+        .ok()
+        .filter(|a: &ToolCallArgs| op.op == "http_request" && a.profile == PROFILE)
+        .ok_or_else(|| ApiError::bad_request("not a control-plane-tool-proxy operation"))?;
+    let (org, name) = (runner.org_id.clone(), args.tool.clone());
+    let (tool, sealed) = state
+        .db(move |s| Ok((s.tool(&org, &name)?, s.secrets(&org)?)))
+        .await?;
+    let secrets = open_secrets(&state, &runner.org_id, &sealed)?;
+    let scrubber = Scrubber::new(secrets.clone());
+    let now = state.now();
+    let outcome = match tool.map(|t| ToolDef::parse(&t.definition)) {
+        None => Err(format!("no tool {:?} in this org", args.tool)),
+        Some(Err(e)) => Err(e.to_string()),
+        Some(Ok(def)) => {
+            let secret = def.credential.as_ref().and_then(|c| {
+                secrets
+                    .iter()
+                    .find(|(n, _)| *n == c.secret)
+                    .map(|(_, v)| v.clone())
+            });
+            match def.call(&args.params, secret.as_deref()) {
+                Err(e) => Err(e.to_string()),
+                Ok(call) => {
+                    let max = def.max_response();
+                    let sent = call.clone();
+                    let answer = tokio::task::spawn_blocking(move || send(&sent, max))
+                        .await
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                    answer.map(|(status, body, took)| (def, call, status, body, took))
+                }
+            }
+        }
+    };
+    let mut events = Vec::new();
+    let (succeeded, mut result) = match outcome {
+        Ok((def, call, status, body, took)) => {
+            let (origin, path) = public_url(&call.url);
+            events.push(event(
+                EventType::NetworkRequest,
+                &run_id,
+                now,
+                json!({
+                    "profile": PROFILE, "tool": def.name, "method": call.method, "host": origin,
+                    "path": path, "status": status, "bytesIn": body.len(),
+                    "durationMs": took.as_millis() as u64, "decision": "allow",
+                }),
+            ));
+            let ok = (200..300).contains(&status);
+            let value = def.redact(&String::from_utf8_lossy(&body));
+            let result = moat_core::OpResult {
+                id: op_id.clone(),
+                status: if ok { OpStatus::Ok } else { OpStatus::Error },
+                result: Some(json!({"status": status, "body": value})),
+                reason: None,
+                message: (!ok).then(|| format!("{} answered {status}", def.name)),
+                event_type: None,
+                artifacts: Vec::new(),
+            };
+            (ok, result)
+        }
+        Err(message) => (
+            false,
+            moat_core::OpResult {
+                id: op_id.clone(),
+                status: OpStatus::Error,
+                result: None,
+                reason: None,
+                message: Some(format!("tool call failed: {message}")),
+                event_type: None,
+                artifacts: Vec::new(),
+            },
+        ),
+    };
+    // Last, over everything that leaves or is kept: no secret survives.
+    if let Some(m) = result.message.take() {
+        result.message = Some(scrubber.text(&m));
+    }
+    let mut result_json =
+        serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
+    scrubber.json(&mut result_json);
+    let mut finished = event(
+        EventType::OpFinished,
+        &run_id,
+        now,
+        json!({"status": result.status, "runnerId": runner.id, "profile": PROFILE, "message": result.message}),
+    );
+    finished.op_id = Some(op_id.clone());
+    events.push(finished);
+    for e in &mut events {
+        e.op_id = Some(op_id.clone());
+        scrubber.json(&mut e.data);
+    }
+    let (org, rid, run, opid, stored) = (
+        runner.org_id.clone(),
+        runner.id.clone(),
+        run_id.clone(),
+        op_id.clone(),
+        result_json.clone(),
+    );
+    state
+        .db(move |s| {
+            s.finish_op(
+                &StoreOpResult {
+                    org: &org,
+                    runner: &rid,
+                    run: &run,
+                    op: &opid,
+                    succeeded,
+                    result: &stored,
+                    events: &events,
+                    artifacts: &[],
+                },
+                now,
+            )
+        })
+        .await?;
+    state.notify();
+    Ok(Json(json!({"result": result_json})))
+}
+
+/// `(origin, path)` of a URL, without its query (where a credential may be).
+fn public_url(url: &str) -> (String, String) {
+    let without_query = url.split(['?', '#']).next().unwrap_or(url);
+    let after_scheme = without_query.find("://").map_or(0, |i| i + 3);
+    match without_query[after_scheme..].find('/') {
+        Some(i) => (
+            without_query[..after_scheme + i].to_owned(),
+            without_query[after_scheme + i..].to_owned(),
+        ),
+        None => (without_query.to_owned(), "/".to_owned()),
+    }
+}
+
+/// Sends `call` (no redirects: a credential must not follow one to another
+/// host); `(status, body up to max bytes, time)`, or a message.
+fn send(call: &tools::Call, max: u64) -> Result<(u16, Vec<u8>, Duration), String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    let started = Instant::now();
+    let mut request = ureq::http::Request::builder()
+        .method(call.method.as_str())
+        .uri(call.url.as_str());
+    for (k, v) in &call.headers {
+        request = request.header(k.as_str(), v.as_str());
+    }
+    let response = match &call.body {
+        Some(body) => request
+            .body(body.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|r| agent.run(r).map_err(|e| e.to_string())),
+        None => request
+            .body(())
+            .map_err(|e| e.to_string())
+            .and_then(|r| agent.run(r).map_err(|e| e.to_string())),
+    };
+    let mut response = response?;
+    let status = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(max)
+        .read_to_vec()
+        .map_err(|e| format!("reading the answer: {e}"))?;
+    Ok((status, body, started.elapsed()))
+}

@@ -1,0 +1,129 @@
+//! The credential proxy's storage: an org's secrets, sealed by the control
+//! plane before they get here (this module never sees a plaintext), and its
+//! tool definitions (which name secrets, never hold them).
+
+use super::{Store, StoreError};
+
+/// A sealed secret as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SealedSecret {
+    pub name: String,
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+    pub updated_ms: i64,
+}
+
+/// A tool definition as stored (JSON, checked by the control plane).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolRow {
+    pub name: String,
+    pub definition: serde_json::Value,
+    pub updated_ms: i64,
+}
+
+impl Store {
+    /// Creates or replaces a secret of `org`.
+    pub fn put_secret(
+        &self,
+        org: &str,
+        name: &str,
+        nonce: &[u8],
+        ciphertext: &[u8],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO secrets (org_id, name, nonce, ciphertext, updated_ms) VALUES (?, ?, ?, ?, ?)
+                 ON CONFLICT (org_id, name) DO UPDATE SET nonce = excluded.nonce,
+                 ciphertext = excluded.ciphertext, updated_ms = excluded.updated_ms",
+                &[
+                    org.into(),
+                    name.into(),
+                    nonce.to_vec().into(),
+                    ciphertext.to_vec().into(),
+                    now.into(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Every sealed secret of `org`, by name.
+    pub fn secrets(&self, org: &str) -> Result<Vec<SealedSecret>, StoreError> {
+        self.read(|tx| {
+            tx.query(
+                "SELECT name, nonce, ciphertext, updated_ms FROM secrets WHERE org_id = ? ORDER BY name",
+                &[org.into()],
+            )?
+            .iter()
+            .map(|row| {
+                Ok(SealedSecret {
+                    name: row.text(0)?,
+                    nonce: row.blob(1)?,
+                    ciphertext: row.blob(2)?,
+                    updated_ms: row.int(3)?,
+                })
+            })
+            .collect()
+        })
+    }
+
+    /// Creates or replaces a tool of `org`.
+    pub fn put_tool(
+        &self,
+        org: &str,
+        name: &str,
+        definition: &serde_json::Value,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO tools (org_id, name, definition, updated_ms) VALUES (?, ?, ?, ?)
+                 ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
+                 updated_ms = excluded.updated_ms",
+                &[
+                    org.into(),
+                    name.into(),
+                    definition.to_string().into(),
+                    now.into(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The tools of `org`, by name.
+    pub fn tools(&self, org: &str) -> Result<Vec<ToolRow>, StoreError> {
+        self.read(|tx| {
+            tx.query(
+                "SELECT name, definition, updated_ms FROM tools WHERE org_id = ? ORDER BY name",
+                &[org.into()],
+            )?
+            .iter()
+            .map(decode_tool)
+            .collect()
+        })
+    }
+
+    /// One tool of `org`.
+    pub fn tool(&self, org: &str, name: &str) -> Result<Option<ToolRow>, StoreError> {
+        self.read(|tx| {
+            tx.query_one(
+                "SELECT name, definition, updated_ms FROM tools WHERE org_id = ? AND name = ?",
+                &[org.into(), name.into()],
+            )?
+            .as_ref()
+            .map(decode_tool)
+            .transpose()
+        })
+    }
+}
+
+fn decode_tool(row: &super::Row) -> Result<ToolRow, StoreError> {
+    Ok(ToolRow {
+        name: row.text(0)?,
+        definition: serde_json::from_str(&row.text(1)?)
+            .map_err(|e| StoreError::Corrupt(format!("tool definition: {e}")))?,
+        updated_ms: row.int(2)?,
+    })
+}

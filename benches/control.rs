@@ -4,6 +4,9 @@
 //! - `artifact_read` end to end: agent → control plane (decision) → runner
 //!   (capability check, shell, ledger) → result back to the agent
 //!   (target: median under 5 ms);
+//! - an approved operation's resume: from the approver's POST to the
+//!   operation's result at the agent, execution included (target: the
+//!   resume, which is part of it, under 50 ms);
 //! - runs per second with 4 runners: create, claim, finish, recorded.
 //!
 //!   cargo bench --bench control      (PostgreSQL as for the tests: see .ci/run)
@@ -38,7 +41,10 @@ fn bench(c: &mut Criterion) {
             &token,
             &format!("{backend}-0"),
         )];
-        let input = json!({"id": "bench", "inputs": [{"path": "input/data.txt", "content": "x".repeat(1024)}]});
+        let input = json!({"id": "bench", "inputs": [
+            {"path": "input/data.txt", "content": "x".repeat(1024)},
+            {"path": "input/sensitive/data.txt", "content": "y".repeat(1024)},
+        ]});
         assert_eq!(
             call(
                 "POST",
@@ -76,6 +82,46 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 n += 1;
                 read(format!("op-{n}"));
+            })
+        });
+        // Each sample: an op that waits for approval, approved; timed from
+        // the approval to the agent holding the result.
+        group.bench_function(format!("approval to result ({backend})"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    n += 1;
+                    let id = format!("approved-{n}");
+                    let (status, pending) = call(
+                        "POST",
+                        &format!("{}/v1/runs/bench/ops", serve.url),
+                        &token,
+                        Some(envelope(
+                            &id,
+                            "artifact_read",
+                            json!({"path": "input/sensitive/data.txt", "maxBytes": 4096}),
+                        )),
+                    );
+                    assert_eq!(status, 202, "{pending}");
+                    let approval = pending["approval"]["id"].as_str().unwrap().to_owned();
+                    let start = Instant::now();
+                    let (status, _) = call(
+                        "POST",
+                        &format!("{}/v1/approvals/{approval}/approve", serve.url),
+                        &token,
+                        Some(json!({})),
+                    );
+                    assert_eq!(status, 200);
+                    let (_, op) = call(
+                        "GET",
+                        &format!("{}/v1/runs/bench/ops/{id}?wait_ms=10000", serve.url),
+                        &token,
+                        None,
+                    );
+                    total += start.elapsed();
+                    assert_eq!(op["state"], "succeeded", "{op}");
+                }
+                total
             })
         });
         call(

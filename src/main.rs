@@ -18,6 +18,7 @@ mod ledger;
 mod manifest;
 mod mcp;
 mod operator;
+mod replay;
 mod runner;
 mod seal;
 mod serve;
@@ -52,6 +53,7 @@ enum Command {
     Approvals(operator::approvals::ApprovalsArgs),
     Up(up::UpArgs),
     Audit(operator::audit::AuditArgs),
+    Replay(replay::ReplayArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -84,5 +86,6 @@ fn main() -> ExitCode {
         Command::Approvals(args) => operator::approvals::main(args),
         Command::Up(args) => up::main(args),
         Command::Audit(args) => operator::audit::main(args),
+        Command::Replay(args) => replay::main(args),
     }
 }

@@ -255,6 +255,68 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         "{audit}"
     );
 
+    // Replay: the same inputs and permissions in a fresh sandbox. A step
+    // that prints random bytes diverges; the others do not.
+    let agent_token = std::fs::read_to_string(dir.join("agent-token")).unwrap();
+    let random = serde_json::json!({"id": "random", "op": "exec_argv",
+        "args": {"argv": ["/usr/bin/python3", "-c", "import os; print(os.urandom(8).hex())"]}});
+    let mut answer = ureq::post(&format!("{url}/v1/runs/{run}/ops?wait_ms=20000"))
+        .header("authorization", &format!("Bearer {}", agent_token.trim()))
+        .header("content-type", "application/json")
+        .send(random.to_string().as_bytes())
+        .unwrap();
+    let op: Value = serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
+    assert_eq!(op["state"], "succeeded", "{op}");
+    let replay = |extra: &[&str]| {
+        Command::new(MOAT)
+            .args(["replay", &run, "--json", "--db"])
+            .arg(format!("sqlite:{}", dir.join("moat.db").display()))
+            .arg("--policy")
+            .arg(dir.join("policy.cedar"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let replayed = replay(&[]);
+    assert_eq!(
+        replayed.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&replayed.stderr)
+    );
+    let report: Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    let verdicts: Vec<(String, Value)> = report["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["op"].as_str().unwrap().to_owned(), o["same"].clone()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("read".to_owned(), Value::Bool(true)),
+            ("count".to_owned(), Value::Bool(true)),
+            ("summary".to_owned(), Value::Bool(true)),
+            ("export".to_owned(), Value::Bool(true)),
+            ("random".to_owned(), Value::Bool(false)),
+        ],
+        "{report:#}"
+    );
+    // A changed policy is refused unless asked for.
+    let mut policy = std::fs::read_to_string(dir.join("policy.cedar")).unwrap();
+    policy.push_str("\n// edited after the run\n");
+    std::fs::write(dir.join("policy.cedar"), policy).unwrap();
+    let refused = replay(&[]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("the policy changed"));
+    let forced = replay(&["--allow-changed"]);
+    assert_eq!(
+        forced.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+
     let pid = up.child.id();
     drop(up);
     // Nothing of moat up is left: not the control plane, not the runner.

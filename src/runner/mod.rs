@@ -12,6 +12,7 @@ use crate::{manifest, seal};
 
 pub mod client;
 mod refresh;
+pub mod shell_child;
 mod start;
 
 /// Seal a manifest into a runner binary, and inspect sealed runners.

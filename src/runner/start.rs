@@ -7,9 +7,9 @@
 //! child, never from this process. Events the shell records and artifacts
 //! it names go back with each result.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, SystemTime};
 
@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use super::client::{Client, error_text, stamp};
 use super::refresh::Manifests;
+use super::shell_child::{ShellChild, write_inputs};
 use crate::seal;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -319,32 +320,10 @@ impl Runner {
                     }
                 }
             });
-            let result = (|| {
-                writeln!(shell.stdin, "{envelope}")?;
-                shell.stdin.flush()?;
-                let mut line = String::new();
-                if shell.stdout.read_line(&mut line)? == 0 {
-                    bail!("the shell ended before answering operation {op_id}");
-                }
-                serde_json::from_str(&line).context("the shell's result line")
-            })();
+            let result = shell.ask(envelope, op_id);
             drop(stop);
             result
         })
-    }
-}
-
-/// The shell child serving one run.
-struct ShellChild {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Drop for ShellChild {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -355,65 +334,16 @@ fn start_shell(
     workspace: &Path,
     manifest: Option<&Path>,
 ) -> anyhow::Result<ShellChild> {
-    let me = std::env::current_exe()?;
-    let mut command = Command::new(me);
-    command
-        .arg("shell")
-        .arg("--workspace")
-        .arg(workspace)
-        .arg("--state")
-        .arg(state)
-        .arg("--require-capabilities");
+    let mut extra: Vec<std::ffi::OsString> = vec!["--require-capabilities".into()];
     if let Some(manifest) = manifest {
-        command.arg("--manifest").arg(manifest);
+        extra.push("--manifest".into());
+        extra.push(manifest.into());
     }
     for entry in &args.resolve {
-        command.arg("--resolve").arg(entry);
+        extra.push("--resolve".into());
+        extra.push(entry.into());
     }
-    // Nothing of this process's environment reaches the shell.
-    command.env_clear().env("PATH", "/usr/bin:/bin");
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting moat shell")?;
-    let stdin = child.stdin.take().context("shell stdin")?;
-    let stdout = BufReader::new(child.stdout.take().context("shell stdout")?);
-    Ok(ShellChild {
-        child,
-        stdin,
-        stdout,
-    })
-}
-
-fn write_inputs(workspace: &Path, inputs: &Value) -> anyhow::Result<()> {
-    for input in inputs.as_array().into_iter().flatten() {
-        let path = input["path"].as_str().context("input without a path")?;
-        if path.starts_with('/')
-            || path
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == "..")
-        {
-            bail!("input path {path:?} is not a plain relative path");
-        }
-        let content = input["contentBase64"]
-            .as_str()
-            .with_context(|| format!("input {path}: no content"))?;
-        let bytes = B64
-            .decode(content)
-            .with_context(|| format!("input {path}"))?;
-        // Exactly the bytes the agent gave: checked against the recorded hash.
-        if input["sha256"].as_str() != Some(moat_core::hash::sha256_hex(&bytes).as_str()) {
-            bail!("input {path}: content does not match its sha256");
-        }
-        let target = workspace.join(path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&target, bytes).with_context(|| format!("writing input {path}"))?;
-    }
-    Ok(())
+    ShellChild::start(state, workspace, &extra)
 }
 
 /// The artifacts a result names, with their bytes from the shell's store.

@@ -33,6 +33,10 @@ when { context.network != "off" };
 @id("no-secrets")
 forbid(principal, action, resource == Moat::Path::"input/secret.txt");
 
+@id("sensitive-read") @approval("required")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"artifact_read", resource)
+when { context.path like "input/sensitive/*" };
+
 @id("crm-read")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",
        resource == Moat::Tool::"crm_lookup")

@@ -280,6 +280,20 @@ impl Store {
         self.read(|tx| get(tx, org, id))
     }
 
+    /// A run by id, whichever org it is in (run ids are unique across
+    /// orgs): for operators' tools that read the database directly.
+    pub fn run_by_id(&self, id: &str) -> Result<Option<RunRow>, StoreError> {
+        self.read(|tx| {
+            tx.query_one(
+                &format!("SELECT {COLUMNS} FROM runs WHERE id = ?"),
+                &[id.into()],
+            )?
+            .as_ref()
+            .map(decode)
+            .transpose()
+        })
+    }
+
     /// The org's runs, newest first, optionally in one state.
     pub fn runs(
         &self,

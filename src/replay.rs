@@ -1,0 +1,295 @@
+//! `moat replay RUN_ID`: the run's recorded operations again, in a fresh
+//! sandbox, against the same inputs (checked by hash) and under the same
+//! permission envelope (the manifest it ran under, the policy it was decided
+//! by), with a divergence report per operation.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use base64::Engine as _;
+use clap::Args;
+use moat_core::SignedManifest;
+use moat_ledger::store::{OpState, Store};
+use serde_json::{Value, json};
+
+use crate::runner::shell_child::{ShellChild, write_inputs};
+
+const ABOUT: &str = "\
+Reads the run from the control plane's database: its inputs (by hash), its
+operations and the manifest and policy hashes they were decided under. It
+refuses if the policy file or the environment's current manifest is no
+longer the one the run had (--allow-changed replays anyway, and says so).
+Then it runs every operation that ran before (denied ones were never run),
+in order, through a fresh `moat shell` in a new workspace under the
+recorded manifest, and compares each with its record: status, exit code and
+a hash of the outputs (content, stdout and stderr, artifacts; timings and
+enforcement details excluded). Exits 0 if nothing diverged, 3 if something
+did, 1 on an error.
+
+  moat replay demo-1a2b3c4d                       # moat up's database and policy
+  moat replay run-42 --db postgres://moat@db/moat --policy /etc/moat/policy.cedar --json";
+
+/// Re-run a run's operations in a fresh sandbox and report divergences.
+#[derive(Args)]
+#[command(after_long_help = ABOUT)]
+pub struct ReplayArgs {
+    /// The run.
+    run: String,
+    /// The control plane's database.
+    #[arg(long, value_name = "URL", default_value = "sqlite:moat-up/moat.db")]
+    db: String,
+    /// The policy the control plane decides by now.
+    #[arg(long, value_name = "FILE", default_value = "moat-up/policy.cedar")]
+    policy: PathBuf,
+    /// Replay even if the policy or the manifest changed since the run.
+    #[arg(long)]
+    allow_changed: bool,
+    /// One JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: ReplayArgs) -> ExitCode {
+    match run(&args) {
+        Ok(false) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::from(3),
+        Err(e) => {
+            eprintln!("moat replay: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// What is compared: status, exit code, and a hash of the outputs.
+fn fingerprint(result: &Value) -> Value {
+    let status = result["status"].clone();
+    let r = &result["result"];
+    let mut outputs = serde_json::Map::new();
+    for key in [
+        "stdout",
+        "stderr",
+        "content",
+        "sha256",
+        "entries",
+        "path",
+        "body",
+        "timedOut",
+        "oomKilled",
+    ] {
+        if !r[key].is_null() {
+            outputs.insert(key.into(), r[key].clone());
+        }
+    }
+    let artifacts: Vec<Value> = result["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| json!([a["label"], a["sha256"]]))
+        .collect();
+    outputs.insert("artifacts".into(), Value::Array(artifacts));
+    outputs.insert("reason".into(), result["reason"].clone());
+    let canonical = moat_core::hash::canonical_json(&Value::Object(outputs)).unwrap_or_default();
+    json!({
+        "status": status,
+        "exitCode": r["exitCode"],
+        "outputHash": moat_core::hash::sha256_hex(&canonical),
+    })
+}
+
+/// A fresh directory of our own under the system's temporary directory.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> anyhow::Result<Scratch> {
+        let dir = std::env::temp_dir().join(moat_ledger::store::new_id("moat-replay-"));
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
+    if let Some(path) = args.db.strip_prefix("sqlite:") {
+        if !Path::new(path).exists() {
+            bail!("--db {}: no such database", args.db);
+        }
+    }
+    let store = Store::open(&args.db)
+        .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
+    let run = store
+        .run_by_id(&args.run)
+        .context("reading the run")?
+        .with_context(|| format!("no run {} in this database", args.run))?;
+    let ops = store.ops(&run.org_id, &run.id)?;
+
+    // The envelope it had, and the one in force now.
+    let recorded_policy = ops
+        .iter()
+        .find_map(|o| o.decision["policyHash"].as_str())
+        .map(str::to_owned);
+    let recorded_manifest = run
+        .manifest_hash
+        .clone()
+        .or_else(|| {
+            ops.iter()
+                .find_map(|o| o.decision["manifestHash"].as_str().map(str::to_owned))
+        })
+        .context("the run was never claimed or decided under a manifest: nothing to replay")?;
+    let policy_text = std::fs::read(&args.policy)
+        .with_context(|| format!("--policy {}", args.policy.display()))?;
+    let policy_now = moat_core::hash::sha256_hex(&policy_text);
+    let manifest_now = store
+        .current_manifest(&run.org_id, &run.environment)?
+        .map(|m| m.hash);
+    let mut changes = Vec::new();
+    if recorded_policy.as_deref().is_some_and(|p| p != policy_now) {
+        changes.push(format!(
+            "the policy changed ({} then, {policy_now} now)",
+            recorded_policy.as_deref().unwrap_or("-")
+        ));
+    }
+    if manifest_now.as_deref() != Some(recorded_manifest.as_str()) {
+        changes.push(format!(
+            "the manifest changed ({recorded_manifest} then, {} now)",
+            manifest_now.as_deref().unwrap_or("none")
+        ));
+    }
+    if !changes.is_empty() && !args.allow_changed {
+        bail!(
+            "{}: the replay would not run under the same permissions (--allow-changed to replay anyway)",
+            changes.join("; ")
+        );
+    }
+    let manifest = store
+        .manifest(&run.org_id, &recorded_manifest)?
+        .with_context(|| format!("manifest {recorded_manifest} is not in the database"))?;
+    let signed: SignedManifest =
+        serde_json::from_str(&manifest.signed).context("the recorded manifest")?;
+
+    // A fresh workspace with the inputs, checked against their hashes.
+    let scratch = Scratch::new()?;
+    let workspace = scratch.0.join("workspace");
+    let state = scratch.0.join("state");
+    std::fs::create_dir_all(workspace.join("output"))?;
+    std::fs::create_dir_all(workspace.join("input"))?;
+    std::fs::create_dir_all(&state)?;
+    let mut inputs = run.inputs.clone();
+    for input in inputs.as_array_mut().into_iter().flatten() {
+        let sha = input["sha256"].as_str().unwrap_or_default().to_owned();
+        let bytes = store
+            .artifact_bytes(&run.org_id, &sha)?
+            .with_context(|| format!("input {} ({sha}) is no longer stored", input["path"]))?;
+        input["contentBase64"] = base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .into();
+    }
+    write_inputs(&workspace, &inputs)?;
+    let manifest_file = scratch.0.join("manifest.json");
+    std::fs::write(&manifest_file, &manifest.signed)?;
+    let key_file = scratch.0.join("trusted.pub");
+    std::fs::write(&key_file, &signed.manifest.control_plane_public_key)?;
+    let mut shell = ShellChild::start(
+        &state,
+        &workspace,
+        &[
+            "--manifest".into(),
+            manifest_file.into_os_string(),
+            "--trusted-key".into(),
+            key_file.into_os_string(),
+        ],
+    )?;
+
+    let mut report = Vec::new();
+    let mut diverged = false;
+    for op in &ops {
+        let recorded = op.result.clone().unwrap_or(Value::Null);
+        let ran = matches!(op.state, OpState::Succeeded | OpState::Failed);
+        // Tool calls are made by the control plane, not in a sandbox.
+        let tool_call = op.envelope["args"]["profile"] == moat_control::tools::PROFILE;
+        if !ran || tool_call {
+            report.push(json!({
+                "op": op.id, "kind": op.op, "replayed": false,
+                "why": if tool_call { "a tool call (made by the control plane, not replayed)" } else { "never ran (denied or not finished)" },
+                "recorded": {"state": op.state.as_str()},
+            }));
+            continue;
+        }
+        let mut envelope = op.envelope.clone();
+        if let Some(map) = envelope.as_object_mut() {
+            map.remove("capability");
+        }
+        let again = shell.ask(&envelope, &op.id)?;
+        let (then, now) = (fingerprint(&recorded), fingerprint(&again));
+        let same = then == now;
+        diverged |= !same;
+        report.push(json!({
+            "op": op.id, "kind": op.op, "replayed": true, "same": same,
+            "recorded": then, "replay": now,
+        }));
+    }
+    drop(shell);
+    let doc = json!({
+        "run": run.id, "manifestHash": recorded_manifest, "policyHash": recorded_policy,
+        "changed": changes, "diverged": diverged, "ops": report,
+    });
+    if args.json {
+        outln!("{doc:#}");
+    } else {
+        print_text(&doc);
+    }
+    Ok(diverged)
+}
+
+fn print_text(doc: &Value) {
+    outln!(
+        "replay of run {} under manifest {} and policy {}",
+        doc["run"].as_str().unwrap_or("?"),
+        doc["manifestHash"].as_str().unwrap_or("?"),
+        doc["policyHash"].as_str().unwrap_or("-")
+    );
+    for change in doc["changed"].as_array().into_iter().flatten() {
+        outln!("  WARNING: {}", change.as_str().unwrap_or(""));
+    }
+    for op in doc["ops"].as_array().into_iter().flatten() {
+        let id = op["op"].as_str().unwrap_or("?");
+        let kind = op["kind"].as_str().unwrap_or("?");
+        if op["replayed"] != true {
+            outln!(
+                "  {id:<12} {kind:<15} not replayed: {}",
+                op["why"].as_str().unwrap_or("")
+            );
+            continue;
+        }
+        let (r, n) = (&op["recorded"], &op["replay"]);
+        let verdict = if op["same"] == true {
+            "same"
+        } else {
+            "DIVERGED"
+        };
+        outln!(
+            "  {id:<12} {kind:<15} {verdict}: status {} -> {}, exit {} -> {}, outputs {} -> {}",
+            r["status"].as_str().unwrap_or("-"),
+            n["status"].as_str().unwrap_or("-"),
+            r["exitCode"],
+            n["exitCode"],
+            &r["outputHash"].as_str().unwrap_or("-")
+                [..12.min(r["outputHash"].as_str().unwrap_or("-").len())],
+            &n["outputHash"].as_str().unwrap_or("-")
+                [..12.min(n["outputHash"].as_str().unwrap_or("-").len())],
+        );
+    }
+    outln!(
+        "{}",
+        if doc["diverged"] == true {
+            "diverged"
+        } else {
+            "no divergence"
+        }
+    );
+}

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+pub use moat_core::url::encode_component as segment;
 use serde_json::Value;
 
 use crate::runner::client::{Answer, error_text};
@@ -103,17 +104,4 @@ impl Api {
             .send(body.to_string().as_bytes());
         self.answer(response)
     }
-}
-
-/// Percent-encodes a path segment given by the user.
-pub fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
+use moat_core::url::encode_component as encode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -199,18 +200,6 @@ pub struct Call {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Option<String>,
-}
-
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn param_text(name: &str, def: &ParamDef, value: &Value) -> Result<String, ToolError> {

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use moat_core::url::encode_component as seg;
 use moat_ledger::StoredEvent;
 use moat_ledger::store::{
     ApprovalRow, ArtifactRow, ManifestRow, OpRow, OpState, Page, RunRow, RunState, RunnerRow, stamp,
@@ -27,19 +28,6 @@ pub fn esc(text: &str) -> String {
         }
     }
     out
-}
-
-/// A path segment for a link (ids are plain, but never trust that here).
-fn seg(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn layout(title: &str, here: &str, body: &str) -> String {

@@ -42,9 +42,19 @@ pub struct ReplayArgs {
     /// The policy the control plane decides by now.
     #[arg(long, value_name = "FILE", default_value = "moat-up/policy.cedar")]
     policy: PathBuf,
-    /// Replay even if the policy or the manifest changed since the run.
+    /// The control plane's public key: the recorded manifest must verify
+    /// with it (a manifest naming its own key proves nothing).
+    #[arg(long, value_name = "FILE", default_value = "moat-up/control-plane.pub")]
+    trusted_key: PathBuf,
+    /// Replay even if the policy or the manifest changed since the run (or
+    /// the manifest was revoked).
     #[arg(long)]
     allow_changed: bool,
+    /// Also replay operations that reach the network (a direct
+    /// `http_request`, a program with network): they repeat their effects
+    /// on the world.
+    #[arg(long)]
+    allow_network: bool,
     /// One JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -95,6 +105,33 @@ fn fingerprint(result: &Value) -> Value {
         "exitCode": r["exitCode"],
         "outputHash": moat_core::hash::sha256_hex(&canonical),
     })
+}
+
+/// Why an operation is not replayed, if it is not.
+fn skip_reason(op: &moat_ledger::store::OpRow, allow_network: bool) -> Option<&'static str> {
+    let finished = matches!(op.state, OpState::Succeeded | OpState::Failed);
+    // A result the shell wrote names its op; one the control plane wrote
+    // when the run ended or its lease was lost does not.
+    let ran = finished
+        && op
+            .result
+            .as_ref()
+            .is_some_and(|r| r["id"].as_str() == Some(op.id.as_str()));
+    let args = &op.envelope["args"];
+    if args["profile"] == moat_control::tools::PROFILE {
+        return Some("a tool call (made by the control plane, not in a sandbox)");
+    }
+    if !ran {
+        return Some("never ran (denied, not approved, or ended with its run)");
+    }
+    let network = op.op == "http_request"
+        || [&args["network"], &op.envelope["network"]]
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n != "off"));
+    if network && !allow_network {
+        return Some("reaches the network (--allow-network to repeat it)");
+    }
+    None
 }
 
 /// A fresh directory of our own under the system's temporary directory.
@@ -169,8 +206,16 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     let manifest = store
         .manifest(&run.org_id, &recorded_manifest)?
         .with_context(|| format!("manifest {recorded_manifest} is not in the database"))?;
+    if manifest.revoked && !args.allow_changed {
+        bail!("manifest {recorded_manifest} has been revoked (--allow-changed to replay anyway)");
+    }
     let signed: SignedManifest =
         serde_json::from_str(&manifest.signed).context("the recorded manifest")?;
+    let trusted = crate::manifest::read_public_key(&args.trusted_key)
+        .with_context(|| format!("--trusted-key {}", args.trusted_key.display()))?;
+    signed
+        .verify(&trusted)
+        .context("the recorded manifest does not verify with --trusted-key")?;
 
     // A fresh workspace with the inputs, checked against their hashes.
     let scratch = Scratch::new()?;
@@ -193,7 +238,7 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     let manifest_file = scratch.0.join("manifest.json");
     std::fs::write(&manifest_file, &manifest.signed)?;
     let key_file = scratch.0.join("trusted.pub");
-    std::fs::write(&key_file, &signed.manifest.control_plane_public_key)?;
+    std::fs::write(&key_file, trusted.to_base64())?;
     let mut shell = ShellChild::start(
         &state,
         &workspace,
@@ -209,13 +254,10 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     let mut diverged = false;
     for op in &ops {
         let recorded = op.result.clone().unwrap_or(Value::Null);
-        let ran = matches!(op.state, OpState::Succeeded | OpState::Failed);
-        // Tool calls are made by the control plane, not in a sandbox.
-        let tool_call = op.envelope["args"]["profile"] == moat_control::tools::PROFILE;
-        if !ran || tool_call {
+        let why_not = skip_reason(op, args.allow_network);
+        if let Some(why) = why_not {
             report.push(json!({
-                "op": op.id, "kind": op.op, "replayed": false,
-                "why": if tool_call { "a tool call (made by the control plane, not replayed)" } else { "never ran (denied or not finished)" },
+                "op": op.id, "kind": op.op, "replayed": false, "why": why,
                 "recorded": {"state": op.state.as_str()},
             }));
             continue;

@@ -71,6 +71,11 @@ pub struct ServeArgs {
     /// secrets cannot be stored or used.
     #[arg(long, value_name = "FILE")]
     secrets_key: Option<PathBuf>,
+    /// Let tools call loopback, private, link-local and other non-public
+    /// addresses (an internal API). Off: an org's tool cannot reach the
+    /// control plane's own network.
+    #[arg(long)]
+    tools_allow_private_addresses: bool,
 }
 
 pub fn main(args: ServeArgs) -> ExitCode {
@@ -130,6 +135,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_attempts: args.max_attempts,
         approval_ttl: args.approval_ttl,
         vault,
+        tools_allow_private: args.tools_allow_private_addresses,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

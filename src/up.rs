@@ -76,8 +76,14 @@ impl Drop for Children {
 }
 
 fn secret_file(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
-    if let Ok(text) = std::fs::read_to_string(path) {
-        return Ok(text.trim().to_owned());
+    match std::fs::read_to_string(path) {
+        Ok(text) => return Ok(text.trim().to_owned()),
+        // Only a missing file is made anew: replacing an unreadable key
+        // would lose every secret sealed with it.
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("{}", path.display()));
+        }
+        Err(_) => {}
     }
     let value = make();
     files::write_atomic(path, format!("{value}\n").as_bytes(), 0o600)?;
@@ -133,6 +139,12 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
+    // The database, logs and tokens inside are the owner's only.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&args.dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("{}", args.dir.display()))?;
+    }
     let dir = args
         .dir
         .canonicalize()

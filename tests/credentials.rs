@@ -133,7 +133,12 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
             &setup,
             &db.url,
             "127.0.0.1:0",
-            &["--secrets-key", key_file.to_str().unwrap()],
+            &[
+                "--secrets-key",
+                key_file.to_str().unwrap(),
+                // The vendor runs on this machine's loopback.
+                "--tools-allow-private-addresses",
+            ],
         );
         let acme = org(&serve, "acme");
         prepare_org(&serve, &setup, &acme);
@@ -358,4 +363,72 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
         drop(runner);
         drop(serve);
     }
+
+    // Without --tools-allow-private-addresses, a tool cannot reach this
+    // machine's own network: the call is refused before it is sent.
+    let serve = Serve::start_with(
+        &setup,
+        &format!("sqlite:{}", dir.path().join("closed.db").display()),
+        "127.0.0.1:0",
+        &["--secrets-key", key_file.to_str().unwrap()],
+    );
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let runner = Runner::start(&serve, &setup, &acme, "tools-closed");
+    let url = &serve.url;
+    call(
+        "PUT",
+        &format!("{url}/v1/secrets/crm_key"),
+        &acme,
+        Some(json!({"value": secret})),
+    );
+    let lookup = json!({
+        "name": "crm_lookup", "method": "GET",
+        "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
+        "params": {"id": {"type": "string", "required": true}},
+        "credential": {"secret": "crm_key", "in": "header", "name": "Authorization", "prefix": "Bearer "},
+    });
+    assert_eq!(
+        call("POST", &format!("{url}/v1/tools"), &acme, Some(lookup)).0,
+        201
+    );
+    assert_eq!(
+        call(
+            "POST",
+            &format!("{url}/v1/runs"),
+            &acme,
+            Some(json!({"id": "run-c"}))
+        )
+        .0,
+        201
+    );
+    let before = vendor.auth_seen.lock().unwrap().len();
+    let (status, op) = post_op(
+        &serve,
+        &acme,
+        "run-c",
+        envelope(
+            "look",
+            "http_request",
+            json!({"profile": "control-plane-tool-proxy", "tool": "crm_lookup", "params": {"id": "a"}}),
+        ),
+    );
+    assert_eq!(
+        (status, op["state"].as_str()),
+        (200, Some("failed")),
+        "{op}"
+    );
+    assert!(
+        op["result"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--tools-allow-private-addresses"),
+        "{op}"
+    );
+    assert_eq!(
+        vendor.auth_seen.lock().unwrap().len(),
+        before,
+        "the vendor was called"
+    );
+    drop(runner);
 }

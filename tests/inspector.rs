@@ -273,6 +273,8 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
             .arg(format!("sqlite:{}", dir.join("moat.db").display()))
             .arg("--policy")
             .arg(dir.join("policy.cedar"))
+            .arg("--trusted-key")
+            .arg(dir.join("control-plane.pub"))
             .args(extra)
             .output()
             .unwrap()

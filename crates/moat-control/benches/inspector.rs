@@ -104,6 +104,7 @@ fn bench(c: &mut Criterion) {
             max_attempts: 3,
             approval_ttl: Duration::from_secs(900),
             vault: None,
+            tools_allow_private: false,
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

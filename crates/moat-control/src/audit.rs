@@ -60,10 +60,17 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
         enforcement: Value::Null,
         ..Audit::default()
     };
+    // Manifests the runner reported working under: more than one is a
+    // refresh mid-run (decisions before the claim name the environment's
+    // current manifest, which says nothing about the runner).
+    let mut runner_manifests = BTreeSet::new();
     for stored in events {
         let e = &stored.event;
         let d = &e.data;
         if let Some(h) = text(&d["manifestHash"]) {
+            if d["runnerId"].is_string() {
+                runner_manifests.insert(h.clone());
+            }
             a.manifest_hashes.insert(h);
         }
         if let Some(h) = text(&d["policyHash"]) {
@@ -141,7 +148,7 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
             _ => {}
         }
     }
-    if a.manifest_hashes.len() > 1 {
+    if runner_manifests.len() > 1 {
         a.manifest_refreshed = true;
     }
     a.beyond_default_boundary =

@@ -57,6 +57,49 @@ fn host_of(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_ascii_lowercase())
 }
 
+/// A workspace path as the shell resolves it: `.` components and repeated
+/// slashes dropped; `None` for an absolute path or one with `..` (which the
+/// shell refuses anyway). `"."` for the workspace itself.
+pub fn canonical_path(path: &str) -> Option<String> {
+    if path.starts_with('/') || path.contains('\0') {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return None,
+            other => parts.push(other),
+        }
+    }
+    Some(if parts.is_empty() {
+        ".".to_owned()
+    } else {
+        parts.join("/")
+    })
+}
+
+/// Rewrites an artifact operation's `path` argument to its canonical form,
+/// so the policy decides on, and the capability binds, the path the shell
+/// will use (`./export/x` must not slip past a rule on `export/*`). A path
+/// with no canonical form is left as given: the shell refuses it, with its
+/// own reason and event.
+pub fn canonicalize_args(op: &str, args: &mut serde_json::Value) {
+    if !matches!(
+        OpKind::parse(op),
+        Some(OpKind::ArtifactRead | OpKind::ArtifactWrite | OpKind::ArtifactList)
+    ) {
+        return;
+    }
+    if let Some(canonical) = args
+        .get("path")
+        .and_then(|p| p.as_str())
+        .and_then(canonical_path)
+    {
+        args["path"] = canonical.into();
+    }
+}
+
 pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
     let op =
         OpKind::parse(&envelope.op).ok_or_else(|| DescribeError::UnknownOp(envelope.op.clone()))?;
@@ -188,6 +231,15 @@ mod tests {
             Some(Resource::Domain("api.example.com".into()))
         );
         assert!(describe(&envelope("exec_argv", serde_json::json!({"argv": []}))).is_err());
+        for (given, canonical) in [
+            ("./export//x.csv", Some("export/x.csv")),
+            ("sensitive/", Some("sensitive")),
+            ("", Some(".")),
+            ("a/../b", None),
+            ("/etc/passwd", None),
+        ] {
+            assert_eq!(canonical_path(given).as_deref(), canonical, "{given}");
+        }
         assert!(describe(&envelope("rm_rf", serde_json::json!({}))).is_err());
     }
 }

@@ -191,6 +191,31 @@ impl ToolDef {
     pub fn max_response(&self) -> u64 {
         self.max_response_bytes.unwrap_or(1 << 20)
     }
+
+    /// SHA-256 of the canonical definition: the decision records it, and a
+    /// call is refused if the tool changed since (an approval is for what
+    /// the approver saw).
+    pub fn hash(&self) -> String {
+        moat_core::hash::canonical_hash(self).unwrap_or_default()
+    }
+}
+
+/// The host and port a URL names (`None` if it is not http(s) with a host).
+pub fn host_port(url: &str) -> Option<(String, u16)> {
+    let (origin, _) = split_url(url)?;
+    let (scheme, authority) = origin.split_once("://")?;
+    let default = if scheme == "https" { 443 } else { 80 };
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, rest) = v6.split_once(']')?;
+        let port = rest
+            .strip_prefix(':')
+            .map_or(Some(default), |p| p.parse().ok())?;
+        return Some((host.to_owned(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) => Some((host.to_owned(), port.parse().ok()?)),
+        None => Some((authority.to_owned(), default)),
+    }
 }
 
 /// A call ready to send.
@@ -388,9 +413,32 @@ pub struct Scrubber {
 }
 
 impl Scrubber {
-    /// From `(name, value)` pairs; values shorter than 4 bytes would match
-    /// everywhere and are not credentials: they are refused when stored.
-    pub fn new(mut secrets: Vec<(String, String)>) -> Scrubber {
+    /// From `(name, value)` pairs. Each value is also looked for as it
+    /// travels: percent-encoded (in a URL) and base64 (in a header). Values
+    /// shorter than [`MIN_SECRET`] would match everywhere and are refused
+    /// when stored.
+    pub fn new(secrets: Vec<(String, String)>) -> Scrubber {
+        let mut all = Vec::new();
+        for (name, value) in secrets {
+            let encoded = moat_core::url::encode_component(&value);
+            let b64 = base64::engine::general_purpose::STANDARD.encode(value.as_bytes());
+            all.push((name.clone(), b64.trim_end_matches('=').to_owned()));
+            if encoded != value {
+                all.push((name.clone(), encoded));
+            }
+            all.push((name, value));
+        }
+        Self::exact(all)
+    }
+
+    /// Adds a form of a secret the tool itself made (a basic-auth pair).
+    pub fn also(&mut self, name: &str, value: String) {
+        let mut all = std::mem::take(&mut self.secrets);
+        all.push((name.to_owned(), value));
+        *self = Self::exact(all);
+    }
+
+    fn exact(mut secrets: Vec<(String, String)>) -> Scrubber {
         secrets.retain(|(_, v)| v.len() >= MIN_SECRET);
         // Longest first, so a secret containing another is replaced whole.
         secrets.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));

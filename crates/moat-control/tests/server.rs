@@ -61,6 +61,7 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: Option<tempfile::TempDir>)
         capability_ttl: Duration::from_secs(30),
         approval_ttl: Duration::from_secs(600),
         vault: None,
+        tools_allow_private: false,
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -199,18 +199,28 @@ fn settle(
     now: i64,
 ) -> Result<Settled, StoreError> {
     let run = approval.run_id.as_str();
+    let op = store.op(&approval.org_id, run, &approval.op_id)?;
+    let correlation = op
+        .as_ref()
+        .and_then(|o| o.envelope["correlationId"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| approval.op_id.clone());
     let base = json!({
         "approvalId": approval.id, "rule": approval.rule, "risk": approval.risk,
         "by": by, "via": via, "reason": reason,
     });
     let with_op = |mut e: moat_core::Event| {
         e.op_id = Some(approval.op_id.clone());
-        e.correlation_id = Some(approval.op_id.clone());
+        e.correlation_id = Some(correlation.clone());
         e
     };
     let (state, events, op_result) = match verdict {
         Verdict::Approved => {
-            let mut granted = base.clone();
+            // The grant reads like any other: the decision it completes
+            // (policy, manifest, resource, sandbox), then the approval.
+            let mut granted = op.map(|o| o.decision).unwrap_or_else(|| json!({}));
+            if let (Some(g), Some(b)) = (granted.as_object_mut(), base.as_object()) {
+                g.extend(b.clone());
+            }
             granted["decision"] = "allow".into();
             granted["policies"] = json!([approval.rule]);
             (

@@ -61,6 +61,8 @@ pub struct Config {
     pub approval_ttl: Duration,
     /// Seals the credential proxy's secrets (`None`: no secrets can be stored).
     pub vault: Option<crate::vault::Vault>,
+    /// Tools may call loopback, private and link-local addresses.
+    pub tools_allow_private: bool,
 }
 
 /// Shared state of the handlers.

@@ -489,6 +489,12 @@ pub async fn post_op(
     super::tools_api::scrubber(&state, &org)
         .await?
         .json(&mut body);
+    if let (Some(op), Some(args)) = (
+        body.get("op").and_then(Value::as_str).map(str::to_owned),
+        body.get_mut("args"),
+    ) {
+        crate::describe::canonicalize_args(&op, args);
+    }
     let envelope = complete_envelope(body, &run_id, now)?;
     let (o, r) = (org.clone(), run_id.clone());
     let (run, org_name, manifest) = state
@@ -519,7 +525,7 @@ pub async fn post_op(
         }
         _ => None,
     };
-    let decided = decide(
+    let mut decided = decide(
         &state,
         &org_name,
         &run,
@@ -527,6 +533,9 @@ pub async fn post_op(
         &envelope,
         tool.as_ref(),
     );
+    if let (Some(def), Some(record)) = (&tool, decided.record.as_object_mut()) {
+        record.insert("toolHash".into(), def.hash().into());
+    }
     let (op_state, decision, denial) = (
         decided.state,
         decided.record.clone(),
@@ -781,6 +790,10 @@ pub(crate) fn run_events_sse(
                             } else {
                                 sse
                             });
+                        }
+                        if done && !named {
+                            // A page's EventSource would reconnect forever.
+                            queue.push_back(SseEvent::default().event("end").data("end"));
                         }
                     }
                     Ok(None) => {}

@@ -19,6 +19,8 @@ use super::AppState;
 use super::auth;
 use super::error::{ApiError, ApiResult};
 use super::runner_api::SignedRunner;
+use base64::Engine as _;
+
 use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolDef};
 use crate::vault::VaultError;
 
@@ -175,17 +177,62 @@ pub async fn call(
         .ok()
         .filter(|a: &ToolCallArgs| op.op == "http_request" && a.profile == PROFILE)
         .ok_or_else(|| ApiError::bad_request("not a control-plane-tool-proxy operation"))?;
+    // Once per operation: a retried or concurrent request does not call
+    // the vendor again.
+    let now = state.now();
+    let lease = i64::try_from(state.config.lease.as_millis()).unwrap_or(i64::MAX);
+    let (org, rid, r, o) = (
+        runner.org_id.clone(),
+        runner.id.clone(),
+        run_id.clone(),
+        op_id.clone(),
+    );
+    let (first, held) = state
+        .db(move |s| {
+            let first = s.start_tool_call(&r, &o, now)?;
+            // The call may take a while: the run's lease is renewed first.
+            let held = s.renew_lease(&org, &rid, &r, now, lease)?.is_some();
+            Ok((first, held))
+        })
+        .await?;
+    if !first || !held {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "tool_call_started",
+            format!(
+                "the tool call of operation {op_id} was already made, or the run is no longer held"
+            ),
+        ));
+    }
     let (org, name) = (runner.org_id.clone(), args.tool.clone());
     let (tool, sealed) = state
         .db(move |s| Ok((s.tool(&org, &name)?, s.secrets(&org)?)))
         .await?;
     let secrets = open_secrets(&state, &runner.org_id, &sealed)?;
-    let scrubber = Scrubber::new(secrets.clone());
-    let now = state.now();
+    let mut scrubber = Scrubber::new(secrets.clone());
+    let decided_hash = op.decision["toolHash"].as_str().map(str::to_owned);
+    let allow_private = state.config.tools_allow_private;
+    // Half a lease at most: the result is recorded while the run is held.
+    let timeout = (state.config.lease / 2).min(Duration::from_secs(30));
     let outcome = match tool.map(|t| ToolDef::parse(&t.definition)) {
         None => Err(format!("no tool {:?} in this org", args.tool)),
         Some(Err(e)) => Err(e.to_string()),
+        Some(Ok(def)) if decided_hash.as_deref() != Some(def.hash().as_str()) => Err(format!(
+            "tool {} changed since the operation was decided: refused",
+            def.name
+        )),
         Some(Ok(def)) => {
+            if let Some(c) = def
+                .credential
+                .as_ref()
+                .filter(|c| c.place == tools::CredentialPlace::Basic)
+            {
+                if let Some((_, v)) = secrets.iter().find(|(n, _)| *n == c.secret) {
+                    let pair = format!("{}:{v}", c.name.as_deref().unwrap_or(""));
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
+                    scrubber.also(&c.secret, b64.trim_end_matches('=').to_owned());
+                }
+            }
             let secret = def.credential.as_ref().and_then(|c| {
                 secrets
                     .iter()
@@ -197,9 +244,11 @@ pub async fn call(
                 Ok(call) => {
                     let max = def.max_response();
                     let sent = call.clone();
-                    let answer = tokio::task::spawn_blocking(move || send(&sent, max))
-                        .await
-                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                    let answer = tokio::task::spawn_blocking(move || {
+                        send(&sent, max, timeout, allow_private)
+                    })
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
                     answer.map(|(status, body, took)| (def, call, status, body, took))
                 }
             }
@@ -306,12 +355,37 @@ fn public_url(url: &str) -> (String, String) {
 }
 
 /// Sends `call` (no redirects: a credential must not follow one to another
-/// host); `(status, body up to max bytes, time)`, or a message.
-fn send(call: &tools::Call, max: u64) -> Result<(u16, Vec<u8>, Duration), String> {
+/// host; no proxy from the environment); `(status, body up to max bytes,
+/// time)`, or a message. A host that resolves to a non-public address
+/// (loopback, private, link-local, metadata...) is refused unless the
+/// operator allowed it: an org's admin must not reach the control plane's
+/// own network through a tool.
+fn send(
+    call: &tools::Call,
+    max: u64,
+    timeout: Duration,
+    allow_private: bool,
+) -> Result<(u16, Vec<u8>, Duration), String> {
+    let (host, port) = tools::host_port(&call.url).ok_or("the tool URL has no host")?;
+    if !allow_private {
+        use std::net::ToSocketAddrs as _;
+        let addresses = (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("resolving {host}: {e}"))?;
+        for address in addresses {
+            if let Some(class) = moat_egress::addr::non_public_class(address.ip()) {
+                return Err(format!(
+                    "{host} resolves to {} ({class}): refused (moat serve --tools-allow-private-addresses allows it)",
+                    address.ip()
+                ));
+            }
+        }
+    }
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
-        .timeout_global(Some(Duration::from_secs(30)))
+        .proxy(None)
+        .timeout_global(Some(timeout))
         .build()
         .into();
     let started = Instant::now();

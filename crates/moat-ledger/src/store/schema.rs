@@ -153,6 +153,12 @@ CREATE TABLE IF NOT EXISTS tools (
     updated_ms  BIGINT NOT NULL,
     PRIMARY KEY (org_id, name)
 );
+CREATE TABLE IF NOT EXISTS tool_calls (
+    run_id      TEXT NOT NULL,
+    op_id       TEXT NOT NULL,
+    started_ms  BIGINT NOT NULL,
+    PRIMARY KEY (run_id, op_id)
+);
 CREATE TABLE IF NOT EXISTS request_nonces (
     runner_id   TEXT NOT NULL,
     nonce       TEXT NOT NULL,

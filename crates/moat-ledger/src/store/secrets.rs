@@ -119,6 +119,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Marks a tool call of an operation as started, once: `false` if it
+    /// was started before (a retried or concurrent request must not call
+    /// the vendor twice).
+    pub fn start_tool_call(&self, run: &str, op: &str, now: i64) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            let inserted = tx.execute(
+                "INSERT INTO tool_calls (run_id, op_id, started_ms) VALUES (?, ?, ?)
+                 ON CONFLICT (run_id, op_id) DO NOTHING",
+                &[run.into(), op.into(), now.into()],
+            )?;
+            Ok(inserted == 1)
+        })
+    }
+}
+
 fn decode_tool(row: &super::Row) -> Result<ToolRow, StoreError> {
     Ok(ToolRow {
         name: row.text(0)?,

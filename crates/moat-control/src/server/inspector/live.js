@@ -18,8 +18,9 @@
       list.appendChild(item);
       list.scrollTop = list.scrollHeight;
     };
-    // The stream ends with the run; do not reconnect to a finished run forever.
-    source.onerror = function () { if (source.readyState === EventSource.CLOSED) return; };
+    // The server says when the run has ended and every event is sent: stop
+    // there, instead of reconnecting to a finished run forever.
+    source.addEventListener("end", function () { source.close(); });
   }
   const clocks = document.querySelectorAll("[data-expires-ms]");
   if (clocks.length) {

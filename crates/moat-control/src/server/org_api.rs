@@ -483,11 +483,32 @@ pub async fn post_op(
 ) -> ApiResult<Response> {
     let org = auth::agent(&state, &headers).await?;
     let now = state.now();
+    // One trip to the store: the run's context, the org's sealed secrets
+    // and, for a tool call, the tool.
+    let tool_name = match (
+        body.get("op").and_then(Value::as_str),
+        body.pointer("/args/profile").and_then(Value::as_str),
+        body.pointer("/args/tool").and_then(Value::as_str),
+    ) {
+        (Some("http_request"), Some(crate::tools::PROFILE), Some(name)) => Some(name.to_owned()),
+        _ => None,
+    };
+    let (o, r) = (org.clone(), run_id.clone());
+    let (context, sealed, tool) = state
+        .db(move |s| {
+            let tool = match &tool_name {
+                Some(name) => s.tool(&o, name)?,
+                None => None,
+            };
+            Ok((s.op_context(&o, &r)?, s.secrets(&o)?, tool))
+        })
+        .await?;
+    let (run, org_name, manifest) =
+        context.ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
     // An agent cannot hand one of the org's secrets to a program or to the
     // ledger: known values are scrubbed from the envelope before anything.
     let mut body = body;
-    super::tools_api::scrubber(&state, &org)
-        .await?
+    crate::tools::Scrubber::new(super::tools_api::open_secrets(&state, &org, &sealed)?)
         .json(&mut body);
     if let (Some(op), Some(args)) = (
         body.get("op").and_then(Value::as_str).map(str::to_owned),
@@ -496,11 +517,6 @@ pub async fn post_op(
         crate::describe::canonicalize_args(&op, args);
     }
     let envelope = complete_envelope(body, &run_id, now)?;
-    let (o, r) = (org.clone(), run_id.clone());
-    let (run, org_name, manifest) = state
-        .db(move |s| s.op_context(&o, &r))
-        .await?
-        .ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
     if run.state.is_final() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -511,20 +527,7 @@ pub async fn post_op(
     let manifest = manifest.filter(|m| !m.revoked);
     let manifest: Option<SignedManifest> =
         manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
-    let tool = match (
-        &envelope.op[..],
-        envelope.args["profile"].as_str(),
-        envelope.args["tool"].as_str(),
-    ) {
-        ("http_request", Some(crate::tools::PROFILE), Some(name)) => {
-            let (o, n) = (org.clone(), name.to_owned());
-            state
-                .db(move |s| s.tool(&o, &n))
-                .await?
-                .and_then(|t| ToolDef::parse(&t.definition).ok())
-        }
-        _ => None,
-    };
+    let tool = tool.and_then(|t| ToolDef::parse(&t.definition).ok());
     let mut decided = decide(
         &state,
         &org_name,

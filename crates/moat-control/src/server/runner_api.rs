@@ -590,38 +590,33 @@ pub async fn result(
     let succeeded = result.status == moat_core::OpStatus::Ok;
     let mut result_json =
         serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
-    // No secret of the org is kept, whatever a program printed or wrote.
-    let scrubber = super::tools_api::scrubber(&state, &runner.org_id).await?;
-    if !scrubber.is_empty() {
-        scrubber.json(&mut result_json);
-        for e in &mut events {
-            scrubber.json(&mut e.data);
-        }
-        for blob in &mut blobs {
-            if let Some(clean) = scrubber.bytes(&blob.data) {
-                let sha = moat_core::hash::sha256_hex(&clean);
-                let old = std::mem::replace(&mut blob.sha256, sha.clone());
-                blob.data = clean;
-                crate::tools::replace_text(&mut result_json, &old, &sha);
-                for e in &mut events {
-                    crate::tools::replace_text(&mut e.data, &old, &sha);
-                }
-            }
-        }
-    }
-    let mut finished = event(
-        EventType::OpFinished,
-        &run_id,
-        now,
-        json!({
-            "status": result.status, "reason": result.reason, "runnerId": runner.id,
-            "artifacts": result_json["artifacts"].as_array().map(|a| a.iter().map(|x| x["sha256"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
-        }),
-    );
-    finished.op_id = Some(op_id.clone());
-    events.push(finished);
+    let st = Arc::clone(&state);
     let recorded = state
         .db(move |s| {
+            // No secret of the org is kept, whatever a program printed or
+            // wrote (read in the same trip to the store as the write).
+            let sealed = s.secrets(&runner.org_id)?;
+            let secrets = match super::tools_api::open_secrets(&st, &runner.org_id, &sealed) {
+                Ok(secrets) => secrets,
+                Err(e) => return Ok(Err(e)),
+            };
+            scrub_report(
+                &crate::tools::Scrubber::new(secrets),
+                &mut result_json,
+                &mut events,
+                &mut blobs,
+            );
+            let mut finished = event(
+                EventType::OpFinished,
+                &run_id,
+                now,
+                json!({
+                    "status": result.status, "reason": result.reason, "runnerId": runner.id,
+                    "artifacts": result_json["artifacts"].as_array().map(|a| a.iter().map(|x| x["sha256"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
+                }),
+            );
+            finished.op_id = Some(op_id.clone());
+            events.push(finished);
             s.finish_op(
                 &StoreOpResult {
                     org: &runner.org_id,
@@ -635,10 +630,39 @@ pub async fn result(
                 },
                 now,
             )
+            .map(Ok)
         })
-        .await?;
+        .await??;
     state.notify();
     Ok(Json(json!({"recorded": recorded})))
+}
+
+/// Every known secret out of a runner's report; an artifact that held one
+/// is kept scrubbed, under its new hash, and the report names that hash.
+fn scrub_report(
+    scrubber: &crate::tools::Scrubber,
+    result: &mut Value,
+    events: &mut [moat_core::Event],
+    blobs: &mut [NewArtifact],
+) {
+    if scrubber.is_empty() {
+        return;
+    }
+    scrubber.json(result);
+    for e in events.iter_mut() {
+        scrubber.json(&mut e.data);
+    }
+    for blob in blobs {
+        if let Some(clean) = scrubber.bytes(&blob.data) {
+            let sha = moat_core::hash::sha256_hex(&clean);
+            let old = std::mem::replace(&mut blob.sha256, sha.clone());
+            blob.data = clean;
+            crate::tools::replace_text(result, &old, &sha);
+            for e in events.iter_mut() {
+                crate::tools::replace_text(&mut e.data, &old, &sha);
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -137,13 +137,6 @@ pub(crate) fn open_secrets(
         .collect()
 }
 
-/// The scrubber for everything `org`'s runners report.
-pub(crate) async fn scrubber(state: &Arc<AppState>, org: &str) -> ApiResult<Scrubber> {
-    let o = org.to_owned();
-    let sealed = state.db(move |s| s.secrets(&o)).await?;
-    Ok(Scrubber::new(open_secrets(state, org, &sealed)?))
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolCallArgs {

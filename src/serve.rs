@@ -123,8 +123,12 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let backend = store.backend();
+    // Kept here so the store is dropped after the runtime, on this thread:
+    // PostgreSQL's client blocks on its own runtime when dropped, which
+    // must not happen on one of tokio's threads.
+    let store = Arc::new(store);
     let state = AppState::new(Config {
-        store: Arc::new(store),
+        store: Arc::clone(&store),
         key,
         policy,
         admin_token_hash: moat_core::hash::sha256_hex(admin.as_bytes()),
@@ -141,7 +145,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("--listen {}", args.listen))?;
@@ -160,5 +164,8 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         server::serve(listener, state, shutdown).await?;
         eprintln!("moat serve: stopped");
         anyhow::Ok(())
-    })
+    });
+    drop(runtime);
+    drop(store);
+    served
 }

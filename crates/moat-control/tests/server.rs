@@ -25,12 +25,14 @@ const ADMIN: &str = "admin-token-0123456789abcdef";
 const T0: i64 = 1_900_000_000_000;
 const DAY: i64 = 86_400_000;
 
+// Fields drop in order: the runtime (and the server's hold on the store)
+// before the store itself, which PostgreSQL's client drops by blocking.
 struct Plane {
     url: String,
     clock: ManualClock,
+    _rt: tokio::runtime::Runtime,
     store: Arc<Store>,
     key: PrivateKey,
-    _rt: tokio::runtime::Runtime,
     _pg: Option<TempPostgres>,
     _dir: Option<tempfile::TempDir>,
 }

@@ -950,3 +950,33 @@ fn proxy_only_reaches_the_manifest_profiles_and_nothing_else() {
     assert_denied(&results[3], "network_not_allowed");
     assert_eq!(server.count(), 1, "{:?}", server.seen());
 }
+
+#[test]
+fn a_program_cannot_read_the_requests_that_follow_its_own() {
+    let s = Session::new(|_| {});
+    // The second request is far larger than the shell's read buffer, so
+    // most of it is still in the shell's stdin pipe while `cat` (which
+    // reads its stdin) runs: `cat` must get nothing of it.
+    let big = "x".repeat(200_000);
+    let results = s.ops(&[
+        op("1", "exec_argv", json!({"argv": ["cat"]})),
+        op(
+            "2",
+            "artifact_write",
+            json!({"path": "output/big.txt", "content": big, "maxBytes": 300_000}),
+        ),
+        op("3", "exec_argv", json!({"argv": ["wc", "-c"]})),
+    ]);
+    assert_eq!(results[0]["status"], "ok", "{}", results[0]);
+    assert_eq!(
+        results[0]["result"]["stdout"], "",
+        "the program read the next request"
+    );
+    assert_eq!(results[1]["status"], "ok", "the next request was damaged");
+    assert_eq!(
+        results[2]["result"]["stdout"].as_str().unwrap().trim(),
+        "0",
+        "{}",
+        results[2]
+    );
+}

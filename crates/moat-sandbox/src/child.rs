@@ -47,6 +47,8 @@ pub(crate) struct ExecPlan {
     pub(crate) seccomp: SeccompPrograms,
     /// `RLIMIT_NPROC` applied when the run has no pids cgroup.
     pub(crate) nproc_floor: u64,
+    /// stdin is `/dev/null` whatever the launcher's is.
+    pub(crate) stdin_null: bool,
 }
 
 /// Everything init starts from. The root and exec plans are computed by init
@@ -148,6 +150,7 @@ impl ExecPlan {
             },
             seccomp: seccomp::compile(spec.network.uses_egress_proxy())?,
             nproc_floor: limits.pids,
+            stdin_null: spec.stdin_null,
         })
     }
 }
@@ -552,7 +555,7 @@ fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> 
         } else {
             0
         };
-        if kind != libc::S_IFIFO && kind != libc::S_IFREG {
+        if exec.stdin_null || (kind != libc::S_IFIFO && kind != libc::S_IFREG) {
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
             if null < 0 || libc::dup2(null, 0) < 0 {
                 return Err(fail(Layer::Launcher, "stdin from /dev/null"));

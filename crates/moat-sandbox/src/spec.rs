@@ -44,6 +44,11 @@ pub struct SandboxSpec {
     pub allow_degraded: bool,
     /// Host uid and gid the program runs as when the launcher is root.
     pub unprivileged_id: (u32, u32),
+    /// Give the program `/dev/null` as stdin whatever the launcher's stdin
+    /// is. A launcher that reads requests on its own stdin (the capability
+    /// shell, MCP) must set it: the program would otherwise read the
+    /// requests that follow its own.
+    pub stdin_null: bool,
 }
 
 /// Longest wall-clock limit accepted.
@@ -68,6 +73,7 @@ impl SandboxSpec {
             limits: Limits::default(),
             allow_degraded: false,
             unprivileged_id: (65534, 65534),
+            stdin_null: false,
         }
     }
 

@@ -184,6 +184,9 @@ pub fn plan(
     let mut argv = args.argv.clone();
     argv[0] = resolved;
     let mut spec = SandboxSpec::new(sandbox_run_id, argv);
+    // The shell's stdin carries the next requests (and their capabilities):
+    // never the program's.
+    spec.stdin_null = true;
     spec.mode = mode;
     spec.network = network;
     spec.cwd = Some(cwd);

@@ -184,6 +184,75 @@ fn an_allowed_domain_is_reached_over_http_through_the_proxy() {
     assert!(!events.contains("hello from host"), "{}", dump(&run));
 }
 
+/// A host server that answers each request with the body it was sent.
+fn echo_server() -> (u16, std::thread::JoinHandle<Vec<u8>>) {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        // Head, then exactly Content-Length bytes of body.
+        let (head_end, length) = loop {
+            let n = stream.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                return Vec::new();
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                break (end + 4, length);
+            }
+        };
+        while buf.len() < head_end + length {
+            let n = stream.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body = buf[head_end..].to_vec();
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = stream.write_all(answer.as_bytes());
+        let _ = stream.write_all(&body);
+        body
+    });
+    (port, handle)
+}
+
+#[test]
+fn a_request_body_goes_through_the_proxy_whole() {
+    // The body arrives with the head in one segment: the proxy must pass
+    // on what it read past the head, not just the head.
+    let (port, server) = echo_server();
+    let allow = format!("app.test:{port}");
+    let run = proxied(
+        &app_args(&allow, &[]),
+        &format!("curl -sS -m 10 -d 'a body sent with its head' http://app.test:{port}/"),
+    );
+    assert_eq!(run.code, 0, "{}", dump(&run));
+    assert_eq!(run.stdout, "a body sent with its head", "{}", dump(&run));
+    assert_eq!(server.join().unwrap(), b"a body sent with its head");
+    assert_eq!(
+        allowed_requests(&run, "app.test", "POST").len(),
+        1,
+        "{}",
+        dump(&run)
+    );
+}
+
 #[test]
 fn an_allowed_domain_is_reached_over_https_through_a_connect_tunnel() {
     let pki = Pki::new();

@@ -106,8 +106,12 @@ async fn handle(stream: &mut TcpStream, scope: &Arc<Scope>) {
     if method == "CONNECT" {
         tunnel(stream, scope, &target, head.rest, started).await;
     } else if target.starts_with("http://") {
+        // The head, and whatever came with it (the start of a body): all of
+        // it is the request hyper reads.
+        let mut prefix = head.bytes;
+        prefix.extend_from_slice(&head.rest);
         let io = Rewind {
-            prefix: head.bytes,
+            prefix,
             offset: 0,
             inner: stream,
         };

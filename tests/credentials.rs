@@ -432,3 +432,181 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
     );
     drop(runner);
 }
+
+#[test]
+fn a_program_calls_a_tool_itself_with_a_token_good_for_its_operation_only() {
+    let dir = tempfile::tempdir().unwrap();
+    // The control plane's address must be in the manifest sealed into the
+    // runner: pick the port first.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let setup = setup_with(dir.path(), |m| {
+        m["allowedOps"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("http_request"));
+        m["allowedTools"] = json!(["crm_lookup"]);
+        m["networkPolicy"] = json!({
+            "mode": "allowlist",
+            "allowDomains": [format!("cp.test:{port}")],
+            "allowAddresses": ["127.0.0.1/32"],
+        });
+    });
+    let secret = format!("sk-live-{}", moat_ledger::store::new_id(""));
+    let vendor = Vendor::start(&secret);
+    let key_file = dir.path().join("secrets.key");
+    std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
+    for db in databases(dir.path()) {
+        let serve = Serve::start_with(
+            &setup,
+            &db.url,
+            &format!("127.0.0.1:{port}"),
+            &[
+                "--secrets-key",
+                key_file.to_str().unwrap(),
+                "--tools-allow-private-addresses",
+            ],
+        );
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        let name = format!("token-{}", db.url.len());
+        let runner = Runner::start_with(
+            &serve,
+            &setup,
+            &acme,
+            &name,
+            &["--resolve", "cp.test=127.0.0.1"],
+        );
+        let url = &serve.url;
+        call(
+            "PUT",
+            &format!("{url}/v1/secrets/crm_key"),
+            &acme,
+            Some(json!({"value": secret})),
+        );
+        let lookup = json!({
+            "name": "crm_lookup", "method": "GET",
+            "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
+            "params": {"id": {"type": "string", "required": true}},
+            "credential": {"secret": "crm_key", "in": "header", "name": "Authorization", "prefix": "Bearer "},
+            "redact": {"mask": ["\\d{3}-\\d{2}-\\d{4}"]},
+        });
+        assert_eq!(
+            call("POST", &format!("{url}/v1/tools"), &acme, Some(lookup)).0,
+            201
+        );
+        assert_eq!(
+            call(
+                "POST",
+                &format!("{url}/v1/runs"),
+                &acme,
+                Some(json!({"id": "run-p"}))
+            )
+            .0,
+            201
+        );
+
+        // The program reads its token on stdin and calls the tool through
+        // the egress proxy; it prints the answer, and the token, so that
+        // the test can try it again afterwards.
+        let script = format!(
+            "import sys, json, urllib.request\n\
+             token = sys.stdin.readline().strip()\n\
+             req = urllib.request.Request('http://cp.test:{port}/v1/tool-tokens/call',\n\
+                 data=json.dumps({{'tool': 'crm_lookup', 'params': {{'id': 'acct-7'}}}}).encode(),\n\
+                 headers={{'Authorization': 'Bearer ' + token, 'content-type': 'application/json'}})\n\
+             print(urllib.request.urlopen(req, timeout=15).read().decode())\n\
+             print('TOKEN', token)\n"
+        );
+        let program = envelope(
+            "prog",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c", script], "network": "allowlist",
+                   "toolToken": ["crm_lookup"], "timeoutMs": 20000}),
+        );
+        // A program with network waits for a person (the test policy).
+        let (status, pending) = call(
+            "POST",
+            &format!("{url}/v1/runs/run-p/ops"),
+            &acme,
+            Some(program),
+        );
+        assert_eq!(status, 202, "{pending}");
+        assert!(
+            pending["decision"]["toolToken"]["crm_lookup"].is_string(),
+            "{pending}"
+        );
+        let approval = pending["approval"]["id"].as_str().unwrap();
+        let (s, b) = call(
+            "POST",
+            &format!("{url}/v1/approvals/{approval}/approve"),
+            &acme,
+            Some(json!({})),
+        );
+        assert_eq!(s, 200, "{b}");
+        let (_, op) = call(
+            "GET",
+            &format!("{url}/v1/runs/run-p/ops/prog?wait_ms=30000"),
+            &acme,
+            None,
+        );
+        assert_eq!(op["state"], "succeeded", "{op}");
+        let stdout = op["result"]["result"]["stdout"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(stdout.contains("\"name\":\"Ada\""), "{op}");
+        assert!(stdout.contains("[MASKED]"), "{stdout}");
+        assert!(stdout.contains("Bearer [REDACTED:crm_key]"), "{stdout}");
+        assert!(!stdout.contains(&secret));
+        assert_eq!(
+            vendor.auth_seen.lock().unwrap().last().map(String::as_str),
+            Some(format!("Bearer {secret}").as_str())
+        );
+        // The call is on the operation's record.
+        let events = run_events(&serve, &acme, "run-p");
+        assert!(
+            events.iter().any(|e| e["type"] == "network.request"
+                && e["opId"] == "prog"
+                && e["data"]["via"] == "tool-token"),
+            "{events:#?}"
+        );
+        // The operation is over: so is its token.
+        let token = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("TOKEN "))
+            .unwrap()
+            .trim()
+            .to_owned();
+        let mut again = ureq::post(&format!("{url}/v1/tool-tokens/call"))
+            .header("authorization", &format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .send(
+                json!({"tool": "crm_lookup", "params": {"id": "acct-7"}})
+                    .to_string()
+                    .as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(
+            again.status().as_u16(),
+            401,
+            "{}",
+            again.body_mut().read_to_string().unwrap()
+        );
+        // Not in any event or result, not in the runner's state or environment.
+        let (_, ops) = call("GET", &format!("{url}/v1/runs/run-p/ops"), &acme, None);
+        for text in [serde_json::to_string(&events).unwrap(), ops.to_string()] {
+            assert!(!text.contains(&secret));
+        }
+        let hits = files_containing(&runner.state, secret.as_bytes());
+        assert!(hits.is_empty(), "runner state: {hits:?}");
+        drop(runner);
+        drop(serve);
+    }
+}

@@ -980,3 +980,15 @@ fn a_program_cannot_read_the_requests_that_follow_its_own() {
         results[2]
     );
 }
+
+#[test]
+fn a_tool_token_is_refused_without_a_control_plane() {
+    let s = Session::new(|_| {});
+    let results = s.ops(&[op(
+        "1",
+        "exec_argv",
+        json!({"argv": ["cat"], "toolToken": ["crm_lookup"]}),
+    )]);
+    assert_denied(&results[0], "unsupported");
+    assert_eq!(s.events_of("1", "sandbox.exec.started").len(), 0);
+}

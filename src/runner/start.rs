@@ -257,7 +257,13 @@ impl Runner {
                             self.manifests.file.as_deref(),
                         )?),
                     };
-                    let result = self.run_op(shell, &run_id, &op_id, envelope)?;
+                    // A one-operation tool token travels beside the
+                    // envelope; the shell hands it to the program's stdin.
+                    let mut envelope = envelope.clone();
+                    if let Some(token) = answer.body["toolToken"].as_str() {
+                        envelope["toolToken"] = token.into();
+                    }
+                    let result = self.run_op(shell, &run_id, &op_id, &envelope)?;
                     let mut events = Vec::new();
                     loop {
                         let page = ledger.events(Some(&run_id), ledger_seq, 1000)?;

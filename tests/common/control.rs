@@ -315,6 +315,17 @@ pub struct Runner {
 
 impl Runner {
     pub fn start(serve: &Serve, setup: &Setup, token: &str, name: &str) -> Runner {
+        Self::start_with(serve, setup, token, name, &[])
+    }
+
+    /// `start` with more flags for `moat runner start` (`--resolve`...).
+    pub fn start_with(
+        serve: &Serve,
+        setup: &Setup,
+        token: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> Runner {
         let (status, body) = call(
             "POST",
             &format!("{}/v1/bootstrap-tokens", serve.url),
@@ -333,6 +344,7 @@ impl Runner {
                 "--state-dir",
                 path_str(&state),
             ])
+            .args(extra)
             .spawn()
             .unwrap();
         Runner { child, state }

@@ -30,6 +30,11 @@ pub struct Envelope {
     pub capability: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_decision_ref: Option<String>,
+    /// The one-operation token for `args.toolToken`, added by the runner
+    /// from the control plane's dispatch. Read, never written back out (not
+    /// to the ledger, not to the capability's hash).
+    #[serde(default, skip_serializing)]
+    pub tool_token: Option<String>,
     /// RFC 3339.
     pub created_at: String,
 }
@@ -128,6 +133,11 @@ pub struct ExecArgvArgs {
     /// Names from the manifest's pass-through list, with values.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Tools of the control plane's credential proxy the program may call
+    /// itself: a managed runner hands it a token for them, valid for this
+    /// operation only, as its stdin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_token: Vec<String>,
 }
 
 /// `http_request`: a named profile and a stored request (`{profile,

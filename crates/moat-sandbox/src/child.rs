@@ -32,6 +32,8 @@ pub(crate) struct ChildFds {
     pub(crate) stdout_write: RawFd,
     pub(crate) stderr_write: RawFd,
     pub(crate) notify_send: RawFd,
+    /// The program's stdin, when the spec gives it bytes.
+    pub(crate) stdin_read: Option<RawFd>,
     pub(crate) launcher_ends: Vec<RawFd>,
 }
 
@@ -555,7 +557,11 @@ fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> 
         } else {
             0
         };
-        if exec.stdin_null || (kind != libc::S_IFIFO && kind != libc::S_IFREG) {
+        if let Some(fd) = fds.stdin_read {
+            if libc::dup2(fd, 0) < 0 {
+                return Err(fail(Layer::Launcher, "stdin from the spec's bytes"));
+            }
+        } else if exec.stdin_null || (kind != libc::S_IFIFO && kind != libc::S_IFREG) {
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
             if null < 0 || libc::dup2(null, 0) < 0 {
                 return Err(fail(Layer::Launcher, "stdin from /dev/null"));

@@ -92,6 +92,8 @@ pub enum SpecError {
         "network mode {0} goes through the egress proxy: start the sandbox with one (and only then)"
     )]
     UnsupportedNetwork(moat_core::NetworkMode),
+    #[error("stdin bytes: at most {max} (they must fit in a pipe)")]
+    StdinTooLarge { max: usize },
 }
 
 /// Why a run could not be set up. The run never reached the program.

@@ -510,6 +510,20 @@ fn launch(
     let (stderr_read, stderr_write) = pipe("stderr pipe")?;
     let (notify_receive, notify_send) =
         sys::socketpair().map_err(io_err(Layer::Launcher, "notify socket"))?;
+    // Bytes for the program's stdin: written whole before the clone (they
+    // fit in the pipe), the write end closed, so the program reads them and
+    // then end of file.
+    let stdin_read = match &spec.stdin_data {
+        None => None,
+        Some(data) => {
+            let (read, write) = pipe("stdin pipe")?;
+            let mut writer = std::fs::File::from(write);
+            std::io::Write::write_all(&mut writer, data)
+                .map_err(io_err(Layer::Launcher, "stdin pipe"))?;
+            drop(writer);
+            Some(read)
+        }
+    };
     let mut signals = SignalGuard::new();
 
     let mut flags = libc::CLONE_NEWUSER
@@ -529,6 +543,7 @@ fn launch(
                 stdout_write: stdout_write.as_raw_fd(),
                 stderr_write: stderr_write.as_raw_fd(),
                 notify_send: notify_send.as_raw_fd(),
+                stdin_read: stdin_read.as_ref().map(|fd| fd.as_raw_fd()),
                 launcher_ends: [
                     &sync_write,
                     &status_read,
@@ -556,6 +571,7 @@ fn launch(
         stdout_write,
         stderr_write,
         notify_send,
+        stdin_read,
     ));
     let mut guard = ChildGuard {
         pid,

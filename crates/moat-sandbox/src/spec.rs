@@ -49,7 +49,14 @@ pub struct SandboxSpec {
     /// shell, MCP) must set it: the program would otherwise read the
     /// requests that follow its own.
     pub stdin_null: bool,
+    /// Bytes the program reads on stdin (then end of file), instead of any
+    /// stdin: how a one-operation token is handed to a program without an
+    /// argument, a variable or a file anyone else could see. At most 64 KiB.
+    pub stdin_data: Option<Vec<u8>>,
 }
+
+/// The most bytes `stdin_data` may hold (a pipe's default capacity).
+pub const MAX_STDIN_DATA: usize = 64 << 10;
 
 /// Longest wall-clock limit accepted.
 pub const MAX_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
@@ -74,6 +81,7 @@ impl SandboxSpec {
             allow_degraded: false,
             unprivileged_id: (65534, 65534),
             stdin_null: false,
+            stdin_data: None,
         }
     }
 
@@ -91,6 +99,15 @@ impl SandboxSpec {
         }
         if self.argv.is_empty() || self.argv[0].is_empty() {
             return Err(SpecError::EmptyArgv);
+        }
+        if self
+            .stdin_data
+            .as_ref()
+            .is_some_and(|d| d.len() > MAX_STDIN_DATA)
+        {
+            return Err(SpecError::StdinTooLarge {
+                max: MAX_STDIN_DATA,
+            });
         }
         if let Some(index) = self.argv.iter().position(|a| a.contains('\0')) {
             return Err(SpecError::NulInArgument { index });

@@ -185,8 +185,17 @@ pub fn plan(
     argv[0] = resolved;
     let mut spec = SandboxSpec::new(sandbox_run_id, argv);
     // The shell's stdin carries the next requests (and their capabilities):
-    // never the program's.
+    // never the program's. A tool token is the program's stdin instead.
     spec.stdin_null = true;
+    if !args.tool_token.is_empty() {
+        let Some(token) = envelope.tool_token.as_deref() else {
+            return Err(refuse(
+                DenialReason::Unsupported,
+                "toolToken: tokens are issued by a control plane to a managed runner, with the operation",
+            ));
+        };
+        spec.stdin_data = Some(format!("{token}\n").into_bytes());
+    }
     spec.mode = mode;
     spec.network = network;
     spec.cwd = Some(cwd);

@@ -185,6 +185,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(tools_api::list_tools).post(tools_api::put_tool),
         )
         .route("/v1/runner/runs/{run}/ops/{op}/tool", post(tools_api::call))
+        .route("/v1/tool-tokens/call", post(tools_api::token_call))
         .route("/v1/runner/register", post(runner_api::register))
         .route("/v1/runner/events", post(runner_api::events))
         .route("/v1/runner/claim", post(runner_api::claim))

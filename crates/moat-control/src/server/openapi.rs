@@ -197,6 +197,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "post",
+        "/v1/tool-tokens/call",
+        "tool-token",
+        "A program's tool call with its one-operation token (`{tool, params}`): made with the credential, answered redacted and scrubbed; good only while its operation runs.",
+    ),
+    (
+        "post",
         "/v1/runner/register",
         "bootstrap",
         "Register a sealed runner (hashes, manifest, version, environment, ops, sandbox mode, boot time, per-boot public key).",
@@ -264,6 +270,7 @@ fn security(auth: &str) -> Value {
         "org" => json!([{"apiToken": []}, {"agentToken": []}]),
         "org-admin" => json!([{"apiToken": []}]),
         "bootstrap" => json!([{"bootstrapToken": []}]),
+        "tool-token" => json!([{"toolToken": []}]),
         _ => json!([{"runnerSignature": []}]),
     }
 }
@@ -303,6 +310,7 @@ pub fn document() -> Value {
                 "apiToken": {"type": "http", "scheme": "bearer", "description": "An org's admin token (`POST /v1/orgs`)."},
                 "agentToken": {"type": "http", "scheme": "bearer", "description": "An agent token of the org (`POST /v1/agent-tokens`): runs, operations, events and artifacts only."},
                 "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "A single-use runner bootstrap token."},
+                "toolToken": {"type": "http", "scheme": "bearer", "description": "A one-operation tool token, handed to a program on its stdin (exec_argv `toolToken`)."},
                 "runnerSignature": {"type": "apiKey", "in": "header", "name": "x-moat-signature",
                     "description": "Ed25519 signature by the runner's per-boot key over method, path, x-moat-timestamp, x-moat-nonce and the body's SHA-256; with x-moat-runner."},
             },

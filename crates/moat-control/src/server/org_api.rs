@@ -252,6 +252,11 @@ fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope
     let map = body
         .as_object_mut()
         .ok_or_else(|| ApiError::bad_request("the operation must be a JSON object"))?;
+    if map.contains_key("toolToken") {
+        return Err(ApiError::bad_request(
+            "tool tokens are issued by the control plane to the runner, not sent to it",
+        ));
+    }
     if map.contains_key("capability") {
         return Err(ApiError::bad_request(
             "capabilities are issued by the control plane, not sent to it",
@@ -463,6 +468,103 @@ fn decide(
     }
 }
 
+/// A program's `toolToken`: each tool must exist, be in the manifest's
+/// `allowedTools` and be allowed by policy as a call of its own (an
+/// approval any of them needs, the operation needs); the decision records
+/// the hash of each definition the token will be good for.
+fn decide_token_tools(
+    state: &AppState,
+    org_name: &str,
+    run: &RunRow,
+    manifest: Option<&SignedManifest>,
+    tools: &[(String, Option<moat_ledger::store::ToolRow>)],
+    decided: &mut Decided,
+) {
+    if !matches!(decided.state, OpState::Queued | OpState::PendingApproval) {
+        return;
+    }
+    let Some(manifest) = manifest else { return };
+    let deny_record = decided.record.clone();
+    let sandbox = manifest
+        .manifest
+        .sandbox_modes
+        .first()
+        .copied()
+        .unwrap_or(SandboxMode::WorkspaceWrite);
+    let mut hashes = serde_json::Map::new();
+    let mut approval: Option<(String, String)> = None;
+    for (name, row) in tools {
+        let Some(def) = row
+            .as_ref()
+            .and_then(|t| ToolDef::parse(&t.definition).ok())
+        else {
+            *decided = Decided::denied(
+                deny_record,
+                DenialReason::InvalidArgs,
+                format!("toolToken: no tool {name:?} is defined in this org"),
+            );
+            return;
+        };
+        if !manifest.manifest.allowed_tools.contains(name) {
+            *decided = Decided::denied(
+                deny_record,
+                DenialReason::OpNotInManifest,
+                format!("toolToken: tool {name} is not in the manifest's allowedTools"),
+            );
+            return;
+        }
+        let request = OpRequest {
+            org: org_name,
+            runner: run.runner_id.as_deref().unwrap_or("unassigned"),
+            op: moat_core::OpKind::HttpRequest,
+            resource: Resource::Tool(name.clone()),
+            size: 0,
+            network: moat_core::NetworkMode::Off,
+            sandbox,
+            path: "",
+            method: &def.method,
+            action: "",
+        };
+        match state.config.policy.decide(&request) {
+            Ok(Decision::Allow { .. }) if def.approval => {
+                approval.get_or_insert((format!("tool:{name}"), "high".into()));
+            }
+            Ok(Decision::Allow { .. }) => {}
+            Ok(Decision::RequireApproval { rule, risk }) => {
+                approval.get_or_insert((rule, risk));
+            }
+            Ok(Decision::Deny { policies }) => {
+                *decided = Decided::denied(
+                    deny_record,
+                    DenialReason::PolicyDenied,
+                    format!(
+                        "toolToken: calling {name} is not permitted ({})",
+                        policies.join(", ")
+                    ),
+                );
+                return;
+            }
+            Err(e) => {
+                *decided = Decided::denied(
+                    deny_record,
+                    DenialReason::PolicyDenied,
+                    format!("toolToken: the policy could not decide on {name}: {e}"),
+                );
+                return;
+            }
+        }
+        hashes.insert(name.clone(), def.hash().into());
+    }
+    decided.record["toolToken"] = Value::Object(hashes);
+    if let (Some((rule, risk)), OpState::Queued) = (approval, decided.state) {
+        decided.state = OpState::PendingApproval;
+        decided.record["decision"] = "require_approval".into();
+        decided.record["rule"] = rule.clone().into();
+        decided.record["risk"] = risk.clone().into();
+        decided.approval = Some((rule, risk));
+    }
+}
+
 /// What an approver reads about an operation.
 fn approval_summary(envelope: &Envelope, described: Option<&crate::describe::Described>) -> Value {
     json!({
@@ -493,14 +595,34 @@ pub async fn post_op(
         (Some("http_request"), Some(crate::tools::PROFILE), Some(name)) => Some(name.to_owned()),
         _ => None,
     };
+    // Tools a program asks a one-operation token for (at most 16).
+    let token_names: Vec<String> = match body.get("op").and_then(Value::as_str) {
+        Some("exec_argv") => body
+            .pointer("/args/toolToken")
+            .and_then(Value::as_array)
+            .map(|names| {
+                names
+                    .iter()
+                    .take(16)
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
     let (o, r) = (org.clone(), run_id.clone());
-    let (context, sealed, tool) = state
+    let (context, sealed, tool, token_tools) = state
         .db(move |s| {
             let tool = match &tool_name {
                 Some(name) => s.tool(&o, name)?,
                 None => None,
             };
-            Ok((s.op_context(&o, &r)?, s.secrets(&o)?, tool))
+            let mut token_tools = Vec::new();
+            for name in token_names {
+                let def = s.tool(&o, &name)?;
+                token_tools.push((name, def));
+            }
+            Ok((s.op_context(&o, &r)?, s.secrets(&o)?, tool, token_tools))
         })
         .await?;
     let (run, org_name, manifest) =
@@ -538,6 +660,16 @@ pub async fn post_op(
     );
     if let (Some(def), Some(record)) = (&tool, decided.record.as_object_mut()) {
         record.insert("toolHash".into(), def.hash().into());
+    }
+    if !token_tools.is_empty() {
+        decide_token_tools(
+            &state,
+            &org_name,
+            &run,
+            manifest.as_ref(),
+            &token_tools,
+            &mut decided,
+        );
     }
     let (op_state, decision, denial) = (
         decided.state,

@@ -468,10 +468,36 @@ pub async fn next(
                 )
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             envelope.capability = Some(capability);
-            Ok(Json(json!({"action": "op", "envelope": envelope})).into_response())
+            let mut answer = json!({"action": "op", "envelope": envelope});
+            if let Some(tools) = op.decision.get("toolToken").filter(|t| t.is_object()) {
+                // Good for this operation only: until its timeout (plus a
+                // moment), and not at all once its result is in.
+                let timeout = envelope.args["timeoutMs"]
+                    .as_u64()
+                    .or(envelope.timeout_ms)
+                    .unwrap_or(30_000)
+                    .min(MAX_TOOL_TOKEN_MS);
+                let token = new_id("moat_tt_");
+                let row = moat_ledger::store::ToolTokenRow {
+                    org_id: runner.org_id.clone(),
+                    run_id: run_id.clone(),
+                    op_id: op.id.clone(),
+                    tools: tools.clone(),
+                    expires_ms: now
+                        .saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX))
+                        .saturating_add(5_000),
+                };
+                let hash = moat_core::hash::sha256_hex(token.as_bytes());
+                state.db(move |s| s.put_tool_token(&hash, &row)).await?;
+                answer["toolToken"] = token.into();
+            }
+            Ok(Json(answer).into_response())
         }
     }
 }
+
+/// The longest a tool token lives: an hour.
+const MAX_TOOL_TOKEN_MS: u64 = 3_600_000;
 
 /// Keeps the lease of a run while a long operation runs.
 pub async fn heartbeat(

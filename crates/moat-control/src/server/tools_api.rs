@@ -207,85 +207,46 @@ pub async fn call(
     let allow_private = state.config.tools_allow_private;
     // Half a lease at most: the result is recorded while the run is held.
     let timeout = (state.config.lease / 2).min(Duration::from_secs(30));
-    let outcome = match tool.map(|t| ToolDef::parse(&t.definition)) {
+    let called = match tool.map(|t| ToolDef::parse(&t.definition)) {
         None => Err(format!("no tool {:?} in this org", args.tool)),
         Some(Err(e)) => Err(e.to_string()),
         Some(Ok(def)) if decided_hash.as_deref() != Some(def.hash().as_str()) => Err(format!(
             "tool {} changed since the operation was decided: refused",
             def.name
         )),
-        Some(Ok(def)) => {
-            if let Some(c) = def
-                .credential
-                .as_ref()
-                .filter(|c| c.place == tools::CredentialPlace::Basic)
-            {
-                if let Some((_, v)) = secrets.iter().find(|(n, _)| *n == c.secret) {
-                    let pair = format!("{}:{v}", c.name.as_deref().unwrap_or(""));
-                    let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
-                    scrubber.also(&c.secret, b64.trim_end_matches('=').to_owned());
-                }
-            }
-            let secret = def.credential.as_ref().and_then(|c| {
-                secrets
-                    .iter()
-                    .find(|(n, _)| *n == c.secret)
-                    .map(|(_, v)| v.clone())
-            });
-            match def.call(&args.params, secret.as_deref()) {
-                Err(e) => Err(e.to_string()),
-                Ok(call) => {
-                    let max = def.max_response();
-                    let sent = call.clone();
-                    let answer = tokio::task::spawn_blocking(move || {
-                        send(&sent, max, timeout, allow_private)
-                    })
-                    .await
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
-                    answer.map(|(status, body, took)| (def, call, status, body, took))
-                }
-            }
-        }
+        Some(Ok(def)) => Ok(make_call(
+            &run_id,
+            &def,
+            &args.params,
+            &secrets,
+            &mut scrubber,
+            timeout,
+            allow_private,
+            now,
+        )
+        .await?),
     };
     let mut events = Vec::new();
-    let (succeeded, mut result) = match outcome {
-        Ok((def, call, status, body, took)) => {
-            let (origin, path) = public_url(&call.url);
-            events.push(event(
-                EventType::NetworkRequest,
-                &run_id,
-                now,
-                json!({
-                    "profile": PROFILE, "tool": def.name, "method": call.method, "host": origin,
-                    "path": path, "status": status, "bytesIn": body.len(),
-                    "durationMs": took.as_millis() as u64, "decision": "allow",
-                }),
-            ));
+    let (succeeded, mut result) = match called {
+        Ok((Ok((status, body)), request)) => {
+            events.push(request);
             let ok = (200..300).contains(&status);
-            let value = def.redact(&String::from_utf8_lossy(&body));
             let result = moat_core::OpResult {
                 id: op_id.clone(),
                 status: if ok { OpStatus::Ok } else { OpStatus::Error },
-                result: Some(json!({"status": status, "body": value})),
+                result: Some(json!({"status": status, "body": body})),
                 reason: None,
-                message: (!ok).then(|| format!("{} answered {status}", def.name)),
+                message: (!ok).then(|| format!("{} answered {status}", args.tool)),
                 event_type: None,
                 artifacts: Vec::new(),
             };
             (ok, result)
         }
-        Err(message) => (
-            false,
-            moat_core::OpResult {
-                id: op_id.clone(),
-                status: OpStatus::Error,
-                result: None,
-                reason: None,
-                message: Some(format!("tool call failed: {message}")),
-                event_type: None,
-                artifacts: Vec::new(),
-            },
-        ),
+        Ok((Err(message), request)) => {
+            events.push(request);
+            (false, failed(&op_id, &message))
+        }
+        Err(message) => (false, failed(&op_id, &message)),
     };
     // Last, over everything that leaves or is kept: no secret survives.
     if let Some(m) = result.message.take() {
@@ -332,6 +293,174 @@ pub async fn call(
         .await?;
     state.notify();
     Ok(Json(json!({"result": result_json})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCallBody {
+    tool: String,
+    #[serde(default)]
+    params: serde_json::Map<String, Value>,
+}
+
+/// A program's call with its one-operation token (the fallback path: for a
+/// program that must call a tool itself). The token is good while its
+/// operation runs, for the tools the operation was allowed, each as it was
+/// when decided. The answer is redacted and scrubbed like any tool call,
+/// and the call is recorded against the operation.
+pub async fn token_call(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Json(body): Json<TokenCallBody>,
+) -> ApiResult<Json<Value>> {
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or_else(|| {
+            ApiError::unauthorized("a tool token is required (Authorization: Bearer ...)")
+        })?;
+    let hash = moat_core::hash::sha256_hex(token.as_bytes());
+    let now = state.now();
+    let name = body.tool.clone();
+    let found = state
+        .db(move |s| {
+            let Some(grant) = s.tool_token(&hash, now)? else {
+                return Ok(None);
+            };
+            let op = s.op(&grant.org_id, &grant.run_id, &grant.op_id)?;
+            let tool = s.tool(&grant.org_id, &name)?;
+            let sealed = s.secrets(&grant.org_id)?;
+            Ok(Some((grant, op, tool, sealed)))
+        })
+        .await?;
+    let Some((grant, op, tool, sealed)) = found else {
+        return Err(ApiError::unauthorized("unknown or expired tool token"));
+    };
+    if op.is_none_or(|o| o.state != OpState::Dispatched) {
+        return Err(ApiError::unauthorized("the token's operation has ended"));
+    }
+    let def = tool
+        .and_then(|t| ToolDef::parse(&t.definition).ok())
+        .filter(|d| grant.tools[&d.name].as_str() == Some(d.hash().as_str()))
+        .ok_or_else(|| {
+            ApiError::forbidden(
+                "tool_not_granted",
+                format!(
+                    "this token does not grant {:?} (or the tool changed since)",
+                    body.tool
+                ),
+            )
+        })?;
+    let secrets = open_secrets(&state, &grant.org_id, &sealed)?;
+    let mut scrubber = Scrubber::new(secrets.clone());
+    let timeout = Duration::from_secs(30);
+    let (outcome, mut request) = make_call(
+        &grant.run_id,
+        &def,
+        &body.params,
+        &secrets,
+        &mut scrubber,
+        timeout,
+        state.config.tools_allow_private,
+        now,
+    )
+    .await?;
+    request.op_id = Some(grant.op_id.clone());
+    request.data["via"] = "tool-token".into();
+    scrubber.json(&mut request.data);
+    let org = grant.org_id.clone();
+    state.db(move |s| s.append_events(&org, &[request])).await?;
+    state.notify();
+    let mut answer = match outcome {
+        Ok((status, body)) => json!({"status": status, "body": body}),
+        Err(message) => json!({"error": message}),
+    };
+    scrubber.json(&mut answer);
+    Ok(Json(answer))
+}
+
+fn failed(op_id: &str, message: &str) -> moat_core::OpResult {
+    moat_core::OpResult {
+        id: op_id.to_owned(),
+        status: OpStatus::Error,
+        result: None,
+        reason: None,
+        message: Some(format!("tool call failed: {message}")),
+        event_type: None,
+        artifacts: Vec::new(),
+    }
+}
+
+/// One call of `def` with `params`: the credential put in place, the answer
+/// redacted (`{status, body}`), the `network.request` event; or why not.
+/// The caller scrubs what it keeps or returns (`scrubber` learns the forms
+/// of the secret this call made).
+#[allow(clippy::too_many_arguments)] // one call's whole context, each used once
+pub(crate) async fn make_call(
+    run_id: &str,
+    def: &ToolDef,
+    params: &serde_json::Map<String, Value>,
+    secrets: &[(String, String)],
+    scrubber: &mut Scrubber,
+    timeout: Duration,
+    allow_private: bool,
+    now: i64,
+) -> ApiResult<(Result<(u16, Value), String>, moat_core::Event)> {
+    if let Some(c) = def
+        .credential
+        .as_ref()
+        .filter(|c| c.place == tools::CredentialPlace::Basic)
+    {
+        if let Some((_, v)) = secrets.iter().find(|(n, _)| *n == c.secret) {
+            let pair = format!("{}:{v}", c.name.as_deref().unwrap_or(""));
+            let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
+            scrubber.also(&c.secret, b64.trim_end_matches('=').to_owned());
+        }
+    }
+    let secret = def.credential.as_ref().and_then(|c| {
+        secrets
+            .iter()
+            .find(|(n, _)| *n == c.secret)
+            .map(|(_, v)| v.clone())
+    });
+    let call = match def.call(params, secret.as_deref()) {
+        Ok(call) => call,
+        Err(e) => {
+            let refused = event(
+                EventType::NetworkDenied,
+                run_id,
+                now,
+                json!({"profile": PROFILE, "tool": def.name, "reason": "invalid_args", "message": e.to_string()}),
+            );
+            return Ok((Err(e.to_string()), refused));
+        }
+    };
+    let max = def.max_response();
+    let sent = call.clone();
+    let answer = tokio::task::spawn_blocking(move || send(&sent, max, timeout, allow_private))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let (origin, path) = public_url(&call.url);
+    let mut data = json!({
+        "profile": PROFILE, "tool": def.name, "method": call.method, "host": origin, "path": path,
+    });
+    let outcome = match answer {
+        Ok((status, body, took)) => {
+            data["status"] = status.into();
+            data["bytesIn"] = body.len().into();
+            data["durationMs"] = (took.as_millis() as u64).into();
+            data["decision"] = "allow".into();
+            Ok((status, def.redact(&String::from_utf8_lossy(&body))))
+        }
+        Err(message) => {
+            data["decision"] = "error".into();
+            data["message"] = message.clone().into();
+            Err(message)
+        }
+    };
+    Ok((outcome, event(EventType::NetworkRequest, run_id, now, data)))
 }
 
 /// `(origin, path)` of a URL, without its query (where a credential may be).

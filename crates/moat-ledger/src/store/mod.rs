@@ -28,7 +28,7 @@ pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;
 pub use runners::{RunnerRequest, RunnerRow, Standing};
 pub use runs::{NewRun, RunRow, RunState, event, stamp};
-pub use secrets::{SealedSecret, ToolRow};
+pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]

@@ -287,6 +287,11 @@ impl Store {
             for artifact in result.artifacts {
                 objects::insert_artifact(tx, result.org, result.run, result.op, artifact, now)?;
             }
+            // Its tool token, if it had one, ends with it.
+            tx.execute(
+                "DELETE FROM tool_tokens WHERE run_id = ? AND op_id = ?",
+                &[result.run.into(), result.op.into()],
+            )?;
             events::append(tx, result.org, result.events)?;
             Ok(true)
         })

@@ -159,6 +159,15 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     started_ms  BIGINT NOT NULL,
     PRIMARY KEY (run_id, op_id)
 );
+CREATE TABLE IF NOT EXISTS tool_tokens (
+    hash        TEXT PRIMARY KEY,
+    org_id      TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    op_id       TEXT NOT NULL,
+    tools       TEXT NOT NULL,
+    expires_ms  BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tool_tokens_by_op ON tool_tokens (run_id, op_id);
 CREATE TABLE IF NOT EXISTS request_nonces (
     runner_id   TEXT NOT NULL,
     nonce       TEXT NOT NULL,

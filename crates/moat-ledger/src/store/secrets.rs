@@ -119,7 +119,57 @@ impl Store {
     }
 }
 
+/// A one-operation tool token, by its hash (the token itself is never stored).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolTokenRow {
+    pub org_id: String,
+    pub run_id: String,
+    pub op_id: String,
+    /// `{tool name: definition hash}` the token may call.
+    pub tools: serde_json::Value,
+    pub expires_ms: i64,
+}
+
 impl Store {
+    /// Records a token (by hash) for `op` of `run`, valid until `expires_ms`.
+    pub fn put_tool_token(&self, hash: &str, token: &ToolTokenRow) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO tool_tokens (hash, org_id, run_id, op_id, tools, expires_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                &[
+                    hash.into(),
+                    token.org_id.as_str().into(),
+                    token.run_id.as_str().into(),
+                    token.op_id.as_str().into(),
+                    token.tools.to_string().into(),
+                    token.expires_ms.into(),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The token with this hash, if it has not expired.
+    pub fn tool_token(&self, hash: &str, now: i64) -> Result<Option<ToolTokenRow>, StoreError> {
+        self.read(|tx| {
+            let Some(row) = tx.query_one(
+                "SELECT org_id, run_id, op_id, tools, expires_ms FROM tool_tokens WHERE hash = ? AND expires_ms > ?",
+                &[hash.into(), now.into()],
+            )?
+            else {
+                return Ok(None);
+            };
+            Ok(Some(ToolTokenRow {
+                org_id: row.text(0)?,
+                run_id: row.text(1)?,
+                op_id: row.text(2)?,
+                tools: serde_json::from_str(&row.text(3)?)
+                    .map_err(|e| StoreError::Corrupt(format!("tool token: {e}")))?,
+                expires_ms: row.int(4)?,
+            }))
+        })
+    }
+
     /// Marks a tool call of an operation as started, once: `false` if it
     /// was started before (a retried or concurrent request must not call
     /// the vendor twice).

@@ -94,6 +94,31 @@ impl Drop for Vendor {
     }
 }
 
+/// The vendor's account lookup as a tool: the secret `crm_key` as a bearer
+/// token, internal fields dropped, social security numbers masked.
+fn crm_lookup(vendor: &Vendor) -> Value {
+    json!({
+        "name": "crm_lookup", "method": "GET",
+        "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
+        "params": {"id": {"type": "string", "required": true}},
+        "credential": {"secret": "crm_key", "in": "header", "name": "Authorization", "prefix": "Bearer "},
+        "redact": {"drop": ["/internal"], "mask": ["\\d{3}-\\d{2}-\\d{4}"]},
+    })
+}
+
+/// Stores `secret` as the org's `crm_key` and defines `tool`.
+fn secret_and_tool(url: &str, token: &str, secret: &str, tool: Value) {
+    let (s, b) = call(
+        "PUT",
+        &format!("{url}/v1/secrets/crm_key"),
+        token,
+        Some(json!({"value": secret})),
+    );
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = call("POST", &format!("{url}/v1/tools"), token, Some(tool));
+    assert_eq!(s, 201, "{b}");
+}
+
 /// Every file under `dir` that contains `needle`.
 fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
@@ -147,13 +172,7 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
 
         // The secret goes in; it never comes out.
         let url = &serve.url;
-        let (s, b) = call(
-            "PUT",
-            &format!("{url}/v1/secrets/crm_key"),
-            &acme,
-            Some(json!({"value": secret})),
-        );
-        assert_eq!(s, 201, "{b}");
+        secret_and_tool(url, &acme, &secret, crm_lookup(&vendor));
         let (s, b) = call("GET", &format!("{url}/v1/secrets"), &acme, None);
         assert_eq!(
             (s, b["secrets"][0]["name"].as_str()),
@@ -161,15 +180,6 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
         );
         assert!(!b.to_string().contains(&secret));
         let credential = json!({"secret": "crm_key", "in": "header", "name": "Authorization", "prefix": "Bearer "});
-        let lookup = json!({
-            "name": "crm_lookup", "method": "GET",
-            "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
-            "params": {"id": {"type": "string", "required": true}},
-            "credential": credential,
-            "redact": {"drop": ["/internal"], "mask": ["\\d{3}-\\d{2}-\\d{4}"]},
-        });
-        let (s, b) = call("POST", &format!("{url}/v1/tools"), &acme, Some(lookup));
-        assert_eq!(s, 201, "{b}");
         let update = json!({
             "name": "crm_update", "method": "POST",
             "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
@@ -261,6 +271,13 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
             calls,
             calls_before + 1,
             "only the allowed call reached the vendor"
+        );
+        let refused = run_events(&serve, &acme, "run-t");
+        assert!(
+            refused.iter().any(|e| e["type"] == "capability.denied"
+                && e["opId"] == "nope"
+                && e["data"]["reason"] == "invalid_args"),
+            "the refusal is not recorded: {refused:#?}"
         );
 
         // The runner never held it: not in its environment or its state.
@@ -376,22 +393,7 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
     prepare_org(&serve, &setup, &acme);
     let runner = Runner::start(&serve, &setup, &acme, "tools-closed");
     let url = &serve.url;
-    call(
-        "PUT",
-        &format!("{url}/v1/secrets/crm_key"),
-        &acme,
-        Some(json!({"value": secret})),
-    );
-    let lookup = json!({
-        "name": "crm_lookup", "method": "GET",
-        "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
-        "params": {"id": {"type": "string", "required": true}},
-        "credential": {"secret": "crm_key", "in": "header", "name": "Authorization", "prefix": "Bearer "},
-    });
-    assert_eq!(
-        call("POST", &format!("{url}/v1/tools"), &acme, Some(lookup)).0,
-        201
-    );
+    secret_and_tool(url, &acme, &secret, crm_lookup(&vendor));
     assert_eq!(
         call(
             "POST",
@@ -429,6 +431,16 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
         vendor.auth_seen.lock().unwrap().len(),
         before,
         "the vendor was called"
+    );
+    let events = run_events(&serve, &acme, "run-c");
+    assert!(
+        events.iter().any(|e| e["type"] == "network.request"
+            && e["opId"] == "look"
+            && e["data"]["decision"] == "error"
+            && e["data"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("non-public") || m.contains("refused"))),
+        "the refusal is not recorded: {events:#?}"
     );
     drop(runner);
 }
@@ -481,23 +493,7 @@ fn a_program_calls_a_tool_itself_with_a_token_good_for_its_operation_only() {
             &["--resolve", "cp.test=127.0.0.1"],
         );
         let url = &serve.url;
-        call(
-            "PUT",
-            &format!("{url}/v1/secrets/crm_key"),
-            &acme,
-            Some(json!({"value": secret})),
-        );
-        let lookup = json!({
-            "name": "crm_lookup", "method": "GET",
-            "url": format!("http://127.0.0.1:{}/accounts/{{id}}", vendor.port),
-            "params": {"id": {"type": "string", "required": true}},
-            "credential": {"secret": "crm_key", "in": "header", "name": "Authorization", "prefix": "Bearer "},
-            "redact": {"mask": ["\\d{3}-\\d{2}-\\d{4}"]},
-        });
-        assert_eq!(
-            call("POST", &format!("{url}/v1/tools"), &acme, Some(lookup)).0,
-            201
-        );
+        secret_and_tool(url, &acme, &secret, crm_lookup(&vendor));
         assert_eq!(
             call(
                 "POST",

@@ -144,13 +144,10 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
             }
             EventType::NetworkRequest => a.network_requests += 1,
             EventType::NetworkDenied => a.network_denied += 1,
-            EventType::RunnerManifestRefreshed => a.manifest_refreshed = true,
             _ => {}
         }
     }
-    if runner_manifests.len() > 1 {
-        a.manifest_refreshed = true;
-    }
+    a.manifest_refreshed = runner_manifests.len() > 1;
     a.beyond_default_boundary =
         !a.approvals.is_empty() || !a.danger.is_empty() || a.manifest_refreshed;
     a

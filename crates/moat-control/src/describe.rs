@@ -142,7 +142,7 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
             if envelope.args["profile"] == crate::tools::PROFILE {
                 // A tool call through the control plane's credential proxy:
                 // its method is the tool's (the caller fills it in).
-                let a: crate::server::ToolCallArgs = args(op, &envelope.args)?;
+                let a: crate::tools::ToolCallArgs = args(op, &envelope.args)?;
                 if !crate::tools::plain_name(&a.tool) {
                     return Err(DescribeError::InvalidArgs {
                         op: op.as_str(),

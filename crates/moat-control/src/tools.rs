@@ -15,6 +15,16 @@ use serde_json::Value;
 /// The profile name a tool call carries.
 pub const PROFILE: &str = "control-plane-tool-proxy";
 
+/// `http_request` arguments of a tool call.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallArgs {
+    pub profile: String,
+    pub tool: String,
+    #[serde(default)]
+    pub params: serde_json::Map<String, Value>,
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ToolError {
     #[error("tool definition: {0}")]

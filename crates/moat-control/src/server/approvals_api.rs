@@ -83,10 +83,7 @@ pub async fn approve(
     Path(id): Path<String>,
     body: Option<Json<Resolution>>,
 ) -> ApiResult<Json<Value>> {
-    let operator = auth::operator(&state, &headers).await?;
-    let reason = body.and_then(|Json(b)| b.reason);
-    let row = resolve(&state, &operator, &id, true, reason, "api").await?;
-    Ok(Json(approval_json(&row)))
+    by_api(&state, &headers, &id, body, true).await
 }
 
 pub async fn deny(
@@ -95,9 +92,19 @@ pub async fn deny(
     Path(id): Path<String>,
     body: Option<Json<Resolution>>,
 ) -> ApiResult<Json<Value>> {
-    let operator = auth::operator(&state, &headers).await?;
+    by_api(&state, &headers, &id, body, false).await
+}
+
+async fn by_api(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    id: &str,
+    body: Option<Json<Resolution>>,
+    approve: bool,
+) -> ApiResult<Json<Value>> {
+    let operator = auth::operator(state, headers).await?;
     let reason = body.and_then(|Json(b)| b.reason);
-    let row = resolve(&state, &operator, &id, false, reason, "api").await?;
+    let row = resolve(state, &operator, id, approve, reason, "api").await?;
     Ok(Json(approval_json(&row)))
 }
 

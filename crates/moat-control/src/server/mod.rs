@@ -38,7 +38,6 @@ use crate::policy::PolicyEngine;
 pub use error::ApiError;
 pub use openapi::{ROUTES, document as openapi_document};
 pub use sweep::once as sweep_once;
-pub use tools_api::ToolCallArgs;
 
 /// What the server is configured with.
 pub struct Config {

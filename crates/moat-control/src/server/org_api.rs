@@ -390,12 +390,7 @@ fn decide(
             tool_approval = Some(format!("tool:{name}"));
         }
     }
-    let sandbox = manifest
-        .manifest
-        .sandbox_modes
-        .first()
-        .copied()
-        .unwrap_or(SandboxMode::WorkspaceWrite);
+    let sandbox = sandbox_of(manifest);
     let request = OpRequest {
         org: org_name,
         runner: run.runner_id.as_deref().unwrap_or("unassigned"),
@@ -485,12 +480,7 @@ fn decide_token_tools(
     }
     let Some(manifest) = manifest else { return };
     let deny_record = decided.record.clone();
-    let sandbox = manifest
-        .manifest
-        .sandbox_modes
-        .first()
-        .copied()
-        .unwrap_or(SandboxMode::WorkspaceWrite);
+    let sandbox = sandbox_of(manifest);
     let mut hashes = serde_json::Map::new();
     let mut approval: Option<(String, String)> = None;
     for (name, row) in tools {
@@ -563,6 +553,16 @@ fn decide_token_tools(
         decided.record["risk"] = risk.clone().into();
         decided.approval = Some((rule, risk));
     }
+}
+
+/// The sandbox mode a manifest's operations run in (its first one).
+fn sandbox_of(manifest: &SignedManifest) -> SandboxMode {
+    manifest
+        .manifest
+        .sandbox_modes
+        .first()
+        .copied()
+        .unwrap_or(SandboxMode::WorkspaceWrite)
 }
 
 /// What an approver reads about an operation.
@@ -717,7 +717,9 @@ pub async fn post_op(
     let envelope_json =
         serde_json::to_value(&envelope).map_err(|e| ApiError::internal(e.to_string()))?;
     let approval = decided.approval.clone();
-    let approval_ref = approval.as_ref().map(|_| approval_id.clone());
+    let pending = approval
+        .is_some()
+        .then(|| json!({"id": approval_id, "expiresAt": stamp(approval_expires)}));
     let (o, r, op_id, kind) = (
         org.clone(),
         run_id.clone(),
@@ -762,7 +764,6 @@ pub async fn post_op(
             json!({"error": {"reason": reason.as_str(), "message": message}, "op": op_json(&row)});
         return Ok((StatusCode::FORBIDDEN, Json(body)).into_response());
     }
-    let pending = approval_ref.map(|id| json!({"id": id, "expiresAt": stamp(approval_expires)}));
     match q.wait_ms {
         Some(wait) if wait > 0 => {
             let done =

@@ -21,7 +21,7 @@ use super::error::{ApiError, ApiResult};
 use super::runner_api::SignedRunner;
 use base64::Engine as _;
 
-use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolDef};
+use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolCallArgs, ToolDef};
 use crate::vault::VaultError;
 
 /// The largest secret value.
@@ -135,15 +135,6 @@ pub(crate) fn open_secrets(
             Ok((s.name.clone(), text))
         })
         .collect()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolCallArgs {
-    pub profile: String,
-    pub tool: String,
-    #[serde(default)]
-    pub params: serde_json::Map<String, Value>,
 }
 
 /// The runner's `control-plane-tool-proxy` operation, made here: checked

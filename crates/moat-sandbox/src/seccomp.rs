@@ -10,7 +10,7 @@
 //! syscall number is compared: without it a deny list is bypassed through
 //! `int 0x80` (i386 numbers) or x32 numbers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -215,9 +215,21 @@ pub(crate) fn compile(proxy_network: bool) -> Result<SeccompPrograms, SetupError
     let err = |e: seccompiler::BackendError| SetupError::new(Layer::Seccomp, e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let extra: &[Deny] = if proxy_network { DENY_PROXY } else { &[] };
+    // Syscalls refused whatever their arguments are decided by the dispatch
+    // tree itself; only those with argument rules reach seccompiler's body.
+    // (A smaller program is cheaper to install: the kernel translates and
+    // JIT-compiles it on every launch.)
+    let always: BTreeSet<u32> = DENY
+        .iter()
+        .chain(extra)
+        .filter(|d| matches!(d.when, When::Always))
+        .map(|d| d.nr as u32)
+        .collect();
     for deny in DENY.iter().chain(extra) {
-        let entry = rules.entry(deny.nr).or_default();
-        entry.extend(rules_for(deny.when).map_err(err)?);
+        if !always.contains(&(deny.nr as u32)) {
+            let entry = rules.entry(deny.nr).or_default();
+            entry.extend(rules_for(deny.when).map_err(err)?);
+        }
     }
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| SetupError::new(Layer::Seccomp, e.to_string()))?;
@@ -232,7 +244,7 @@ pub(crate) fn compile(proxy_network: bool) -> Result<SeccompPrograms, SetupError
     let mut denied: Vec<u32> = DENY.iter().chain(extra).map(|d| d.nr as u32).collect();
     denied.sort_unstable();
     denied.dedup();
-    let dispatch = dispatch_tree(&denied)?;
+    let dispatch = dispatch_tree(&denied, &always)?;
     let with_action = |deny_action: u32| {
         let mut program = prologue(deny_action);
         // Proxy modes: every connect(2) is shown to the launcher, which
@@ -243,8 +255,7 @@ pub(crate) fn compile(proxy_network: bool) -> Result<SeccompPrograms, SetupError
             program.push(jump(BPF_JEQ_K, libc::SYS_connect as u32, 0, 1));
             program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF));
         }
-        program.extend(dispatch.iter().cloned());
-        program.extend(body.iter().map(|insn| {
+        program.extend(dispatch.iter().chain(body.iter()).map(|insn| {
             let mut insn = insn.clone();
             if insn.code == BPF_RET_K && insn.k == libc::SECCOMP_RET_ERRNO | SENTINEL_ERRNO {
                 insn.k = deny_action;
@@ -347,38 +358,48 @@ enum Target {
     Next,
     At(usize),
     Allow,
+    Deny,
     Body,
 }
 
 /// A balanced binary search over the listed syscall numbers: anything not on
 /// the list is allowed after a handful of comparisons instead of walking the
-/// whole rule chain. Besides the runtime saving, the kernel's per-syscall
-/// "always allowed" cache is computed by emulating the filter for every
-/// syscall number when it is installed, and a short path makes that cheap.
-fn dispatch_tree(nrs: &[u32]) -> Result<BpfProgram, SetupError> {
-    fn emit(nrs: &[u32], out: &mut Vec<(u16, u32, Target, Target)>) {
+/// whole rule chain, and a syscall in `always` is refused there and then.
+/// Besides the runtime saving, the kernel's per-syscall "always allowed"
+/// cache is computed by emulating the filter for every syscall number when it
+/// is installed, and a short path makes that cheap. The refusal is the
+/// sentinel the caller replaces with its deny action.
+fn dispatch_tree(nrs: &[u32], always: &BTreeSet<u32>) -> Result<BpfProgram, SetupError> {
+    fn emit(nrs: &[u32], always: &BTreeSet<u32>, out: &mut Vec<(u16, u32, Target, Target)>) {
         if let [only] = nrs {
-            out.push((BPF_JEQ_K, *only, Target::Body, Target::Allow));
+            let hit = if always.contains(only) {
+                Target::Deny
+            } else {
+                Target::Body
+            };
+            out.push((BPF_JEQ_K, *only, hit, Target::Allow));
             return;
         }
         let mid = nrs.len() / 2;
         let at = out.len();
         out.push((BPF_JGE_K, nrs[mid], Target::Next, Target::Next));
-        emit(&nrs[..mid], out);
+        emit(&nrs[..mid], always, out);
         out[at].2 = Target::At(out.len());
-        emit(&nrs[mid..], out);
+        emit(&nrs[mid..], always, out);
     }
     let mut nodes = Vec::new();
     if !nrs.is_empty() {
-        emit(nrs, &mut nodes);
+        emit(nrs, always, &mut nodes);
     }
     let allow = nodes.len();
-    let body = allow + 1;
+    let deny = allow + 1;
+    let body = allow + 2;
     let offset = |from: usize, target: &Target| -> Result<u8, SetupError> {
         let to = match target {
             Target::Next => from + 1,
             Target::At(i) => *i,
             Target::Allow => allow,
+            Target::Deny => deny,
             Target::Body => body,
         };
         u8::try_from(to - from - 1)
@@ -389,6 +410,7 @@ fn dispatch_tree(nrs: &[u32]) -> Result<BpfProgram, SetupError> {
         program.push(jump(*code, *k, offset(i, jt)?, offset(i, jf)?));
     }
     program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW));
+    program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | SENTINEL_ERRNO));
     Ok(program)
 }
 
@@ -458,12 +480,23 @@ mod tests {
             assert_eq!(program[1].k, AUDIT_ARCH);
             assert!(program.len() < 4096);
         }
-        let notifies = programs
-            .notify
-            .iter()
-            .filter(|i| i.code == BPF_RET_K && i.k == libc::SECCOMP_RET_USER_NOTIF)
-            .count();
-        assert!(notifies > DENY.len() / 2, "{notifies}");
+        for (program, action) in [
+            (&programs.notify, libc::SECCOMP_RET_USER_NOTIF),
+            (
+                &programs.errno,
+                libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            ),
+        ] {
+            let returns = |k| {
+                program
+                    .iter()
+                    .filter(|i| i.code == BPF_RET_K && i.k == k)
+                    .count()
+            };
+            assert_eq!(returns(libc::SECCOMP_RET_ERRNO | SENTINEL_ERRNO), 0);
+            // The dispatch tree's refusal, and the body's rules.
+            assert!(returns(action) > 10, "{}", returns(action));
+        }
     }
 
     #[test]

@@ -41,9 +41,9 @@ pub(crate) struct CgroupError(pub(crate) String);
 
 /// Creates the run's cgroup with `limits` applied.
 pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>, CgroupError> {
-    let own = std::fs::read_to_string("/proc/self/cgroup")
+    let own = read_small(Path::new("/proc/self/cgroup"))
         .map_err(|e| CgroupError(format!("reading /proc/self/cgroup: {e}")))?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+    let mountinfo = read_small(Path::new("/proc/self/mountinfo"))
         .map_err(|e| CgroupError(format!("reading /proc/self/mountinfo: {e}")))?;
     let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits) {
         Ok(cgroup) => return Ok(Box::new(cgroup)),
@@ -98,18 +98,24 @@ fn write(path: &Path, value: &str) -> io::Result<()> {
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    read_small(path).ok()?.trim().parse().ok()
+}
+
+/// Reads a procfs or cgroupfs file whole. Such files report a size of 0, so
+/// `fs::read_to_string` would `stat` them and then read in growing steps from
+/// 32 bytes; these are read in one or two calls, on every launch.
+pub(crate) fn read_small(path: &Path) -> io::Result<String> {
+    let mut content = Vec::with_capacity(16 << 10);
+    io::Read::read_to_end(&mut std::fs::File::open(path)?, &mut content)?;
+    String::from_utf8(content).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// `key value` lines (memory.events, memory.oom_control, cpu.stat).
 fn read_keyed(path: &Path, key: &str) -> Option<u64> {
-    std::fs::read_to_string(path)
-        .ok()?
-        .lines()
-        .find_map(|line| {
-            let (k, v) = line.split_once(' ')?;
-            (k == key).then(|| v.trim().parse().ok()).flatten()
-        })
+    read_small(path).ok()?.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// Creates a run's own directory: it must not exist yet (two runs with one id

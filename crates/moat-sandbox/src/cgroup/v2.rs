@@ -35,7 +35,7 @@ impl Cgroup {
         }
         let delegates = |dir: &std::path::Path| {
             let enabled =
-                std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+                super::read_small(&dir.join("cgroup.subtree_control")).unwrap_or_default();
             wanted
                 .iter()
                 .all(|c| enabled.split_whitespace().any(|e| e == *c))

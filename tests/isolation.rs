@@ -309,3 +309,55 @@ fn a_terminal_on_stdin_is_replaced_by_dev_null() {
     let out = piped.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "through a pipe");
 }
+
+/// The network namespace is made by a helper beside the sandbox and joined by
+/// init, and init is pinned to a CPU of its own while it sets up: neither
+/// shows. The program has a working loopback in a namespace that is not the
+/// host's, and exactly the launcher's CPUs, whatever they are and whoever
+/// launched it.
+#[test]
+fn the_program_gets_the_launchers_cpus_and_a_namespace_of_its_own() {
+    let script = "grep Cpus_allowed_list /proc/self/status; readlink /proc/self/ns/net; \
+                  python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); s.listen(); \
+                  c=socket.create_connection(s.getsockname()); print(\"loopback ok\")'";
+    let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let own_cpus = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list"))
+        .unwrap()
+        .to_owned();
+    let check = |stdout: &str, cpus: &str| {
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 3, "{stdout}");
+        assert_eq!(lines[0], cpus, "{stdout}");
+        assert_ne!(lines[1], host_net.to_str().unwrap(), "{stdout}");
+        assert!(lines[1].starts_with("net:["), "{stdout}");
+        assert_eq!(lines[2], "loopback ok", "{stdout}");
+    };
+
+    let run = exec(&[], &["/bin/sh", "-c", script]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    check(&run.stdout, &own_cpus);
+
+    let unprivileged = exec_as(
+        MOAT,
+        &["--allow-degraded"],
+        &["/bin/sh", "-c", script],
+        Some(65534),
+    );
+    assert_eq!(unprivileged.code, 0, "{}", unprivileged.stderr);
+    check(&unprivileged.stdout, &own_cpus);
+
+    // A launcher confined to one CPU pins nothing, and passes that CPU on.
+    let output = Command::new("taskset")
+        .args(["-c", "0", MOAT, "exec", "--", "/bin/sh", "-c", script])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    check(
+        &String::from_utf8_lossy(&output.stdout),
+        "Cpus_allowed_list:\t0",
+    );
+}

@@ -21,6 +21,8 @@ use crate::confine::{self, LandlockPlan, Rlimit};
 use crate::error::{Layer, SetupError};
 use crate::launch::{EGRESS_PORT, SANDBOX_PATH};
 use crate::mounts::{IdmappedRoots, RootPlan};
+use crate::netns;
+use crate::placement::Placement;
 use crate::seccomp::{self, SeccompPrograms};
 use crate::spec::SandboxSpec;
 use crate::sys;
@@ -34,6 +36,9 @@ pub(crate) struct ChildFds {
     pub(crate) notify_send: RawFd,
     /// The program's stdin, when the spec gives it bytes.
     pub(crate) stdin_read: Option<RawFd>,
+    /// Where the network namespace comes from, unless the run shares the
+    /// host's (see [`crate::netns`]).
+    pub(crate) netns_receive: Option<RawFd>,
     pub(crate) launcher_ends: Vec<RawFd>,
 }
 
@@ -62,7 +67,7 @@ pub(crate) struct ChildPlan<'a> {
     pub(crate) inside_uid: u32,
     pub(crate) inside_gid: u32,
     pub(crate) clear_groups: bool,
-    pub(crate) new_netns: bool,
+    pub(crate) placement: &'a Placement,
 }
 
 impl ExecPlan {
@@ -241,6 +246,7 @@ fn exit(code: i32) -> ! {
 
 /// Entry point of the clone. Never returns.
 pub(crate) fn init_main(plan: ChildPlan<'_>) -> ! {
+    plan.placement.take_init_cpu();
     match init_setup(&plan) {
         Ok(exec) => init_run(&plan, exec),
         Err(e) => {
@@ -296,8 +302,13 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
             std::io::Error::last_os_error(),
         ));
     }
-    if plan.new_netns {
-        loopback_up().map_err(|e| SetupError::io(Layer::Network, "bringing up lo", e))?;
+    if let Some(fd) = plan.fds.netns_receive {
+        netns::join(fd)?;
+        // SAFETY: our end of the socket; nothing more comes on it.
+        unsafe { libc::close(fd) };
+        // Here rather than in the helper: init has time to spare, the
+        // launcher's side of the setup has not.
+        netns::loopback_up().map_err(|e| SetupError::io(Layer::Network, "bringing up lo", e))?;
     }
     if plan.spec.network.uses_egress_proxy() {
         // Made here, in the sandbox's network namespace, and served by the
@@ -326,6 +337,8 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
             std::io::Error::last_os_error(),
         ));
     }
+    // The program gets the launcher's CPU set, not init's setup pinning.
+    plan.placement.restore()?;
     Ok(exec)
 }
 
@@ -351,27 +364,6 @@ fn become_sandbox_user(plan: &ChildPlan<'_>) -> Result<(), SetupError> {
     Ok(())
 }
 
-fn loopback_up() -> std::io::Result<()> {
-    // SAFETY: plain socket creation.
-    let sock =
-        sys::cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: ifreq is plain old data; zero is valid.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: ifr is a valid ifreq naming "lo"; the ioctls read and write it.
-    let result = unsafe {
-        sys::cvt(libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut ifr)).and_then(|_| {
-            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            sys::cvt(libc::ioctl(sock, libc::SIOCSIFFLAGS, &ifr))
-        })
-    };
-    // SAFETY: sock is ours.
-    unsafe { libc::close(sock) };
-    result.map(|_| ())
-}
-
 static PAYLOAD_PID: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn forward_signal(signal: libc::c_int) {
@@ -391,59 +383,10 @@ const FORWARDED: &[libc::c_int] = &[
     libc::SIGUSR2,
 ];
 
-/// What the payload runs from: it shares init's memory until it execs.
-struct PayloadArgs<'a> {
-    exec: &'a ExecPlan,
-    fds: &'a ChildFds,
-}
-
-extern "C" fn payload_entry(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the PayloadArgs that spawn_payload passed, alive in
-    // init's (shared, suspended) frame until this process execs or exits.
-    let args = unsafe { &*arg.cast::<PayloadArgs<'_>>() };
-    payload_main(args.exec, args.fds)
-}
-
-/// Starts the payload the way `posix_spawn` does: `CLONE_VM | CLONE_VFORK` on
-/// a stack of its own. No page tables are copied and no copy-on-write faults
-/// follow, and init sleeps until the payload has exec'd (or failed), so the
-/// payload usually runs on init's CPU without a cross-CPU wake-up.
+/// Starts the payload with [`sys::vfork_run`]: init sleeps until the payload
+/// has exec'd (or failed), so the payload usually runs on init's CPU.
 fn spawn_payload(exec: &ExecPlan, fds: &ChildFds) -> std::io::Result<libc::pid_t> {
-    const STACK: usize = 1 << 20;
-    const GUARD: usize = 64 << 10;
-    // SAFETY: a fresh anonymous private mapping; nothing else refers to it.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            STACK + GUARD,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the lowest GUARD bytes of our own mapping become a guard page,
-    // so a stack overflow faults instead of writing over init's memory.
-    unsafe { libc::mprotect(base, GUARD, libc::PROT_NONE) };
-    let mut args = PayloadArgs { exec, fds };
-    // SAFETY: the stack top is inside our mapping (stacks grow down); with
-    // CLONE_VFORK init is suspended until the payload execs or exits, so the
-    // shared memory, including `args` and the allocator, has one user at a time;
-    // without CLONE_FILES, CLONE_FS or CLONE_THREAD the payload gets its own
-    // descriptors, cwd, credentials, rlimits and seccomp/Landlock state.
-    let pid = unsafe {
-        libc::clone(
-            payload_entry,
-            base.cast::<u8>().add(STACK + GUARD).cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            std::ptr::addr_of_mut!(args).cast(),
-        )
-    };
-    // The stack stays mapped: init is about to become a reaper for good.
-    sys::cvt(pid)
+    sys::vfork_run(&mut || payload_main(exec, fds))
 }
 
 fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {

@@ -17,6 +17,8 @@ use crate::child::{self, ChildFds, ChildPlan, Message};
 use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
 use crate::mounts::IdmappedRoots;
+use crate::netns;
+use crate::placement::Placement;
 use crate::spec::SandboxSpec;
 use crate::supervise::{self, Denial, OutputMode, Stream, Watched};
 use crate::sys::{self, Forked};
@@ -510,6 +512,15 @@ fn launch(
     let (stderr_read, stderr_write) = pipe("stderr pipe")?;
     let (notify_receive, notify_send) =
         sys::socketpair().map_err(io_err(Layer::Launcher, "notify socket"))?;
+    // The network namespace is made beside the clone, not by it (see
+    // `netns`), and comes to init over this socket.
+    let (netns_receive, netns_send) = if new_netns {
+        let (receive, send) =
+            sys::socketpair().map_err(io_err(Layer::Network, "network namespace socket"))?;
+        (Some(receive), Some(send))
+    } else {
+        (None, None)
+    };
     // Bytes for the program's stdin: written whole before the clone (they
     // fit in the pipe), the write end closed, so the program reads them and
     // then end of file.
@@ -526,15 +537,18 @@ fn launch(
     };
     let mut signals = SignalGuard::new();
 
-    let mut flags = libc::CLONE_NEWUSER
+    let placement = Placement::plan();
+    placement.keep_off_init_cpu();
+    let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    if new_netns {
-        flags |= libc::CLONE_NEWNET;
+    let forked = sys::clone3(flags as u64);
+    if forked.is_err() {
+        let _ = placement.restore();
     }
-    let forked = sys::clone3(flags as u64).map_err(io_err(Layer::Namespaces, "clone3"))?;
+    let forked = forked.map_err(io_err(Layer::Namespaces, "clone3"))?;
     let (pid, pidfd) = match forked {
         Forked::Child => child::init_main(ChildPlan {
             fds: ChildFds {
@@ -544,6 +558,7 @@ fn launch(
                 stderr_write: stderr_write.as_raw_fd(),
                 notify_send: notify_send.as_raw_fd(),
                 stdin_read: stdin_read.as_ref().map(|fd| fd.as_raw_fd()),
+                netns_receive: netns_receive.as_ref().map(|fd| fd.as_raw_fd()),
                 launcher_ends: [
                     &sync_write,
                     &status_read,
@@ -554,6 +569,7 @@ fn launch(
                 .iter()
                 .map(|fd| fd.as_raw_fd())
                 .chain(signals.fd.as_ref().map(|fd| fd.as_raw_fd()))
+                .chain(netns_send.as_ref().map(|fd| fd.as_raw_fd()))
                 .collect(),
             },
             spec,
@@ -561,7 +577,7 @@ fn launch(
             inside_uid: id.inside.0,
             inside_gid: id.inside.1,
             clear_groups: id.launched_by_root,
-            new_netns,
+            placement: &placement,
         }),
         Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
@@ -572,6 +588,7 @@ fn launch(
         stderr_write,
         notify_send,
         stdin_read,
+        netns_receive,
     ));
     let mut guard = ChildGuard {
         pid,
@@ -593,6 +610,8 @@ fn launch(
             stdout_read,
             stderr_read,
             notify_receive,
+            netns_send,
+            placement: &placement,
             signals: signals.fd.take(),
             status_lines: &mut status_lines,
             stdout_buf,
@@ -651,6 +670,8 @@ struct SetupParts<'a, 'e> {
     stdout_read: OwnedFd,
     stderr_read: OwnedFd,
     notify_receive: OwnedFd,
+    netns_send: Option<OwnedFd>,
+    placement: &'a Placement,
     signals: Option<OwnedFd>,
     status_lines: &'a mut String,
     stdout_buf: &'a mut Vec<u8>,
@@ -674,6 +695,8 @@ fn setup_and_supervise(
         stdout_read,
         stderr_read,
         notify_receive,
+        netns_send,
+        placement,
         signals,
         status_lines,
         stdout_buf,
@@ -688,15 +711,27 @@ fn setup_and_supervise(
     // even when the launcher's own step fails afterwards.
     let outside = (|| {
         write_id_maps(guard.pid, id)?;
-        if !idmapped.is_empty() {
-            let userns = std::fs::File::open(format!("/proc/{}/ns/user", guard.pid))
+        // Opened before init changes its ids (and so stops being dumpable).
+        let userns = if !idmapped.is_empty() || netns_send.is_some() {
+            let file = std::fs::File::open(format!("/proc/{}/ns/user", guard.pid))
                 .map_err(io_err(Layer::UserMapping, "opening the user namespace"))?;
-            idmapped.apply(spec, &OwnedFd::from(userns))?;
+            Some(OwnedFd::from(file))
+        } else {
+            None
+        };
+        if let Some(userns) = userns.as_ref().filter(|_| !idmapped.is_empty()) {
+            idmapped.apply(spec, userns)?;
         }
         sys::write_all(sync_write.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
+        if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
+            netns::make_for_init(userns, to_init)?;
+        }
         let cgroup = place_in_cgroup(spec, guard.pid, state)?;
         let token = if cgroup.is_some() { b"C" } else { b"N" };
         sys::write_all(sync_write.as_raw_fd(), token).map_err(io_err(Layer::Launcher, "sync"))?;
+        // Setup is over: the launcher (and the egress proxy it may start)
+        // gets all its CPUs back. Best effort: this only costs the launcher time.
+        let _ = placement.restore();
         if let Some(handler) = egress {
             // init sends the listener before it starts the program.
             let listener = sys::recv_fd(notify_receive.as_raw_fd())
@@ -708,6 +743,8 @@ fn setup_and_supervise(
         }
         Ok(cgroup)
     })();
+    // Also when a step above failed first.
+    let _ = placement.restore();
     let cgroup = match outside {
         Ok(cgroup) => cgroup,
         Err(e) => {

@@ -14,6 +14,8 @@ pub mod error;
 pub mod helper;
 mod launch;
 mod mounts;
+mod netns;
+mod placement;
 pub mod process;
 mod seccomp;
 pub mod spec;

@@ -59,6 +59,56 @@ pub(crate) fn clone3(flags: u64) -> io::Result<Forked> {
     }
 }
 
+/// Runs `body` in a child made the way `posix_spawn` makes one:
+/// `CLONE_VM | CLONE_VFORK` on a stack of its own. No page tables are copied,
+/// no copy-on-write faults follow, and the caller sleeps until the child has
+/// exec'd or exited (with `body`'s return value), usually on the caller's own
+/// CPU. While it runs the child shares the caller's memory, allocator
+/// included, and has one user at a time; it has its own descriptors, cwd,
+/// credentials, namespaces, rlimits and seccomp/Landlock state.
+pub(crate) fn vfork_run<F: FnMut() -> i32>(body: &mut F) -> io::Result<libc::pid_t> {
+    extern "C" fn entry<F: FnMut() -> i32>(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `body` vfork_run passed, alive in the caller's
+        // (suspended) frame until this child execs or exits.
+        let body = unsafe { &mut *arg.cast::<F>() };
+        body()
+    }
+    const STACK: usize = 1 << 20;
+    const GUARD: usize = 64 << 10;
+    // SAFETY: a fresh anonymous private mapping; nothing else refers to it.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            STACK + GUARD,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the lowest GUARD bytes of our own mapping become a guard page,
+    // so a stack overflow faults instead of writing over the caller's memory.
+    unsafe { libc::mprotect(base, GUARD, libc::PROT_NONE) };
+    // SAFETY: the stack top is inside our mapping (stacks grow down); with
+    // CLONE_VFORK the caller is suspended until the child execs or exits, so
+    // `body` and everything it borrows stay valid and unshared meanwhile.
+    let pid = unsafe {
+        libc::clone(
+            entry::<F>,
+            base.cast::<u8>().add(STACK + GUARD).cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (body as *mut F).cast(),
+        )
+    };
+    // SAFETY: the child has exec'd or exited (or was never made): nothing
+    // runs on this stack any more.
+    unsafe { libc::munmap(base, STACK + GUARD) };
+    cvt(pid)
+}
+
 /// `open_tree(2)`: a detached copy of the mount at `path` (with `OPEN_TREE_CLONE`).
 pub(crate) fn open_tree(dirfd: RawFd, path: &CStr, flags: u32) -> io::Result<OwnedFd> {
     // SAFETY: path is NUL-terminated and lives across the call.

@@ -23,7 +23,10 @@ trap 'rm -rf "$out"' EXIT
 # A shared VM drifts by a few percent over the minutes a benchmark takes, and
 # hyperfine runs one command's runs in a block: so the runs are split into
 # ROUNDS rounds, each running every command in a rotated order, and the
-# medians are taken over all rounds.
+# medians are taken over all rounds. Each block starts after a second of
+# quiet: namespaces are torn down partly in the background (network
+# namespaces by a kernel worker), and that work must not fall into the next
+# command's runs.
 names=("/bin/true" "unshare (user,pid,net,mount,ipc,uts)" "bwrap" "bwrap + dev/proc/tmp" \
        "moat exec (all layers)" "moat exec --network allowlist")
 commands=("/bin/true" \
@@ -41,7 +44,7 @@ for round in $(seq 0 $((ROUNDS - 1))); do
     j=$(( (i + round) % n ))
     args+=(-n "${names[$j]}" "${commands[$j]}")
   done
-  hyperfine -N --warmup 10 --runs "$per_round" --style none \
+  hyperfine -N --setup "sleep 1" --warmup 10 --runs "$per_round" --style none \
     --export-json "$out/startup-$round.json" "${args[@]}" >/dev/null 2>&1 \
     || { echo "bench: hyperfine failed in round $round (run it by hand to see why)" >&2; exit 1; }
 done

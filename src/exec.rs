@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
-use moat_egress::{Egress, EgressConfig, EgressLimits, EgressPolicy, SandboxEgress, parse_resolve};
+use moat_egress::{EgressConfig, EgressLimits, EgressPolicy, OneRunEgress, parse_resolve};
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
 
 const EXAMPLES: &str = "\
@@ -215,8 +215,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let timeout = spec.limits.timeout_ms;
     let outcome = match egress_setup(&args, &spec.run_id)? {
         None => moat_sandbox::run(spec, output, &mut events)?,
-        Some((mut egress, policy)) => {
-            let mut hook = SandboxEgress::new(&mut egress, &policy, None);
+        Some(mut hook) => {
             moat_sandbox::run_with_egress(spec, output, &mut events, Some(&mut hook))?
         }
     };
@@ -332,9 +331,9 @@ fn has_egress_flags(args: &ExecArgs) -> bool {
     .any(|list| !list.is_empty())
 }
 
-/// The egress proxy of a proxied run, and the sandbox's policy; `None` for
-/// the other network modes.
-fn egress_setup(args: &ExecArgs, run_id: &str) -> anyhow::Result<Option<(Egress, EgressPolicy)>> {
+/// The egress of a proxied run (its proxy starts once the sandbox is set
+/// up); `None` for the other network modes.
+fn egress_setup(args: &ExecArgs, run_id: &str) -> anyhow::Result<Option<OneRunEgress>> {
     if !args.network.uses_egress_proxy() {
         return Ok(None);
     }
@@ -366,8 +365,7 @@ fn egress_setup(args: &ExecArgs, run_id: &str) -> anyhow::Result<Option<(Egress,
         let (name, addresses) = parse_resolve(entry).context("--resolve")?;
         config.hosts.insert(name, addresses);
     }
-    let egress = Egress::start(config).context("starting the egress proxy")?;
-    Ok(Some((egress, policy)))
+    Ok(Some(OneRunEgress::new(config, policy)))
 }
 
 /// `HOST[:INSIDE]`; without INSIDE the root appears at its canonical host path.

@@ -214,6 +214,51 @@ impl moat_sandbox::EgressHook for SandboxEgress<'_> {
     }
 }
 
+/// The egress of a launcher that runs one sandbox (`moat exec`): the proxy
+/// is forked when the sandbox's listener arrives, once init's setup is over,
+/// rather than before the clone, so neither the fork (and the copy-on-write
+/// faults it leaves the launcher) nor the proxy's own start-up sits on the
+/// launch's critical path. A connection the program makes meanwhile waits in
+/// the listener's backlog.
+pub struct OneRunEgress {
+    config: Option<EgressConfig>,
+    policy: EgressPolicy,
+    running: Option<(Egress, Served)>,
+}
+
+impl OneRunEgress {
+    pub fn new(config: EgressConfig, policy: EgressPolicy) -> Self {
+        OneRunEgress {
+            config: Some(config),
+            policy,
+            running: None,
+        }
+    }
+}
+
+impl moat_sandbox::EgressHook for OneRunEgress {
+    fn serve(&mut self, listener: OwnedFd) -> Result<(), String> {
+        let config = self
+            .config
+            .take()
+            .ok_or_else(|| "the egress proxy serves one sandbox only".to_owned())?;
+        let mut egress =
+            Egress::start(config).map_err(|e| format!("starting the egress proxy: {e}"))?;
+        let served = egress
+            .serve(listener, &self.policy, None)
+            .map_err(|e| e.to_string())?;
+        self.running = Some((egress, served));
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Vec<Event>, String> {
+        match self.running.as_mut() {
+            Some((egress, served)) => egress.close(*served).map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
 fn child_main(control: UnixStream, config: EgressConfig) -> i32 {
     let readable: Vec<&std::path::Path> = PROXY_READABLE.iter().map(std::path::Path::new).collect();
     if let Err(e) = moat_sandbox::helper::confine_read_only(&readable, config.allow_degraded) {

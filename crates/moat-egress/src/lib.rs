@@ -21,5 +21,5 @@ pub mod rules;
 pub mod sni;
 
 pub use fetch::{FetchError, FetchRequest, FetchResponse, is_credential_header};
-pub use host::{Egress, EgressError, SandboxEgress, Served};
+pub use host::{Egress, EgressError, OneRunEgress, SandboxEgress, Served};
 pub use policy::{EgressConfig, EgressLimits, EgressPolicy, PolicyError, parse_resolve};

@@ -538,17 +538,12 @@ fn launch(
     let mut signals = SignalGuard::new();
 
     let placement = Placement::plan();
-    placement.keep_off_init_cpu();
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    let forked = sys::clone3(flags as u64);
-    if forked.is_err() {
-        let _ = placement.restore();
-    }
-    let forked = forked.map_err(io_err(Layer::Namespaces, "clone3"))?;
+    let forked = sys::clone3(flags as u64).map_err(io_err(Layer::Namespaces, "clone3"))?;
     let (pid, pidfd) = match forked {
         Forked::Child => child::init_main(ChildPlan {
             fds: ChildFds {
@@ -579,7 +574,10 @@ fn launch(
             clear_groups: id.launched_by_root,
             placement: &placement,
         }),
-        Forked::Parent { pid, pidfd } => (pid, pidfd),
+        Forked::Parent { pid, pidfd } => {
+            placement.keep_off_init_cpu();
+            (pid, pidfd)
+        }
     };
     drop((
         sync_read,

@@ -6,10 +6,11 @@
 //! scheduler, init is often cloned onto the launcher's CPU and runs first
 //! there, or stays there (a pipe write is a "sync" wake-up that keeps the
 //! woken task on the waker's CPU), while another CPU idles. So when the
-//! launcher may use more than one CPU, it keeps off one CPU from just before
-//! the clone, init moves itself onto that CPU first thing, and both restore
-//! the launcher's original set once the setup is over: the program never
-//! sees the pinning.
+//! launcher may use more than one CPU, init moves itself onto one CPU first
+//! thing, the launcher keeps off that CPU from right after the clone (not
+//! before: a clone inherits the CPU set, and would then have to start on the
+//! launcher's CPU), and both restore the launcher's original set once the
+//! setup is over: the program never sees the pinning.
 
 use crate::error::{Layer, SetupError};
 
@@ -47,8 +48,8 @@ impl Placement {
         Placement { original, init_cpu }
     }
 
-    /// In the launcher, before the clone: keep off init's CPU (it is not
-    /// the current one, so this moves nothing). Best effort, as is
+    /// In the launcher, right after the clone: keep off init's CPU (it is
+    /// not the current one, so this moves nothing). Best effort, as is
     /// [`Placement::take_init_cpu`]: a failure only costs time.
     pub(crate) fn keep_off_init_cpu(&self) {
         if let Some(cpu) = self.init_cpu {

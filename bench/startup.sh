@@ -58,8 +58,8 @@ times = {}
 for path in sorted(glob.glob(sys.argv[1] + "/startup-*.json")):
     for r in json.load(open(path))["results"]:
         times.setdefault(r["command"], []).extend(r["times"])
-order = ["/bin/true", "unshare (user,pid,net,mount,ipc,uts)", "bwrap", "bwrap + dev/proc/tmp",
-         "moat exec (all layers)", "moat exec --network allowlist"]
+# Round 0 runs the commands in the order they are declared above.
+order = [r["command"] for r in json.load(open(sys.argv[1] + "/startup-0.json"))["results"]]
 median = {name: statistics.median(times[name]) * 1000 for name in order}
 moat = median["moat exec (all layers)"]
 print(f"{'command':40} {'median':>9} {'moat / this':>12}")

@@ -138,6 +138,31 @@ fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
     hits
 }
 
+/// A fresh random secret (whatever contains it got it from us), the vendor
+/// that expects it, and the control plane's key for sealing secrets.
+fn secret_vendor_and_key(dir: &std::path::Path) -> (String, Vendor, std::path::PathBuf) {
+    let secret = format!("sk-live-{}", moat_ledger::store::new_id(""));
+    let vendor = Vendor::start(&secret);
+    let key_file = dir.join("secrets.key");
+    std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
+    (secret, vendor, key_file)
+}
+
+/// `moat serve` with secrets, whose tools may call the vendor on this
+/// machine's loopback.
+fn serve_with_tools(setup: &Setup, db: &str, listen: &str, key_file: &std::path::Path) -> Serve {
+    Serve::start_with(
+        setup,
+        db,
+        listen,
+        &[
+            "--secrets-key",
+            key_file.to_str().unwrap(),
+            "--tools-allow-private-addresses",
+        ],
+    )
+}
+
 #[test]
 fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhere() {
     let dir = tempfile::tempdir().unwrap();
@@ -148,23 +173,9 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
             .push(json!("http_request"));
         m["allowedTools"] = json!(["crm_lookup", "crm_update"]);
     });
-    // A fresh random secret: whatever contains it got it from us.
-    let secret = format!("sk-live-{}", moat_ledger::store::new_id(""));
-    let vendor = Vendor::start(&secret);
-    let key_file = dir.path().join("secrets.key");
-    std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
+    let (secret, vendor, key_file) = secret_vendor_and_key(dir.path());
     for db in databases(dir.path()) {
-        let serve = Serve::start_with(
-            &setup,
-            &db.url,
-            "127.0.0.1:0",
-            &[
-                "--secrets-key",
-                key_file.to_str().unwrap(),
-                // The vendor runs on this machine's loopback.
-                "--tools-allow-private-addresses",
-            ],
-        );
+        let serve = serve_with_tools(&setup, &db.url, "127.0.0.1:0", &key_file);
         let acme = org(&serve, "acme");
         prepare_org(&serve, &setup, &acme);
         let calls_before = vendor.auth_seen.lock().unwrap().len();
@@ -467,21 +478,9 @@ fn a_program_calls_a_tool_itself_with_a_token_good_for_its_operation_only() {
             "allowAddresses": ["127.0.0.1/32"],
         });
     });
-    let secret = format!("sk-live-{}", moat_ledger::store::new_id(""));
-    let vendor = Vendor::start(&secret);
-    let key_file = dir.path().join("secrets.key");
-    std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
+    let (secret, vendor, key_file) = secret_vendor_and_key(dir.path());
     for db in databases(dir.path()) {
-        let serve = Serve::start_with(
-            &setup,
-            &db.url,
-            &format!("127.0.0.1:{port}"),
-            &[
-                "--secrets-key",
-                key_file.to_str().unwrap(),
-                "--tools-allow-private-addresses",
-            ],
-        );
+        let serve = serve_with_tools(&setup, &db.url, &format!("127.0.0.1:{port}"), &key_file);
         let acme = org(&serve, "acme");
         prepare_org(&serve, &setup, &acme);
         let name = format!("token-{}", db.url.len());

@@ -741,7 +741,7 @@ fn setup_and_supervise(
         }
         Ok(cgroup)
     })();
-    // Also when a step above failed first.
+    // When a step above failed first (a no-op otherwise).
     let _ = placement.restore();
     let cgroup = match outside {
         Ok(cgroup) => cgroup,

@@ -12,6 +12,8 @@
 //! launcher's CPU), and both restore the launcher's original set once the
 //! setup is over: the program never sees the pinning.
 
+use std::cell::Cell;
+
 use crate::error::{Layer, SetupError};
 
 pub(crate) struct Placement {
@@ -19,6 +21,9 @@ pub(crate) struct Placement {
     original: libc::cpu_set_t,
     /// init's CPU during setup, when there is a second one to give it.
     init_cpu: Option<usize>,
+    /// Whether this process (launcher or init: each has its own copy) is
+    /// pinned now, so that restoring is a no-op when it is not.
+    pinned: Cell<bool>,
 }
 
 impl Placement {
@@ -45,7 +50,11 @@ impl Placement {
         };
         let init_cpu =
             (!others.is_empty()).then(|| others[pid.unsigned_abs() as usize % others.len()]);
-        Placement { original, init_cpu }
+        Placement {
+            original,
+            init_cpu,
+            pinned: Cell::new(false),
+        }
     }
 
     /// In the launcher, right after the clone: keep off init's CPU (it is
@@ -56,7 +65,7 @@ impl Placement {
             let mut others = self.original;
             // SAFETY: clears an in-range bit of a valid set.
             unsafe { libc::CPU_CLR(cpu, &mut others) };
-            set(0, &others);
+            self.pinned.set(set(0, &others));
         }
     }
 
@@ -66,14 +75,15 @@ impl Placement {
             let mut only = empty();
             // SAFETY: sets an in-range bit of a valid set.
             unsafe { libc::CPU_SET(cpu, &mut only) };
-            set(0, &only);
+            self.pinned.set(set(0, &only));
         }
     }
 
     /// The launcher's original set again, for the calling process (the
     /// launcher once init is set up, init before it starts the program).
     pub(crate) fn restore(&self) -> Result<(), SetupError> {
-        if self.init_cpu.is_none() || set(0, &self.original) {
+        if !self.pinned.get() || set(0, &self.original) {
+            self.pinned.set(false);
             return Ok(());
         }
         Err(SetupError::io(

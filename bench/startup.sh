@@ -35,19 +35,38 @@ commands=("/bin/true" \
   "bwrap --ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc --tmpfs /tmp /bin/true" \
   "$MOAT exec $extra --network off -- /bin/true" \
   "$MOAT exec $extra --network allowlist --allow-domain example.com -- /bin/true")
-ROUNDS=${ROUNDS:-5}
-per_round=$(( (RUNS + ROUNDS - 1) / ROUNDS ))
-n=${#names[@]}
-for round in $(seq 0 $((ROUNDS - 1))); do
-  args=()
-  for i in $(seq 0 $((n - 1))); do
-    j=$(( (i + round) % n ))
-    args+=(-n "${names[$j]}" "${commands[$j]}")
+# Runs the commands named in the arrays NAMES and COMMANDS (by name) in
+# ROUNDS rounds of RUNS runs, rotating their order, with hyperfine OPTS (an
+# array, by name); exports $out/PREFIX-<round>.json.
+run_rounds() {
+  local prefix=$1 rounds=$2 runs=$3
+  local -n _names=$4 _commands=$5 _opts=$6
+  local n=${#_names[@]} round i j args
+  for round in $(seq 0 $((rounds - 1))); do
+    args=()
+    for i in $(seq 0 $((n - 1))); do
+      j=$(( (i + round) % n ))
+      args+=(-n "${_names[$j]}" "${_commands[$j]}")
+    done
+    hyperfine -N "${_opts[@]}" --runs "$runs" --style none \
+      --export-json "$out/$prefix-$round.json" "${args[@]}" >/dev/null 2>&1 \
+      || { echo "bench: hyperfine failed in $prefix round $round (run it by hand to see why)" >&2; exit 1; }
   done
-  hyperfine -N --setup "sleep 1" --warmup 10 --runs "$per_round" --style none \
-    --export-json "$out/startup-$round.json" "${args[@]}" >/dev/null 2>&1 \
-    || { echo "bench: hyperfine failed in round $round (run it by hand to see why)" >&2; exit 1; }
-done
+}
+ROUNDS=${ROUNDS:-5}
+quiet_second=(--setup "sleep 1" --warmup 10)
+run_rounds startup "$ROUNDS" $(( (RUNS + ROUNDS - 1) / ROUNDS )) names commands quiet_second
+
+# One command after a pause, as an agent issues them: back-to-back runs keep
+# some kernel state warm that a lone command finds cold (an RCU-synchronised
+# lock that cgroup migration takes, for one, made moat 3.5x slower than
+# bwrap here before init moved itself into its cgroup). 50 ms of sleep before
+# every timed run; fewer runs, in rotated rounds too.
+IDLE_RUNS=${IDLE_RUNS:-60}
+idle_names=("bwrap + dev/proc/tmp" "moat exec (all layers)")
+idle_commands=("${commands[3]}" "${commands[4]}")
+pause=(--prepare "sleep 0.05" --warmup 3)
+run_rounds idle 3 $(( (IDLE_RUNS + 2) / 3 )) idle_names idle_commands pause
 
 # Launcher peak RSS, as reported by moat itself (getrusage of the launcher).
 rss=$("$MOAT" exec $extra --report - -- /bin/true 2>&1 >/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["launcherPeakRssKib"])')
@@ -71,4 +90,12 @@ allow = median.pop("moat exec --network allowlist")
 print(f"\nmoat exec --network allowlist: {allow:.2f} ms, {allow / moat:.2f}x moat exec --network off (target <= 1.3x)")
 print(f"moat launcher peak RSS: {int(sys.argv[2]) / 1024:.1f} MiB")
 print(f"({len(times[order[0]])} runs each, in rounds with the order rotated)")
+idle = {}
+for path in sorted(glob.glob(sys.argv[1] + "/idle-*.json")):
+    for r in json.load(open(path))["results"]:
+        idle.setdefault(r["command"], []).extend(r["times"])
+bw, mo = (statistics.median(idle[n]) * 1000 for n in ("bwrap + dev/proc/tmp", "moat exec (all layers)"))
+print(f"\nafter a 50 ms pause ({len(idle['moat exec (all layers)'])} runs each):")
+print(f"{'bwrap + dev/proc/tmp':40} {bw:7.2f} ms")
+print(f"{'moat exec (all layers)':40} {mo:7.2f} ms {mo / bw:11.2f}x bwrap + dev/proc/tmp")
 PY

@@ -125,3 +125,73 @@ fn a_reader_that_never_reads_does_not_stop_the_timeout() {
     };
     assert_eq!(status.code(), Some(124));
 }
+
+/// init enters the run's cgroup itself (see `cgroup::enter`): from the host,
+/// init and the program sit in the run's memory and pids cgroups while the
+/// launcher stays where it was, and the run's cgroups are gone afterwards.
+#[test]
+fn init_and_the_program_run_in_the_runs_cgroups_and_the_launcher_does_not() {
+    use std::io::{BufRead, Write};
+    let marker = format!("cg{}", token());
+    let script = format!("echo ready; read line # {marker}");
+    let mut child = Command::new(MOAT)
+        .args(["exec", "--", "/bin/sh", "-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let launcher = child.id().to_string();
+    // The v1 hierarchy of `controller`, else the unified one (v2 hosts).
+    let cgroup_of = |pid: &str, controller: &str| -> String {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let line = |wanted: &dyn Fn(&str) -> bool| {
+            text.lines()
+                .find(|l| wanted(l.split(':').nth(1).unwrap()))
+                .map(|l| l.splitn(3, ':').nth(2).unwrap().to_owned())
+        };
+        line(&|c| c.split(',').any(|c| c == controller))
+            .or_else(|| line(&str::is_empty))
+            .unwrap()
+    };
+    // init is a clone of the launcher, so it has the launcher's command line.
+    let sandboxed: Vec<String> = host_processes_with(&marker)
+        .iter()
+        .map(|p| p.split(':').next().unwrap().to_owned())
+        .filter(|pid| *pid != launcher)
+        .collect();
+    assert_eq!(sandboxed.len(), 2, "init and sh: {sandboxed:?}");
+    let mut runs = Vec::new();
+    for controller in ["memory", "pids"] {
+        assert!(
+            !cgroup_of(&launcher, controller).contains("/moat/run-"),
+            "the launcher moved: {}",
+            cgroup_of(&launcher, controller)
+        );
+        for pid in &sandboxed {
+            let path = cgroup_of(pid, controller);
+            assert!(path.contains("/moat/run-"), "{pid} {controller}: {path}");
+            runs.push((controller, path));
+        }
+    }
+    child.stdin.take().unwrap().write_all(b"done\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    for (controller, path) in runs {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount_of = |wanted: &dyn Fn(&str) -> bool| {
+            mountinfo
+                .lines()
+                .find(|l| wanted(l))
+                .map(|l| l.split(' ').nth(4).unwrap().to_owned())
+        };
+        let dir = mount_of(&|l| l.contains(" - cgroup ") && l.ends_with(&format!(",{controller}")))
+            .or_else(|| mount_of(&|l| l.contains(" - cgroup2 ")))
+            .unwrap();
+        let path = std::path::Path::new(&dir).join(path.trim_start_matches('/'));
+        assert!(!path.exists(), "{} left behind", path.display());
+    }
+}

@@ -10,13 +10,14 @@
 //! over the status pipe in one-line messages (see [`Message`]).
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use std::path::{Path, PathBuf};
 
 use moat_core::{LayerStatus, SandboxMode};
 
+use crate::cgroup;
 use crate::confine::{self, LandlockPlan, Rlimit};
 use crate::error::{Layer, SetupError};
 use crate::launch::{EGRESS_PORT, SANDBOX_PATH};
@@ -257,9 +258,21 @@ pub(crate) fn init_main(plan: ChildPlan<'_>) -> ! {
 }
 
 fn wait_token(fd: RawFd, expected: &[u8]) -> Result<u8, SetupError> {
+    wait_token_with_fds(fd, expected).map(|(token, _)| token)
+}
+
+/// A token from the launcher, with the descriptors that came with it.
+fn wait_token_with_fds(fd: RawFd, expected: &[u8]) -> Result<(u8, Vec<OwnedFd>), SetupError> {
     let mut byte = [0u8; 1];
-    match sys::read(fd, &mut byte) {
-        Ok(1) if expected.contains(&byte[0]) => Ok(byte[0]),
+    let mut fds = Vec::new();
+    let received = loop {
+        match sys::recv_with_fds(fd, &mut byte, &mut fds) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other,
+        }
+    };
+    match received {
+        Ok(1) if expected.contains(&byte[0]) => Ok((byte[0], fds)),
         Ok(1) => Err(SetupError::new(
             Layer::Launcher,
             "the launcher aborted the setup",
@@ -318,9 +331,14 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
         sys::send_fd(plan.fds.notify_send, listener.as_raw_fd())
             .map_err(|e| SetupError::io(Layer::Network, "handing over the egress listener", e))?;
     }
-    // `C`: placed in the run's cgroup; `N`: no cgroup (degraded), so the pids
-    // limit falls back to RLIMIT_NPROC.
-    if wait_token(plan.fds.sync_read, b"CN")? == b'N' {
+    // `C`: the run's cgroup is ready, and init is in it or enters it now
+    // through the files that came along; `N`: no cgroup (degraded), so the
+    // pids limit falls back to RLIMIT_NPROC.
+    let (token, entry) = wait_token_with_fds(plan.fds.sync_read, b"CN")?;
+    cgroup::enter(&entry)
+        .map_err(|e| SetupError::io(Layer::Cgroup, "entering the run's cgroup", e))?;
+    drop(entry);
+    if token == b'N' {
         let nproc = exec.nproc_floor;
         exec.rlimits.push(Rlimit {
             resource: libc::RLIMIT_NPROC,
@@ -328,7 +346,7 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
             hard: nproc,
         });
     }
-    // Now that the launcher has placed us in the run's cgroup, make it our root.
+    // Now that init is in the run's cgroup, make it our root.
     // SAFETY: unshare with a flag constant only.
     if unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } != 0 {
         return Err(SetupError::io(

@@ -179,7 +179,7 @@ pub fn send_with_fd(socket: BorrowedFd<'_>, data: &[u8], fd: BorrowedFd<'_>) -> 
             "a descriptor needs at least one byte to travel with",
         ));
     }
-    sys::send_with_fd(socket.as_raw_fd(), data, Some(fd.as_raw_fd()))
+    sys::send_with_fds(socket.as_raw_fd(), data, &[fd.as_raw_fd()])
 }
 
 /// Reads like `read(2)`, collecting any descriptors that came with the bytes.

@@ -506,7 +506,10 @@ fn launch(
     let new_netns = spec.network != NetworkMode::Full;
 
     let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));
-    let (sync_read, sync_write) = pipe("sync pipe")?;
+    // A socket rather than a pipe: the go-ahead into the cgroup carries the
+    // files through which init enters it.
+    let (sync_read, sync_write) =
+        sys::socketpair().map_err(io_err(Layer::Launcher, "sync socket"))?;
     let (status_read, status_write) = pipe("status pipe")?;
     let (stdout_read, stdout_write) = pipe("stdout pipe")?;
     let (stderr_read, stderr_write) = pipe("stderr pipe")?;
@@ -724,9 +727,11 @@ fn setup_and_supervise(
         if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
             netns::make_for_init(userns, to_init)?;
         }
-        let cgroup = place_in_cgroup(spec, guard.pid, state)?;
+        let (cgroup, entry) = place_in_cgroup(spec, guard.pid, state)?;
         let token = if cgroup.is_some() { b"C" } else { b"N" };
-        sys::write_all(sync_write.as_raw_fd(), token).map_err(io_err(Layer::Launcher, "sync"))?;
+        let entry: Vec<_> = entry.iter().map(|fd| fd.as_raw_fd()).collect();
+        sys::send_with_fds(sync_write.as_raw_fd(), token, &entry)
+            .map_err(io_err(Layer::Launcher, "sync"))?;
         // Setup is over: the launcher (and the egress proxy it may start)
         // gets all its CPUs back. Best effort: this only costs the launcher time.
         let _ = placement.restore();
@@ -856,23 +861,25 @@ fn write_id_maps(pid: libc::pid_t, id: &Identity) -> Result<(), SetupError> {
     write("gid_map", format!("{} {} 1\n", id.inside.1, id.host.1))
 }
 
+/// Creates the run's cgroup and admits init (see [`RunCgroup::admit`]): the
+/// files returned go to init with the `C` token.
 fn place_in_cgroup(
     spec: &SandboxSpec,
     pid: libc::pid_t,
     state: &mut RunState,
-) -> Result<Option<CgroupGuard>, SetupError> {
+) -> Result<(Option<CgroupGuard>, Vec<OwnedFd>), SetupError> {
     let limits = &spec.limits;
     let created = cgroup::create(&spec.run_id, limits).and_then(|cg| {
         let guard = CgroupGuard(Some(cg));
-        guard
+        let entry = guard
             .get()
             .ok_or_else(|| cgroup::CgroupError("internal: no cgroup".into()))?
-            .attach(pid)
+            .admit(pid)
             .map_err(|e| cgroup::CgroupError(format!("attaching the sandbox: {e}")))?;
-        Ok(guard)
+        Ok((guard, entry))
     });
     match created {
-        Ok(guard) => {
+        Ok((guard, entry)) => {
             let cpu = limits.cpu_millis.map_or("unlimited".to_owned(), |m| {
                 format!("{}.{:03} CPUs", m / 1000, m % 1000)
             });
@@ -882,14 +889,14 @@ fn place_in_cgroup(
                 moat_core::size::format_size(limits.memory_bytes),
                 limits.pids,
             ));
-            Ok(Some(guard))
+            Ok((Some(guard), entry))
         }
         Err(e) if spec.allow_degraded => {
             state.enforcement.cgroup = LayerReport::not_enforced(format!(
                 "{e}; no memory or CPU limit, pids bounded by RLIMIT_NPROC {} only",
                 limits.pids
             ));
-            Ok(None)
+            Ok((None, Vec::new()))
         }
         Err(e) => Err(SetupError::new(
             Layer::Cgroup,

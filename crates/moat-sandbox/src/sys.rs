@@ -326,35 +326,47 @@ pub(crate) fn tcp_listener_v4_loopback(port: u16) -> io::Result<OwnedFd> {
 
 /// Sends one descriptor over a unix socket (`SCM_RIGHTS`).
 pub(crate) fn send_fd(socket: RawFd, fd: RawFd) -> io::Result<()> {
-    send_with_fd(socket, &[0], Some(fd)).map(|_| ())
+    send_with_fds(socket, &[0], &[fd]).map(|_| ())
 }
 
-/// Sends `data` (at least one byte) with `fd` attached, if any; returns how
-/// many bytes went (a stream socket may take fewer; the descriptor goes with
-/// the first byte).
-pub(crate) fn send_with_fd(socket: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<usize> {
+/// Sends `data` (at least one byte) with `fds` (at most [`MAX_FDS`])
+/// attached; returns how many bytes went (a stream socket may take fewer; the
+/// descriptors go with the first byte).
+pub(crate) fn send_with_fds(socket: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "more descriptors than a receiver takes from one message",
+        ));
+    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr().cast_mut().cast(),
         iov_len: data.len(),
     };
+    let payload = std::mem::size_of_val(fds) as u32;
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
     let mut control = vec![0u8; space];
     // SAFETY: msghdr is plain old data; zero is valid for every field.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
+    if !fds.is_empty() {
         msg.msg_control = control.as_mut_ptr().cast();
         msg.msg_controllen = space;
-        // SAFETY: msg_control points at `space` bytes, enough for one cmsg with
-        // one fd; CMSG_FIRSTHDR and CMSG_DATA stay inside that buffer.
+        // SAFETY: msg_control points at `space` bytes, enough for one cmsg
+        // carrying `fds`; CMSG_FIRSTHDR and CMSG_DATA stay inside that buffer,
+        // and the copy writes exactly `payload` bytes after CMSG_DATA.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                payload as usize,
+            );
         }
     }
     // SAFETY: msg and everything it points at (the caller's data, which the

@@ -8,6 +8,7 @@ mod v1;
 mod v2;
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,7 +26,10 @@ pub(crate) struct CgroupStats {
 
 /// A created cgroup (v1: one directory per controller; v2: one directory).
 pub(crate) trait RunCgroup {
-    fn attach(&self, pid: libc::pid_t) -> io::Result<()>;
+    /// Lets `init`, the sandbox's single-threaded pid 1, into the cgroup:
+    /// either puts it there now, or returns files init writes `0` to, each
+    /// moving init itself (see [`enter`]).
+    fn admit(&self, init: libc::pid_t) -> io::Result<Vec<OwnedFd>>;
     fn stats(&self) -> CgroupStats;
     /// Removes the run's directories. The shared, empty `moat` parent stays:
     /// removing it would race with a concurrent run creating its own.
@@ -53,6 +57,24 @@ pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>
         Ok(cgroup) => Ok(Box::new(cgroup)),
         Err(e) => Err(CgroupError(format!("v2: {v2_reason}; v1: {}", e.0))),
     }
+}
+
+/// In init: moves init into the run's cgroup through the files
+/// [`RunCgroup::admit`] returned. Writing `0` to a v1 `tasks` file moves the
+/// calling thread only, which is all of init, and the kernel then skips the
+/// global lock that writing a pid to `cgroup.procs` takes for writing
+/// (`cgroup_threadgroup_rwsem`). The first writer of that lock after a quiet
+/// spell waits for an RCU grace period: about 10 ms here, more than the
+/// whole launch, on every `moat exec` that follows a pause.
+pub(crate) fn enter(files: &[OwnedFd]) -> io::Result<()> {
+    for file in files {
+        // SAFETY: a write of one byte from a static buffer to a descriptor we hold.
+        let n = unsafe { libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) };
+        if n != 1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Mount points of cgroup filesystems: `(fstype, super options, mount point)`.

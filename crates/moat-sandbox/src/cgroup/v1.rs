@@ -1,5 +1,6 @@
 //! Cgroup v1: one directory per controller hierarchy.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use moat_core::Limits;
@@ -84,11 +85,20 @@ impl Cgroup {
 }
 
 impl RunCgroup for Cgroup {
-    fn attach(&self, pid: libc::pid_t) -> std::io::Result<()> {
-        for dir in self.dirs() {
-            super::write(&dir.join("cgroup.procs"), &pid.to_string())?;
-        }
-        Ok(())
+    /// init moves itself, through `tasks` (see [`super::enter`]); opened
+    /// here, so the kernel checks the launcher's right to move it.
+    fn admit(&self, _init: libc::pid_t) -> std::io::Result<Vec<OwnedFd>> {
+        self.dirs()
+            .into_iter()
+            .map(|dir| {
+                let tasks = dir.join("tasks");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&tasks)
+                    .map(OwnedFd::from)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))
+            })
+            .collect()
     }
 
     fn stats(&self) -> CgroupStats {

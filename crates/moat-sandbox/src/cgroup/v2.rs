@@ -4,6 +4,7 @@
 //! `cpu` when a CPU limit is asked for) to its children: Moat enables them on
 //! its own `moat` directory but never changes a cgroup it did not create.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use moat_core::Limits;
@@ -98,8 +99,9 @@ impl Cgroup {
 }
 
 impl RunCgroup for Cgroup {
-    fn attach(&self, pid: libc::pid_t) -> std::io::Result<()> {
-        super::write(&self.dir.join("cgroup.procs"), &pid.to_string())
+    fn admit(&self, init: libc::pid_t) -> std::io::Result<Vec<OwnedFd>> {
+        super::write(&self.dir.join("cgroup.procs"), &init.to_string())?;
+        Ok(Vec::new())
     }
 
     fn stats(&self) -> CgroupStats {

@@ -81,7 +81,9 @@ pub fn spawn_helper(keep: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helper
     }
     // SAFETY: plain id query.
     let parent = unsafe { libc::getpid() };
-    match sys::clone3(0).map_err(|e| SetupError::io(Layer::Launcher, "forking a helper", e))? {
+    match sys::clone3(0, None)
+        .map_err(|e| SetupError::io(Layer::Launcher, "forking a helper", e))?
+    {
         Forked::Parent { pid, pidfd } => Ok(Helper {
             pid,
             pidfd,

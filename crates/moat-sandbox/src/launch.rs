@@ -540,13 +540,36 @@ fn launch(
     };
     let mut signals = SignalGuard::new();
 
+    // On a unified (cgroup v2) host the run's cgroup is made now and init is
+    // cloned into it (see `cgroup`); a failure here refuses before the clone.
+    let early_cgroup = if cgroup::made_before_clone() {
+        match cgroup::create_for_clone(&spec.run_id, &spec.limits) {
+            Ok(made) => Some(Ok(CgroupGuard(Some(made)))),
+            Err(e) => Some(Err(cgroup_refused(spec, e)?)),
+        }
+    } else {
+        None
+    };
+    let clone_into = match &early_cgroup {
+        Some(Ok(guard)) => guard.get().and_then(|cg| cg.clone_target()),
+        _ => None,
+    };
     let placement = Placement::plan();
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    let forked = sys::clone3(flags as u64).map_err(io_err(Layer::Namespaces, "clone3"))?;
+    let forked = match sys::clone3(flags as u64, clone_into) {
+        Err(e) if clone_into.is_some() => {
+            return Err(SetupError::io(
+                Layer::Cgroup,
+                "clone3 into the run's cgroup",
+                e,
+            ));
+        }
+        other => other.map_err(io_err(Layer::Namespaces, "clone3"))?,
+    };
     let (pid, pidfd) = match forked {
         Forked::Child => child::init_main(ChildPlan {
             fds: ChildFds {
@@ -612,6 +635,7 @@ fn launch(
             stderr_read,
             notify_receive,
             netns_send,
+            early_cgroup,
             placement: &placement,
             signals: signals.fd.take(),
             status_lines: &mut status_lines,
@@ -672,6 +696,7 @@ struct SetupParts<'a, 'e> {
     stderr_read: OwnedFd,
     notify_receive: OwnedFd,
     netns_send: Option<OwnedFd>,
+    early_cgroup: EarlyCgroup,
     placement: &'a Placement,
     signals: Option<OwnedFd>,
     status_lines: &'a mut String,
@@ -697,6 +722,7 @@ fn setup_and_supervise(
         stderr_read,
         notify_receive,
         netns_send,
+        early_cgroup,
         placement,
         signals,
         status_lines,
@@ -727,7 +753,7 @@ fn setup_and_supervise(
         if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
             netns::make_for_init(userns, to_init)?;
         }
-        let (cgroup, entry) = place_in_cgroup(spec, guard.pid, state)?;
+        let (cgroup, entry) = place_in_cgroup(spec, guard.pid, state, early_cgroup)?;
         let token = if cgroup.is_some() { b"C" } else { b"N" };
         let entry: Vec<_> = entry.iter().map(|fd| fd.as_raw_fd()).collect();
         sys::send_with_fds(sync_write.as_raw_fd(), token, &entry)
@@ -861,16 +887,40 @@ fn write_id_maps(pid: libc::pid_t, id: &Identity) -> Result<(), SetupError> {
     write("gid_map", format!("{} {} 1\n", id.inside.1, id.host.1))
 }
 
-/// Creates the run's cgroup and admits init (see [`RunCgroup::admit`]): the
-/// files returned go to init with the `C` token.
+/// The cgroup as decided before the clone, on a unified host only: made (init
+/// was cloned into it), or why it could not be (the run is degraded).
+type EarlyCgroup = Option<Result<CgroupGuard, cgroup::CgroupError>>;
+
+/// Refuses a run without cgroup limits, unless degrading was allowed (then
+/// the reason is kept for the report).
+fn cgroup_refused(
+    spec: &SandboxSpec,
+    e: cgroup::CgroupError,
+) -> Result<cgroup::CgroupError, SetupError> {
+    if spec.allow_degraded {
+        return Ok(e);
+    }
+    Err(SetupError::new(
+        Layer::Cgroup,
+        format!("{e} (pass --allow-degraded to run without cgroup limits)"),
+    ))
+}
+
+/// Creates the run's cgroup (unless it was made before the clone) and admits
+/// init (see [`RunCgroup::admit`]): the files returned go to init with the
+/// `C` token.
 fn place_in_cgroup(
     spec: &SandboxSpec,
     pid: libc::pid_t,
     state: &mut RunState,
+    early: EarlyCgroup,
 ) -> Result<(Option<CgroupGuard>, Vec<OwnedFd>), SetupError> {
     let limits = &spec.limits;
-    let created = cgroup::create(&spec.run_id, limits).and_then(|cg| {
-        let guard = CgroupGuard(Some(cg));
+    let made = match early {
+        Some(made) => made,
+        None => cgroup::create(&spec.run_id, limits).map(|cg| CgroupGuard(Some(cg))),
+    };
+    let created = made.and_then(|guard| {
         let entry = guard
             .get()
             .ok_or_else(|| cgroup::CgroupError("internal: no cgroup".into()))?
@@ -891,17 +941,14 @@ fn place_in_cgroup(
             ));
             Ok((Some(guard), entry))
         }
-        Err(e) if spec.allow_degraded => {
+        Err(e) => {
+            let e = cgroup_refused(spec, e)?;
             state.enforcement.cgroup = LayerReport::not_enforced(format!(
                 "{e}; no memory or CPU limit, pids bounded by RLIMIT_NPROC {} only",
                 limits.pids
             ));
             Ok((None, Vec::new()))
         }
-        Err(e) => Err(SetupError::new(
-            Layer::Cgroup,
-            format!("{e} (pass --allow-degraded to run without cgroup limits)"),
-        )),
     }
 }
 

@@ -28,15 +28,24 @@ pub(crate) enum Forked {
     Child,
 }
 
+/// `CLONE_INTO_CGROUP` (Linux 5.7), as the `u64` clone3 takes (libc's
+/// constant is a `c_int`, which it overflows).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
 /// `clone3` with fork semantics (no shared memory, the child runs on a copy of
 /// the caller's stack) into the namespaces in `flags`, returning a pidfd.
+/// With `cgroup` (a cgroup v2 directory), the child starts in that cgroup.
 ///
 /// The caller must be single-threaded: the child is a copy of this one thread.
-pub(crate) fn clone3(flags: u64) -> io::Result<Forked> {
+pub(crate) fn clone3(flags: u64, cgroup: Option<RawFd>) -> io::Result<Forked> {
     let mut pidfd: RawFd = -1;
     // SAFETY: clone_args is plain old data; zero is a valid value for every field.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
     args.flags = flags | libc::CLONE_PIDFD as u64;
+    if let Some(fd) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
     args.pidfd = std::ptr::addr_of_mut!(pidfd) as u64;
     args.exit_signal = libc::SIGCHLD as u64;
     // SAFETY: args is a valid clone_args of the size we pass; with no CLONE_VM and

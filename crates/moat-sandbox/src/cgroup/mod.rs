@@ -3,12 +3,21 @@
 //! Each run gets `<the launcher's own cgroup>/moat/<run id>`, created before the
 //! program starts and removed after it ends; the `moat` directory itself is
 //! created once and left, empty, for the next run. Existing cgroups are only read.
+//!
+//! How init gets in matters for speed: writing a pid to `cgroup.procs`
+//! write-locks the kernel's global `cgroup_threadgroup_rwsem`, and the first
+//! writer after a quiet spell waits for an RCU grace period (about 10 ms on
+//! the build machines), on every lone `moat exec`. So on a host whose
+//! `/sys/fs/cgroup` is the unified hierarchy the cgroup is made before the
+//! clone and init is cloned straight into it (`CLONE_INTO_CGROUP`); on a
+//! hybrid or v1 host it is made after the clone, beside init's own setup, and
+//! init moves itself in through v1 `tasks` files (see [`enter`]).
 
 mod v1;
 mod v2;
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,8 +37,11 @@ pub(crate) struct CgroupStats {
 pub(crate) trait RunCgroup {
     /// Lets `init`, the sandbox's single-threaded pid 1, into the cgroup:
     /// either puts it there now, or returns files init writes `0` to, each
-    /// moving init itself (see [`enter`]).
+    /// moving init itself (see [`enter`]). Nothing to do when init was cloned
+    /// into it.
     fn admit(&self, init: libc::pid_t) -> io::Result<Vec<OwnedFd>>;
+    /// The directory to clone init into, for a cgroup made before the clone.
+    fn clone_target(&self) -> Option<RawFd>;
     fn stats(&self) -> CgroupStats;
     /// Removes the run's directories. The shared, empty `moat` parent stays:
     /// removing it would race with a concurrent run creating its own.
@@ -43,13 +55,41 @@ pub(crate) trait RunCgroup {
 #[error("{0}")]
 pub(crate) struct CgroupError(pub(crate) String);
 
+/// Whether the run's cgroup is made before the clone: only where
+/// `/sys/fs/cgroup` itself is a cgroup2 mount, so that a hybrid host (which
+/// ends up on v1) pays nothing on the clone's critical path to find out.
+pub(crate) fn made_before_clone() -> bool {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    // SAFETY: statfs is plain old data (zero is valid); the path is a valid C string.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the kernel writes into `fs`, which outlives the call.
+    let ok = unsafe { libc::statfs(c"/sys/fs/cgroup".as_ptr(), &mut fs) } == 0;
+    ok && fs.f_type == CGROUP2_SUPER_MAGIC
+}
+
+/// Creates the run's cgroup, before the clone, on a unified host (see
+/// [`made_before_clone`]); init is then cloned into it.
+pub(crate) fn create_for_clone(
+    run_id: &str,
+    limits: &Limits,
+) -> Result<Box<dyn RunCgroup>, CgroupError> {
+    let own = read_small(Path::new("/proc/self/cgroup"))
+        .map_err(|e| CgroupError(format!("reading /proc/self/cgroup: {e}")))?;
+    let mountinfo = read_small(Path::new("/proc/self/mountinfo"))
+        .map_err(|e| CgroupError(format!("reading /proc/self/mountinfo: {e}")))?;
+    match v2::Cgroup::create(&own, &mountinfo, run_id, limits, true) {
+        Ok(cgroup) => Ok(Box::new(cgroup)),
+        Err(e) => Err(CgroupError(format!("v2: {}", e.0))),
+    }
+}
+
 /// Creates the run's cgroup with `limits` applied.
 pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>, CgroupError> {
     let own = read_small(Path::new("/proc/self/cgroup"))
         .map_err(|e| CgroupError(format!("reading /proc/self/cgroup: {e}")))?;
     let mountinfo = read_small(Path::new("/proc/self/mountinfo"))
         .map_err(|e| CgroupError(format!("reading /proc/self/mountinfo: {e}")))?;
-    let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits) {
+    let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits, false) {
         Ok(cgroup) => return Ok(Box::new(cgroup)),
         Err(e) => e.0,
     };
@@ -186,6 +226,63 @@ mod tests {
         assert_eq!(own_path(own, "cpuacct"), Some("/x"));
         assert_eq!(own_path(own, ""), Some("/"));
         assert_eq!(own_path(own, "pids"), None);
+    }
+
+    /// The mechanism `create_for_clone` relies on, tried on whatever cgroup2
+    /// hierarchy the host has (on the hybrid build machines, the one at
+    /// /sys/fs/cgroup/unified, which has no controllers: enough to show the
+    /// child starts in the directory, with the sandbox's namespace flags).
+    #[test]
+    fn clone3_starts_init_in_a_v2_cgroup() {
+        let own = read_small(Path::new("/proc/self/cgroup")).unwrap();
+        let mountinfo = read_small(Path::new("/proc/self/mountinfo")).unwrap();
+        let (_, _, mount) = cgroup_mounts(&mountinfo)
+            .into_iter()
+            .find(|(fstype, _, _)| *fstype == "cgroup2")
+            .expect("this test needs a cgroup2 hierarchy");
+        let own = own_path(&own, "").expect("a cgroup2 path");
+        let moat = join(mount, own).join("moat");
+        make_dir(&moat).unwrap();
+        let name = format!("clone-test-{}", std::process::id());
+        let dir = moat.join(&name);
+        make_run_dir(&dir).unwrap();
+        let target = std::fs::File::open(&dir).unwrap();
+        let (wait_read, wait_write) = crate::sys::pipe().unwrap();
+        let flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
+        let forked = crate::sys::clone3(flags as u64, Some(target.as_raw_fd()));
+        let pid = match forked {
+            Ok(crate::sys::Forked::Child) => {
+                // Waits for the parent to look, then leaves (async-signal-safe only:
+                // the test harness has other threads).
+                // SAFETY: this copy's write end, so the parent's close ends the read.
+                unsafe { libc::close(wait_write.as_raw_fd()) };
+                let _ = crate::sys::read(wait_read.as_raw_fd(), &mut [0u8; 1]);
+                // SAFETY: _exit ends this copy of the test process at once.
+                unsafe { libc::_exit(0) }
+            }
+            Ok(crate::sys::Forked::Parent { pid, .. }) => pid,
+            Err(e) => {
+                let _ = remove_dir(&dir);
+                panic!("clone3 into {}: {e}", dir.display());
+            }
+        };
+        let seen = read_small(Path::new(&format!("/proc/{pid}/cgroup"))).unwrap();
+        drop((wait_read, wait_write));
+        let mut status = 0;
+        // SAFETY: reaping our own child; status is a valid int.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        remove_dir(&dir).unwrap();
+        let v2 = own_path(&seen, "").unwrap();
+        assert!(v2.ends_with(&format!("/moat/{name}")), "{seen}");
+    }
+
+    #[test]
+    fn the_cgroup_is_made_before_the_clone_only_on_a_unified_host() {
+        let mountinfo = read_small(Path::new("/proc/self/mountinfo")).unwrap();
+        let unified = cgroup_mounts(&mountinfo)
+            .iter()
+            .any(|(fstype, _, mount)| *fstype == "cgroup2" && *mount == "/sys/fs/cgroup");
+        assert_eq!(made_before_clone(), unified);
     }
 
     #[test]

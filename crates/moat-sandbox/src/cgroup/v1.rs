@@ -1,6 +1,6 @@
 //! Cgroup v1: one directory per controller hierarchy.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use moat_core::Limits;
@@ -99,6 +99,10 @@ impl RunCgroup for Cgroup {
                     .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", tasks.display())))
             })
             .collect()
+    }
+
+    fn clone_target(&self) -> Option<RawFd> {
+        None
     }
 
     fn stats(&self) -> CgroupStats {

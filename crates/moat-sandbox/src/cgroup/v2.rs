@@ -4,7 +4,7 @@
 //! `cpu` when a CPU limit is asked for) to its children: Moat enables them on
 //! its own `moat` directory but never changes a cgroup it did not create.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use moat_core::Limits;
@@ -13,6 +13,8 @@ use super::{CgroupError, CgroupStats, RunCgroup};
 
 pub(crate) struct Cgroup {
     dir: PathBuf,
+    /// The open directory, when init is to be cloned into it.
+    clone_target: Option<OwnedFd>,
 }
 
 impl Cgroup {
@@ -21,6 +23,7 @@ impl Cgroup {
         mountinfo: &str,
         run_id: &str,
         limits: &Limits,
+        for_clone: bool,
     ) -> Result<Self, CgroupError> {
         let mounts = super::cgroup_mounts(mountinfo);
         let (_, _, mount_point) = mounts
@@ -61,13 +64,17 @@ impl Cgroup {
                 ))
             })?;
         let moat = base.join("moat");
-        let cgroup = Cgroup {
+        let mut cgroup = Cgroup {
             dir: moat.join(run_id),
+            clone_target: None,
         };
         let made = (|| {
             super::make_dir(&moat)?;
-            let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
-            super::write(&moat.join("cgroup.subtree_control"), &enable.join(" "))?;
+            // Written only when missing: each write takes the cgroup lock.
+            if !delegates(&moat) {
+                let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+                super::write(&moat.join("cgroup.subtree_control"), &enable.join(" "))?;
+            }
             super::make_run_dir(&cgroup.dir)?;
             super::write(
                 &cgroup.dir.join("memory.max"),
@@ -88,6 +95,12 @@ impl Cgroup {
                     &format!("{} 100000", millis * 100),
                 )?;
             }
+            if for_clone {
+                let dir = std::fs::File::open(&cgroup.dir).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("{}: {e}", cgroup.dir.display()))
+                })?;
+                cgroup.clone_target = Some(OwnedFd::from(dir));
+            }
             Ok::<(), std::io::Error>(())
         })();
         if let Err(e) = made {
@@ -100,8 +113,14 @@ impl Cgroup {
 
 impl RunCgroup for Cgroup {
     fn admit(&self, init: libc::pid_t) -> std::io::Result<Vec<OwnedFd>> {
-        super::write(&self.dir.join("cgroup.procs"), &init.to_string())?;
+        if self.clone_target.is_none() {
+            super::write(&self.dir.join("cgroup.procs"), &init.to_string())?;
+        }
         Ok(Vec::new())
+    }
+
+    fn clone_target(&self) -> Option<RawFd> {
+        self.clone_target.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     fn stats(&self) -> CgroupStats {

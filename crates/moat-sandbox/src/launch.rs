@@ -591,6 +591,8 @@ fn launch(
                 .map(|fd| fd.as_raw_fd())
                 .chain(signals.fd.as_ref().map(|fd| fd.as_raw_fd()))
                 .chain(netns_send.as_ref().map(|fd| fd.as_raw_fd()))
+                // The cgroup directory init was cloned into: of no use inside.
+                .chain(clone_into)
                 .collect(),
             },
             spec,

@@ -46,14 +46,22 @@ fn the_memory_limit_kills_a_large_allocation_and_says_oom() {
     assert!(run.stderr.contains("memory limit"), "{}", run.stderr);
 }
 
-#[test]
-fn the_timeout_kills_a_double_forked_daemon() {
+/// A unique number of seconds to sleep (the marker looked for on the host),
+/// and a shell line that leaves a `setsid` daemon and a double-forked orphan
+/// sleeping that long.
+fn sleeping_daemons() -> (String, String) {
     let marker = format!(
         "9{}",
         &token()[..7].replace(|c: char| !c.is_ascii_digit(), "7")
     );
-    let script =
-        format!("setsid /bin/sh -c 'sleep {marker}' & (sleep {marker} &) ; sleep {marker}");
+    let daemons = format!("setsid /bin/sh -c 'sleep {marker}' & (sleep {marker} &)");
+    (marker, daemons)
+}
+
+#[test]
+fn the_timeout_kills_a_double_forked_daemon() {
+    let (marker, daemons) = sleeping_daemons();
+    let script = format!("{daemons}; sleep {marker}");
     let run = exec(&["--timeout", "1s"], &["/bin/sh", "-c", &script]);
     assert_eq!(run.code, 124);
     assert_eq!(run.report["timedOut"], true);
@@ -194,4 +202,20 @@ fn init_and_the_program_run_in_the_runs_cgroups_and_the_launcher_does_not() {
         let path = std::path::Path::new(&dir).join(path.trim_start_matches('/'));
         assert!(!path.exists(), "{} left behind", path.display());
     }
+}
+
+/// When the program exits, what it left running (a daemon holding its
+/// stdout, an orphan) is killed and reaped before moat returns, and the exit
+/// status is the program's own.
+#[test]
+fn what_the_program_leaves_running_is_killed_when_it_exits() {
+    let (marker, daemons) = sleeping_daemons();
+    let script = format!("{daemons}; echo left; exit 3");
+    let run = exec(&["--timeout", "30s"], &["/bin/sh", "-c", &script]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.stdout, "left\n");
+    assert_eq!(run.report["timedOut"], false);
+    assert_eq!(run.report["exit"]["code"], 3, "{}", run.report);
+    let left = host_processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -470,15 +470,45 @@ fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
         if reaped != pid {
             continue; // an orphan re-parented to us
         }
-        if libc::WIFEXITED(status) {
+        let (message, code) = if libc::WIFEXITED(status) {
             let code = libc::WEXITSTATUS(status);
-            send(plan.fds.status_write, &Message::Exited(code));
-            exit(code);
-        }
-        if libc::WIFSIGNALED(status) {
+            (Message::Exited(code), code)
+        } else if libc::WIFSIGNALED(status) {
             let signal = libc::WTERMSIG(status);
-            send(plan.fds.status_write, &Message::Signaled(signal));
-            exit(128 + signal);
+            (Message::Signaled(signal), 128 + signal)
+        } else {
+            continue;
+        };
+        PAYLOAD_PID.store(0, Ordering::Relaxed);
+        end_the_rest();
+        send(plan.fds.status_write, &message);
+        exit(code);
+    }
+}
+
+/// Kills and reaps whatever the program left behind (daemons, orphans), so
+/// that when init reports the program's end it is the last process of the
+/// sandbox: the launcher then reads the cgroup's counters while init's own
+/// exit (its memory and the mount namespace torn down, a few hundred µs)
+/// completes. Every process of the pid namespace descends from init
+/// (orphans are re-parented to it), so no child left means no process left.
+/// Without this, init's exit would kill them all the same.
+fn end_the_rest() {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid int to fill.
+        let reaped = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if reaped > 0 || (reaped < 0 && sys::errno() == libc::EINTR) {
+            continue;
+        }
+        if reaped < 0 {
+            return; // ECHILD: init is alone
+        }
+        // SAFETY: from pid 1, kill(-1) signals every other process of its
+        // namespace; then one blocking wait, as they die.
+        unsafe {
+            libc::kill(-1, libc::SIGKILL);
+            libc::waitpid(-1, &mut status, 0);
         }
     }
 }

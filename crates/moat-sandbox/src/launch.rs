@@ -792,6 +792,8 @@ fn setup_and_supervise(
     let supervision = supervise::supervise(
         Watched {
             pidfd: &guard.pidfd,
+            status: status_read,
+            status_text: &mut *status_lines,
             stdout: &mut stdout,
             stderr: &mut stderr,
             notify_receive: Some(notify_receive),
@@ -822,6 +824,9 @@ fn setup_and_supervise(
         },
     );
     drop(sync_write);
+    // Read while init finishes exiting: once it reported the program's end,
+    // nothing else of the sandbox runs (see `child::end_the_rest`).
+    let stats = cgroup.as_ref().and_then(|c| c.get()).map(|c| c.stats());
     let (status, usage) = guard.reap();
     read_status(status_read, status_lines);
 
@@ -855,7 +860,7 @@ fn setup_and_supervise(
     let rusage_cpu_ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
     state.cpu_ms = rusage_cpu_ms(usage.ru_utime) + rusage_cpu_ms(usage.ru_stime);
     state.peak_memory_bytes = usage.ru_maxrss.max(0) as u64 * 1024;
-    if let Some(stats) = cgroup.as_ref().and_then(|c| c.get()).map(|c| c.stats()) {
+    if let Some(stats) = stats {
         if let Some(ns) = stats.cpu_ns {
             state.cpu_ms = ns / 1_000_000;
         }

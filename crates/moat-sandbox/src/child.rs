@@ -30,7 +30,10 @@ use crate::sys;
 
 /// Descriptors the child uses; the launcher's ends are closed first thing.
 pub(crate) struct ChildFds {
-    pub(crate) sync_read: RawFd,
+    /// init's end of the sync socket: `M` and `C`/`N` (with the cgroup's
+    /// entry files) come in; `D` goes out once the program has ended and
+    /// nothing else of the sandbox runs.
+    pub(crate) sync: RawFd,
     pub(crate) status_write: RawFd,
     pub(crate) stdout_write: RawFd,
     pub(crate) stderr_write: RawFd,
@@ -295,7 +298,7 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     // Planning reads host metadata and small /etc files; it needs no ids yet.
     let root = RootPlan::new(plan.spec, (plan.inside_uid, plan.inside_gid), plan.idmapped);
     let mut exec = ExecPlan::from_spec(plan.spec)?;
-    wait_token(plan.fds.sync_read, b"M")?;
+    wait_token(plan.fds.sync, b"M")?;
     become_sandbox_user(plan)?;
     // After the id change (which resets it), so the sandbox dies with the launcher.
     // SAFETY: prctl with integer arguments only.
@@ -334,7 +337,7 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     // `C`: the run's cgroup is ready, and init is in it or enters it now
     // through the files that came along; `N`: no cgroup (degraded), so the
     // pids limit falls back to RLIMIT_NPROC.
-    let (token, entry) = wait_token_with_fds(plan.fds.sync_read, b"CN")?;
+    let (token, entry) = wait_token_with_fds(plan.fds.sync, b"CN")?;
     cgroup::enter(&entry)
         .map_err(|e| SetupError::io(Layer::Cgroup, "entering the run's cgroup", e))?;
     drop(entry);
@@ -482,6 +485,8 @@ fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
         PAYLOAD_PID.store(0, Ordering::Relaxed);
         end_the_rest();
         send(plan.fds.status_write, &message);
+        // The launcher's cue to finish its bookkeeping while init exits.
+        let _ = sys::write_all(plan.fds.sync, b"D");
         exit(code);
     }
 }

@@ -508,8 +508,7 @@ fn launch(
     let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));
     // A socket rather than a pipe: the go-ahead into the cgroup carries the
     // files through which init enters it.
-    let (sync_read, sync_write) =
-        sys::socketpair().map_err(io_err(Layer::Launcher, "sync socket"))?;
+    let (sync, init_sync) = sys::socketpair().map_err(io_err(Layer::Launcher, "sync socket"))?;
     let (status_read, status_write) = pipe("status pipe")?;
     let (stdout_read, stdout_write) = pipe("stdout pipe")?;
     let (stderr_read, stderr_write) = pipe("stderr pipe")?;
@@ -573,7 +572,7 @@ fn launch(
     let (pid, pidfd) = match forked {
         Forked::Child => child::init_main(ChildPlan {
             fds: ChildFds {
-                sync_read: sync_read.as_raw_fd(),
+                sync: init_sync.as_raw_fd(),
                 status_write: status_write.as_raw_fd(),
                 stdout_write: stdout_write.as_raw_fd(),
                 stderr_write: stderr_write.as_raw_fd(),
@@ -581,7 +580,7 @@ fn launch(
                 stdin_read: stdin_read.as_ref().map(|fd| fd.as_raw_fd()),
                 netns_receive: netns_receive.as_ref().map(|fd| fd.as_raw_fd()),
                 launcher_ends: [
-                    &sync_write,
+                    &sync,
                     &status_read,
                     &stdout_read,
                     &stderr_read,
@@ -608,7 +607,7 @@ fn launch(
         }
     };
     drop((
-        sync_read,
+        init_sync,
         status_write,
         stdout_write,
         stderr_write,
@@ -631,7 +630,7 @@ fn launch(
             id: &id,
             idmapped: &idmapped,
             guard: &mut guard,
-            sync_write,
+            sync,
             status_read: &status_read,
             stdout_read,
             stderr_read,
@@ -692,7 +691,7 @@ struct SetupParts<'a, 'e> {
     id: &'a Identity,
     idmapped: &'a IdmappedRoots,
     guard: &'a mut ChildGuard,
-    sync_write: OwnedFd,
+    sync: OwnedFd,
     status_read: &'a OwnedFd,
     stdout_read: OwnedFd,
     stderr_read: OwnedFd,
@@ -718,7 +717,7 @@ fn setup_and_supervise(
         id,
         idmapped,
         guard,
-        sync_write,
+        sync,
         status_read,
         stdout_read,
         stderr_read,
@@ -751,14 +750,14 @@ fn setup_and_supervise(
         if let Some(userns) = userns.as_ref().filter(|_| !idmapped.is_empty()) {
             idmapped.apply(spec, userns)?;
         }
-        sys::write_all(sync_write.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
+        sys::write_all(sync.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
         if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
             netns::make_for_init(userns, to_init)?;
         }
         let (cgroup, entry) = place_in_cgroup(spec, guard.pid, state, early_cgroup)?;
         let token = if cgroup.is_some() { b"C" } else { b"N" };
         let entry: Vec<_> = entry.iter().map(|fd| fd.as_raw_fd()).collect();
-        sys::send_with_fds(sync_write.as_raw_fd(), token, &entry)
+        sys::send_with_fds(sync.as_raw_fd(), token, &entry)
             .map_err(io_err(Layer::Launcher, "sync"))?;
         // Setup is over: the launcher (and the egress proxy it may start)
         // gets all its CPUs back. Best effort: this only costs the launcher time.
@@ -779,7 +778,7 @@ fn setup_and_supervise(
     let cgroup = match outside {
         Ok(cgroup) => cgroup,
         Err(e) => {
-            drop(sync_write);
+            drop(sync);
             let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
             guard.reap();
             read_status(status_read, status_lines);
@@ -792,8 +791,7 @@ fn setup_and_supervise(
     let supervision = supervise::supervise(
         Watched {
             pidfd: &guard.pidfd,
-            status: status_read,
-            status_text: &mut *status_lines,
+            init_done: &sync,
             stdout: &mut stdout,
             stderr: &mut stderr,
             notify_receive: Some(notify_receive),
@@ -823,7 +821,7 @@ fn setup_and_supervise(
             ),
         },
     );
-    drop(sync_write);
+    drop(sync);
     // Read while init finishes exiting: once it reported the program's end,
     // nothing else of the sandbox runs (see `child::end_the_rest`).
     let stats = cgroup.as_ref().and_then(|c| c.get()).map(|c| c.stats());

@@ -131,13 +131,13 @@ pub(crate) struct Supervision {
 
 pub(crate) struct Watched<'a> {
     pub(crate) pidfd: &'a OwnedFd,
-    /// init's status pipe, and the text read from it so far. init reports
-    /// the program's end (`S`) once it has killed and reaped everything else
-    /// in the sandbox, and then exits: the launcher can finish its own
-    /// bookkeeping while init's exit (its memory and its mount namespace
-    /// torn down) completes.
-    pub(crate) status: &'a OwnedFd,
-    pub(crate) status_text: &'a mut String,
+    /// The launcher's end of the sync socket. init writes `D` there once the
+    /// program has ended and it has killed and reaped everything else in the
+    /// sandbox, and then exits: the launcher can finish its own bookkeeping
+    /// while init's exit (its memory and its mount namespace torn down)
+    /// completes. (Not the status pipe: the payload's setup messages there
+    /// would wake the launcher for nothing.)
+    pub(crate) init_done: &'a OwnedFd,
     pub(crate) stdout: &'a mut Stream,
     pub(crate) stderr: &'a mut Stream,
     pub(crate) notify_receive: Option<OwnedFd>,
@@ -162,8 +162,7 @@ pub(crate) enum Denial<'a> {
 pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -> Supervision {
     let Watched {
         pidfd,
-        status,
-        status_text,
+        init_done,
         stdout,
         stderr,
         mut notify_receive,
@@ -177,7 +176,6 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
     };
     let mut listener: Option<OwnedFd> = None;
     let mut exited_at: Option<Instant> = None;
-    let mut status_open = true;
     let mut kill_at = deadline;
     let mut killed = false;
     // Allocated when the first output arrives: a silent program costs no
@@ -218,9 +216,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
         };
         if exited_at.is_none() {
             add(Slot::Exit, pidfd.as_raw_fd(), libc::POLLIN);
-            if status_open {
-                add(Slot::Status, status.as_raw_fd(), libc::POLLIN);
-            }
+            add(Slot::Done, init_done.as_raw_fd(), libc::POLLIN);
         }
         if let Some(fd) = stdout.readable_fd() {
             add(Slot::Stdout, fd, libc::POLLIN);
@@ -260,20 +256,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
                 continue;
             }
             match slot {
-                Slot::Exit => exited_at = Some(Instant::now()),
-                Slot::Status => {
-                    let mut chunk = [0u8; 512];
-                    match sys::read(status.as_raw_fd(), &mut chunk) {
-                        Ok(0) | Err(_) => status_open = false,
-                        Ok(n) => {
-                            let text = chunk.get(..n).unwrap_or_default();
-                            status_text.push_str(&String::from_utf8_lossy(text));
-                            if status_text.lines().any(|line| line.starts_with("S ")) {
-                                exited_at = Some(Instant::now());
-                            }
-                        }
-                    }
-                }
+                Slot::Exit | Slot::Done => exited_at = Some(Instant::now()),
                 Slot::Stdout | Slot::Stderr => {
                     if buf.is_empty() {
                         buf = vec![0u8; 64 * 1024];
@@ -321,7 +304,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
 #[derive(Clone, Copy)]
 enum Slot {
     Exit,
-    Status,
+    Done,
     Stdout,
     Stderr,
     StdoutFlush,

@@ -135,15 +135,18 @@ fn a_reader_that_never_reads_does_not_stop_the_timeout() {
 }
 
 /// init enters the run's cgroup itself (see `cgroup::enter`): from the host,
-/// init and the program sit in the run's memory and pids cgroups while the
-/// launcher stays where it was, and the run's cgroups are gone afterwards.
+/// init and the program sit in the run's cgroups (all four v1 hierarchies
+/// with a CPU limit) while the launcher stays where it was, and the run's
+/// cgroups are gone afterwards.
 #[test]
 fn init_and_the_program_run_in_the_runs_cgroups_and_the_launcher_does_not() {
     use std::io::{BufRead, Write};
     let marker = format!("cg{}", token());
     let script = format!("echo ready; read line # {marker}");
+    // With a CPU limit: on v1 that is four hierarchies, the most files init
+    // gets to enter (memory, pids, cpu, cpuacct).
     let mut child = Command::new(MOAT)
-        .args(["exec", "--", "/bin/sh", "-c", &script])
+        .args(["exec", "--cpus", "1.5", "--", "/bin/sh", "-c", &script])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -174,7 +177,7 @@ fn init_and_the_program_run_in_the_runs_cgroups_and_the_launcher_does_not() {
         .collect();
     assert_eq!(sandboxed.len(), 2, "init and sh: {sandboxed:?}");
     let mut runs = Vec::new();
-    for controller in ["memory", "pids"] {
+    for controller in ["memory", "pids", "cpu", "cpuacct"] {
         assert!(
             !cgroup_of(&launcher, controller).contains("/moat/run-"),
             "the launcher moved: {}",

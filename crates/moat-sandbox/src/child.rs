@@ -338,6 +338,22 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     // through the files that came along; `N`: no cgroup (degraded), so the
     // pids limit falls back to RLIMIT_NPROC.
     let (token, entry) = wait_token_with_fds(plan.fds.sync, b"CN")?;
+    // The launcher says how many files it sent: a message whose descriptors
+    // the kernel dropped must not pass for "nothing to enter".
+    let mut count = [0u8; 1];
+    match sys::read(plan.fds.sync, &mut count) {
+        Ok(1) if usize::from(count[0]) == entry.len() => {}
+        _ => {
+            return Err(SetupError::new(
+                Layer::Cgroup,
+                format!(
+                    "{} of the run's cgroup files arrived ({} sent)",
+                    entry.len(),
+                    count[0]
+                ),
+            ));
+        }
+    }
     cgroup::enter(&entry)
         .map_err(|e| SetupError::io(Layer::Cgroup, "entering the run's cgroup", e))?;
     drop(entry);
@@ -510,9 +526,13 @@ fn end_the_rest() {
             return; // ECHILD: init is alone
         }
         // SAFETY: from pid 1, kill(-1) signals every other process of its
-        // namespace; then one blocking wait, as they die.
+        // namespace, which all run as the one uid mapped into the sandbox (init
+        // has no CAP_KILL by now; none is needed); then one blocking wait, as
+        // they die. If nothing could be signalled, init's own exit kills them.
         unsafe {
-            libc::kill(-1, libc::SIGKILL);
+            if libc::kill(-1, libc::SIGKILL) != 0 {
+                return;
+            }
             libc::waitpid(-1, &mut status, 0);
         }
     }

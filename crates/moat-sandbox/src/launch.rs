@@ -362,6 +362,10 @@ impl CgroupGuard {
         self.0.as_deref()
     }
 
+    fn get_mut(&mut self) -> Option<&mut (dyn RunCgroup + 'static)> {
+        self.0.as_deref_mut()
+    }
+
     fn remove(mut self) -> std::io::Result<()> {
         self.0.take().map_or(Ok(()), |cgroup| cgroup.remove())
     }
@@ -541,25 +545,35 @@ fn launch(
 
     // On a unified (cgroup v2) host the run's cgroup is made now and init is
     // cloned into it (see `cgroup`); a failure here refuses before the clone.
-    let early_cgroup = if cgroup::made_before_clone() {
+    let (mut cgroup, refused_early) = if cgroup::made_before_clone() {
         match cgroup::create_for_clone(&spec.run_id, &spec.limits) {
-            Ok(made) => Some(Ok(CgroupGuard(Some(made)))),
-            Err(e) => Some(Err(cgroup_refused(spec, e)?)),
+            Ok(made) => (Some(CgroupGuard(Some(made))), None),
+            Err(e) => (None, Some(cgroup_refused(spec, e)?)),
         }
     } else {
-        None
+        (None, None)
     };
-    let clone_into = match &early_cgroup {
-        Some(Ok(guard)) => guard.get().and_then(|cg| cg.clone_target()),
-        _ => None,
-    };
+    let clone_into = cgroup
+        .as_ref()
+        .and_then(CgroupGuard::get)
+        .and_then(|cg| cg.clone_target());
     let placement = Placement::plan();
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
+    let mut cloned_into = clone_into.is_some();
     let forked = match sys::clone3(flags as u64, clone_into) {
+        // Linux before 5.7 has clone3 but not CLONE_INTO_CGROUP: init is
+        // moved in after the clone instead.
+        Err(e)
+            if clone_into.is_some()
+                && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::E2BIG)) =>
+        {
+            cloned_into = false;
+            sys::clone3(flags as u64, None).map_err(io_err(Layer::Namespaces, "clone3"))?
+        }
         Err(e) if clone_into.is_some() => {
             return Err(SetupError::io(
                 Layer::Cgroup,
@@ -603,6 +617,9 @@ fn launch(
         }),
         Forked::Parent { pid, pidfd } => {
             placement.keep_off_init_cpu();
+            if let Some(cg) = cgroup.as_mut().and_then(CgroupGuard::get_mut) {
+                cg.after_clone(cloned_into);
+            }
             (pid, pidfd)
         }
     };
@@ -636,7 +653,8 @@ fn launch(
             stderr_read,
             notify_receive,
             netns_send,
-            early_cgroup,
+            cgroup,
+            refused_early,
             placement: &placement,
             signals: signals.fd.take(),
             status_lines: &mut status_lines,
@@ -697,7 +715,10 @@ struct SetupParts<'a, 'e> {
     stderr_read: OwnedFd,
     notify_receive: OwnedFd,
     netns_send: Option<OwnedFd>,
-    early_cgroup: EarlyCgroup,
+    /// The run's cgroup when it was made before the clone, or why it could
+    /// not be (the run is degraded).
+    cgroup: Option<CgroupGuard>,
+    refused_early: Option<cgroup::CgroupError>,
     placement: &'a Placement,
     signals: Option<OwnedFd>,
     status_lines: &'a mut String,
@@ -723,7 +744,8 @@ fn setup_and_supervise(
         stderr_read,
         notify_receive,
         netns_send,
-        early_cgroup,
+        mut cgroup,
+        refused_early,
         placement,
         signals,
         status_lines,
@@ -754,11 +776,14 @@ fn setup_and_supervise(
         if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
             netns::make_for_init(userns, to_init)?;
         }
-        let (cgroup, entry) = place_in_cgroup(spec, guard.pid, state, early_cgroup)?;
-        let token = if cgroup.is_some() { b"C" } else { b"N" };
-        let entry: Vec<_> = entry.iter().map(|fd| fd.as_raw_fd()).collect();
-        sys::send_with_fds(sync.as_raw_fd(), token, &entry)
+        let entry = place_in_cgroup(spec, guard.pid, state, &mut cgroup, refused_early)?;
+        let token = if cgroup.is_some() { b'C' } else { b'N' };
+        let raw: Vec<_> = entry.iter().map(|fd| fd.as_raw_fd()).collect();
+        // With the count, so that init notices descriptors the kernel dropped.
+        let count = u8::try_from(raw.len()).unwrap_or(u8::MAX);
+        sys::send_with_fds(sync.as_raw_fd(), &[token, count], &raw)
             .map_err(io_err(Layer::Launcher, "sync"))?;
+        drop(entry);
         // Setup is over: the launcher (and the egress proxy it may start)
         // gets all its CPUs back. Best effort: this only costs the launcher time.
         let _ = placement.restore();
@@ -771,20 +796,19 @@ fn setup_and_supervise(
                 .serve(listener)
                 .map_err(|e| SetupError::new(Layer::Network, e))?;
         }
-        Ok(cgroup)
+        Ok(())
     })();
     // When a step above failed first (a no-op otherwise).
     let _ = placement.restore();
-    let cgroup = match outside {
-        Ok(cgroup) => cgroup,
-        Err(e) => {
-            drop(sync);
-            let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
-            guard.reap();
-            read_status(status_read, status_lines);
-            return Err(e);
-        }
-    };
+    if let Err(e) = outside {
+        drop(sync);
+        let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
+        guard.reap();
+        read_status(status_read, status_lines);
+        // Only now, with init gone from it, can the cgroup go.
+        drop(cgroup);
+        return Err(e);
+    }
     let cap = spec.limits.max_output_bytes;
     let mut stdout = Stream::new(stdout_read, output, 1, cap);
     let mut stderr = Stream::new(stderr_read, output, 2, cap);
@@ -892,10 +916,6 @@ fn write_id_maps(pid: libc::pid_t, id: &Identity) -> Result<(), SetupError> {
     write("gid_map", format!("{} {} 1\n", id.inside.1, id.host.1))
 }
 
-/// The cgroup as decided before the clone, on a unified host only: made (init
-/// was cloned into it), or why it could not be (the run is degraded).
-type EarlyCgroup = Option<Result<CgroupGuard, cgroup::CgroupError>>;
-
 /// Refuses a run without cgroup limits, unless degrading was allowed (then
 /// the reason is kept for the report).
 fn cgroup_refused(
@@ -911,48 +931,58 @@ fn cgroup_refused(
     ))
 }
 
-/// Creates the run's cgroup (unless it was made before the clone) and admits
-/// init (see [`RunCgroup::admit`]): the files returned go to init with the
-/// `C` token.
+/// Creates the run's cgroup into `cgroup` (unless it was made before the
+/// clone) and admits init (see [`RunCgroup::admit`]): the files returned go to
+/// init with the `C` token. The cgroup stays with the caller, which removes it
+/// once init is gone, whatever happens.
 fn place_in_cgroup(
     spec: &SandboxSpec,
     pid: libc::pid_t,
     state: &mut RunState,
-    early: EarlyCgroup,
-) -> Result<(Option<CgroupGuard>, Vec<OwnedFd>), SetupError> {
+    cgroup: &mut Option<CgroupGuard>,
+    refused_early: Option<cgroup::CgroupError>,
+) -> Result<Vec<OwnedFd>, SetupError> {
     let limits = &spec.limits;
-    let made = match early {
-        Some(made) => made,
-        None => cgroup::create(&spec.run_id, limits).map(|cg| CgroupGuard(Some(cg))),
+    let admitted = match refused_early {
+        Some(e) => Err(e),
+        None => (|| {
+            if cgroup.is_none() {
+                *cgroup = Some(CgroupGuard(Some(cgroup::create(&spec.run_id, limits)?)));
+            }
+            cgroup
+                .as_ref()
+                .and_then(CgroupGuard::get)
+                .ok_or_else(|| cgroup::CgroupError("internal: no cgroup".into()))?
+                .admit(pid)
+                .map_err(|e| cgroup::CgroupError(format!("attaching the sandbox: {e}")))
+        })(),
     };
-    let created = made.and_then(|guard| {
-        let entry = guard
-            .get()
-            .ok_or_else(|| cgroup::CgroupError("internal: no cgroup".into()))?
-            .admit(pid)
-            .map_err(|e| cgroup::CgroupError(format!("attaching the sandbox: {e}")))?;
-        Ok((guard, entry))
-    });
-    match created {
-        Ok((guard, entry)) => {
+    match admitted {
+        Ok(entry) => {
             let cpu = limits.cpu_millis.map_or("unlimited".to_owned(), |m| {
                 format!("{}.{:03} CPUs", m / 1000, m % 1000)
             });
             state.enforcement.cgroup = LayerReport::enforced(format!(
                 "{}: memory {}, pids {}, cpu {cpu}",
-                guard.get().map(|c| c.describe()).unwrap_or_default(),
+                cgroup
+                    .as_ref()
+                    .and_then(CgroupGuard::get)
+                    .map(|c| c.describe())
+                    .unwrap_or_default(),
                 moat_core::size::format_size(limits.memory_bytes),
                 limits.pids,
             ));
-            Ok((Some(guard), entry))
+            Ok(entry)
         }
         Err(e) => {
+            // init is not in a cgroup it could not be admitted to.
+            *cgroup = None;
             let e = cgroup_refused(spec, e)?;
             state.enforcement.cgroup = LayerReport::not_enforced(format!(
                 "{e}; no memory or CPU limit, pids bounded by RLIMIT_NPROC {} only",
                 limits.pids
             ));
-            Ok((None, Vec::new()))
+            Ok(Vec::new())
         }
     }
 }

@@ -439,6 +439,12 @@ pub(crate) fn recv_with_fds(
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
     }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // The kernel closed descriptors that did not fit: never act on part of them.
+        return Err(io::Error::other(
+            "descriptors sent with the message were dropped",
+        ));
+    }
     Ok(n as usize)
 }
 

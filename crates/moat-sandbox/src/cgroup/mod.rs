@@ -42,6 +42,12 @@ pub(crate) trait RunCgroup {
     fn admit(&self, init: libc::pid_t) -> io::Result<Vec<OwnedFd>>;
     /// The directory to clone init into, for a cgroup made before the clone.
     fn clone_target(&self) -> Option<RawFd>;
+    /// Told once the clone is done, and whether init was cloned into the
+    /// cgroup (Linux before 5.7 has no `CLONE_INTO_CGROUP`: then [`admit`]
+    /// moves it). The directory is closed.
+    ///
+    /// [`admit`]: RunCgroup::admit
+    fn after_clone(&mut self, cloned_into: bool);
     fn stats(&self) -> CgroupStats;
     /// Removes the run's directories. The shared, empty `moat` parent stays:
     /// removing it would race with a concurrent run creating its own.
@@ -64,7 +70,9 @@ pub(crate) fn made_before_clone() -> bool {
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above; the kernel writes into `fs`, which outlives the call.
     let ok = unsafe { libc::statfs(c"/sys/fs/cgroup".as_ptr(), &mut fs) } == 0;
-    ok && fs.f_type == CGROUP2_SUPER_MAGIC
+    #[allow(clippy::unnecessary_cast)] // the field's type differs between libcs
+    let magic = fs.f_type as i64;
+    ok && magic == CGROUP2_SUPER_MAGIC
 }
 
 /// Creates the run's cgroup, before the clone, on a unified host (see
@@ -110,8 +118,14 @@ pub(crate) fn enter(files: &[OwnedFd]) -> io::Result<()> {
     for file in files {
         // SAFETY: a write of one byte from a static buffer to a descriptor we hold.
         let n = unsafe { libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) };
-        if n != 1 {
+        if n < 0 {
             return Err(io::Error::last_os_error());
+        }
+        if n != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the cgroup took no move",
+            ));
         }
     }
     Ok(())

@@ -105,6 +105,8 @@ impl RunCgroup for Cgroup {
         None
     }
 
+    fn after_clone(&mut self, _cloned_into: bool) {}
+
     fn stats(&self) -> CgroupStats {
         CgroupStats {
             cpu_ns: self

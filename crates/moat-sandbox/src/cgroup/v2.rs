@@ -15,6 +15,8 @@ pub(crate) struct Cgroup {
     dir: PathBuf,
     /// The open directory, when init is to be cloned into it.
     clone_target: Option<OwnedFd>,
+    /// init was cloned into it: nothing to move.
+    init_inside: bool,
 }
 
 impl Cgroup {
@@ -67,6 +69,7 @@ impl Cgroup {
         let mut cgroup = Cgroup {
             dir: moat.join(run_id),
             clone_target: None,
+            init_inside: false,
         };
         let made = (|| {
             super::make_dir(&moat)?;
@@ -113,7 +116,7 @@ impl Cgroup {
 
 impl RunCgroup for Cgroup {
     fn admit(&self, init: libc::pid_t) -> std::io::Result<Vec<OwnedFd>> {
-        if self.clone_target.is_none() {
+        if !self.init_inside {
             super::write(&self.dir.join("cgroup.procs"), &init.to_string())?;
         }
         Ok(Vec::new())
@@ -121,6 +124,11 @@ impl RunCgroup for Cgroup {
 
     fn clone_target(&self) -> Option<RawFd> {
         self.clone_target.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    fn after_clone(&mut self, cloned_into: bool) {
+        self.init_inside = cloned_into && self.clone_target.is_some();
+        self.clone_target = None;
     }
 
     fn stats(&self) -> CgroupStats {

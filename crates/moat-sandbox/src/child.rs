@@ -268,13 +268,7 @@ fn wait_token(fd: RawFd, expected: &[u8]) -> Result<u8, SetupError> {
 fn wait_token_with_fds(fd: RawFd, expected: &[u8]) -> Result<(u8, Vec<OwnedFd>), SetupError> {
     let mut byte = [0u8; 1];
     let mut fds = Vec::new();
-    let received = loop {
-        match sys::recv_with_fds(fd, &mut byte, &mut fds) {
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            other => break other,
-        }
-    };
-    match received {
+    match sys::recv_with_fds(fd, &mut byte, &mut fds) {
         Ok(1) if expected.contains(&byte[0]) => Ok((byte[0], fds)),
         Ok(1) => Err(SetupError::new(
             Layer::Launcher,

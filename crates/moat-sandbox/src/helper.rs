@@ -190,10 +190,5 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
-    loop {
-        match sys::recv_with_fds(socket.as_raw_fd(), buf, fds) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
-    }
+    sys::recv_with_fds(socket.as_raw_fd(), buf, fds)
 }

@@ -399,7 +399,8 @@ pub(crate) fn recv_fd(socket: RawFd) -> io::Result<Option<OwnedFd>> {
 const MAX_FDS: usize = 4;
 
 /// Reads into `buf`, appending any descriptors that came with the bytes
-/// (close-on-exec) to `fds`. Returns the byte count (0 at end of stream).
+/// (close-on-exec) to `fds`, retrying on `EINTR`. Returns the byte count (0
+/// at end of stream).
 pub(crate) fn recv_with_fds(
     socket: RawFd,
     buf: &mut [u8],
@@ -419,8 +420,13 @@ pub(crate) fn recv_with_fds(
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space;
-    // SAFETY: msg and its buffers are valid for the call.
-    let n = cvt(unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) })?;
+    let n = loop {
+        // SAFETY: msg and its buffers are valid for the call.
+        match cvt(unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other?,
+        }
+    };
     // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR/NXTHDR return null or
     // a header inside it, and only SCM_RIGHTS payloads within cmsg_len are read.
     unsafe {

@@ -40,14 +40,17 @@ pub(crate) trait RunCgroup {
     /// moving init itself (see [`enter`]). Nothing to do when init was cloned
     /// into it.
     fn admit(&self, init: libc::pid_t) -> io::Result<Vec<OwnedFd>>;
-    /// The directory to clone init into, for a cgroup made before the clone.
-    fn clone_target(&self) -> Option<RawFd>;
+    /// The directory to clone init into, for a cgroup made before the clone
+    /// (v2 only).
+    fn clone_target(&self) -> Option<RawFd> {
+        None
+    }
     /// Told once the clone is done, and whether init was cloned into the
     /// cgroup (Linux before 5.7 has no `CLONE_INTO_CGROUP`: then [`admit`]
     /// moves it). The directory is closed.
     ///
     /// [`admit`]: RunCgroup::admit
-    fn after_clone(&mut self, cloned_into: bool);
+    fn after_clone(&mut self, _cloned_into: bool) {}
     fn stats(&self) -> CgroupStats;
     /// Removes the run's directories. The shared, empty `moat` parent stays:
     /// removing it would race with a concurrent run creating its own.
@@ -81,10 +84,7 @@ pub(crate) fn create_for_clone(
     run_id: &str,
     limits: &Limits,
 ) -> Result<Box<dyn RunCgroup>, CgroupError> {
-    let own = read_small(Path::new("/proc/self/cgroup"))
-        .map_err(|e| CgroupError(format!("reading /proc/self/cgroup: {e}")))?;
-    let mountinfo = read_small(Path::new("/proc/self/mountinfo"))
-        .map_err(|e| CgroupError(format!("reading /proc/self/mountinfo: {e}")))?;
+    let (own, mountinfo) = own_cgroups_and_mounts()?;
     match v2::Cgroup::create(&own, &mountinfo, run_id, limits, true) {
         Ok(cgroup) => Ok(Box::new(cgroup)),
         Err(e) => Err(CgroupError(format!("v2: {}", e.0))),
@@ -93,10 +93,7 @@ pub(crate) fn create_for_clone(
 
 /// Creates the run's cgroup with `limits` applied.
 pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>, CgroupError> {
-    let own = read_small(Path::new("/proc/self/cgroup"))
-        .map_err(|e| CgroupError(format!("reading /proc/self/cgroup: {e}")))?;
-    let mountinfo = read_small(Path::new("/proc/self/mountinfo"))
-        .map_err(|e| CgroupError(format!("reading /proc/self/mountinfo: {e}")))?;
+    let (own, mountinfo) = own_cgroups_and_mounts()?;
     let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits, false) {
         Ok(cgroup) => return Ok(Box::new(cgroup)),
         Err(e) => e.0,
@@ -105,6 +102,14 @@ pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>
         Ok(cgroup) => Ok(Box::new(cgroup)),
         Err(e) => Err(CgroupError(format!("v2: {v2_reason}; v1: {}", e.0))),
     }
+}
+
+/// This process's `/proc/self/cgroup` and `/proc/self/mountinfo`.
+fn own_cgroups_and_mounts() -> Result<(String, String), CgroupError> {
+    let read = |path: &str| {
+        read_small(Path::new(path)).map_err(|e| CgroupError(format!("reading {path}: {e}")))
+    };
+    Ok((read("/proc/self/cgroup")?, read("/proc/self/mountinfo")?))
 }
 
 /// In init: moves init into the run's cgroup through the files

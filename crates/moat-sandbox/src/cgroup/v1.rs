@@ -1,6 +1,6 @@
 //! Cgroup v1: one directory per controller hierarchy.
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use moat_core::Limits;
@@ -100,12 +100,6 @@ impl RunCgroup for Cgroup {
             })
             .collect()
     }
-
-    fn clone_target(&self) -> Option<RawFd> {
-        None
-    }
-
-    fn after_clone(&mut self, _cloned_into: bool) {}
 
     fn stats(&self) -> CgroupStats {
         CgroupStats {

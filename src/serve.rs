@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// control plane's own network.
     #[arg(long)]
     tools_allow_private_addresses: bool,
+    /// Finish a run (reason `idle_timeout`) when nothing has happened in it
+    /// for this long: no operation submitted, running or answered, and no
+    /// approval pending. It frees the runner's slot an abandoned run holds.
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = humantime::parse_duration)]
+    run_idle_timeout: Duration,
 }
 
 pub fn main(args: ServeArgs) -> ExitCode {
@@ -91,6 +96,9 @@ pub fn main(args: ServeArgs) -> ExitCode {
 fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.capability_ttl > moat_core::capability::MAX_LIFETIME || args.capability_ttl.is_zero() {
         bail!("--capability-ttl: more than 0 and at most 60s");
+    }
+    if args.run_idle_timeout < Duration::from_secs(1) {
+        bail!("--run-idle-timeout: at least 1s");
     }
     if !(1..=100).contains(&args.max_attempts) {
         bail!("--max-attempts: 1 to 100");
@@ -140,6 +148,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         approval_ttl: args.approval_ttl,
         vault,
         tools_allow_private: args.tools_allow_private_addresses,
+        run_idle_timeout: args.run_idle_timeout,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -24,25 +24,40 @@ single-use bootstrap token. Then it prints the Inspector's address and an
 agent's first commands, and serves until Ctrl-C (which stops both).
 
 Everything lives in --dir (kept between runs: the database, the keys, the
-tokens, the policy). Tokens are files there, readable by you only.
+tokens, the policy), by default `up/` in your state directory
+($MOAT_STATE, else $XDG_STATE_HOME/moat, else ~/.local/state/moat), never
+inside a source tree. Tokens are files there, readable by you only.
+
+The runner serves several runs at once (--slots, at least 4): a run that
+waits for an approval or for its agent never keeps another from starting.
 
   moat up                 # then open the printed Inspector URL
-  moat up --demo          # also submits a sample run (one step waits for your approval)";
+  moat up --demo          # also submits a sample run (one step waits for your approval)
+  moat up --listen 127.0.0.1:7800 --dir /srv/moat-up   # another port, another place";
 
 /// Start a control plane, a runner and the Inspector on this machine.
 #[derive(Args)]
 #[command(after_long_help = ABOUT)]
 pub struct UpArgs {
-    /// Where the database, keys, tokens and runner state live.
-    #[arg(long, value_name = "DIR", default_value = "moat-up")]
-    dir: PathBuf,
+    /// Where the database, keys, tokens and runner state live [default:
+    /// up/ in the state directory, e.g. ~/.local/state/moat/up].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
     /// Address of the control plane and the Inspector.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
     listen: String,
     /// Also submit a sample run.
     #[arg(long)]
     demo: bool,
+    /// Runs the local runner serves at once [default: the runner's own
+    /// default from CPUs and memory, at least 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    slots: Option<u16>,
 }
+
+/// The fewest slots `moat up`'s runner gets by default: the demo's run,
+/// which waits for a person, and an agent's first runs side by side.
+const MIN_SLOTS: u16 = 4;
 
 pub fn main(args: UpArgs) -> ExitCode {
     match run(args) {
@@ -137,18 +152,24 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     if crate::seal::read_trailer(&me)?.is_some() {
         bail!("this is a sealed runner; run `moat up` with the plain moat binary");
     }
-    std::fs::create_dir_all(&args.dir)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
+    // Before anything is made: another server on the address would answer
+    // our health check and refuse our tokens.
+    listen_free(&args.listen)?;
+    let given = match args.dir.clone() {
+        Some(dir) => dir,
+        None => crate::state::dir(None)?.join("up"),
+    };
+    std::fs::create_dir_all(&given).with_context(|| format!("creating {}", given.display()))?;
     // The database, logs and tokens inside are the owner's only.
     {
         use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&args.dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("{}", args.dir.display()))?;
+        std::fs::set_permissions(&given, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("{}", given.display()))?;
     }
-    let dir = args
-        .dir
+    let dir = given
         .canonicalize()
-        .with_context(|| format!("{}", args.dir.display()))?;
+        .with_context(|| format!("{}", given.display()))?;
+    eprintln!("moat up: state in {}", dir.display());
     let path = |name: &str| dir.join(name);
 
     // The control plane's key, the admin token and the policy: made once.
@@ -210,6 +231,8 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         .context("starting moat serve")?;
     children.0.push(("moat serve", serve));
     wait_healthy(&url, &mut children, &path("serve.log"))?;
+    // The address was free a moment ago; make sure it is ours that answers.
+    check_alive(&mut children, &path("serve.log"))?;
 
     // The demo org: its admin token is kept, so a second `moat up` reuses it.
     let org_token = match std::fs::read_to_string(path("org-admin-token")) {
@@ -302,8 +325,12 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         bootstrap["token"].as_str().unwrap_or_default().as_bytes(),
         0o600,
     )?;
+    let slots = args.slots.unwrap_or_else(|| {
+        crate::runner::default_slots(signed.manifest.limits.memory_bytes).max(MIN_SLOTS)
+    });
     let runner = Command::new(&runner_path)
         .args(["runner", "start", "--control-plane", &url])
+        .args(["--slots", &slots.to_string()])
         .arg("--bootstrap-token-file")
         .arg(path("bootstrap-token"))
         .arg("--state-dir")
@@ -321,8 +348,20 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    print_welcome(&url, &dir, demo.as_deref());
+    print_welcome(&url, &dir, &me, demo.as_deref());
     wait_for_stop(&mut children)
+}
+
+/// Refuses an address another process listens on, naming `--listen`.
+fn listen_free(listen: &str) -> anyhow::Result<()> {
+    match std::net::TcpListener::bind(listen) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => bail!(
+            "{listen} is already in use (another `moat up` or `moat serve`?): stop it, \
+             or choose another address with --listen, e.g. --listen 127.0.0.1:7800"
+        ),
+        Err(e) => Err(e).with_context(|| format!("--listen {listen}")),
+    }
 }
 
 fn wait_healthy(url: &str, children: &mut Children, log: &Path) -> anyhow::Result<()> {
@@ -399,29 +438,65 @@ fn demo_run(url: &str, agent: &str) -> anyhow::Result<String> {
             eprintln!("moat up: demo op {}: {status} {answer}", op["id"]);
         }
     }
+    // The agent is done: the runner finishes the run once its last step is
+    // decided (approved and run, denied, or expired), freeing its slot.
+    expect(
+        &format!("{url}/v1/runs/{id}/finish"),
+        agent,
+        &json!({}),
+        "finishing the demo run",
+    )?;
     Ok(id)
 }
 
-fn print_welcome(url: &str, dir: &Path, demo: Option<&str>) {
-    let d = dir.display();
-    outln!(
+fn print_welcome(url: &str, dir: &Path, me: &Path, demo: Option<&str>) {
+    outln!("{}", welcome(url, dir, me, demo));
+}
+
+/// What `moat up` prints once everything is up: every command in it works
+/// pasted as printed (a test runs them), with this binary's full path since
+/// `moat` need not be on PATH.
+pub fn welcome(url: &str, dir: &Path, me: &Path, demo: Option<&str>) -> String {
+    let d = shell_quote(&dir.display().to_string());
+    let moat = shell_quote(&me.display().to_string());
+    let mut text = format!(
         "\nMoat is up (control plane, one sealed runner, the Inspector).\n\n  \
          Inspector:  {url}/ui   (sign in with the token in {d}/org-admin-token)\n  \
-         API:        {url}/openapi.json\n  Logs:       {d}/serve.log, {d}/runner.log\n"
+         API:        {url}/openapi.json\n  State:      {d}\n  \
+         Logs:       {d}/serve.log, {d}/runner.log\n\n"
     );
     if let Some(run) = demo {
-        outln!(
-            "Demo run {run} is in: its `export` step waits for your approval at {url}/ui/approvals\n"
-        );
+        text.push_str(&format!(
+            "Demo run {run} is in: its `export` step waits for your approval at {url}/ui/approvals;\n\
+             the run finishes by itself once that step is decided.\n\n"
+        ));
     }
-    outln!(
-        "An agent's first steps (paste into a shell):\n\n  \
-         TOKEN=$(cat {d}/agent-token)\n  \
-         curl -s -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"id\":\"hello\",\"inputs\":[{{\"path\":\"input/a.txt\",\"content\":\"hi\\n\"}}]}}' {url}/v1/runs\n  \
-         curl -s -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"id\":\"wc\",\"op\":\"exec_argv\",\"args\":{{\"argv\":[\"/usr/bin/wc\",\"-c\",\"input/a.txt\"]}}}}' '{url}/v1/runs/hello/ops?wait_ms=10000'\n\n\
-         Approvals from a shell:  MOAT_CONTROL_PLANE={url} MOAT_TOKEN_FILE={d}/org-admin-token moat approvals list\n\
+    text.push_str(&format!(
+        "An agent's first steps (paste into a shell; each time a new run):\n\n\
+         TOKEN=$(cat {d}/agent-token); RUN=hello-$(date +%s%N)\n\
+         curl -s -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d \"{{\\\"id\\\":\\\"$RUN\\\",\\\"inputs\\\":[{{\\\"path\\\":\\\"input/a.txt\\\",\\\"content\\\":\\\"hi\\\\n\\\"}}]}}\" {url}/v1/runs; echo\n\
+         curl -s -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"id\":\"wc\",\"op\":\"exec_argv\",\"args\":{{\"argv\":[\"/usr/bin/wc\",\"-c\",\"input/a.txt\"]}}}}' \"{url}/v1/runs/$RUN/ops?wait_ms=10000\"; echo\n\
+         curl -s -X POST -H \"Authorization: Bearer $TOKEN\" {url}/v1/runs/$RUN/finish; echo\n\n\
+         The last line ends the run (a run left open is finished after 15 minutes without\n\
+         an operation: `moat serve --run-idle-timeout`).\n\n\
+         Approvals from a shell:\n\n\
+         MOAT_CONTROL_PLANE={url} MOAT_TOKEN_FILE={d}/org-admin-token {moat} approvals list\n\n\
          Stop with Ctrl-C."
-    );
+    ));
+    text
+}
+
+/// `text` as one word for a POSIX shell (quoted only when it must be).
+fn shell_quote(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:,=@%".contains(&b));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 fn wait_for_stop(children: &mut Children) -> anyhow::Result<()> {

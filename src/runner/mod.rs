@@ -14,6 +14,7 @@ pub mod client;
 mod refresh;
 pub mod shell_child;
 mod start;
+pub use start::default_slots;
 
 /// Seal a manifest into a runner binary, and inspect sealed runners.
 #[derive(Args)]

@@ -24,6 +24,9 @@ pub struct Manifests {
     /// The refreshed manifest's file for `moat shell --manifest`; `None`
     /// while the sealed one is current.
     pub file: Option<PathBuf>,
+    /// Bumped at every swap: a run's shell started under an older
+    /// generation is replaced at its next operation boundary.
+    generation: u64,
 }
 
 pub fn lifetime(signed: &SignedManifest) -> anyhow::Result<Lifetime> {
@@ -43,6 +46,7 @@ impl Manifests {
             trusted,
             dir,
             file: None,
+            generation: 0,
         })
     }
 
@@ -51,8 +55,15 @@ impl Manifests {
     }
 
     /// Fetches if due, and swaps a staged manifest in (this is an operation
-    /// boundary). `true` if the manifest changed.
-    pub fn tick(&mut self, client: &Client) -> bool {
+    /// boundary). The current generation: it changes when the manifest does.
+    pub fn tick(&mut self, client: &Client) -> u64 {
+        if self.swap_due(client) {
+            self.generation += 1;
+        }
+        self.generation
+    }
+
+    fn swap_due(&mut self, client: &Client) -> bool {
         if self.refresher.next(SystemTime::now()) == Next::Fetch {
             match self.fetch(client) {
                 Ok(()) => {}

@@ -11,6 +11,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
@@ -46,6 +47,34 @@ pub struct StartArgs {
     /// Answer NAME with ADDRESS in the egress proxy's resolver (passed to the shell).
     #[arg(long = "resolve", value_name = "NAME=ADDRESS[,ADDRESS]")]
     resolve: Vec<String>,
+    /// How many runs to serve at once, each with its own claim, lease,
+    /// heartbeat and shell: a run that waits for a person's approval or for
+    /// its agent's next operation never keeps another from starting.
+    /// Default: twice the CPUs this process may use, at most as many as the
+    /// host's memory holds at the manifest's per-run memory limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    slots: Option<u16>,
+}
+
+/// The default number of slots: two runs per CPU (a run mostly waits: for
+/// its agent, a person, the network), bounded by memory at `per_run` bytes
+/// each, never less than one.
+pub fn default_slots(per_run: u64) -> u16 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let by_cpu = cpus.saturating_mul(2);
+    let by_memory = memory_total().map_or(usize::MAX, |total| {
+        usize::try_from(total / per_run.max(1)).unwrap_or(usize::MAX)
+    });
+    let slots = by_cpu.min(by_memory).clamp(1, 256);
+    u16::try_from(slots).unwrap_or(1)
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn memory_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 pub fn main(args: StartArgs) -> ExitCode {
@@ -68,11 +97,12 @@ fn read_token(path: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-/// What a running runner holds.
+/// What a running runner holds; its slots share it.
 struct Runner {
     args: StartArgs,
     client: Client,
-    manifests: Manifests,
+    manifests: Mutex<Manifests>,
+    slots: Slots,
     /// The shells' state directory (ledger, artifacts, trusted key).
     shell_state: PathBuf,
     /// Heartbeat period while an operation runs: a third of the lease.
@@ -115,6 +145,9 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
         .sandbox_modes
         .first()
         .map_or("workspace-write", |m| m.as_str());
+    let slots = args
+        .slots
+        .unwrap_or_else(|| default_slots(signed.manifest.limits.memory_bytes));
     let registration = json!({
         "runnerHash": runner_hash,
         "signedManifest": signed,
@@ -124,6 +157,7 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
         "sandboxMode": sandbox_mode,
         "bootTime": stamp(boot),
         "publicKey": client.key.public().to_base64(),
+        "slots": slots,
     });
     let mut token = read_token(&args.bootstrap_token_file)?;
     let answer = client.register(&token, &registration);
@@ -140,7 +174,7 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
         .to_owned();
     let lease = Duration::from_millis(answer.body["leaseMs"].as_u64().unwrap_or(30_000));
     eprintln!(
-        "moat runner: registered as {} (build {runner_hash})",
+        "moat runner: registered as {} (build {runner_hash}, {slots} slots)",
         client.runner_id
     );
     let at = stamp(SystemTime::now());
@@ -157,49 +191,120 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
         bail!("reporting provenance: {}", error_text(&answer));
     }
     let manifests = Manifests::new(signed, trusted, args.state_dir.clone())?;
-    let mut runner = Runner {
+    let runner = Runner {
         args,
         client,
-        manifests,
+        manifests: Mutex::new(manifests),
+        slots: Slots::new(usize::from(slots)),
         shell_state,
         heartbeat: (lease / 3).max(Duration::from_millis(200)),
     };
     runner.serve()
 }
 
-impl Runner {
-    fn serve(&mut self) -> anyhow::Result<()> {
-        let mut done = 0u64;
-        while self.args.max_runs.is_none_or(|max| done < max) {
-            self.manifests.tick(&self.client);
-            let answer =
-                self.client
-                    .signed_retrying("POST", "/v1/runner/claim?wait_ms=5000", None)?;
-            match answer.status {
-                204 => continue,
-                200 => {
-                    let run_id = answer.body["run"]["id"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                    if let Err(e) = self.execute_run(&answer.body) {
-                        eprintln!("moat runner: run {run_id}: {e:#}");
-                        let body = json!({"state": "failed", "error": format!("{e:#}")});
-                        let _ = self.client.signed_retrying(
-                            "POST",
-                            &format!("/v1/runner/runs/{run_id}/finish"),
-                            Some(&body),
-                        );
-                    }
-                    done += 1;
-                }
-                _ => bail!("claim refused: {}", error_text(&answer)),
-            }
+/// A runner's slots: how many of its runs are in progress.
+struct Slots {
+    total: usize,
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn new(total: usize) -> Slots {
+        Slots {
+            total,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
         }
-        Ok(())
     }
 
-    fn execute_run(&mut self, claim: &Value) -> anyhow::Result<()> {
+    /// Waits for a free slot and takes it; how many are then in use.
+    fn take(&self) -> usize {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        while *used >= self.total {
+            used = self
+                .freed
+                .wait(used)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *used += 1;
+        *used
+    }
+
+    fn give_back(&self) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        *used = used.saturating_sub(1);
+        self.freed.notify_one();
+    }
+}
+
+/// A taken slot, given back when the run's thread ends however it ends.
+struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.0.give_back();
+    }
+}
+
+impl Runner {
+    /// Claims a run whenever a slot is free and serves each claimed run on
+    /// a thread of its own, until `--max-runs` runs were claimed (then it
+    /// waits for them to end) or the control plane refuses a claim.
+    fn serve(&self) -> anyhow::Result<()> {
+        std::thread::scope(|scope| {
+            let mut claimed = 0u64;
+            while self.args.max_runs.is_none_or(|max| claimed < max) {
+                let in_use = self.slots.take();
+                let slot = SlotGuard(&self.slots);
+                self.manifests().tick(&self.client);
+                let answer =
+                    self.client
+                        .signed_retrying("POST", "/v1/runner/claim?wait_ms=5000", None)?;
+                match answer.status {
+                    204 => continue,
+                    200 => {
+                        claimed += 1;
+                        let run_id = answer.body["run"]["id"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned();
+                        eprintln!(
+                            "moat runner: claimed run {run_id} ({in_use} of {} slots in use)",
+                            self.slots.total
+                        );
+                        scope.spawn(move || {
+                            let _slot = slot;
+                            self.serve_run(&run_id, &answer.body);
+                        });
+                    }
+                    _ => bail!("claim refused: {}", error_text(&answer)),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn manifests(&self) -> std::sync::MutexGuard<'_, Manifests> {
+        self.manifests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One claimed run to its end; a run that fails here is reported failed.
+    fn serve_run(&self, run_id: &str, claim: &Value) {
+        if let Err(e) = self.execute_run(claim) {
+            eprintln!("moat runner: run {run_id}: {e:#}");
+            let body = json!({"state": "failed", "error": format!("{e:#}")});
+            let _ = self.client.signed_retrying(
+                "POST",
+                &format!("/v1/runner/runs/{run_id}/finish"),
+                Some(&body),
+            );
+        }
+    }
+
+    fn execute_run(&self, claim: &Value) -> anyhow::Result<()> {
         let run_id = claim["run"]["id"]
             .as_str()
             .context("claim without a run id")?
@@ -216,7 +321,9 @@ impl Runner {
         std::fs::create_dir_all(workspace.join("input"))?;
         write_inputs(&workspace, &claim["inputs"])?;
         // Started at the first operation: a run without any costs no process.
-        let mut shell: Option<ShellChild> = None;
+        // The manifest generation it serves under: a refresh (by any slot)
+        // takes over at this run's next operation boundary, in a new shell.
+        let mut shell: Option<(ShellChild, u64)> = None;
         // Read alongside the shell, which writes it (WAL: readers see each commit).
         let ledger = Ledger::open(&self.shell_state.join("ledger.db"))?;
         let mut ledger_seq = ledger.summary()?.0;
@@ -224,7 +331,8 @@ impl Runner {
         loop {
             // An operation boundary: a refreshed manifest takes over here,
             // in a new shell.
-            if self.manifests.tick(&self.client) {
+            let generation = self.manifests().tick(&self.client);
+            if shell.as_ref().is_some_and(|(_, g)| *g != generation) {
                 shell = None;
             }
             let answer = self.client.signed_retrying("POST", &next, None)?;
@@ -249,13 +357,17 @@ impl Runner {
                         continue;
                     }
                     let shell = match &mut shell {
-                        Some(shell) => shell,
-                        None => shell.insert(start_shell(
-                            &self.args,
-                            &self.shell_state,
-                            &workspace,
-                            self.manifests.file.as_deref(),
-                        )?),
+                        Some((shell, _)) => shell,
+                        None => {
+                            let file = self.manifests().file.clone();
+                            let started = start_shell(
+                                &self.args,
+                                &self.shell_state,
+                                &workspace,
+                                file.as_deref(),
+                            )?;
+                            &mut shell.insert((started, generation)).0
+                        }
                     };
                     // A one-operation tool token travels beside the
                     // envelope; the shell hands it to the program's stdin.

@@ -105,6 +105,7 @@ fn bench(c: &mut Criterion) {
             approval_ttl: Duration::from_secs(900),
             vault: None,
             tools_allow_private: false,
+            run_idle_timeout: Duration::from_secs(900),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -64,6 +64,7 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: Option<tempfile::TempDir>)
         approval_ttl: Duration::from_secs(600),
         vault: None,
         tools_allow_private: false,
+        run_idle_timeout: Duration::from_secs(900),
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -865,7 +866,7 @@ fn approvals_pause_an_operation_until_an_admin_decides_or_it_expires() {
             (409, Some("approval_expired")),
             "{b}"
         );
-        assert!(server::sweep_once(&plane.store, plane.clock.now_ms()).unwrap() >= 1);
+        assert!(server::sweep_once(&plane.store, plane.clock.now_ms(), i64::MAX).unwrap() >= 1);
         for (op, id) in [("o3", &late), ("o4", &later)] {
             let (_, o) = call(
                 "GET",

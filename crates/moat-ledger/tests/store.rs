@@ -403,6 +403,8 @@ fn nonces_manifests_and_builds() {
             public_key: "k".into(),
             registered_ms: 1,
             seen_ms: 1,
+            slots: 1,
+            slots_used: 0,
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s

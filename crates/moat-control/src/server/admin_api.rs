@@ -353,6 +353,7 @@ pub fn runner_json(r: &RunnerRow) -> Value {
         "id": r.id, "runnerHash": r.runner_hash, "manifestHash": r.manifest_hash, "policyHash": r.policy_hash,
         "version": r.version, "environment": r.environment, "ops": r.ops, "sandboxMode": r.sandbox_mode,
         "bootTime": r.boot_time, "registeredAt": stamp(r.registered_ms), "lastSeenAt": stamp(r.seen_ms),
+        "slots": r.slots, "slotsUsed": r.slots_used, "slotsFree": (r.slots - r.slots_used).max(0),
     })
 }
 

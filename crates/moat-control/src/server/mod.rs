@@ -62,6 +62,9 @@ pub struct Config {
     pub vault: Option<crate::vault::Vault>,
     /// Tools may call loopback, private and link-local addresses.
     pub tools_allow_private: bool,
+    /// A run with no operation and no approval pending for this long is
+    /// finished (`idle_timeout`), freeing its runner's slot.
+    pub run_idle_timeout: Duration,
 }
 
 /// Shared state of the handlers.

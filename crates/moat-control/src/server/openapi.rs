@@ -72,7 +72,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "get",
         "/v1/runners",
         "org-admin",
-        "Registered runners: hash, manifest, policy, version, environment, ops, sandbox mode, boot time.",
+        "Registered runners: hash, manifest, policy, version, environment, ops, sandbox mode, boot time, slots (used and free).",
     ),
     (
         "get",

@@ -43,7 +43,17 @@ pub struct Registration {
     sandbox_mode: String,
     boot_time: String,
     public_key: String,
+    /// How many runs it serves at once (older runners do not say: one).
+    #[serde(default = "one_slot")]
+    slots: i64,
 }
+
+fn one_slot() -> i64 {
+    1
+}
+
+/// The most runs one runner may hold at once.
+pub const MAX_SLOTS: i64 = 256;
 
 /// Why a registration is refused, checked in this order.
 fn registration_problem(
@@ -131,6 +141,12 @@ fn registration_problem(
             format!("sandbox mode {} is not in the manifest", reg.sandbox_mode),
         ));
     }
+    if !(1..=MAX_SLOTS).contains(&reg.slots) {
+        return Some((
+            "bad_request",
+            format!("slots: from 1 to {MAX_SLOTS}, not {}", reg.slots),
+        ));
+    }
     if moat_core::sign::PublicKey::from_base64(&reg.public_key).is_err() {
         return Some((
             "bad_signature",
@@ -203,6 +219,8 @@ pub async fn register(
         public_key: reg.public_key.clone(),
         registered_ms: now,
         seen_ms: now,
+        slots: reg.slots,
+        slots_used: 0,
     };
     let mut data = subject;
     if let Some(map) = data.as_object_mut() {
@@ -210,6 +228,7 @@ pub async fn register(
         map.insert("ops".into(), runner.ops.clone());
         map.insert("sandboxMode".into(), runner.sandbox_mode.clone().into());
         map.insert("bootTime".into(), runner.boot_time.clone().into());
+        map.insert("slots".into(), runner.slots.into());
     }
     let stored = runner.clone();
     state

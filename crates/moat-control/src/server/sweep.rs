@@ -1,5 +1,6 @@
 //! Background upkeep, on every replica (each step is one transaction, safe
 //! to run concurrently): lost leases are expired (retry or dead-letter),
+//! runs nothing has happened in for the idle timeout are finished,
 //! runs past their manifest's expiry plus grace are dead-lettered, spent
 //! request nonces are forgotten, approval requests past their time expire
 //! (their operations fail closed).
@@ -27,7 +28,8 @@ pub async fn run(state: Arc<AppState>) {
             continue;
         }
         let st = Arc::clone(&state.config.store);
-        match tokio::task::spawn_blocking(move || once(&st, now)).await {
+        let idle = i64::try_from(state.config.run_idle_timeout.as_millis()).unwrap_or(i64::MAX);
+        match tokio::task::spawn_blocking(move || once(&st, now, idle)).await {
             Ok(Ok(0)) => {}
             Ok(Ok(_)) => state.notify(),
             Ok(Err(e)) => eprintln!("moat serve: sweep: {e}"),
@@ -36,9 +38,11 @@ pub async fn run(state: Arc<AppState>) {
     }
 }
 
-/// One pass at time `now`; how many runs it changed.
-pub fn once(store: &Store, now: i64) -> Result<usize, StoreError> {
+/// One pass at time `now`; how many runs it changed. Runs idle for
+/// `idle_ms` are finished (`idle_timeout`).
+pub fn once(store: &Store, now: i64, idle_ms: i64) -> Result<usize, StoreError> {
     let mut changed = store.expire_leases(now)?.len();
+    changed += store.finish_idle_runs(now, idle_ms)?.len();
     for run in store.live_runs()? {
         let Some(hash) = run.manifest_hash.as_deref() else {
             continue;

@@ -20,10 +20,22 @@ pub struct RunnerRow {
     pub public_key: String,
     pub registered_ms: i64,
     pub seen_ms: i64,
+    /// How many runs it serves at once (it said so at registration).
+    pub slots: i64,
+    /// Runs it holds now (claimed, running or paused); filled in on reads.
+    pub slots_used: i64,
 }
 
 const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
-    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms";
+    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots";
+
+/// `COLUMNS` and the runs the runner holds now.
+const READ: &str =
+    "SELECT id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
+    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots,
+    (SELECT COUNT(*) FROM runs WHERE runs.runner_id = runners.id
+        AND runs.state IN ('claimed', 'running', 'paused'))
+    FROM runners";
 
 fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
     Ok(RunnerRow {
@@ -41,6 +53,8 @@ fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
         public_key: row.text(10)?,
         registered_ms: row.int(11)?,
         seen_ms: row.int(12)?,
+        slots: row.int(13)?,
+        slots_used: row.int(14)?,
     })
 }
 
@@ -49,7 +63,7 @@ impl Store {
         self.tx(|tx| {
             tx.execute(
                 &format!(
-                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 &[
                     runner.id.as_str().into(),
@@ -65,6 +79,7 @@ impl Store {
                     runner.public_key.as_str().into(),
                     runner.registered_ms.into(),
                     runner.seen_ms.into(),
+                    runner.slots.into(),
                 ],
             )?;
             Ok(())
@@ -74,20 +89,17 @@ impl Store {
     /// A runner by id (any org: request signatures are checked before scoping).
     pub fn runner(&self, id: &str) -> Result<Option<RunnerRow>, StoreError> {
         self.read(|tx| {
-            tx.query_one(
-                &format!("SELECT {COLUMNS} FROM runners WHERE id = ?"),
-                &[id.into()],
-            )?
-            .as_ref()
-            .map(decode)
-            .transpose()
+            tx.query_one(&format!("{READ} WHERE id = ?"), &[id.into()])?
+                .as_ref()
+                .map(decode)
+                .transpose()
         })
     }
 
     pub fn runners(&self, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
         self.read(|tx| {
             tx.query(
-                &format!("SELECT {COLUMNS} FROM runners WHERE org_id = ? ORDER BY registered_ms"),
+                &format!("{READ} WHERE org_id = ? ORDER BY registered_ms"),
                 &[org.into()],
             )?
             .iter()
@@ -157,8 +169,9 @@ impl Store {
         mut verify: impl FnMut(&RunnerRow) -> bool,
     ) -> Result<RunnerRequest, StoreError> {
         self.tx(|tx| {
+            // The hot path of every signed request: no count of held runs.
             let Some(row) = tx.query_one(
-                &format!("SELECT {COLUMNS} FROM runners WHERE id = ?"),
+                &format!("SELECT {COLUMNS}, 0 FROM runners WHERE id = ?"),
                 &[id.into()],
             )?
             else {

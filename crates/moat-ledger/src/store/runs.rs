@@ -317,8 +317,9 @@ impl Store {
     }
 
     /// Claims the oldest queued run of `org` in `environment` for `runner`,
-    /// leased until `now + lease_ms`. Replicas on PostgreSQL skip rows
-    /// another transaction holds, so each run is claimed once.
+    /// leased until `now + lease_ms`, while the runner holds fewer runs than
+    /// its slots. Replicas on PostgreSQL skip rows another transaction
+    /// holds, so each run is claimed once.
     pub fn claim_run(
         &self,
         org: &str,
@@ -329,6 +330,14 @@ impl Store {
         lease_ms: i64,
     ) -> Result<Option<RunRow>, StoreError> {
         self.tx(|tx| {
+            let full = tx.query_one(
+                "SELECT 1 FROM runners WHERE id = ? AND slots <= (SELECT COUNT(*) FROM runs
+                     WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused'))",
+                &[runner.into(), runner.into()],
+            )?;
+            if full.is_some() {
+                return Ok(None);
+            }
             let sql = format!(
                 "SELECT id FROM runs WHERE org_id = ? AND environment = ? AND state = 'queued'
                  AND (manifest_hash IS NULL OR manifest_hash = ?)
@@ -505,6 +514,33 @@ impl Store {
                 }
             }
             Ok(handled)
+        })
+    }
+
+    /// Ends, with reason `idle_timeout`, the open runs nothing has happened
+    /// in for `idle_ms`: no operation submitted, waiting, running or
+    /// answered, and no approval pending. A run an agent walked away from
+    /// would otherwise hold a runner's slot for ever. Returns the runs ended.
+    pub fn finish_idle_runs(&self, now: i64, idle_ms: i64) -> Result<Vec<String>, StoreError> {
+        let before = now.saturating_sub(idle_ms);
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM runs r
+                 WHERE state IN ('queued', 'claimed', 'running')
+                 AND created_ms < ? AND claimed_ms < ?
+                 AND NOT EXISTS (SELECT 1 FROM ops o WHERE o.run_id = r.id
+                     AND (o.updated_ms >= ? OR o.state IN ('pending_approval', 'queued', 'dispatched')))
+                 ORDER BY created_ms LIMIT 100{}",
+                tx.skip_locked()
+            );
+            let rows = tx.query(&sql, &[before.into(), before.into(), before.into()])?;
+            let mut ended = Vec::new();
+            for row in rows {
+                let run = decode(&row)?;
+                end(tx, &run, RunState::Succeeded, Some("idle_timeout"), now)?;
+                ended.push(run.id);
+            }
+            Ok(ended)
         })
     }
 

@@ -118,7 +118,8 @@ CREATE TABLE IF NOT EXISTS runners (
     boot_time      TEXT NOT NULL,
     public_key     TEXT NOT NULL,
     registered_ms  BIGINT NOT NULL,
-    seen_ms        BIGINT NOT NULL
+    seen_ms        BIGINT NOT NULL,
+    slots          BIGINT NOT NULL DEFAULT 1
 );
 CREATE TABLE IF NOT EXISTS approvals (
     id            TEXT PRIMARY KEY,
@@ -138,6 +139,7 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_by_org ON approvals (org_id, state, requested_ms);
 CREATE INDEX IF NOT EXISTS approvals_due ON approvals (state, expires_ms);
 CREATE INDEX IF NOT EXISTS runs_by_org ON runs (org_id, created_ms);
+CREATE INDEX IF NOT EXISTS runs_by_runner ON runs (runner_id, state);
 CREATE TABLE IF NOT EXISTS secrets (
     org_id      TEXT NOT NULL REFERENCES orgs (id),
     name        TEXT NOT NULL,
@@ -191,9 +193,37 @@ pub(super) fn create(tx: &mut dyn Tx) -> Result<(), StoreError> {
             tx.execute(&statement.replace("{BLOB}", blob), &[])?;
         }
     }
+    add_missing_columns(tx)?;
     tx.execute(
         "INSERT INTO ledger_head (id, seq, hash) VALUES (1, 0, ?) ON CONFLICT (id) DO NOTHING",
         &[crate::GENESIS.into()],
     )?;
+    Ok(())
+}
+
+/// Columns added after a table was first released: a database made by an
+/// earlier `moat serve` (say, `moat up`'s, kept between runs) gets them.
+const ADDED_COLUMNS: [(&str, &str, &str); 1] = [("runners", "slots", "BIGINT NOT NULL DEFAULT 1")];
+
+fn add_missing_columns(tx: &mut dyn Tx) -> Result<(), StoreError> {
+    for (table, column, kind) in ADDED_COLUMNS {
+        let present = match tx.dialect() {
+            Dialect::Sqlite => tx.query_one(
+                "SELECT 1 FROM pragma_table_info(?) WHERE name = ?",
+                &[table.into(), column.into()],
+            )?,
+            Dialect::Postgres => tx.query_one(
+                "SELECT 1 FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?",
+                &[table.into(), column.into()],
+            )?,
+        };
+        if present.is_none() {
+            tx.execute(
+                &format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"),
+                &[],
+            )?;
+        }
+    }
     Ok(())
 }

@@ -353,7 +353,7 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
     let mut body = String::from(
         "<h1>Runners</h1><table id=\"runners\"><thead><tr><th>Runner</th><th>Build (SHA-256)</th>\
          <th>Manifest</th><th>Policy</th><th>Environment</th><th>Manifest expires in</th><th>Status</th>\
-         <th>Last seen</th></tr></thead><tbody>",
+         <th>Slots used / free</th><th>Last seen</th></tr></thead><tbody>",
     );
     for (r, manifest) in rows {
         let status = match manifest {
@@ -377,7 +377,8 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
             body,
             "<tr data-runner-id=\"{id}\"><td><code>{id}</code><div class=\"muted\">{version}, {sandbox}</div></td>\
              <td><code>{hash}</code></td><td><code>{manifest}</code></td><td><code>{policy}</code></td>\
-             <td>{env}</td><td>{expiry}</td><td>{status}</td><td>{seen}</td></tr>",
+             <td>{env}</td><td>{expiry}</td><td>{status}</td>\
+             <td class=\"slots\">{used} / {free}</td><td>{seen}</td></tr>",
             id = esc(&r.id),
             version = esc(&r.version),
             sandbox = esc(&r.sandbox_mode),
@@ -386,6 +387,8 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
             policy = esc(short(&r.policy_hash)),
             env = esc(&r.environment),
             status = state_badge(status),
+            used = r.slots_used,
+            free = (r.slots - r.slots_used).max(0),
             seen = stamp(r.seen_ms),
         );
     }

@@ -46,6 +46,103 @@ fn the_memory_limit_kills_a_large_allocation_and_says_oom() {
     assert!(run.stderr.contains("memory limit"), "{}", run.stderr);
 }
 
+/// Copies the binary and the probe where an unprivileged user can run them.
+fn unprivileged_copy() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    make_world_accessible(dir.path());
+    for (from, name) in [(std::path::PathBuf::from(MOAT), "moat"), (probe(), "probe")] {
+        let to = dir.path().join(name);
+        std::fs::copy(from, &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
+
+/// An ordinary user has no cgroup it may write on these machines (cgroup v1
+/// hybrid; the cgroup2 hierarchy offers no memory controller). With
+/// `--allow-degraded` the memory limit still holds for each process, as
+/// `RLIMIT_DATA`, and the report and the finished event say so.
+#[test]
+fn without_a_cgroup_the_memory_limit_falls_back_to_rlimit_data() {
+    let bin = unprivileged_copy();
+    let moat = bin.path().join("moat");
+    let moat = moat.to_str().unwrap();
+    let probe_dir = format!("{}:/probe", bin.path().display());
+    let args = ["--allow-degraded", "--memory", "256M", "--ro", &probe_dir];
+
+    let big = exec_as(moat, &args, &["/probe/probe", "alloc", "1024"], Some(65534));
+    assert!(!big.stdout.contains("allocated"), "{}", big.stdout);
+    // Rust's allocator reports the refused allocation and aborts.
+    assert_eq!(big.code, 134, "SIGABRT: {} {}", big.stdout, big.stderr);
+    assert!(
+        big.stderr.contains("memory allocation of"),
+        "{}",
+        big.stderr
+    );
+    let peak = big.report["peakMemoryBytes"].as_u64().unwrap();
+    assert!(peak <= 256 << 20, "peak {peak}");
+    assert_eq!(big.layer("cgroup"), "not_enforced", "{}", big.report);
+    let cgroup = big.report["enforcement"]["cgroup"]["detail"]
+        .as_str()
+        .unwrap();
+    assert!(cgroup.contains("RLIMIT_DATA 256M"), "{cgroup}");
+    let memory = &big.report["enforcement"]["memory"];
+    assert_eq!(memory["status"], "degraded", "{memory}");
+    assert_eq!(memory["mechanism"], "rlimit_data", "{memory}");
+    assert_eq!(memory["limit"], 256u64 << 20, "{memory}");
+    assert_eq!(
+        big.report["enforcement"]["pids"]["mechanism"],
+        "rlimit_nproc"
+    );
+    let finished = big.events_of("sandbox.exec.finished");
+    assert_eq!(finished.len(), 1, "{:#?}", big.events);
+    assert_eq!(finished[0]["data"]["enforcement"]["memory"], *memory);
+    // Nothing of the run is left on the host.
+    let left = host_processes_with(&bin.path().display().to_string());
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    let small = exec_as(moat, &args, &["/probe/probe", "alloc", "64"], Some(65534));
+    assert_eq!(small.code, 0, "{}", small.stderr);
+    assert_eq!(small.stdout.trim(), "allocated 64");
+    assert_eq!(
+        small.report["enforcement"]["memory"]["mechanism"],
+        "rlimit_data"
+    );
+
+    // Without --allow-degraded the floor is not enough: the run is refused.
+    let refused = exec_as(
+        moat,
+        &args[1..],
+        &["/probe/probe", "alloc", "64"],
+        Some(65534),
+    );
+    assert_eq!(refused.code, 125, "{}", refused.stderr);
+    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+    let denied = refused.events_of("sandbox.exec.denied");
+    assert_eq!(denied.len(), 1, "{:#?}", refused.events);
+    assert!(
+        denied[0]["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("cgroup")
+    );
+}
+
+/// With a cgroup, the report's memory and pids entries name it.
+#[test]
+fn the_report_names_the_cgroup_as_what_bounds_memory_and_pids() {
+    let run = exec(&["--memory", "200M", "--pids", "32"], &["/bin/true"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let memory = &run.report["enforcement"]["memory"];
+    assert_eq!(memory["status"], "enforced", "{memory}");
+    assert_eq!(memory["mechanism"], "cgroup", "{memory}");
+    assert_eq!(memory["limit"], 200u64 << 20, "{memory}");
+    let pids = &run.report["enforcement"]["pids"];
+    assert_eq!(pids["mechanism"], "cgroup", "{pids}");
+    assert_eq!(pids["limit"], 32, "{pids}");
+}
+
 /// A unique number of seconds to sleep (the marker looked for on the host),
 /// and a shell line that leaves a `setsid` daemon and a double-forked orphan
 /// sleeping that long.

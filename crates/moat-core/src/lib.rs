@@ -25,5 +25,6 @@ pub use manifest::{Manifest, ManifestError, NetworkPolicy, NetworkProfile, Signe
 pub use mode::{NetworkMode, RootView, SandboxMode};
 pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{
-    Enforcement, ExitStatus, LayerReport, LayerStatus, OutputReport, SandboxReport, SyscallDenial,
+    Enforcement, ExitStatus, LayerReport, LayerStatus, LimitMechanism, LimitReport, OutputReport,
+    SandboxReport, SyscallDenial,
 };

@@ -69,6 +69,33 @@ impl LayerReport {
     }
 }
 
+/// What enforces one resource limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitMechanism {
+    /// The run's cgroup: the whole process tree together.
+    Cgroup,
+    /// `RLIMIT_DATA` of each process on its own (heap and private writable
+    /// mappings; not file-backed mappings or the stack), without a cgroup.
+    RlimitData,
+    /// `RLIMIT_NPROC` of the sandbox's user, without a cgroup.
+    RlimitNproc,
+    /// Nothing bounds it.
+    None,
+}
+
+/// How one resource limit was applied: by the run's cgroup (`enforced`), by
+/// a per-process rlimit floor in its place (`degraded`), or not at all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitReport {
+    pub status: LayerStatus,
+    pub mechanism: LimitMechanism,
+    /// The limit applied: bytes for memory, processes for pids.
+    pub limit: u64,
+    pub detail: String,
+}
+
 /// The enforcement actually applied, layer by layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -96,6 +123,10 @@ pub struct Enforcement {
     pub cgroup: LayerReport,
     /// rlimits (NOFILE, FSIZE, CORE, CPU).
     pub rlimits: LayerReport,
+    /// What bounded the run's memory: its cgroup, else the `RLIMIT_DATA` floor.
+    pub memory: LimitReport,
+    /// What bounded the run's processes: its cgroup, else `RLIMIT_NPROC`.
+    pub pids: LimitReport,
 }
 
 /// A syscall that the seccomp layer refused, and how often.

@@ -56,8 +56,10 @@ pub(crate) struct ExecPlan {
     pub(crate) rlimits: Vec<Rlimit>,
     pub(crate) landlock: LandlockPlan,
     pub(crate) seccomp: SeccompPrograms,
-    /// `RLIMIT_NPROC` applied when the run has no pids cgroup.
-    pub(crate) nproc_floor: u64,
+    /// Applied when the run has no cgroup, in place of its pids and memory
+    /// limits: `RLIMIT_NPROC` and `RLIMIT_DATA` (per process, where the
+    /// cgroup bounds the tree; see `cgroup::report`).
+    pub(crate) floors: [Rlimit; 2],
     /// stdin is `/dev/null` whatever the launcher's is.
     pub(crate) stdin_null: bool,
 }
@@ -160,7 +162,10 @@ impl ExecPlan {
                 allow_degraded: spec.allow_degraded,
             },
             seccomp: seccomp::compile(spec.network.uses_egress_proxy())?,
-            nproc_floor: limits.pids,
+            floors: [
+                rlimit(libc::RLIMIT_NPROC, limits.pids, limits.pids),
+                rlimit(libc::RLIMIT_DATA, limits.memory_bytes, limits.memory_bytes),
+            ],
             stdin_null: spec.stdin_null,
         })
     }
@@ -330,7 +335,7 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     }
     // `C`: the run's cgroup is ready, and init is in it or enters it now
     // through the files that came along; `N`: no cgroup (degraded), so the
-    // pids limit falls back to RLIMIT_NPROC.
+    // pids and memory limits fall back to RLIMIT_NPROC and RLIMIT_DATA.
     let (token, entry) = wait_token_with_fds(plan.fds.sync, b"CN")?;
     // The launcher says how many files it sent: a message whose descriptors
     // the kernel dropped must not pass for "nothing to enter".
@@ -352,12 +357,7 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
         .map_err(|e| SetupError::io(Layer::Cgroup, "entering the run's cgroup", e))?;
     drop(entry);
     if token == b'N' {
-        let nproc = exec.nproc_floor;
-        exec.rlimits.push(Rlimit {
-            resource: libc::RLIMIT_NPROC,
-            soft: nproc,
-            hard: nproc,
-        });
+        exec.rlimits.extend(exec.floors);
     }
     // Now that init is in the run's cgroup, make it our root.
     // SAFETY: unshare with a flag constant only.

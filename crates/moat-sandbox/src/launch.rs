@@ -210,6 +210,8 @@ impl RunState {
                 privileges: not_reached(),
                 cgroup: not_reached(),
                 rlimits: not_reached(),
+                memory: cgroup::report::not_reached(),
+                pids: cgroup::report::not_reached(),
             },
             landlock_reached: false,
             exit: None,
@@ -240,6 +242,8 @@ impl RunState {
             ] {
                 *layer = LayerReport::not_enforced("not reached");
             }
+            cgroup::report::floors_not_reached(&mut self.enforcement.memory);
+            cgroup::report::floors_not_reached(&mut self.enforcement.pids);
         }
         let exit = match (&setup_error, self.exec_errno, self.exit) {
             (Some(_), _, _) => ExitStatus::NotStarted,
@@ -947,7 +951,11 @@ fn place_in_cgroup(
         Some(e) => Err(e),
         None => (|| {
             if cgroup.is_none() {
-                *cgroup = Some(CgroupGuard(Some(cgroup::create(&spec.run_id, limits)?)));
+                *cgroup = Some(CgroupGuard(Some(cgroup::create(
+                    &spec.run_id,
+                    limits,
+                    pid,
+                )?)));
             }
             cgroup
                 .as_ref()
@@ -957,34 +965,26 @@ fn place_in_cgroup(
                 .map_err(|e| cgroup::CgroupError(format!("attaching the sandbox: {e}")))
         })(),
     };
-    match admitted {
+    let (report, entry) = match admitted {
         Ok(entry) => {
-            let cpu = limits.cpu_millis.map_or("unlimited".to_owned(), |m| {
-                format!("{}.{:03} CPUs", m / 1000, m % 1000)
-            });
-            state.enforcement.cgroup = LayerReport::enforced(format!(
-                "{}: memory {}, pids {}, cpu {cpu}",
-                cgroup
-                    .as_ref()
-                    .and_then(CgroupGuard::get)
-                    .map(|c| c.describe())
-                    .unwrap_or_default(),
-                moat_core::size::format_size(limits.memory_bytes),
-                limits.pids,
-            ));
-            Ok(entry)
+            let describe = cgroup
+                .as_ref()
+                .and_then(CgroupGuard::get)
+                .map(|c| c.describe())
+                .unwrap_or_default();
+            (cgroup::report::with_cgroup(&describe, limits), entry)
         }
         Err(e) => {
             // init is not in a cgroup it could not be admitted to.
             *cgroup = None;
             let e = cgroup_refused(spec, e)?;
-            state.enforcement.cgroup = LayerReport::not_enforced(format!(
-                "{e}; no memory or CPU limit, pids bounded by RLIMIT_NPROC {} only",
-                limits.pids
-            ));
-            Ok(Vec::new())
+            (cgroup::report::with_floors(&e.0, limits), Vec::new())
         }
-    }
+    };
+    state.enforcement.cgroup = report.layer;
+    state.enforcement.memory = report.memory;
+    state.enforcement.pids = report.pids;
+    Ok(entry)
 }
 
 /// Reads the status pipe to its end (every writer is gone once init is reaped).

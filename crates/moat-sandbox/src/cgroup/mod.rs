@@ -1,8 +1,12 @@
 //! Cgroup limits for one run: v2 first, v1 as the fallback (hybrid hosts).
 //!
-//! Each run gets `<the launcher's own cgroup>/moat/<run id>`, created before the
-//! program starts and removed after it ends; the `moat` directory itself is
-//! created once and left, empty, for the next run. Existing cgroups are only read.
+//! Each run gets `<the launcher's own cgroup or its parent>/moat/<run id>`
+//! (where exactly on v2: see [`delegation`]), created before the program
+//! starts and removed after it ends; the `moat` directory itself is created
+//! once and left, empty, for the next run. Existing cgroups are only read, but
+//! for the launcher's own when it is delegated to its user (see
+//! [`delegation`]). Without any, the run falls back to rlimit floors (see
+//! [`report`]).
 //!
 //! How init gets in matters for speed: writing a pid to `cgroup.procs`
 //! write-locks the kernel's global `cgroup_threadgroup_rwsem`, and the first
@@ -13,6 +17,8 @@
 //! hybrid or v1 host it is made after the clone, beside init's own setup, and
 //! init moves itself in through v1 `tasks` files (see [`enter`]).
 
+mod delegation;
+pub(crate) mod report;
 mod v1;
 mod v2;
 
@@ -85,16 +91,24 @@ pub(crate) fn create_for_clone(
     limits: &Limits,
 ) -> Result<Box<dyn RunCgroup>, CgroupError> {
     let (own, mountinfo) = own_cgroups_and_mounts()?;
-    match v2::Cgroup::create(&own, &mountinfo, run_id, limits, true) {
+    // SAFETY: getpid has no preconditions.
+    let ours = [unsafe { libc::getpid() }];
+    match v2::Cgroup::create(&own, &mountinfo, run_id, limits, true, &ours) {
         Ok(cgroup) => Ok(Box::new(cgroup)),
         Err(e) => Err(CgroupError(format!("v2: {}", e.0))),
     }
 }
 
-/// Creates the run's cgroup with `limits` applied.
-pub(crate) fn create(run_id: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>, CgroupError> {
+/// Creates the run's cgroup with `limits` applied, after `init` was cloned.
+pub(crate) fn create(
+    run_id: &str,
+    limits: &Limits,
+    init: libc::pid_t,
+) -> Result<Box<dyn RunCgroup>, CgroupError> {
     let (own, mountinfo) = own_cgroups_and_mounts()?;
-    let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits, false) {
+    // SAFETY: getpid has no preconditions.
+    let ours = [unsafe { libc::getpid() }, init];
+    let v2_reason = match v2::Cgroup::create(&own, &mountinfo, run_id, limits, false, &ours) {
         Ok(cgroup) => return Ok(Box::new(cgroup)),
         Err(e) => e.0,
     };

@@ -1,14 +1,17 @@
 //! Cgroup v2: one directory in the unified hierarchy.
 //!
-//! The launcher's own cgroup must already delegate `memory` and `pids` (and
-//! `cpu` when a CPU limit is asked for) to its children: Moat enables them on
-//! its own `moat` directory but never changes a cgroup it did not create.
+//! `memory` and `pids` (and `cpu` when a CPU limit is asked for) must be
+//! delegated: see [`delegation`] for where the run's cgroup then goes. Moat
+//! enables them on its own `moat` directory; the one cgroup it did not create
+//! and may change is the launcher's own, when that is delegated to its user
+//! and holds nothing but moat (see [`take_over`]).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use moat_core::Limits;
 
+use super::delegation::{self, Base};
 use super::{CgroupError, CgroupStats, RunCgroup};
 
 pub(crate) struct Cgroup {
@@ -17,6 +20,8 @@ pub(crate) struct Cgroup {
     clone_target: Option<OwnedFd>,
     /// init was cloned into it: nothing to move.
     init_inside: bool,
+    /// Where moat moved itself to take over its own delegated cgroup.
+    took_over: Option<PathBuf>,
 }
 
 impl Cgroup {
@@ -26,6 +31,7 @@ impl Cgroup {
         run_id: &str,
         limits: &Limits,
         for_clone: bool,
+        ours: &[libc::pid_t],
     ) -> Result<Self, CgroupError> {
         let mounts = super::cgroup_mounts(mountinfo);
         let (_, _, mount_point) = mounts
@@ -46,30 +52,28 @@ impl Cgroup {
                 .iter()
                 .all(|c| enabled.split_whitespace().any(|e| e == *c))
         };
-        // A cgroup that holds processes cannot enable controllers for its
-        // children (cgroup v2's no-internal-process rule), so moat, which sits
-        // in its own cgroup, usually creates its subtree next to itself: in the
-        // parent, when that parent delegates the controllers (systemd:
-        // Delegate=yes with DelegateSubgroup=, or any delegated subtree whose
-        // processes live in leaves).
-        let base = [Some(own.as_path()), own.parent()]
-            .into_iter()
-            .flatten()
-            .find(|dir| delegates(dir))
-            .map(std::path::Path::to_path_buf)
-            .ok_or_else(|| {
-                CgroupError(format!(
-                    "neither {} nor its parent delegates {wanted:?} to its children \
-                     (run moat in a leaf of a delegated cgroup, e.g. a systemd unit with \
-                     Delegate=yes and DelegateSubgroup=supervisor)",
-                    own.display()
-                ))
-            })?;
+        let base = delegation::choose(
+            &delegation::HostTree,
+            Path::new(mount_point),
+            &own,
+            &wanted,
+            ours,
+        )
+        .map_err(CgroupError)?;
+        let (base, took_over) = match base {
+            Base::Delegating(dir) => (dir, None),
+            Base::Delegated { dir, movable } => {
+                let supervisor = take_over(&dir, &movable, &wanted)
+                    .map_err(|e| CgroupError(format!("taking over {}: {e}", dir.display())))?;
+                (dir, Some(supervisor))
+            }
+        };
         let moat = base.join("moat");
         let mut cgroup = Cgroup {
             dir: moat.join(run_id),
             clone_target: None,
             init_inside: false,
+            took_over,
         };
         let made = (|| {
             super::make_dir(&moat)?;
@@ -148,6 +152,39 @@ impl RunCgroup for Cgroup {
     }
 
     fn describe(&self) -> String {
-        format!("cgroup v2 at {}", self.dir.display())
+        match &self.took_over {
+            None => format!("cgroup v2 at {}", self.dir.display()),
+            Some(supervisor) => format!(
+                "cgroup v2 at {} (the launcher's own delegated cgroup; moat moved itself to {})",
+                self.dir.display(),
+                supervisor.display()
+            ),
+        }
     }
+}
+
+/// Empties the launcher's own delegated cgroup `dir` of moat's processes
+/// (into `dir/moat/supervisor`) and has it enable `wanted` for its children:
+/// cgroup v2 allows that only in a cgroup without processes of its own. On
+/// failure the processes go back where they were. Returns the supervisor
+/// cgroup.
+fn take_over(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result<PathBuf> {
+    let supervisor = dir.join("moat").join(delegation::SUPERVISOR);
+    super::make_dir(&dir.join("moat"))?;
+    super::make_dir(&supervisor)?;
+    let moved = (|| {
+        for pid in movable {
+            super::write(&supervisor.join("cgroup.procs"), pid)?;
+        }
+        let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+        super::write(&dir.join("cgroup.subtree_control"), &enable.join(" "))
+    })();
+    if let Err(e) = moved {
+        for pid in movable {
+            let _ = super::write(&dir.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&supervisor);
+        return Err(e);
+    }
+    Ok(supervisor)
 }

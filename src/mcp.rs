@@ -2,24 +2,77 @@
 
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{ArgMatches, Args, Command, FromArgMatches};
 
 use crate::shell::{self, ShellArgs};
 
-/// Serve the operations as MCP tools on stdin/stdout (for Claude Code, Codex, IDEs).
-#[derive(Args)]
-#[command(after_long_help = "\
-Example client configuration (Claude Code, .mcp.json):
+/// `moat mcp`'s options: those of `moat shell`.
+pub struct McpArgs {
+    shell: ShellArgs,
+}
 
-  {\"mcpServers\": {\"moat\": {\"command\": \"moat\", \"args\": [\"mcp\",
-    \"--manifest\", \"/etc/moat/manifest.json\", \"--trusted-key\", \"/etc/moat/cp.pub\",
+// By hand rather than derived: the help's tool list comes from the server's
+// router, and `defer` builds it only when `moat mcp` itself is parsed, not
+// for every other subcommand (clap's derive has no per-struct `defer`).
+impl Args for McpArgs {
+    fn augment_args(command: Command) -> Command {
+        describe(ShellArgs::augment_args(command))
+    }
+
+    fn augment_args_for_update(command: Command) -> Command {
+        describe(ShellArgs::augment_args_for_update(command))
+    }
+}
+
+impl FromArgMatches for McpArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            shell: ShellArgs::from_arg_matches(matches)?,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        self.shell.update_from_arg_matches(matches)
+    }
+}
+
+fn describe(command: Command) -> Command {
+    command
+        .about("Serve the operations as MCP tools on stdin/stdout (for Claude Code, Codex, IDEs)")
+        .long_about(None)
+        .defer(with_tool_list)
+}
+
+const CLIENTS: &str = "\
+Clients start the server with the command and arguments they are given, from
+a directory of their choosing: give absolute paths (`moat` is on PATH only
+once installed there). Claude Code:
+
+  claude mcp add moat -- /usr/local/bin/moat mcp --manifest /etc/moat/signed.json \\
+    --trusted-key /etc/moat/moat.pub --workspace /srv/work
+
+or a project's .mcp.json:
+
+  {\"mcpServers\": {\"moat\": {\"command\": \"/usr/local/bin/moat\", \"args\": [\"mcp\",
+    \"--manifest\", \"/etc/moat/signed.json\", \"--trusted-key\", \"/etc/moat/moat.pub\",
     \"--workspace\", \"/srv/work\"]}}}
 
-Tools: artifact_read, artifact_write, artifact_list, exec_argv, with JSON input
-schemas. Each call goes through `moat shell`: same manifest checks, same ledger.")]
-pub struct McpArgs {
-    #[command(flatten)]
-    shell: ShellArgs,
+Codex, in ~/.codex/config.toml:
+
+  [mcp_servers.moat]
+  command = \"/usr/local/bin/moat\"
+  args = [\"mcp\", \"--manifest\", \"/etc/moat/signed.json\",
+          \"--trusted-key\", \"/etc/moat/moat.pub\", \"--workspace\", \"/srv/work\"]";
+
+fn with_tool_list(command: Command) -> Command {
+    let tools: String = moat_shell::mcp::tool_summaries()
+        .into_iter()
+        .map(|(name, summary)| format!("  {name}\n      {summary}\n"))
+        .collect();
+    command.after_long_help(format!(
+        "Tools (JSON input schemas in tools/list; each call goes through `moat shell`: \
+         the same manifest checks, the same ledger):\n\n{tools}\n{CLIENTS}"
+    ))
 }
 
 pub fn main(args: McpArgs) -> ExitCode {

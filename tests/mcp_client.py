@@ -1,6 +1,7 @@
 """A real MCP client we did not write (the official Python SDK) against `moat mcp`.
 
-Usage: python3 tests/mcp_client.py MOAT -- ARGS...   (ARGS are `moat mcp`'s)
+Usage: python3 tests/mcp_client.py MOAT -- ARGS...   (ARGS are `moat mcp`'s; any
+interpreter with the `mcp` package: tests/mcp.rs runs $MOAT_TEST_PYTHON, else python3)
 Prints one JSON document describing what it saw.
 """
 import asyncio
@@ -34,7 +35,9 @@ async def main() -> None:
     seen = {}
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
-            await session.initialize()
+            init = await session.initialize()
+            info = field(init, "server_info", "serverInfo")
+            seen["server"] = {"name": info.name, "version": info.version}
             tools = await session.list_tools()
             seen["tools"] = sorted(t.name for t in tools.tools)
             seen["schemas"] = {t.name: field(t, "input_schema", "inputSchema") for t in tools.tools}

@@ -16,7 +16,7 @@ use moat_core::op::{
     ProfileRequestArgs,
 };
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ErrorData, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -142,11 +142,35 @@ impl MoatTools {
 #[tool_handler]
 impl ServerHandler for MoatTools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
-            "Moat: structured, sandboxed operations on a workspace. Paths are relative to the \
-             workspace; denied operations answer with a reason from a closed set.",
-        )
+        // Without a server_info, rmcp names itself (its crate and version):
+        // clients would show and log `rmcp`, not the program they started.
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("moat", env!("CARGO_PKG_VERSION")).with_title("Moat"),
+            )
+            .with_instructions(
+                "Moat: structured, sandboxed operations on a workspace. Paths are relative to the \
+                 workspace; denied operations answer with a reason from a closed set.",
+            )
     }
+}
+
+/// The tools `tools/list` serves, by name, each with the first sentence of
+/// its description: from the server's own router, so that `moat mcp --help`
+/// cannot drift from what the server offers.
+pub fn tool_summaries() -> Vec<(String, String)> {
+    MoatTools::tool_router()
+        .list_all()
+        .into_iter()
+        .map(|tool| {
+            let description = tool.description.as_deref().unwrap_or_default();
+            let first = match description.find(". ") {
+                Some(end) => &description[..=end],
+                None => description,
+            };
+            (tool.name.into_owned(), first.trim().to_owned())
+        })
+        .collect()
 }
 
 /// Serves MCP on stdin/stdout until the client goes away. `shell` is the

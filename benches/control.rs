@@ -9,7 +9,7 @@
 //!   resume, which is part of it, under 50 ms);
 //! - runs per second with 4 runners: create, claim, finish, recorded.
 //!
-//!   cargo bench --bench control      (PostgreSQL as for the tests: see .ci/run)
+//!   cargo bench --bench control      (PostgreSQL as for the tests: see tests/suite.sh)
 
 #[path = "../tests/common/mod.rs"]
 mod common;

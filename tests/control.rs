@@ -446,7 +446,8 @@ fn a_killed_runner_loses_its_run_and_a_restarted_control_plane_is_rejoined() {
 fn two_control_planes_four_runners_a_thousand_runs_each_claimed_and_finished_once() {
     let dir = tempfile::tempdir().unwrap();
     let setup = setup(dir.path());
-    let pg = TempPostgres::create().expect("PostgreSQL (see .ci/run)");
+    let pg = TempPostgres::create()
+        .expect("PostgreSQL: bash tests/suite.sh starts one (or set MOAT_TEST_POSTGRES)");
     let planes = [
         Serve::start(&setup, &pg.url, "127.0.0.1:0"),
         Serve::start(&setup, &pg.url, "127.0.0.1:0"),

@@ -88,11 +88,11 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
     let node_modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inspector/node_modules");
     assert!(
         node_modules.join("playwright-core").is_dir(),
-        "playwright-core is not installed: (cd tests/inspector && npm ci), as .ci/run does"
+        "playwright-core is not installed: (cd tests/inspector && npm ci), as tests/suite.sh does"
     );
     assert!(
         Path::new("/usr/bin/chromium").exists(),
-        "/usr/bin/chromium is missing: apt-get install chromium, as .ci/run does"
+        "/usr/bin/chromium is missing: apt-get install chromium, as tests/suite.sh does"
     );
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("up");

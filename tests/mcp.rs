@@ -1,6 +1,6 @@
 //! `moat mcp` against MCP clients: a few lines of JSON-RPC written here (the
 //! initialize handshake, tools/list, `--help`), and a real client we did not
-//! write, the official Python SDK (`pip install mcp`, installed by .ci/run;
+//! write, the official Python SDK (`pip install mcp`, in the venv tests/suite.sh makes;
 //! `MOAT_TEST_PYTHON` names an interpreter that has it, e.g. a venv's). It
 //! lists the tools, writes, reads, runs an allowed program and gets a
 //! denial; the ledger has it all.
@@ -147,8 +147,8 @@ fn python_with_mcp() -> String {
         .unwrap_or_else(|e| panic!("cannot run {python} (MOAT_TEST_PYTHON): {e}"));
     assert!(
         probe.status.success(),
-        "{python} has no Python MCP SDK ({}). Install it (`{python} -m pip install mcp`, as \
-         .ci/run does) or point MOAT_TEST_PYTHON at an interpreter that has it: \
+        "{python} has no Python MCP SDK ({}). Run the suite with `bash tests/suite.sh` (it \
+         makes a venv with it) or point MOAT_TEST_PYTHON at an interpreter that has it: \
          `python3 -m venv /tmp/venv-mcp && /tmp/venv-mcp/bin/pip install mcp`, then \
          MOAT_TEST_PYTHON=/tmp/venv-mcp/bin/python",
         String::from_utf8_lossy(&probe.stderr).trim()

@@ -89,3 +89,50 @@ fn the_declared_rust_version_is_the_minimum_over_every_locked_package() {
         offenders.join("\n  ")
     );
 }
+
+/// Every `name version` pair a Cargo.lock pins.
+fn locked(path: &str) -> std::collections::BTreeSet<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut pins = std::collections::BTreeSet::new();
+    let mut name = None;
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix("name = ") {
+            name = Some(value.trim_matches('"').to_owned());
+        } else if let Some(value) = line.strip_prefix("version = ")
+            && let Some(name) = name.take()
+        {
+            pins.insert((name, value.trim_matches('"').to_owned()));
+        }
+    }
+    pins
+}
+
+#[test]
+fn the_fuzz_target_is_locked_to_the_workspaces_versions() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    // Resolvable as committed: `cargo fuzz run --locked` (in .ci/run) never
+    // rewrites fuzz/Cargo.lock and leaves the tree dirty.
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .arg("--manifest-path")
+        .arg(format!("{root}/fuzz/Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "fuzz/Cargo.lock is stale (copy Cargo.lock over it and run `cargo metadata` in fuzz/): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // And it builds what the workspace ships, not other versions of it.
+    let workspace = locked(&format!("{root}/Cargo.lock"));
+    let names: std::collections::BTreeSet<&String> = workspace.iter().map(|(n, _)| n).collect();
+    let foreign: Vec<_> = locked(&format!("{root}/fuzz/Cargo.lock"))
+        .into_iter()
+        .filter(|(name, _)| names.contains(name))
+        .filter(|pin| !workspace.contains(pin))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "fuzz/Cargo.lock pins other versions than Cargo.lock: {foreign:?}"
+    );
+}

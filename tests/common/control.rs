@@ -61,7 +61,7 @@ pub struct Db {
 
 pub fn databases(dir: &Path) -> Vec<Db> {
     let pg = TempPostgres::create()
-        .expect("PostgreSQL is needed: .ci/run installs and starts it (or set MOAT_TEST_POSTGRES)");
+        .expect("PostgreSQL is needed: bash tests/suite.sh starts a throwaway one (or set MOAT_TEST_POSTGRES)");
     vec![
         Db {
             url: format!("sqlite:{}", dir.join("control.db").display()),

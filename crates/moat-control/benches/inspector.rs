@@ -4,7 +4,7 @@
 //! server time; measured here as the whole request on loopback, which is an
 //! upper bound). Filling the database takes a few minutes per backend.
 //!
-//!   cargo bench -p moat-control --bench inspector      (PostgreSQL as for the tests: see .ci/run)
+//!   cargo bench -p moat-control --bench inspector      (PostgreSQL as for the tests: see tests/suite.sh)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,7 +81,7 @@ fn fill(store: &Store) -> String {
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let pg = TempPostgres::create()
-        .expect("PostgreSQL is needed: .ci/run installs and starts it (or set MOAT_TEST_POSTGRES)");
+        .expect("PostgreSQL is needed: bash tests/suite.sh starts a throwaway one (or set MOAT_TEST_POSTGRES)");
     let backends = [
         (
             "sqlite",

@@ -40,7 +40,8 @@ struct Plane {
 fn planes() -> Vec<Plane> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = Store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
-    let pg = TempPostgres::create().expect("PostgreSQL (see .ci/run)");
+    let pg = TempPostgres::create()
+        .expect("PostgreSQL: bash tests/suite.sh starts one (or set MOAT_TEST_POSTGRES)");
     let postgres = Store::open(&pg.url).unwrap();
     vec![
         start(sqlite, None, Some(dir)),

@@ -23,7 +23,7 @@ fn backends() -> Vec<Backend> {
     let sqlite = Store::open(&format!("sqlite:{}", dir.path().join("moat.db").display()))
         .expect("sqlite store");
     let pg = TempPostgres::create().expect(
-        "PostgreSQL is needed for the store tests: .ci/run installs and starts it \
+        "PostgreSQL is needed for the store tests: bash tests/suite.sh starts a throwaway one \
          (set MOAT_TEST_POSTGRES to a libpq key=value string to use another server)",
     );
     let postgres = Store::open(&pg.url).expect("postgres store");

@@ -308,8 +308,8 @@ pub fn random_bytes(buf: &mut [u8]) {
 
 /// A PostgreSQL database of its own for one test, dropped afterwards.
 /// The server comes from `MOAT_TEST_POSTGRES` (a libpq `key=value` string;
-/// default: the local server's socket as the current user), as `.ci/run`
-/// starts it.
+/// default: the local server's socket as the current user); `tests/suite.sh`
+/// starts a throwaway server and sets it.
 #[doc(hidden)]
 pub struct TempPostgres {
     admin: String,

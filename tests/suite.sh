@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls exactly this command).
+#
+# Run it as root on Debian 12 from a clone: `bash tests/suite.sh`. It needs
+# nothing beforehand but rustup and build-essential, and it
+#   - installs the Debian packages the tests use when they are missing
+#     (util-linux, coreutils, hostname, curl, python3 with venv, postgresql,
+#     chromium, and Node.js with npm if there is no `node`), with apt-get;
+#   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
+#     in the system's Python), and the Inspector walkthrough's npm package
+#     (playwright-core, which never downloads a browser) in
+#     tests/inspector/node_modules;
+#   - starts a throwaway PostgreSQL server (initdb + pg_ctl in a temporary
+#     directory, reachable only through a socket there, run as the
+#     `postgres` user that Debian's package creates), and stops and removes
+#     it when the suite ends, however it ends;
+#   - runs `cargo test --workspace --locked --no-fail-fast`: one failing
+#     test binary does not hide the others.
+# Arguments are passed to cargo test (e.g. `bash tests/suite.sh --test up`).
+# The suite runs as root because it tests both the root launcher and, with
+# setpriv, the unprivileged one (uid 65534).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "tests/suite.sh: run it as root (sudo bash tests/suite.sh): it installs packages and tests the root and unprivileged sandbox paths" >&2
+  exit 2
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+packages=(util-linux coreutils hostname curl ca-certificates python3 python3-venv postgresql chromium)
+# Debian 12's nodejs (18) is enough for the pinned playwright-core; a newer
+# one already on the machine is used as it is.
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "tests/suite.sh: installing ${missing[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The MCP test drives `moat mcp` with the official Python MCP SDK.
+venv=$PWD/target/test-venv
+if ! "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
+  echo "tests/suite.sh: installing the Python MCP SDK into $venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mcp
+fi
+export MOAT_TEST_PYTHON=$venv/bin/python
+
+# The Inspector walkthrough drives Debian's Chromium with playwright-core.
+(cd tests/inspector && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+
+# A PostgreSQL server of the suite's own: every storage test runs on SQLite
+# and on PostgreSQL, each in a database it creates and drops.
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+pg_dir=$(mktemp -d /tmp/moat-test-pg.XXXXXX)
+stop_postgres() {
+  (cd / && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop) >/dev/null 2>&1 || true
+  rm -rf "$pg_dir"
+}
+trap stop_postgres EXIT
+chown postgres: "$pg_dir"
+(cd / && runuser -u postgres -- "$pg_bin/initdb" -D "$pg_dir/data" -U root --auth=trust -E UTF8) >"$pg_dir/initdb.log" 2>&1 ||
+  { cat "$pg_dir/initdb.log" >&2; exit 1; }
+# No TCP listener: only the socket in this directory. fsync off: the
+# server and its data are thrown away after the suite.
+(cd / && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
+  -o "-k $pg_dir -c listen_addresses='' -c fsync=off -c max_connections=300" start) >/dev/null ||
+  { cat "$pg_dir/server.log" >&2; exit 1; }
+export MOAT_TEST_POSTGRES="host=$pg_dir dbname=postgres user=root"
+
+cargo test --workspace --locked --no-fail-fast "$@"

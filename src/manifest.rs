@@ -34,6 +34,14 @@ enum ManifestCommand {
         /// The control plane's public key file (as written by `keygen`).
         #[arg(long, value_name = "FILE")]
         public_key: PathBuf,
+        /// The Cedar policy file the control plane serves (`moat serve
+        /// --policy`): its SHA-256 becomes the manifest's policyHash, which
+        /// a runner's registration must match.
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+        /// The environment the manifest is for (`moat serve --environment`).
+        #[arg(long, value_name = "NAME", default_value = "local")]
+        environment: String,
     },
     /// Print the canonical hash (SHA-256 of RFC 8785 JSON) of a manifest or signed manifest.
     Hash { file: PathBuf },
@@ -66,9 +74,20 @@ pub fn main(args: ManifestArgs) -> ExitCode {
 fn run(command: ManifestCommand) -> anyhow::Result<()> {
     match command {
         ManifestCommand::Keygen { out } => keygen(&out),
-        ManifestCommand::Template { public_key } => {
+        ManifestCommand::Template {
+            public_key,
+            policy,
+            environment,
+        } => {
             let key = read_public_key(&public_key)?;
-            outln!("{}", serde_json::to_string_pretty(&template(&key))?);
+            let mut manifest = template(&key);
+            manifest.environment = environment;
+            if let Some(policy) = policy {
+                let text = std::fs::read(&policy)
+                    .with_context(|| format!("--policy {}", policy.display()))?;
+                manifest.policy_hash = moat_core::hash::sha256_hex(&text);
+            }
+            outln!("{}", serde_json::to_string_pretty(&manifest)?);
             Ok(())
         }
         ManifestCommand::Hash { file } => {
@@ -143,6 +162,7 @@ pub fn template(key: &PublicKey) -> Manifest {
             "/usr/bin/cat",
             "/usr/bin/ls",
             "/usr/bin/wc",
+            "/usr/bin/true",
             "/usr/bin/python3",
         ]
         .iter()

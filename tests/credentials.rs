@@ -9,6 +9,9 @@
 //! environment, the control plane's log, every event and result. Zero hits.
 
 mod common;
+// A tool host answering differently on a second lookup.
+#[path = "credentials/rebinding.rs"]
+mod rebinding;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener};
@@ -29,7 +32,12 @@ struct Vendor {
 
 impl Vendor {
     fn start(secret: &str) -> Vendor {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_at(secret, "127.0.0.1:0")
+    }
+
+    /// A vendor listening at `address`.
+    fn start_at(secret: &str, address: &str) -> Vendor {
+        let listener = TcpListener::bind(address).unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let auth_seen = Arc::new(Mutex::new(Vec::new()));

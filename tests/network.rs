@@ -7,6 +7,9 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
+// Allowed servers out of reach: what the program and the record see.
+#[path = "network/upstream.rs"]
+mod upstream;
 
 use common::servers::*;
 use common::*;

@@ -9,8 +9,13 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use moat_core::url::encode_component as encode;
+use moat_egress::outbound::Uri;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+mod scrub;
+use scrub::map_strings;
+pub use scrub::{MIN_SECRET, Scrubber, replace_text};
 
 /// The profile name a tool call carries.
 pub const PROFILE: &str = "control-plane-tool-proxy";
@@ -129,13 +134,35 @@ pub fn plain_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
-fn split_url(url: &str) -> Option<(&str, &str)> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))?;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let origin_len = url.len() - rest.len() + end;
-    Some((&url[..origin_len], &url[origin_len..]))
+/// `url` parsed, if it is an absolute http(s) URL with a host and no user
+/// information.
+fn parse_url(url: &str) -> Option<Uri> {
+    let uri: Uri = url.parse().ok()?;
+    let authority = uri.authority()?;
+    let fine = matches!(uri.scheme_str(), Some("http" | "https"))
+        && !authority.host().is_empty()
+        && !authority.as_str().contains('@');
+    fine.then_some(uri)
+}
+
+/// `scheme://authority` of a URL.
+pub fn origin(uri: &Uri) -> String {
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    format!("{}://{authority}", uri.scheme_str().unwrap_or(""))
+}
+
+/// The URL template with every `{param}` stood in for, parsed.
+fn template_uri(template: &str) -> Option<Uri> {
+    let mut filled = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..].find('}')? + open;
+        filled.push_str(&rest[..open]);
+        filled.push('x');
+        rest = &rest[close + 1..];
+    }
+    filled.push_str(rest);
+    parse_url(&filled)
 }
 
 impl ToolDef {
@@ -157,16 +184,19 @@ impl ToolDef {
                 self.method
             ));
         }
-        let Some((origin, _)) = split_url(&self.url) else {
+        let fixed = "url: the scheme and host are fixed (no {param} or user info there)";
+        let Some(template) = template_uri(&self.url) else {
             return bad(format!(
-                "url {:?}: http:// or https:// with a host",
+                "url {:?}: http:// or https:// with a host (and no user info)",
                 self.url
             ));
         };
-        if origin.contains(['{', '}', '@']) || origin.ends_with("://") {
-            return bad(
-                "url: the scheme and host are fixed (no {param} or user info there)".into(),
-            );
+        // A placeholder in the host would have been stood in for: the
+        // template then no longer starts with the origin that was parsed.
+        let origin = origin(&template);
+        let after = self.url.get(origin.len()..).unwrap_or("");
+        if !self.url.starts_with(&origin) || !(after.is_empty() || after.starts_with(['/', '?'])) {
+            return bad(fixed.into());
         }
         for name in self.params.keys() {
             if !plain_name(name) {
@@ -210,29 +240,12 @@ impl ToolDef {
     }
 }
 
-/// The host and port a URL names (`None` if it is not http(s) with a host).
-pub fn host_port(url: &str) -> Option<(String, u16)> {
-    let (origin, _) = split_url(url)?;
-    let (scheme, authority) = origin.split_once("://")?;
-    let default = if scheme == "https" { 443 } else { 80 };
-    if let Some(v6) = authority.strip_prefix('[') {
-        let (host, rest) = v6.split_once(']')?;
-        let port = rest
-            .strip_prefix(':')
-            .map_or(Some(default), |p| p.parse().ok())?;
-        return Some((host.to_owned(), port));
-    }
-    match authority.rsplit_once(':') {
-        Some((host, port)) => Some((host.to_owned(), port.parse().ok()?)),
-        None => Some((authority.to_owned(), default)),
-    }
-}
-
-/// A call ready to send.
+/// A call ready to send: its URL parsed once, here, and used as it is by
+/// the gate, the request and the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
     pub method: String,
-    pub url: String,
+    pub uri: Uri,
     pub headers: Vec<(String, String)>,
     pub body: Option<String>,
 }
@@ -330,9 +343,16 @@ impl ToolDef {
         if body.is_some() {
             headers.push(("Content-Type".into(), "application/json".into()));
         }
+        let uri = parse_url(&url)
+            .filter(|uri| template_uri(&self.url).is_some_and(|t| origin(&t) == origin(uri)))
+            .ok_or_else(|| {
+                ToolError::Params(format!(
+                    "the parameters make {url:?} no URL of the tool's host"
+                ))
+            })?;
         Ok(Call {
             method: self.method.clone(),
-            url,
+            uri,
             headers,
             body,
         })
@@ -392,121 +412,6 @@ fn remove_pointer(value: &mut Value, pointer: &str) {
     }
 }
 
-/// Replaces `from` with `to` in every string of `value` (an artifact's hash
-/// after its content was scrubbed).
-pub fn replace_text(value: &mut Value, from: &str, to: &str) {
-    map_strings(value, &|s| s.replace(from, to));
-}
-
-/// Applies `f` to every string (and object key) in `value`.
-fn map_strings(value: &mut Value, f: &dyn Fn(&str) -> String) {
-    match value {
-        Value::String(s) => *s = f(s),
-        Value::Array(items) => items.iter_mut().for_each(|v| map_strings(v, f)),
-        Value::Object(map) => {
-            let entries: Vec<(String, Value)> = std::mem::take(map).into_iter().collect();
-            for (k, mut v) in entries {
-                map_strings(&mut v, f);
-                map.insert(f(&k), v);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Replaces every known secret value, by exact match, with
-/// `[REDACTED:<name>]`: in answers, events, results, artifacts and error
-/// messages, before any of them is stored or returned.
-#[derive(Default)]
-pub struct Scrubber {
-    secrets: Vec<(String, String)>,
-}
-
-impl Scrubber {
-    /// From `(name, value)` pairs. Each value is also looked for as it
-    /// travels: percent-encoded (in a URL) and base64 (in a header). Values
-    /// shorter than [`MIN_SECRET`] would match everywhere and are refused
-    /// when stored.
-    pub fn new(secrets: Vec<(String, String)>) -> Scrubber {
-        let mut all = Vec::new();
-        for (name, value) in secrets {
-            let encoded = moat_core::url::encode_component(&value);
-            let b64 = base64::engine::general_purpose::STANDARD.encode(value.as_bytes());
-            all.push((name.clone(), b64.trim_end_matches('=').to_owned()));
-            if encoded != value {
-                all.push((name.clone(), encoded));
-            }
-            all.push((name, value));
-        }
-        Self::exact(all)
-    }
-
-    /// Adds a form of a secret the tool itself made (a basic-auth pair).
-    pub fn also(&mut self, name: &str, value: String) {
-        let mut all = std::mem::take(&mut self.secrets);
-        all.push((name.to_owned(), value));
-        *self = Self::exact(all);
-    }
-
-    fn exact(mut secrets: Vec<(String, String)>) -> Scrubber {
-        secrets.retain(|(_, v)| v.len() >= MIN_SECRET);
-        // Longest first, so a secret containing another is replaced whole.
-        secrets.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
-        Scrubber { secrets }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
-    }
-
-    pub fn text(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for (name, value) in &self.secrets {
-            if out.contains(value.as_str()) {
-                out = out.replace(value.as_str(), &format!("[REDACTED:{name}]"));
-            }
-        }
-        out
-    }
-
-    pub fn json(&self, value: &mut Value) {
-        if !self.is_empty() {
-            map_strings(value, &|s| self.text(s));
-        }
-    }
-
-    pub fn bytes(&self, data: &[u8]) -> Option<Vec<u8>> {
-        let found = self
-            .secrets
-            .iter()
-            .any(|(_, v)| data.windows(v.len()).any(|w| w == v.as_bytes()));
-        if !found {
-            return None;
-        }
-        let mut out = data.to_vec();
-        for (name, value) in &self.secrets {
-            let needle = value.as_bytes();
-            let mark = format!("[REDACTED:{name}]").into_bytes();
-            let mut scrubbed = Vec::with_capacity(out.len());
-            let mut i = 0;
-            while i < out.len() {
-                if out[i..].starts_with(needle) {
-                    scrubbed.extend_from_slice(&mark);
-                    i += needle.len();
-                } else {
-                    scrubbed.push(out[i]);
-                    i += 1;
-                }
-            }
-            out = scrubbed;
-        }
-        Some(out)
-    }
-}
-
-/// The shortest secret value accepted.
-pub const MIN_SECRET: usize = 8;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,7 +433,10 @@ mod tests {
         let call = crm()
             .call(params.as_object().unwrap(), Some("sek-ret-123"))
             .unwrap();
-        assert_eq!(call.url, "http://127.0.0.1:9/accounts/a%2Fb%20c?full=true");
+        assert_eq!(
+            call.uri.to_string(),
+            "http://127.0.0.1:9/accounts/a%2Fb%20c?full=true"
+        );
         assert_eq!(
             call.headers,
             vec![("Authorization".into(), "Bearer sek-ret-123".into())]
@@ -568,9 +476,20 @@ mod tests {
             "https://a@evil/x",
             "ftp://x/y",
             "http:///x",
+            "http://x{port}/y",
+            "https://api.example.com:{port}/y",
+            "http://u:p@host/x",
         ] {
             let def = json!({"name": "t", "method": "GET", "url": url});
             assert!(ToolDef::parse(&def).is_err(), "{url}");
+        }
+        for url in [
+            "https://api.example.com",
+            "https://api.example.com/v1/{id}?q={q}",
+            "http://[::1]:8080/{id}",
+        ] {
+            let def = json!({"name": "t", "method": "GET", "url": url});
+            assert!(ToolDef::parse(&def).is_ok(), "{url}");
         }
     }
 

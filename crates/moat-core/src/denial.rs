@@ -82,6 +82,8 @@ reasons! {
     DirectConnection => "direct_connection",
     /// The run used up its egress budget: requests, bytes or concurrent connections.
     EgressLimit => "egress_limit",
+    /// An allowed server could not be reached: its name does not resolve, the connection is refused or times out, or the exchange with it broke off (the proxy answers `502`).
+    UpstreamUnreachable => "upstream_unreachable",
     /// A limit asked for is above the manifest's.
     LimitExceeded => "limit_exceeded",
     /// The control plane's policy does not permit this operation.

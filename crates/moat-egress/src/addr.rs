@@ -146,6 +146,22 @@ pub struct AddressPolicy {
 }
 
 impl AddressPolicy {
+    /// Every address, whatever its class.
+    pub fn any() -> Self {
+        AddressPolicy {
+            allowed: vec![
+                Cidr {
+                    base: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    prefix: 0,
+                },
+                Cidr {
+                    base: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    prefix: 0,
+                },
+            ],
+        }
+    }
+
     /// `Err(class)` when `ip` may not be dialled.
     pub fn check(&self, ip: IpAddr) -> Result<(), &'static str> {
         match non_public_class(ip) {
@@ -208,5 +224,17 @@ mod tests {
         assert!(policy.check("169.254.169.254".parse().unwrap()).is_err());
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("nope".parse::<Cidr>().is_err());
+        for ip in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "::1",
+            "fd00:ec2::254",
+            "1.1.1.1",
+        ] {
+            assert!(
+                AddressPolicy::any().check(ip.parse().unwrap()).is_ok(),
+                "{ip}"
+            );
+        }
     }
 }

@@ -7,16 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderName, HeaderValue};
-use hyper::{Method, Request, Uri};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Uri};
 use moat_core::DenialReason;
 use serde::{Deserialize, Serialize};
 
 use crate::gate::{Access, Refused, Scope};
-use crate::proxy::{Counts, Metered, strip_hop_by_hop};
+use crate::outbound::{HttpRequest, HttpResponse, exchange};
+use crate::proxy::{Counts, Metered};
 
 const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -88,7 +85,8 @@ fn invalid(message: impl Into<String>) -> FetchError {
 impl From<Refused> for FetchError {
     fn from(r: Refused) -> Self {
         FetchError {
-            reason: r.reason,
+            // A server out of reach is a failure of the operation, not a denial.
+            reason: r.is_denial().then_some(r.reason),
             message: r.detail,
         }
     }
@@ -103,38 +101,32 @@ pub(crate) async fn fetch(
         .url
         .parse()
         .map_err(|_| invalid(format!("{:?} is not a URL", request.url)))?;
-    let tls = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") => false,
-        _ => return Err(invalid("the URL must start with http:// or https://")),
-    };
-    let authority = uri
-        .authority()
-        .ok_or_else(|| invalid("the URL has no host"))?
-        .clone();
-    let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
     let method: Method = request
         .method
         .to_ascii_uppercase()
         .parse()
         .map_err(|_| invalid(format!("{:?} is not an HTTP method", request.method)))?;
-    if method == Method::CONNECT {
-        return Err(invalid("CONNECT is not a request http_request makes"));
-    }
     let body = match &request.body_base64 {
         Some(b) => base64::engine::general_purpose::STANDARD
             .decode(b)
             .map_err(|_| invalid("bodyBase64 is not base64"))?,
         None => Vec::new(),
     };
-    let raw_host = authority.host().to_owned();
+    let outbound = HttpRequest {
+        method,
+        uri,
+        headers: request.headers.clone().into_iter().collect(),
+        body,
+    };
+    let target = outbound.target().map_err(|e| invalid(e.to_string()))?;
+    let req = outbound.build().map_err(|e| invalid(e.to_string()))?;
     let access = Access {
-        method: method.as_str(),
-        host: &raw_host,
-        port,
+        method: outbound.method.as_str(),
+        host: &target.host,
+        port: target.port,
         started,
     };
-    let admitted = match scope.admit(&raw_host, port).await {
+    let admitted = match scope.admit(&target.host, target.port).await {
         Ok(a) => a,
         Err(refused) => {
             scope.refused(&access, &refused);
@@ -149,36 +141,13 @@ pub(crate) async fn fetch(
         run: scope.run.clone(),
         counts: counts.clone(),
     };
-    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    let mut builder = Request::builder().method(method.clone()).uri(path);
-    for (name, value) in &request.headers {
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| invalid(format!("header name {name:?}")))?;
-        let value = HeaderValue::from_str(value)
-            .map_err(|_| invalid(format!("header {name} has a bad value")))?;
-        builder = builder.header(name, value);
-    }
-    let mut req = builder
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| invalid(e.to_string()))?;
-    strip_hop_by_hop(req.headers_mut());
-    if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
-        req.headers_mut().insert(hyper::header::HOST, value);
-    }
     let cap = request.max_response_bytes;
     let exchange = async {
-        if tls {
-            let connector = tokio_rustls::TlsConnector::from(scope.run.tls_config()?);
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|_| format!("{host} is not a TLS server name"))?;
-            let stream = connector
-                .connect(name, metered)
-                .await
-                .map_err(|e| format!("TLS with {host}: {e}"))?;
-            send(TokioIo::new(stream), req, cap).await
-        } else {
-            send(TokioIo::new(metered), req, cap).await
-        }
+        let tls = match target.tls {
+            true => Some((scope.run.tls_config()?, host.as_str())),
+            false => None,
+        };
+        exchange(metered, tls, req, cap).await
     };
     let result = tokio::time::timeout(FETCH_TIMEOUT, exchange)
         .await
@@ -200,7 +169,7 @@ pub(crate) async fn fetch(
         Ok(response) => {
             scope.completed(&access, address, Some(response.status), bytes, None);
             drop(admitted._slot);
-            Ok(response)
+            Ok(shown(response))
         }
         Err(message) => {
             let refused = if counts.limit_hit.load(std::sync::atomic::Ordering::Relaxed) {
@@ -209,10 +178,7 @@ pub(crate) async fn fetch(
                     "the run's egress byte limit is spent",
                 )
             } else {
-                Refused {
-                    reason: None,
-                    detail: message,
-                }
+                Refused::fail(message)
             };
             scope.refused(&access, &refused);
             Err(refused.into())
@@ -220,50 +186,25 @@ pub(crate) async fn fetch(
     }
 }
 
-async fn send<I>(io: I, req: Request<Full<Bytes>>, cap: u64) -> Result<FetchResponse, String>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
+/// The response as the agent gets it: credential-bearing headers removed
+/// (and named), the body in base64.
+fn shown(response: HttpResponse) -> FetchResponse {
     let mut headers = Vec::new();
-    let mut stripped = Vec::new();
-    for (name, value) in response.headers() {
-        if is_credential_header(name.as_str()) {
-            if !stripped.iter().any(|s| s == name.as_str()) {
-                stripped.push(name.as_str().to_owned());
+    let mut stripped: Vec<String> = Vec::new();
+    for (name, value) in response.headers {
+        if is_credential_header(&name) {
+            if !stripped.contains(&name) {
+                stripped.push(name);
             }
             continue;
         }
-        headers.push((
-            name.as_str().to_owned(),
-            String::from_utf8_lossy(value.as_bytes()).into_owned(),
-        ));
+        headers.push((name, value));
     }
-    let mut body = response.into_body();
-    let mut content = Vec::new();
-    let mut truncated = false;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| e.to_string())?;
-        if let Some(data) = frame.data_ref() {
-            let room = cap.saturating_sub(content.len() as u64) as usize;
-            if data.len() > room {
-                content.extend_from_slice(&data[..room]);
-                truncated = true;
-                break;
-            }
-            content.extend_from_slice(data);
-        }
-    }
-    Ok(FetchResponse {
-        status,
+    FetchResponse {
+        status: response.status,
         headers,
-        body_base64: base64::engine::general_purpose::STANDARD.encode(&content),
-        truncated,
+        body_base64: base64::engine::general_purpose::STANDARD.encode(&response.body),
+        truncated: response.truncated,
         stripped_headers: stripped,
-    })
+    }
 }

@@ -7,17 +7,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use moat_core::{DenialReason, Event, EventType};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
+use crate::outbound::{Gate, OutboundError};
 use crate::policy::{CompiledPolicy, EgressConfig};
 use crate::rules::normalize_host;
-
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// State of one proxy process: the run's settings and budget.
 pub(crate) struct Run {
@@ -42,27 +40,7 @@ impl Run {
     /// The TLS client settings for `http_request`, built on first use.
     pub(crate) fn tls_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
         self.tls
-            .get_or_init(|| {
-                use rustls::pki_types::CertificateDer;
-                use rustls::pki_types::pem::PemObject;
-                let mut roots = rustls::RootCertStore::empty();
-                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-                if let Some(pem) = &self.config.extra_roots_pem {
-                    for cert in CertificateDer::pem_slice_iter(pem) {
-                        let cert = cert.map_err(|e| format!("extra CA certificates: {e}"))?;
-                        roots
-                            .add(cert)
-                            .map_err(|e| format!("extra CA certificate: {e}"))?;
-                    }
-                }
-                let provider = Arc::new(rustls::crypto::ring::default_provider());
-                let config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| e.to_string())?
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
-                Ok(Arc::new(config))
-            })
+            .get_or_init(|| crate::outbound::tls_config(self.config.extra_roots_pem.as_deref()))
             .clone()
     }
 
@@ -116,32 +94,33 @@ pub(crate) fn clip(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
-/// A refusal (a `DenialReason`, answered 403) or a failure to reach an
-/// allowed server (answered 502).
+/// A refusal (answered 403) or a failure to reach an allowed server
+/// (`upstream_unreachable`, answered 502).
 #[derive(Debug, Clone)]
 pub(crate) struct Refused {
-    pub(crate) reason: Option<DenialReason>,
+    pub(crate) reason: DenialReason,
     pub(crate) detail: String,
 }
 
 impl Refused {
     pub(crate) fn deny(reason: DenialReason, detail: impl Into<String>) -> Self {
         Refused {
-            reason: Some(reason),
+            reason,
             detail: detail.into(),
         }
     }
-    fn fail(detail: impl Into<String>) -> Self {
-        Refused {
-            reason: None,
-            detail: detail.into(),
-        }
+    pub(crate) fn fail(detail: impl Into<String>) -> Self {
+        Self::deny(DenialReason::UpstreamUnreachable, detail)
+    }
+    /// The policy said no (rather than the server being out of reach).
+    pub(crate) fn is_denial(&self) -> bool {
+        self.reason != DenialReason::UpstreamUnreachable
     }
     /// What the program is told: the detail, except where it would map the
     /// host's private network for it (which address a name resolves to).
     pub(crate) fn for_client(&self) -> String {
         match self.reason {
-            Some(DenialReason::AddressNotAllowed) => {
+            DenialReason::AddressNotAllowed => {
                 "the name resolves to an address the egress policy refuses".to_owned()
             }
             _ => self.detail.clone(),
@@ -150,10 +129,16 @@ impl Refused {
 
     pub(crate) fn status(&self) -> u16 {
         match self.reason {
-            Some(DenialReason::NotAProxyRequest) => 400,
-            Some(_) => 403,
-            None => 502,
+            DenialReason::NotAProxyRequest => 400,
+            DenialReason::UpstreamUnreachable => 502,
+            _ => 403,
         }
+    }
+}
+
+impl From<OutboundError> for Refused {
+    fn from(e: OutboundError) -> Self {
+        Refused::deny(e.reason(), e.to_string())
     }
 }
 
@@ -241,12 +226,12 @@ impl Scope {
             reason: refused.reason,
             detail,
         };
-        if let Some(reason) = refused.reason {
+        if refused.is_denial() {
             self.emit(
                 EventType::NetworkDenied,
                 json!({
                     "host": access.host, "port": access.port, "method": access.method,
-                    "reason": reason, "detail": refused.detail,
+                    "reason": refused.reason, "detail": refused.detail,
                 }),
             );
         }
@@ -254,7 +239,7 @@ impl Scope {
             EventType::NetworkRequest,
             json!({
                 "host": access.host, "port": access.port, "method": access.method,
-                "decision": if refused.reason.is_some() { "denied" } else { "failed" },
+                "decision": if refused.is_denial() { "denied" } else { "failed" },
                 "reason": refused.reason, "detail": refused.detail,
                 "bytesOut": 0, "bytesIn": 0,
                 "durationMs": access.started.elapsed().as_millis() as u64,
@@ -286,7 +271,7 @@ impl Scope {
                 "host": access.host, "port": access.port, "method": access.method,
                 "decision": "allowed", "address": address.ip().to_string(),
                 "status": status, "bytesOut": bytes_out, "bytesIn": bytes_in,
-                "cut": cut.and_then(|c| c.reason),
+                "cut": cut.map(|c| c.reason),
                 "durationMs": access.started.elapsed().as_millis() as u64,
             }),
         );
@@ -334,53 +319,13 @@ impl Scope {
         } else {
             Slot(run.clone())
         };
-        let addresses = self.resolve(&host, port).await?;
-        for address in &addresses {
-            if let Err(class) = self.policy.addresses.check(address.ip()) {
-                return Err(Refused::deny(
-                    DenialReason::AddressNotAllowed,
-                    format!("{host} resolves to {} ({class})", address.ip()),
-                ));
-            }
-        }
-        let mut last = String::from("no address");
-        for address in addresses {
-            match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    return Ok(Admitted {
-                        host,
-                        address,
-                        stream,
-                        _slot: slot,
-                    });
-                }
-                Ok(Err(e)) => last = format!("connecting to {address}: {e}"),
-                Err(_) => last = format!("connecting to {address}: timed out"),
-            }
-        }
-        Err(Refused::fail(format!("{host}: {last}")))
-    }
-
-    async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, Refused> {
-        if let Some(fixed) = self.run.config.hosts.get(host) {
-            return Ok(fixed.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
-        }
-        // As given, not with a trailing dot: glibc's files backend does not
-        // match "name." against /etc/hosts. Names with a dot are tried as
-        // they are before any search domain; whatever they resolve to is
-        // checked below all the same.
-        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port))).await {
-            Ok(Ok(found)) => {
-                let mut all: Vec<SocketAddr> = found.collect();
-                all.dedup();
-                if all.is_empty() {
-                    return Err(Refused::fail(format!("{host} has no address")));
-                }
-                Ok(all)
-            }
-            Ok(Err(e)) => Err(Refused::fail(format!("resolving {host}: {e}"))),
-            Err(_) => Err(Refused::fail(format!("resolving {host}: timed out"))),
-        }
+        let gate = Gate::new(&run.config.hosts, &self.policy.addresses);
+        let (stream, address) = gate.connect(&host, port).await?;
+        Ok(Admitted {
+            host,
+            address,
+            stream,
+            _slot: slot,
+        })
     }
 }

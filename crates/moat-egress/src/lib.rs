@@ -5,16 +5,21 @@
 //! - [`addr`]: which resolved addresses may be dialled (no loopback, private,
 //!   link-local, CGNAT, metadata or unique-local unless listed).
 //! - [`sni`]: the server name of a TLS ClientHello.
+//! - [`outbound`]: resolve once, check every address, dial only those; shared
+//!   by the proxy and the control plane's tool calls.
 //! - [`Egress`]: the proxy process of one run and its control channel.
 //!
 //! Every request emits `network.request` (host, port, method, bytes,
 //! decision — never bodies or headers); every refusal also `network.denied`
-//! and, for proxied requests, a 403 with `X-Moat-Denied: <reason>`.
+//! and, for proxied requests, a 403 with `X-Moat-Denied: <reason>`; an
+//! allowed server out of reach is a 502 with `X-Moat-Denied:
+//! upstream_unreachable`.
 
 pub mod addr;
 mod fetch;
 mod gate;
 mod host;
+pub mod outbound;
 pub mod policy;
 mod proxy;
 pub mod rules;

@@ -192,9 +192,7 @@ fn refusal_bytes(refused: &Refused) -> Vec<u8> {
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("Refused");
-    let reason = refused
-        .reason
-        .map_or("upstream_unreachable", |r| r.as_str());
+    let reason = refused.reason.as_str();
     let body = format!("moat egress: {}\n", refused.for_client());
     format!(
         "HTTP/1.1 {status} {phrase}\r\nX-Moat-Denied: {reason}\r\nContent-Type: text/plain\r\n\
@@ -386,9 +384,7 @@ fn refusal_response(refused: &Refused) -> Response<ProxyBody> {
     let mut response = Response::new(full(format!("moat egress: {}\n", refused.for_client())));
     *response.status_mut() =
         StatusCode::from_u16(refused.status()).unwrap_or(StatusCode::FORBIDDEN);
-    let reason = refused
-        .reason
-        .map_or("upstream_unreachable", |r| r.as_str());
+    let reason = refused.reason.as_str();
     response
         .headers_mut()
         .insert("x-moat-denied", HeaderValue::from_static(reason));
@@ -529,10 +525,7 @@ async fn forward(
             scope.completed(&access, address, None, moved, Some(&refused));
             return Ok(refusal_response(&refused));
         }
-        let refused = Refused {
-            reason: None,
-            detail,
-        };
+        let refused = Refused::fail(detail);
         scope.refused(&access, &refused);
         Ok(refusal_response(&refused))
     };

@@ -4,13 +4,17 @@
 //! redacted, and every known secret value is scrubbed from it, from the
 //! events and from any error message before anything is stored or returned.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use moat_core::{EventType, OpStatus};
+use moat_egress::addr::AddressPolicy;
+use moat_egress::outbound::{self, Gate, HttpRequest, HttpResponse, OutboundError, TlsConfig};
 use moat_ledger::store::{OpResult as StoreOpResult, OpState, event, stamp};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -429,24 +433,38 @@ pub(crate) async fn make_call(
         }
     };
     let max = def.max_response();
-    let sent = call.clone();
-    let answer = tokio::task::spawn_blocking(move || send(&sent, max, timeout, allow_private))
+    let answer = tokio::time::timeout(timeout, send(&call, max, allow_private))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let (origin, path) = public_url(&call.url);
+        .unwrap_or_else(|_| {
+            Err(OutboundError::Unreachable(format!(
+                "no complete answer in {} s",
+                timeout.as_secs()
+            )))
+        });
     let mut data = json!({
-        "profile": PROFILE, "tool": def.name, "method": call.method, "host": origin, "path": path,
+        "profile": PROFILE, "tool": def.name, "method": call.method,
+        // Without the query, where a credential may be.
+        "host": tools::origin(&call.uri), "path": call.uri.path(),
     });
     let outcome = match answer {
-        Ok((status, body, took)) => {
-            data["status"] = status.into();
-            data["bytesIn"] = body.len().into();
+        Ok((response, address, took)) => {
+            data["status"] = response.status.into();
+            data["address"] = address.ip().to_string().into();
+            data["bytesIn"] = response.body.len().into();
             data["durationMs"] = (took.as_millis() as u64).into();
             data["decision"] = "allow".into();
-            Ok((status, def.redact(&String::from_utf8_lossy(&body))))
+            let body = String::from_utf8_lossy(&response.body);
+            Ok((response.status, def.redact(&body)))
         }
-        Err(message) => {
+        Err(e) => {
+            let message = match &e {
+                OutboundError::AddressNotAllowed { .. } => {
+                    format!("{e}: refused (moat serve --tools-allow-private-addresses allows it)")
+                }
+                _ => e.to_string(),
+            };
             data["decision"] = "error".into();
+            data["reason"] = json!(e.reason());
             data["message"] = message.clone().into();
             Err(message)
         }
@@ -454,77 +472,49 @@ pub(crate) async fn make_call(
     Ok((outcome, event(EventType::NetworkRequest, run_id, now, data)))
 }
 
-/// `(origin, path)` of a URL, without its query (where a credential may be).
-fn public_url(url: &str) -> (String, String) {
-    let without_query = url.split(['?', '#']).next().unwrap_or(url);
-    let after_scheme = without_query.find("://").map_or(0, |i| i + 3);
-    match without_query[after_scheme..].find('/') {
-        Some(i) => (
-            without_query[..after_scheme + i].to_owned(),
-            without_query[after_scheme + i..].to_owned(),
-        ),
-        None => (without_query.to_owned(), "/".to_owned()),
-    }
-}
+/// TLS for tool calls: the bundled Mozilla roots.
+static TLS: LazyLock<Result<TlsConfig, String>> = LazyLock::new(|| outbound::tls_config(None));
 
-/// Sends `call` (no redirects: a credential must not follow one to another
-/// host; no proxy from the environment); `(status, body up to max bytes,
-/// time)`, or a message. A host that resolves to a non-public address
-/// (loopback, private, link-local, metadata...) is refused unless the
-/// operator allowed it: an org's admin must not reach the control plane's
-/// own network through a tool.
-fn send(
+/// Sends `call` through the same gate as the egress proxy: its host is
+/// resolved once, every address checked, and only a checked address dialled
+/// (a name answering differently the second time reaches nothing). A
+/// non-public address (loopback, private, link-local, metadata...) is
+/// refused unless the operator allowed it: an org's admin must not reach
+/// the control plane's own network through a tool. No redirect is followed
+/// (a credential must not follow one to another host), and no proxy from
+/// the environment is used. Returns the answer (body up to `max` bytes),
+/// the address it came from and the time it took.
+async fn send(
     call: &tools::Call,
     max: u64,
-    timeout: Duration,
     allow_private: bool,
-) -> Result<(u16, Vec<u8>, Duration), String> {
-    let (host, port) = tools::host_port(&call.url).ok_or("the tool URL has no host")?;
-    if !allow_private {
-        use std::net::ToSocketAddrs as _;
-        let addresses = (host.as_str(), port)
-            .to_socket_addrs()
-            .map_err(|e| format!("resolving {host}: {e}"))?;
-        for address in addresses {
-            if let Some(class) = moat_egress::addr::non_public_class(address.ip()) {
-                return Err(format!(
-                    "{host} resolves to {} ({class}): refused (moat serve --tools-allow-private-addresses allows it)",
-                    address.ip()
-                ));
-            }
-        }
-    }
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .proxy(None)
-        .timeout_global(Some(timeout))
-        .build()
-        .into();
-    let started = Instant::now();
-    let mut request = ureq::http::Request::builder()
-        .method(call.method.as_str())
-        .uri(call.url.as_str());
-    for (k, v) in &call.headers {
-        request = request.header(k.as_str(), v.as_str());
-    }
-    let response = match &call.body {
-        Some(body) => request
-            .body(body.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|r| agent.run(r).map_err(|e| e.to_string())),
-        None => request
-            .body(())
-            .map_err(|e| e.to_string())
-            .and_then(|r| agent.run(r).map_err(|e| e.to_string())),
+) -> Result<(HttpResponse, SocketAddr, Duration), OutboundError> {
+    let addresses = if allow_private {
+        AddressPolicy::any()
+    } else {
+        AddressPolicy::default()
     };
-    let mut response = response?;
-    let status = response.status().as_u16();
-    let body = response
-        .body_mut()
-        .with_config()
-        .limit(max)
-        .read_to_vec()
-        .map_err(|e| format!("reading the answer: {e}"))?;
-    Ok((status, body, started.elapsed()))
+    let no_fixed_answers = BTreeMap::new();
+    let gate = Gate::new(&no_fixed_answers, &addresses);
+    let tls = TLS
+        .as_ref()
+        .map_err(|e| OutboundError::Unreachable(e.clone()))?;
+    let method = call
+        .method
+        .parse()
+        .map_err(|_| OutboundError::Invalid(format!("method {:?}", call.method)))?;
+    let request = HttpRequest {
+        method,
+        uri: call.uri.clone(),
+        headers: call.headers.clone(),
+        body: call.body.clone().unwrap_or_default().into_bytes(),
+    };
+    let started = Instant::now();
+    let (response, address) = outbound::request(&gate, tls, &request, max).await?;
+    if response.truncated {
+        return Err(OutboundError::Unreachable(format!(
+            "reading the answer: it is larger than {max} bytes"
+        )));
+    }
+    Ok((response, address, started.elapsed()))
 }

@@ -208,6 +208,9 @@ async function run() {
   await step('g1. runners page', async () => {
     await open(page, '/ui/runners');
     await present(page, 'table#runners', 'table#runners');
+    // Each runner shows its slots: used / free.
+    const slots = (await page.locator('table#runners td.slots').first().innerText()).trim();
+    if (!/^\d+ \/ \d+$/.test(slots)) throw new Error(`the runner's slots read ${JSON.stringify(slots)}`);
     await shot(page, '06-runners.png');
   });
 

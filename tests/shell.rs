@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -991,4 +991,73 @@ fn a_tool_token_is_refused_without_a_control_plane() {
     )]);
     assert_denied(&results[0], "unsupported");
     assert_eq!(s.events_of("1", "sandbox.exec.started").len(), 0);
+}
+
+#[test]
+fn exec_cwd_is_resolved_beneath_the_workspace_roots() {
+    let s = Session::new(|_| {});
+    let input = s.ws.join("input");
+    let missing = format!("/nonexistent-{}", token());
+    std::os::unix::fs::symlink("..", s.ws.join("up1")).unwrap();
+    std::os::unix::fs::symlink("../..", input.join("up2")).unwrap();
+    std::os::unix::fs::symlink("/", input.join("root")).unwrap();
+    std::os::unix::fs::symlink(&missing, input.join("gone")).unwrap();
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    let ran = format!("ran-{}", token());
+    // Wherever it runs, this program leaves a mark in the workspace.
+    let argv = |id: &str| {
+        json!([
+            "sh",
+            "-c",
+            format!("echo {id} > /workspace/output/{ran}-{id}; pwd")
+        ])
+    };
+    let exec = |id: &str, cwd: &str| op(id, "exec_argv", json!({"argv": argv(id), "cwd": cwd}));
+    let mut envelope_cwd = op("9", "exec_argv", json!({"argv": argv("9")}));
+    envelope_cwd["cwd"] = json!("input/root");
+    let mut both = exec("10", "input/sub");
+    both["cwd"] = json!("up1");
+    let results = s.ops(&[
+        exec("1", "up1"),
+        exec("2", "input/up2"),
+        exec("3", "input/root"),
+        exec("4", "input/gone"),
+        exec("5", "input/../.."),
+        exec("6", "/"),
+        exec("7", "input/data.txt"),
+        exec("8", "input/nope"),
+        envelope_cwd,
+        both,
+        exec("11", "input/sub"),
+    ]);
+    let expected = [
+        ("1", "symlink_escape"),
+        ("2", "symlink_escape"),
+        ("3", "symlink_escape"),
+        ("4", "symlink_escape"),
+        ("5", "path_outside_workspace"),
+        ("6", "absolute_path"),
+        ("7", "wrong_file_type"),
+        ("8", "not_found"),
+        ("9", "symlink_escape"),
+        ("10", "symlink_escape"),
+    ];
+    for (i, (id, reason)) in expected.iter().enumerate() {
+        assert_denied(&results[i], reason);
+        assert!(results[i]["message"].as_str().is_some(), "{}", results[i]);
+        let path_denials = s.events_of(id, "path.denied").len();
+        let is_path_reason = !["wrong_file_type", "not_found"].contains(reason);
+        assert_eq!(path_denials, usize::from(is_path_reason), "op {id}");
+        assert_eq!(s.events_of(id, "capability.denied").len(), 1, "op {id}");
+        assert_eq!(s.events_of(id, "sandbox.exec.started").len(), 0, "op {id}");
+        assert!(
+            !s.ws.join(format!("output/{ran}-{id}")).exists(),
+            "op {id} ran"
+        );
+    }
+    assert_eq!(results[10]["status"], "ok", "{}", results[10]);
+    assert_eq!(results[10]["result"]["stdout"], "/workspace/input/sub\n");
+    assert!(s.ws.join(format!("output/{ran}-11")).exists());
+    assert!(!Path::new(&missing).exists());
+    assert!(s.ledger_verifies());
 }

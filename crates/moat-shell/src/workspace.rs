@@ -238,6 +238,40 @@ impl Workspace {
             .map_err(|e| errno_refusal(e, path))
     }
 
+    /// Checks a working directory for `exec_argv`: a directory beneath the
+    /// readable or writable root it falls under (both are mounted), resolved
+    /// like every other path. Returns it relative to the workspace.
+    pub fn directory(&self, path: &str) -> Result<PathBuf, PathError> {
+        let parts = components(path)?;
+        let roots: Vec<&Root> = self.read.iter().chain(&self.write).collect();
+        let (root, rest) = roots
+            .into_iter()
+            .filter_map(|root| {
+                Self::locate(std::slice::from_ref(root), &parts).map(|(_, rest)| (root, rest))
+            })
+            .max_by_key(|(root, _)| root.rel.iter().count())
+            .ok_or_else(|| {
+                Refusal::new(
+                    DenialReason::PathOutsideWorkspace,
+                    format!("{path}: not under a root of the workspace"),
+                )
+            })?;
+        let target = if rest.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rest
+        };
+        rustix::fs::openat2(
+            &root.fd,
+            &target,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(|e| errno_refusal(e, path))?;
+        Ok(parts.iter().collect())
+    }
+
     /// Reads up to `max` bytes from `offset`; hashes the whole file.
     pub fn read(&self, path: &str, max: u64, offset: u64) -> Result<ReadResult, PathError> {
         let fd = self.open_readable(

@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -542,7 +542,7 @@ fn kill_9_in_the_middle_of_a_write_leaves_no_partial_file_and_a_sound_ledger() {
     if let Ok(content) = std::fs::read(&target) {
         assert_eq!(content.len(), 96 << 20, "a partial target file");
     }
-    // A restarted shell clears any temporary file; the ledger verifies.
+    // Staged content has no name, so a kill leaves nothing in the workspace; the ledger verifies.
     let results = s.ops(&[op("2", "artifact_list", json!({"path": "output"}))]);
     let names: Vec<&str> = results[0]["result"]["entries"]
         .as_array()
@@ -991,4 +991,208 @@ fn a_tool_token_is_refused_without_a_control_plane() {
     )]);
     assert_denied(&results[0], "unsupported");
     assert_eq!(s.events_of("1", "sandbox.exec.started").len(), 0);
+}
+
+#[test]
+fn exec_cwd_is_resolved_beneath_the_workspace_roots() {
+    let s = Session::new(|_| {});
+    let input = s.ws.join("input");
+    let missing = format!("/nonexistent-{}", token());
+    std::os::unix::fs::symlink("..", s.ws.join("up1")).unwrap();
+    std::os::unix::fs::symlink("../..", input.join("up2")).unwrap();
+    std::os::unix::fs::symlink("/", input.join("root")).unwrap();
+    std::os::unix::fs::symlink(&missing, input.join("gone")).unwrap();
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    let ran = format!("ran-{}", token());
+    // Wherever it runs, this program leaves a mark in the workspace.
+    let argv = |id: &str| {
+        json!([
+            "sh",
+            "-c",
+            format!("echo {id} > /workspace/output/{ran}-{id}; pwd")
+        ])
+    };
+    let exec = |id: &str, cwd: &str| op(id, "exec_argv", json!({"argv": argv(id), "cwd": cwd}));
+    let mut envelope_cwd = op("9", "exec_argv", json!({"argv": argv("9")}));
+    envelope_cwd["cwd"] = json!("input/root");
+    let mut both = exec("10", "input/sub");
+    both["cwd"] = json!("up1");
+    let results = s.ops(&[
+        exec("1", "up1"),
+        exec("2", "input/up2"),
+        exec("3", "input/root"),
+        exec("4", "input/gone"),
+        exec("5", "input/../.."),
+        exec("6", "/"),
+        exec("7", "input/data.txt"),
+        exec("8", "input/nope"),
+        envelope_cwd,
+        both,
+        exec("11", "input/sub"),
+    ]);
+    let expected = [
+        ("1", "symlink_escape"),
+        ("2", "symlink_escape"),
+        ("3", "symlink_escape"),
+        ("4", "symlink_escape"),
+        ("5", "path_outside_workspace"),
+        ("6", "absolute_path"),
+        ("7", "wrong_file_type"),
+        ("8", "not_found"),
+        ("9", "symlink_escape"),
+        ("10", "symlink_escape"),
+    ];
+    for (i, (id, reason)) in expected.iter().enumerate() {
+        assert_denied(&results[i], reason);
+        assert!(results[i]["message"].as_str().is_some(), "{}", results[i]);
+        let path_denials = s.events_of(id, "path.denied").len();
+        let is_path_reason = !["wrong_file_type", "not_found"].contains(reason);
+        assert_eq!(path_denials, usize::from(is_path_reason), "op {id}");
+        assert_eq!(s.events_of(id, "capability.denied").len(), 1, "op {id}");
+        assert_eq!(s.events_of(id, "sandbox.exec.started").len(), 0, "op {id}");
+        assert!(
+            !s.ws.join(format!("output/{ran}-{id}")).exists(),
+            "op {id} ran"
+        );
+    }
+    assert_eq!(results[10]["status"], "ok", "{}", results[10]);
+    assert_eq!(results[10]["result"]["stdout"], "/workspace/input/sub\n");
+    assert!(s.ws.join(format!("output/{ran}-11")).exists());
+    assert!(!Path::new(&missing).exists());
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn a_new_shell_keeps_the_agents_files_named_like_temporaries() {
+    let s = Session::new(|_| {});
+    let written = s.ops(&[
+        op(
+            "1",
+            "artifact_write",
+            json!({"path": "output/.moat-1-2.tmp", "content": "mine", "maxBytes": 10}),
+        ),
+        op(
+            "2",
+            "artifact_write",
+            json!({"path": "output/deep/.moat-3-4.tmp", "content": "also mine", "maxBytes": 10}),
+        ),
+    ]);
+    for (i, result) in written.iter().enumerate() {
+        assert_eq!(result["status"], "ok", "{result}");
+        assert_eq!(
+            s.events_of(&(i + 1).to_string(), "artifact.created").len(),
+            1
+        );
+    }
+    // A second shell starts on the same workspace.
+    let listed = s.ops(&[op(
+        "3",
+        "artifact_list",
+        json!({"path": "output", "recursive": true}),
+    )]);
+    assert_eq!(listed[0]["status"], "ok", "{}", listed[0]);
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join("output/.moat-1-2.tmp")).unwrap(),
+        "mine"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join("output/deep/.moat-3-4.tmp")).unwrap(),
+        "also mine"
+    );
+}
+
+#[test]
+fn concurrent_shells_keep_each_others_writes_and_stage_nothing_under_agent_names() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Session::new(|m| m["limits"]["fileSizeBytes"] = json!(1 << 20));
+    const A: usize = 120;
+    let big = "a".repeat(256 << 10);
+    // Each line is larger than the shell's read buffer, so each write is a
+    // batch of its own: staged, synced, published, while other shells start.
+    let a_ops: Vec<Value> = (0..A)
+        .map(|i| {
+            op(
+                &format!("a{i}"),
+                "artifact_write",
+                json!({"path": format!("output/a/{i}.txt"), "content": big, "maxBytes": 1 << 20,
+                       "overwrite": i % 2 == 0}),
+            )
+        })
+        .collect();
+    std::fs::create_dir_all(s.ws.join("output/a")).unwrap();
+    // Overwrites replace existing files: half of them exist already.
+    for i in (0..A).step_by(4) {
+        std::fs::write(s.ws.join(format!("output/a/{i}.txt")), "old").unwrap();
+    }
+    // The second shell has its own state (and ledger) but the same workspace.
+    let other = tempfile::tempdir().unwrap();
+    let b = Session {
+        dir: tempfile::tempdir().unwrap(),
+        ws: s.ws.clone(),
+        state: other.path().join("state"),
+        signed: s.signed.clone(),
+        public: s.public.clone(),
+        extra: Vec::new(),
+    };
+    let done = AtomicBool::new(false);
+    let mut stray = Vec::new();
+    let mut b_written = 0usize;
+    let a_results = std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            let results = s.ops(&a_ops);
+            done.store(true, Ordering::SeqCst);
+            results
+        });
+        let watcher = scope.spawn(|| {
+            let mut seen = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                for sub in ["output", "output/a", "output/b"] {
+                    for entry in std::fs::read_dir(s.ws.join(sub))
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                    {
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        let expected = match sub {
+                            "output" => name == "a" || name == "b",
+                            _ => name.ends_with(".txt") && !name.starts_with('.'),
+                        };
+                        if !expected {
+                            seen.push(format!("{sub}/{name}"));
+                        }
+                    }
+                }
+            }
+            seen
+        });
+        while !done.load(Ordering::SeqCst) && b_written < 40 {
+            let results = b.ops(&[op(
+                "b",
+                "artifact_write",
+                json!({"path": format!("output/b/{b_written}.txt"), "content": b_written.to_string(),
+                       "maxBytes": 10}),
+            )]);
+            assert_eq!(results[0]["status"], "ok", "{}", results[0]);
+            b_written += 1;
+        }
+        stray = watcher.join().unwrap();
+        a.join().unwrap()
+    });
+    assert!(b_written > 0);
+    for (i, result) in a_results.iter().enumerate() {
+        assert_eq!(result["status"], "ok", "write {i}: {result}");
+        let content = std::fs::read(s.ws.join(format!("output/a/{i}.txt"))).unwrap();
+        assert_eq!(content.len(), big.len(), "write {i}");
+    }
+    for n in 0..b_written {
+        assert_eq!(
+            std::fs::read_to_string(s.ws.join(format!("output/b/{n}.txt"))).unwrap(),
+            n.to_string()
+        );
+    }
+    assert!(
+        stray.is_empty(),
+        "staged files seen under the agent's names: {stray:?}"
+    );
+    assert!(s.ledger_verifies() && b.ledger_verifies());
 }

@@ -9,7 +9,7 @@ use moat_core::{
 use moat_egress::{Egress, EgressPolicy, SandboxEgress};
 use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
 
-use crate::workspace::{Refusal, Workspace, components};
+use crate::workspace::{PathError, Refusal, Workspace};
 
 /// Output kept inline in the result; beyond it the full (capped) stream is
 /// saved as an artifact.
@@ -115,6 +115,24 @@ fn allowed_executable(
     Ok(resolved)
 }
 
+/// The program's working directory, inside the sandbox. Both the
+/// operation's and the envelope's are checked: an escape is refused and
+/// recorded even where the other one would have been used.
+fn working_directory(
+    workspace: &Workspace,
+    envelope: &Envelope,
+    args: &ExecArgvArgs,
+) -> Result<PathBuf, PathError> {
+    let mut cwd = PathBuf::from("/workspace");
+    for given in [envelope.cwd.as_deref(), args.cwd.as_deref()]
+        .into_iter()
+        .flatten()
+    {
+        cwd = Path::new("/workspace").join(workspace.directory(given)?);
+    }
+    Ok(cwd)
+}
+
 /// Checks `args` against the manifest and builds the sandbox spec.
 pub fn plan(
     manifest: &Manifest,
@@ -123,6 +141,28 @@ pub fn plan(
     envelope: &Envelope,
     args: &ExecArgvArgs,
     sandbox_run_id: String,
+) -> Result<Plan, PathError> {
+    let cwd = working_directory(workspace, envelope, args)?;
+    Ok(checked(
+        manifest,
+        workspace,
+        mode,
+        envelope,
+        args,
+        sandbox_run_id,
+        cwd,
+    )?)
+}
+
+/// The rest of [`plan`], once the working directory is known.
+fn checked(
+    manifest: &Manifest,
+    workspace: &Workspace,
+    mode: SandboxMode,
+    envelope: &Envelope,
+    args: &ExecArgvArgs,
+    sandbox_run_id: String,
+    cwd: PathBuf,
 ) -> Result<Plan, Refusal> {
     let Some(program) = args.argv.first() else {
         return Err(refuse(DenialReason::InvalidArgs, "argv is empty"));
@@ -134,10 +174,6 @@ pub fn plan(
         ));
     }
     let resolved = allowed_executable(manifest, &workspace.path, program)?;
-    let cwd = match args.cwd.as_deref().or(envelope.cwd.as_deref()) {
-        None => PathBuf::from("/workspace"),
-        Some(cwd) => Path::new("/workspace").join(components(cwd)?.join("/")),
-    };
     for name in args.env.keys() {
         if !manifest
             .env_passthrough

@@ -181,11 +181,16 @@ impl Shell {
             return Err(ShellError::Mode(config.mode));
         }
         let fs = &config.manifest.filesystem;
-        let workspace = Workspace::open(&config.workspace, &fs.read_roots, &fs.write_roots)
-            .map_err(|source| ShellError::Workspace {
-                path: config.workspace.clone(),
-                source,
-            })?;
+        let workspace = Workspace::open(
+            &config.workspace,
+            &fs.read_roots,
+            &fs.write_roots,
+            &config.state.join("staging"),
+        )
+        .map_err(|source| ShellError::Workspace {
+            path: config.workspace.clone(),
+            source,
+        })?;
         for mode in [NetworkMode::Allowlist, NetworkMode::ProxyOnly] {
             let policy = network::exec_policy(&config.manifest, mode)
                 .map_err(|r| ShellError::Network(r.message))?;

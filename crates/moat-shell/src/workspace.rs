@@ -5,13 +5,19 @@
 //! it is matched to a root by its leading components, then opened beneath
 //! that root's handle, so no symlink or `..` can leave it.
 
-use std::io::{Read, Write};
+mod staging;
+
+use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use moat_core::DenialReason;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
+
+pub use staging::Staged;
+use staging::{Staging, Target};
 
 /// A refused path: the reason from the closed set and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +65,8 @@ pub struct Workspace {
     pub path: PathBuf,
     read: Vec<Root>,
     write: Vec<Root>,
+    /// This shell's private directory for staged writes.
+    staging: Arc<Staging>,
 }
 
 const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -152,11 +160,14 @@ pub struct ReadResult {
 
 impl Workspace {
     /// Opens the workspace and its roots. Write roots that do not exist yet
-    /// are created (one directory level, never through a symlink).
+    /// are created (one directory level, never through a symlink). This
+    /// shell's private directory for staged writes is made under `staging`
+    /// (in the state directory, outside every root).
     pub fn open(
         path: &Path,
         read_roots: &[String],
         write_roots: &[String],
+        staging: &Path,
     ) -> std::io::Result<Self> {
         let path = std::fs::canonicalize(path)?;
         let fd = rustix::fs::open(
@@ -188,10 +199,13 @@ impl Workspace {
             .iter()
             .map(|r| open_root(&fd, r))
             .collect::<Result<_, _>>()?;
-        for root in &write {
-            remove_stale_temporaries(&root.fd);
-        }
-        Ok(Workspace { path, read, write })
+        let staging = Arc::new(Staging::open(staging)?);
+        Ok(Workspace {
+            path,
+            read,
+            write,
+            staging,
+        })
     }
 
     /// Host paths of the roots, for the sandbox's mounts: `(relative, host)`.
@@ -236,6 +250,40 @@ impl Workspace {
         };
         rustix::fs::openat2(&root.fd, &target, flags, Mode::empty(), BENEATH)
             .map_err(|e| errno_refusal(e, path))
+    }
+
+    /// Checks a working directory for `exec_argv`: a directory beneath the
+    /// readable or writable root it falls under (both are mounted), resolved
+    /// like every other path. Returns it relative to the workspace.
+    pub fn directory(&self, path: &str) -> Result<PathBuf, PathError> {
+        let parts = components(path)?;
+        let roots: Vec<&Root> = self.read.iter().chain(&self.write).collect();
+        let (root, rest) = roots
+            .into_iter()
+            .filter_map(|root| {
+                Self::locate(std::slice::from_ref(root), &parts).map(|(_, rest)| (root, rest))
+            })
+            .max_by_key(|(root, _)| root.rel.iter().count())
+            .ok_or_else(|| {
+                Refusal::new(
+                    DenialReason::PathOutsideWorkspace,
+                    format!("{path}: not under a root of the workspace"),
+                )
+            })?;
+        let target = if rest.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            rest
+        };
+        rustix::fs::openat2(
+            &root.fd,
+            &target,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        )
+        .map_err(|e| errno_refusal(e, path))?;
+        Ok(parts.iter().collect())
     }
 
     /// Reads up to `max` bytes from `offset`; hashes the whole file.
@@ -382,10 +430,11 @@ impl Workspace {
 
     /// Stages a write of `bytes` to `path` under a write root: parent
     /// directories are created (never through a symlink) and the content is
-    /// written to a temporary file next to the target. Nothing is visible at
-    /// `path` until [`Staged::publish`], which the shell calls for a whole
-    /// batch after one `syncfs` has made every staged file durable: the target
-    /// never appears partial (temp, sync, rename).
+    /// written to an anonymous file (see `staging`). Nothing is visible at
+    /// `path`, or under any other name the agent sees, until
+    /// [`Staged::publish`], which the shell calls for a whole batch after one
+    /// `syncfs` has made every staged file durable: the target never appears
+    /// partial.
     ///
     /// `pending` are the writes staged earlier in the same batch, so that a
     /// second write to the same name without `overwrite` is refused.
@@ -451,145 +500,23 @@ impl Workspace {
             Err(Errno::NOENT) => false,
             Err(e) => return Err(errno_refusal(e, path)),
         };
-        if !overwrite && (exists || pending.iter().any(|p| p.key == key)) {
+        if !overwrite && (exists || pending.iter().any(|p| *p.key() == key)) {
             return Err(Refusal::new(
                 DenialReason::AlreadyExists,
                 format!("{path}: exists (set overwrite)"),
             )
             .into());
         }
-        let tmp = format!(".moat-{}-{}.tmp", std::process::id(), unique());
-        let written = (|| -> std::io::Result<()> {
-            let fd = rustix::fs::openat(
-                &dir,
-                tmp.as_str(),
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o644),
-            )?;
-            std::fs::File::from(fd).write_all(bytes)
-        })();
-        if let Err(e) = written {
-            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
-            return Err(e.into());
-        }
-        Ok(Staged {
+        let target = Target {
             dir,
-            tmp,
             name,
             overwrite,
+            replace: exists,
             key,
             path: path.to_owned(),
-        })
-    }
-}
-
-/// A write whose content sits in a temporary file next to its target.
-pub struct Staged {
-    dir: OwnedFd,
-    tmp: String,
-    name: String,
-    overwrite: bool,
-    /// (device, inode of the directory, name): what the write will replace.
-    key: (u64, u64, String),
-    pub path: String,
-}
-
-impl Staged {
-    /// Renames the (already synced) temporary file onto its target.
-    pub fn publish(&self) -> std::io::Result<()> {
-        let flags = if self.overwrite {
-            RenameFlags::empty()
-        } else {
-            RenameFlags::NOREPLACE
         };
-        let renamed = rustix::fs::renameat_with(
-            &self.dir,
-            self.tmp.as_str(),
-            &self.dir,
-            self.name.as_str(),
-            flags,
-        );
-        if renamed.is_err() {
-            self.abandon();
-        }
-        renamed.map_err(|e| {
-            if e == Errno::EXIST {
-                std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    format!("{}: appeared meanwhile", self.path),
-                )
-            } else {
-                e.into()
-            }
-        })
+        Ok(Staged::write(target, bytes, &self.staging, true)?)
     }
-
-    /// Removes the temporary file (the write will not happen).
-    pub fn abandon(&self) {
-        let _ = rustix::fs::unlinkat(&self.dir, self.tmp.as_str(), AtFlags::empty());
-    }
-
-    /// The directory the target lives in (to fsync after publishing).
-    pub fn directory(&self) -> (&OwnedFd, (u64, u64)) {
-        (&self.dir, (self.key.0, self.key.1))
-    }
-}
-
-/// A shell killed in the middle of a write leaves its temporary file (never a
-/// partial target): remove such leftovers from the write roots at start.
-fn remove_stale_temporaries(root: &OwnedFd) {
-    let Ok(start) = rustix::fs::openat(
-        root,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return;
-    };
-    let mut stack = vec![start];
-    let mut budget = 10_000usize;
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
-            continue;
-        };
-        let mut names = Vec::new();
-        for entry in entries.flatten() {
-            budget = budget.saturating_sub(1);
-            if budget == 0 {
-                return;
-            }
-            let name = entry.file_name().to_string_lossy().into_owned();
-            names.push((name, entry.file_type()));
-        }
-        for (name, kind) in names {
-            if name == "." || name == ".." {
-                continue;
-            }
-            if kind == FileType::RegularFile && name.starts_with(".moat-") && name.ends_with(".tmp")
-            {
-                let _ = rustix::fs::unlinkat(&dir, name.as_str(), AtFlags::empty());
-            } else if kind == FileType::Directory {
-                if let Ok(sub) = rustix::fs::openat2(
-                    &dir,
-                    name.as_str(),
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                    BENEATH | ResolveFlags::NO_SYMLINKS,
-                ) {
-                    stack.push(sub);
-                }
-            }
-        }
-    }
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() as u64);
-    nanos ^ (NEXT.fetch_add(1, Ordering::Relaxed) << 32)
 }
 
 #[cfg(test)]

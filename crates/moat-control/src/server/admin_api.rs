@@ -202,7 +202,7 @@ pub fn check_manifest(
 }
 
 pub fn manifest_expiry(signed: &SignedManifest) -> Result<i64, ApiError> {
-    humantime::parse_rfc3339(&signed.manifest.expires_at)
+    moat_core::time::parse_rfc3339(&signed.manifest.expires_at)
         .map(crate::clock::ms)
         .map_err(|_| ApiError::bad_request("manifest expiresAt is not RFC 3339"))
 }

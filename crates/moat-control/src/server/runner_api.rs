@@ -319,7 +319,7 @@ async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifet
         .ok_or_else(|| ApiError::forbidden("revoked", "the runner's manifest is not published"))?;
     let signed: SignedManifest =
         serde_json::from_str(&row.signed).map_err(|e| ApiError::internal(e.to_string()))?;
-    let created = humantime::parse_rfc3339(&signed.manifest.created_at)
+    let created = moat_core::time::parse_rfc3339(&signed.manifest.created_at)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let at = |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     Ok((

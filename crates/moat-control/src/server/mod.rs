@@ -15,6 +15,7 @@
 mod admin_api;
 mod approvals_api;
 mod auth;
+mod body;
 mod error;
 mod inspector;
 mod openapi;

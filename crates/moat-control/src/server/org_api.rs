@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth;
+use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 use crate::describe::describe;
 use crate::policy::{Decision, OpRequest, Resource};
@@ -93,7 +94,7 @@ pub struct NewRunBody {
 pub async fn create_run(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<NewRunBody>,
+    JsonObject(body): JsonObject<NewRunBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::agent(&state, &headers).await?;
     let id = body.id.unwrap_or_else(|| new_id("run_"));
@@ -581,7 +582,7 @@ pub async fn post_op(
     headers: HeaderMap,
     Path(run_id): Path<String>,
     Query(q): Query<WaitQuery>,
-    Json(body): Json<Value>,
+    JsonObject(body): JsonObject<Value>,
 ) -> ApiResult<Response> {
     let org = auth::agent(&state, &headers).await?;
     let now = state.now();

@@ -16,7 +16,6 @@ use moat_ledger::store::{
     NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, new_id, stamp,
 };
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -28,9 +27,7 @@ use crate::lifecycle::{self, Lifetime};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("request body: {e}")))
-}
+use super::body::parse;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -17,6 +17,7 @@ mod approvals_api;
 mod auth;
 mod body;
 mod error;
+mod inputs;
 mod inspector;
 mod openapi;
 mod org_api;

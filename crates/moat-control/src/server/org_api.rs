@@ -162,6 +162,23 @@ pub async fn create_run(
         }
         environment = pinned.environment;
     }
+    // Nothing of a run that carries a secret is stored or handed out.
+    let o = org.clone();
+    let sealed = state.db(move |s| s.secrets(&o)).await?;
+    let secrets = super::tools_api::open_secrets(&state, &org, &sealed)?;
+    if !secrets.is_empty() {
+        let mut fields: Vec<(String, &[u8])> = vec![
+            ("the run id".into(), id.as_bytes()),
+            ("environment".into(), environment.as_bytes()),
+        ];
+        for (i, input) in inputs.iter().enumerate() {
+            fields.push((format!("inputs[{i}].path"), input.label.as_bytes()));
+            fields.push((format!("inputs[{i}]"), &input.data));
+        }
+        if let Some(found) = super::inputs::find_secret(&secrets, &fields) {
+            return Err(super::inputs::refuse(&state, &org, found).await);
+        }
+    }
     let manifest_hash = body.manifest_hash;
     let now = state.now();
     let run = state

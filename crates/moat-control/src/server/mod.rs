@@ -71,6 +71,8 @@ pub struct AppState {
     pub config: Config,
     /// Bumped on every change a waiter may care about.
     changed: watch::Sender<u64>,
+    /// The Inspector's last full ledger verification (rate-limited).
+    ledger_check: tokio::sync::Mutex<Option<inspector::LedgerCheck>>,
 }
 
 impl AppState {
@@ -78,6 +80,7 @@ impl AppState {
         Arc::new(AppState {
             config,
             changed: watch::channel(0).0,
+            ledger_check: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -204,7 +207,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(runner_api::result),
         )
         .route("/v1/runner/runs/{run}/finish", post(runner_api::finish))
-        .merge(inspector::routes())
+        .merge(inspector::routes(Arc::clone(&state)))
         .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY))
         .with_state(state)
 }

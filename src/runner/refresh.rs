@@ -31,7 +31,7 @@ pub struct Manifests {
 
 pub fn lifetime(signed: &SignedManifest) -> anyhow::Result<Lifetime> {
     let parse =
-        |t: &str| humantime::parse_rfc3339(t).with_context(|| format!("manifest time {t:?}"));
+        |t: &str| moat_core::time::parse_rfc3339(t).with_context(|| format!("manifest time {t:?}"));
     Ok(Lifetime {
         created: parse(&signed.manifest.created_at)?,
         expires: parse(&signed.manifest.expires_at)?,

@@ -75,6 +75,9 @@ event_types! {
     ApprovalGranted => "approval.granted",
     ApprovalDenied => "approval.denied",
     ApprovalExpired => "approval.expired",
+    /// The control plane refused a request it keeps a record of (a run whose
+    /// inputs carry a secret, a cross-site Inspector form); `data.reason`.
+    RequestRefused => "request.refused",
 }
 
 /// One event. `data` holds the type-specific payload: ids, hashes, decisions,

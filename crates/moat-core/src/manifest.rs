@@ -160,7 +160,7 @@ impl Manifest {
     }
 
     fn time(field: &'static str, value: &str) -> Result<SystemTime, ManifestError> {
-        humantime::parse_rfc3339_weak(value).map_err(|_| ManifestError::BadTime {
+        crate::time::parse_rfc3339(value).map_err(|_| ManifestError::BadTime {
             field,
             value: value.to_owned(),
         })
@@ -331,6 +331,35 @@ mod tests {
                 Some(Duration::from_secs(24 * 3600))
             ),
             Err(ManifestError::Stale { .. })
+        ));
+    }
+
+    #[test]
+    fn times_with_offsets_are_read_as_the_instants_they_name() {
+        let key = PrivateKey::from_seed([1; 32]);
+        let mut m = sample(&key);
+        // 2026-01-01T00:00:00Z and 2026-01-08T00:00:00Z, written elsewhere.
+        m.created_at = "2026-01-01T14:00:00+14:00".into();
+        m.expires_at = "2026-01-07t14:00:00.000-10:00".into();
+        let signed = m.sign(&key).unwrap();
+        let m = signed.verify(&key.public()).unwrap();
+        let at = |t: &str| crate::time::parse_rfc3339(t).unwrap();
+        assert!(m.check_time(at("2026-01-01T00:00:00Z"), None).is_ok());
+        assert!(m.check_time(at("2026-01-07T23:59:59.999Z"), None).is_ok());
+        assert!(matches!(
+            m.check_time(at("2026-01-08T00:00:00Z"), None),
+            Err(ManifestError::Expired(_))
+        ));
+        assert!(matches!(
+            m.check_time(at("2025-12-31T23:54:59Z"), None),
+            Err(ManifestError::NotYetValid(_))
+        ));
+        let mut backwards = sample(&key);
+        backwards.created_at = "2026-01-02T00:00:00-14:00".into();
+        backwards.expires_at = "2026-01-02T10:00:00Z".into();
+        assert!(matches!(
+            backwards.sign(&key),
+            Err(ManifestError::Invalid(_))
         ));
     }
 }

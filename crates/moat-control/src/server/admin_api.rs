@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::{self, new_token};
+use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 
 #[derive(Deserialize)]
@@ -25,7 +26,7 @@ pub struct NewOrg {
 pub async fn create_org(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<NewOrg>,
+    JsonObject(body): JsonObject<NewOrg>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     auth::admin(&state, &headers)?;
     let name = body.name.trim().to_owned();
@@ -68,7 +69,7 @@ const MAX_BOOTSTRAP_TTL: u64 = 3600;
 pub async fn create_bootstrap_token(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<NewBootstrap>,
+    JsonObject(body): JsonObject<NewBootstrap>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::org_admin(&state, &headers).await?;
     if body.ttl_seconds == 0 || body.ttl_seconds > MAX_BOOTSTRAP_TTL {
@@ -133,7 +134,7 @@ pub fn is_sha256(text: &str) -> bool {
 pub async fn allow_build(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<NewBuild>,
+    JsonObject(body): JsonObject<NewBuild>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::org_admin(&state, &headers).await?;
     if !is_sha256(&body.sha256) {
@@ -202,7 +203,7 @@ pub fn check_manifest(
 }
 
 pub fn manifest_expiry(signed: &SignedManifest) -> Result<i64, ApiError> {
-    humantime::parse_rfc3339(&signed.manifest.expires_at)
+    moat_core::time::parse_rfc3339(&signed.manifest.expires_at)
         .map(crate::clock::ms)
         .map_err(|_| ApiError::bad_request("manifest expiresAt is not RFC 3339"))
 }
@@ -210,7 +211,7 @@ pub fn manifest_expiry(signed: &SignedManifest) -> Result<i64, ApiError> {
 pub async fn publish_manifest(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(signed): Json<SignedManifest>,
+    JsonObject(signed): JsonObject<SignedManifest>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::org_admin(&state, &headers).await?;
     check_manifest(&state, &signed).map_err(|(reason, message)| {
@@ -325,7 +326,7 @@ pub struct RevokeKey {
 pub async fn revoke_key(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<RevokeKey>,
+    JsonObject(body): JsonObject<RevokeKey>,
 ) -> ApiResult<Json<Value>> {
     let org = auth::org_admin(&state, &headers).await?;
     let now = state.now();

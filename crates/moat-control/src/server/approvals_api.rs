@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use moat_core::{DenialReason, EventType};
@@ -81,7 +82,7 @@ pub async fn approve(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: Option<Json<Resolution>>,
+    body: Bytes,
 ) -> ApiResult<Json<Value>> {
     by_api(&state, &headers, &id, body, true).await
 }
@@ -90,7 +91,7 @@ pub async fn deny(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: Option<Json<Resolution>>,
+    body: Bytes,
 ) -> ApiResult<Json<Value>> {
     by_api(&state, &headers, &id, body, false).await
 }
@@ -99,11 +100,11 @@ async fn by_api(
     state: &Arc<AppState>,
     headers: &HeaderMap,
     id: &str,
-    body: Option<Json<Resolution>>,
+    body: Bytes,
     approve: bool,
 ) -> ApiResult<Json<Value>> {
     let operator = auth::operator(state, headers).await?;
-    let reason = body.and_then(|Json(b)| b.reason);
+    let reason = super::body::parse_optional::<Resolution>(&body)?.reason;
     let row = resolve(state, &operator, id, approve, reason, "api").await?;
     Ok(Json(approval_json(&row)))
 }

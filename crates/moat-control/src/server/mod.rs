@@ -15,7 +15,9 @@
 mod admin_api;
 mod approvals_api;
 mod auth;
+mod body;
 mod error;
+mod inputs;
 mod inspector;
 mod openapi;
 mod org_api;
@@ -72,6 +74,8 @@ pub struct AppState {
     pub config: Config,
     /// Bumped on every change a waiter may care about.
     changed: watch::Sender<u64>,
+    /// The Inspector's last full ledger verification (rate-limited).
+    ledger_check: tokio::sync::Mutex<Option<inspector::LedgerCheck>>,
 }
 
 impl AppState {
@@ -79,6 +83,7 @@ impl AppState {
         Arc::new(AppState {
             config,
             changed: watch::channel(0).0,
+            ledger_check: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -205,7 +210,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(runner_api::result),
         )
         .route("/v1/runner/runs/{run}/finish", post(runner_api::finish))
-        .merge(inspector::routes())
+        .merge(inspector::routes(Arc::clone(&state)))
         .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY))
         .with_state(state)
 }

@@ -90,7 +90,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runs",
         "org",
-        "Create a run: `{id?, environment?, manifestHash?, maxAttempts?, inputs: [{path, content | contentBase64}]}`; with `manifestHash`, only runners under that manifest claim it.",
+        "Create a run: `{id?, environment?, manifestHash?, maxAttempts?, inputs: [{path, content | contentBase64}]}`; with `manifestHash`, only runners under that manifest claim it. An input (or id) holding one of the org's secrets is refused: 422 `secret_in_input`, recorded as `request.refused`.",
     ),
     ("get", "/v1/runs/{run}", "org", "One run."),
     (

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth;
+use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 use crate::describe::describe;
 use crate::policy::{Decision, OpRequest, Resource};
@@ -93,7 +94,7 @@ pub struct NewRunBody {
 pub async fn create_run(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<NewRunBody>,
+    JsonObject(body): JsonObject<NewRunBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::agent(&state, &headers).await?;
     let id = body.id.unwrap_or_else(|| new_id("run_"));
@@ -160,6 +161,23 @@ pub async fn create_run(
             )));
         }
         environment = pinned.environment;
+    }
+    // Nothing of a run that carries a secret is stored or handed out.
+    let o = org.clone();
+    let sealed = state.db(move |s| s.secrets(&o)).await?;
+    let secrets = super::tools_api::open_secrets(&state, &org, &sealed)?;
+    if !secrets.is_empty() {
+        let mut fields: Vec<(String, &[u8])> = vec![
+            ("the run id".into(), id.as_bytes()),
+            ("environment".into(), environment.as_bytes()),
+        ];
+        for (i, input) in inputs.iter().enumerate() {
+            fields.push((format!("inputs[{i}].path"), input.label.as_bytes()));
+            fields.push((format!("inputs[{i}]"), &input.data));
+        }
+        if let Some(found) = super::inputs::find_secret(&secrets, &fields) {
+            return Err(super::inputs::refuse(&state, &org, found).await);
+        }
     }
     let manifest_hash = body.manifest_hash;
     let now = state.now();
@@ -581,7 +599,7 @@ pub async fn post_op(
     headers: HeaderMap,
     Path(run_id): Path<String>,
     Query(q): Query<WaitQuery>,
-    Json(body): Json<Value>,
+    JsonObject(body): JsonObject<Value>,
 ) -> ApiResult<Response> {
     let org = auth::agent(&state, &headers).await?;
     let now = state.now();

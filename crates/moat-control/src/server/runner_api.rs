@@ -16,7 +16,6 @@ use moat_ledger::store::{
     NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, new_id, stamp,
 };
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -28,9 +27,7 @@ use crate::lifecycle::{self, Lifetime};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("request body: {e}")))
-}
+use super::body::parse;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -338,7 +335,7 @@ async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifet
         .ok_or_else(|| ApiError::forbidden("revoked", "the runner's manifest is not published"))?;
     let signed: SignedManifest =
         serde_json::from_str(&row.signed).map_err(|e| ApiError::internal(e.to_string()))?;
-    let created = humantime::parse_rfc3339(&signed.manifest.created_at)
+    let created = moat_core::time::parse_rfc3339(&signed.manifest.created_at)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let at = |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     Ok((

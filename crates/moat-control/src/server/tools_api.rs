@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth;
+use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 use super::runner_api::SignedRunner;
 use base64::Engine as _;
@@ -41,7 +42,7 @@ pub async fn put_secret(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(name): Path<String>,
-    Json(body): Json<SecretBody>,
+    JsonObject(body): JsonObject<SecretBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::org_admin(&state, &headers).await?;
     if !tools::plain_name(&name) {
@@ -93,7 +94,7 @@ pub async fn list_secrets(
 pub async fn put_tool(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<Value>,
+    JsonObject(body): JsonObject<Value>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::org_admin(&state, &headers).await?;
     let def = ToolDef::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -306,7 +307,7 @@ pub struct TokenCallBody {
 pub async fn token_call(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Json(body): Json<TokenCallBody>,
+    JsonObject(body): JsonObject<TokenCallBody>,
 ) -> ApiResult<Json<Value>> {
     let token = headers
         .get(axum::http::header::AUTHORIZATION)

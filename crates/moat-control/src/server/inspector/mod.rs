@@ -5,13 +5,15 @@
 //! An operator signs in with the org's admin token; it is kept in an
 //! HttpOnly, SameSite=Strict cookie scoped to `/ui` and checked on every
 //! request like a bearer token (so revoking the token signs them out), and
-//! everything shown is the token's org's. Forms that change something also
-//! refuse a foreign `Origin`.
+//! everything shown is the token's org's. Every answer carries security
+//! headers, and anything that changes something must come from these pages
+//! (see [`guard`]).
 
 // Page handlers answer errors as ready pages (a redirect to the login, an
 // error page): axum's `Response` is the error type here, large or not.
 #![allow(clippy::result_large_err)]
 
+mod guard;
 mod pages;
 
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use axum::Router;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use serde::Deserialize;
 
 use super::AppState;
@@ -32,7 +34,7 @@ const COOKIE: &str = "moat_inspector";
 const STYLE: &str = include_str!("style.css");
 const SCRIPT: &str = include_str!("live.js");
 
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/ui", get(|| async { Redirect::to("/ui/runs") }))
         .route("/ui/", get(|| async { Redirect::to("/ui/runs") }))
@@ -48,6 +50,12 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/approvals/{id}/{verdict}", post(resolve))
         .route("/ui/runners", get(runners))
         .route("/ui/ledger", get(ledger))
+        .route("/ui/{*rest}", any(no_page))
+        .layer(axum::middleware::from_fn_with_state(state, guard::guard))
+}
+
+async fn no_page() -> Response {
+    failure(ApiError::not_found("such page"))
 }
 
 async fn style() -> impl IntoResponse {
@@ -84,25 +92,6 @@ async fn operator(state: &Arc<AppState>, headers: &HeaderMap) -> Result<Operator
         .map_err(|_| Redirect::to("/ui/login").into_response())
 }
 
-/// A state-changing form must come from this site.
-fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
-    let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST))
-    else {
-        // No Origin (an old browser, curl): the SameSite cookie still holds.
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or_default();
-    let host = host.to_str().unwrap_or_default();
-    let matches = origin
-        .split_once("://")
-        .is_some_and(|(_, authority)| authority == host);
-    if matches {
-        Ok(())
-    } else {
-        Err((StatusCode::FORBIDDEN, "cross-site form refused").into_response())
-    }
-}
-
 fn failure(e: ApiError) -> Response {
     (e.status, Html(pages::error(&e.message))).into_response()
 }
@@ -116,14 +105,7 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    Form(form): Form<LoginForm>,
-) -> Response {
-    if let Err(refused) = same_origin(&headers) {
-        return refused;
-    }
+async fn login(State(state): State<Arc<AppState>>, Form(form): Form<LoginForm>) -> Response {
     let token = form.token.trim();
     let cookie_safe = !token.is_empty()
         && token.len() <= 256
@@ -300,7 +282,6 @@ async fn resolve(
     Path((id, verdict)): Path<(String, String)>,
     Form(form): Form<ResolveForm>,
 ) -> Page {
-    same_origin(&headers)?;
     let op = operator(&state, &headers).await?;
     let approve = match verdict.as_str() {
         "approve" => true,
@@ -353,7 +334,9 @@ struct LedgerQuery {
 }
 
 /// The chain's head; with `?verify=1`, the chain re-hashed (read-only, so a
-/// plain GET form).
+/// plain GET form). Re-hashing reads every org's events, so it runs at most
+/// once every [`VERIFY_EVERY_MS`] per process: a request within that time
+/// gets the last result, with when it was found and when the next may run.
 async fn ledger(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -361,15 +344,45 @@ async fn ledger(
 ) -> Page {
     operator(&state, &headers).await?;
     let head = state.db(|s| s.ledger_head()).await.map_err(failure)?;
-    let verdict = if q.verify.is_some() {
-        let checked = state.db(|s| s.verify_ledger()).await.map_err(failure)?;
-        Some(
-            checked
-                .map(|v| v.events)
-                .map_err(|broken| broken.to_string()),
-        )
-    } else {
-        None
+    let verdict = match q.verify {
+        Some(_) => Some(verify(&state).await.map_err(failure)?),
+        None => None,
     };
     Ok(Html(pages::ledger(head, verdict)).into_response())
+}
+
+/// How often the Inspector may re-hash the whole chain.
+pub const VERIFY_EVERY_MS: i64 = 10_000;
+
+/// The last full verification of this process.
+#[derive(Clone)]
+pub struct LedgerCheck {
+    pub at_ms: i64,
+    /// The events re-hashed, or where the chain broke.
+    pub verdict: Result<i64, String>,
+    /// Set when this is an earlier result: when the next check may run.
+    pub next_ms: Option<i64>,
+}
+
+async fn verify(state: &Arc<AppState>) -> Result<LedgerCheck, ApiError> {
+    // Held while verifying: requests meanwhile wait and share the result.
+    let mut last = state.ledger_check.lock().await;
+    let now = state.now();
+    if let Some(check) = last.as_ref() {
+        let next = check.at_ms.saturating_add(VERIFY_EVERY_MS);
+        if (check.at_ms..next).contains(&now) {
+            return Ok(LedgerCheck {
+                next_ms: Some(next),
+                ..check.clone()
+            });
+        }
+    }
+    let checked = state.db(|s| s.verify_ledger()).await?;
+    let check = LedgerCheck {
+        at_ms: now,
+        verdict: checked.map(|v| v.events).map_err(|b| b.to_string()),
+        next_ms: None,
+    };
+    *last = Some(check.clone());
+    Ok(check)
 }

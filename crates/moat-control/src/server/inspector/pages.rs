@@ -396,15 +396,35 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
     layout("Runners", "runners", &body)
 }
 
-pub fn ledger(head: (i64, String), verdict: Option<Result<i64, String>>) -> String {
-    let status = match &verdict {
-        None => "<span id=\"ledger-status\" class=\"state\">not checked yet</span>".to_owned(),
-        Some(Ok(events)) => format!(
-            "<span id=\"ledger-status\" class=\"state intact\">intact: {events} events re-hashed, chain unbroken</span>"
+pub fn ledger(head: (i64, String), check: Option<super::LedgerCheck>) -> String {
+    let when = |check: &super::LedgerCheck| match check.next_ms {
+        None => String::new(),
+        Some(next) => format!(
+            " (as found at {}; the chain is re-hashed at most once every 10 s: next verification from {})",
+            stamp(check.at_ms),
+            stamp(next)
         ),
-        Some(Err(broken)) => format!(
-            "<span id=\"ledger-status\" class=\"state broken\">broken: {}</span>",
-            esc(broken)
+    };
+    let status = match &check {
+        None => "<span id=\"ledger-status\" class=\"state\">not checked yet</span>".to_owned(),
+        Some(
+            c @ super::LedgerCheck {
+                verdict: Ok(events),
+                ..
+            },
+        ) => format!(
+            "<span id=\"ledger-status\" class=\"state intact\">intact: {events} events re-hashed, chain unbroken{}</span>",
+            when(c)
+        ),
+        Some(
+            c @ super::LedgerCheck {
+                verdict: Err(broken),
+                ..
+            },
+        ) => format!(
+            "<span id=\"ledger-status\" class=\"state broken\">broken: {}{}</span>",
+            esc(broken),
+            when(c)
         ),
     };
     layout(

@@ -112,6 +112,7 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: tempfile::TempDir) -> Plan
         approval_ttl: Duration::from_secs(600),
         vault: Some(moat_control::vault::Vault::from_base64(&secrets_key).unwrap()),
         tools_allow_private: false,
+        run_idle_timeout: Duration::from_secs(900),
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

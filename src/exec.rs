@@ -434,12 +434,11 @@ impl EventWriter {
 
 impl EventSink for EventWriter {
     fn emit(&mut self, event: Event) {
-        if let Some(out) = &mut self.out {
-            if let Ok(line) = serde_json::to_string(&event) {
-                if let Err(e) = out.write_line(&line) {
-                    eprintln!("moat: cannot write an event: {e}");
-                }
-            }
+        if let Some(out) = &mut self.out
+            && let Ok(line) = serde_json::to_string(&event)
+            && let Err(e) = out.write_line(&line)
+        {
+            eprintln!("moat: cannot write an event: {e}");
         }
     }
 }

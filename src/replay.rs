@@ -152,10 +152,10 @@ impl Drop for Scratch {
 }
 
 fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
-    if let Some(path) = args.db.strip_prefix("sqlite:") {
-        if !Path::new(path).exists() {
-            bail!("--db {}: no such database", args.db);
-        }
+    if let Some(path) = args.db.strip_prefix("sqlite:")
+        && !Path::new(path).exists()
+    {
+        bail!("--db {}: no such database", args.db);
     }
     let store = Store::open(&args.db)
         .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;

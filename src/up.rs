@@ -367,10 +367,10 @@ fn listen_free(listen: &str) -> anyhow::Result<()> {
 fn wait_healthy(url: &str, children: &mut Children, log: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(response) = http().get(&format!("{url}/healthz")).call() {
-            if response.status() == 200 {
-                return Ok(());
-            }
+        if let Ok(response) = http().get(&format!("{url}/healthz")).call()
+            && response.status() == 200
+        {
+            return Ok(());
         }
         check_alive(children, log)?;
         if Instant::now() > deadline {

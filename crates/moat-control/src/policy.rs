@@ -122,19 +122,19 @@ impl PolicyEngine {
         let policies =
             PolicySet::from_str(source).map_err(|e| PolicyError::Parse(format!("{e:?}")))?;
         for policy in policies.policies() {
-            if let Some(value) = policy.annotation("approval") {
-                if value != "required" {
-                    return Err(PolicyError::Annotation {
-                        id: policy.id().to_string(),
-                    });
-                }
+            if let Some(value) = policy.annotation("approval")
+                && value != "required"
+            {
+                return Err(PolicyError::Annotation {
+                    id: policy.id().to_string(),
+                });
             }
-            if let Some(value) = policy.annotation("risk") {
-                if !RISKS.contains(&value) {
-                    return Err(PolicyError::Risk {
-                        id: policy.id().to_string(),
-                    });
-                }
+            if let Some(value) = policy.annotation("risk")
+                && !RISKS.contains(&value)
+            {
+                return Err(PolicyError::Risk {
+                    id: policy.id().to_string(),
+                });
             }
         }
         Ok(PolicyEngine {

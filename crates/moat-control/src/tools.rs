@@ -402,10 +402,10 @@ fn remove_pointer(value: &mut Value, pointer: &str) {
             map.remove(&last);
         }
         Some(Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
-                }
+            if let Ok(i) = last.parse::<usize>()
+                && i < items.len()
+            {
+                items.remove(i);
             }
         }
         _ => {}

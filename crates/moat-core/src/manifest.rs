@@ -185,10 +185,10 @@ impl Manifest {
             {
                 return invalid("allowedExecutables paths must be absolute, without `..`");
             }
-            if let Some(hash) = &exe.sha256 {
-                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return invalid("allowedExecutables sha256 must be 64 hex digits");
-                }
+            if let Some(hash) = &exe.sha256
+                && (hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()))
+            {
+                return invalid("allowedExecutables sha256 must be 64 hex digits");
             }
         }
         for root in self
@@ -220,13 +220,13 @@ impl Manifest {
         if created > now + SKEW {
             return Err(ManifestError::NotYetValid(self.created_at.clone()));
         }
-        if let Some(max_age) = max_age {
-            if now.duration_since(created).unwrap_or_default() > max_age {
-                return Err(ManifestError::Stale {
-                    created: self.created_at.clone(),
-                    max_age_hours: max_age.as_secs() / 3600,
-                });
-            }
+        if let Some(max_age) = max_age
+            && now.duration_since(created).unwrap_or_default() > max_age
+        {
+            return Err(ManifestError::Stale {
+                created: self.created_at.clone(),
+                max_age_hours: max_age.as_secs() / 3600,
+            });
         }
         Ok(())
     }

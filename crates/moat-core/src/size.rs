@@ -32,7 +32,7 @@ pub fn parse_size(text: &str) -> Result<u64, InvalidSize> {
 /// Formats a size the way [`parse_size`] reads it, choosing the largest exact unit.
 pub fn format_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

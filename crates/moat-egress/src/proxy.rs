@@ -608,11 +608,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Metered<T> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
-        if let Poll::Ready(Ok(())) = &result {
-            if n > 0 {
-                self.spend(n)?;
-                self.counts.into.fetch_add(n as u64, Ordering::Relaxed);
-            }
+        if let Poll::Ready(Ok(())) = &result
+            && n > 0
+        {
+            self.spend(n)?;
+            self.counts.into.fetch_add(n as u64, Ordering::Relaxed);
         }
         result
     }
@@ -655,10 +655,10 @@ impl Body for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) = &polled {
-            if let Some(done) = self.done.take() {
-                done();
-            }
+        if let Poll::Ready(None) = &polled
+            && let Some(done) = self.done.take()
+        {
+            done();
         }
         polled
     }

@@ -77,13 +77,13 @@ impl FromStr for DomainRule {
             return Err(RuleError::IpLiteral(rule.to_owned()));
         }
         check_hostname(name).map_err(invalid)?;
-        if let Some(suffix) = psl::suffix_str(name) {
-            if suffix == name {
-                return Err(RuleError::PublicSuffix {
-                    rule: rule.to_owned(),
-                    suffix: suffix.to_owned(),
-                });
-            }
+        if let Some(suffix) = psl::suffix_str(name)
+            && suffix == name
+        {
+            return Err(RuleError::PublicSuffix {
+                rule: rule.to_owned(),
+                suffix: suffix.to_owned(),
+            });
         }
         Ok(DomainRule {
             name: name.to_owned(),

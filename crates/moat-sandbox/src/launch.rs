@@ -896,13 +896,13 @@ fn setup_and_supervise(
         state.oom_killed = stats.oom_kills > 0;
         state.pids_limit_hit = stats.pids_limit_hits > 0;
     }
-    if let Some(cgroup) = cgroup {
-        if let Err(e) = cgroup.remove() {
-            state.enforcement.cgroup.detail = format!(
-                "{}; removing it failed: {e}",
-                state.enforcement.cgroup.detail
-            );
-        }
+    if let Some(cgroup) = cgroup
+        && let Err(e) = cgroup.remove()
+    {
+        state.enforcement.cgroup.detail = format!(
+            "{}; removing it failed: {e}",
+            state.enforcement.cgroup.detail
+        );
     }
     Ok(())
 }

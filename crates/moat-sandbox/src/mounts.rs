@@ -286,11 +286,13 @@ impl RootPlan {
         // rest is bound, keeping its owner and mode.
         let world_readable =
             std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o004 != 0;
-        if meta.is_file() && meta.len() <= COPY_LIMIT && world_readable {
-            if let Some(content) = read_small(host, meta.len()) {
-                self.ops.push(Op::File(host.to_path_buf(), content));
-                return;
-            }
+        if meta.is_file()
+            && meta.len() <= COPY_LIMIT
+            && world_readable
+            && let Some(content) = read_small(host, meta.len())
+        {
+            self.ops.push(Op::File(host.to_path_buf(), content));
+            return;
         }
         // A directory whose entries fill more than one block holds far more
         // than COPY_DIR_ENTRIES; skip listing it (getdents reads it whole).

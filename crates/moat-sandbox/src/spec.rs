@@ -122,10 +122,10 @@ impl SandboxSpec {
             }
         }
         self.check_limits()?;
-        if let Some(cwd) = &self.cwd {
-            if !cwd.is_absolute() {
-                return Err(SpecError::BadCwd(cwd.clone()));
-            }
+        if let Some(cwd) = &self.cwd
+            && !cwd.is_absolute()
+        {
+            return Err(SpecError::BadCwd(cwd.clone()));
         }
         let mut seen = HashSet::new();
         for mount in &mut self.mounts {

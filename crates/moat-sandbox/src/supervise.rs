@@ -269,10 +269,10 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
                 Slot::StdoutFlush => stdout.flush(),
                 Slot::StderrFlush => stderr.flush(),
                 Slot::NotifyReceive => {
-                    if let Some(fd) = &notify_receive {
-                        if let Ok(Some(received)) = sys::recv_fd(fd.as_raw_fd()) {
-                            listener = Some(received);
-                        }
+                    if let Some(fd) = &notify_receive
+                        && let Ok(Some(received)) = sys::recv_fd(fd.as_raw_fd())
+                    {
+                        listener = Some(received);
                     }
                     notify_receive = None;
                 }

@@ -474,10 +474,10 @@ impl Shell {
         op.event(EventType::CapabilityGranted, granted);
         // Earlier writes of this batch become visible before anything else
         // looks at the workspace.
-        if kind != OpKind::ArtifactWrite {
-            if let Err(e) = self.publish_pending() {
-                return Outcome::Failed(format!("publishing earlier writes: {e}"));
-            }
+        if kind != OpKind::ArtifactWrite
+            && let Err(e) = self.publish_pending()
+        {
+            return Outcome::Failed(format!("publishing earlier writes: {e}"));
         }
         let result = match kind {
             OpKind::ArtifactRead => args(&envelope.args).map(|a| self.read(a)),
@@ -842,10 +842,10 @@ fn recent_capabilities(
             ) else {
                 continue;
             };
-            if let Ok(expires) = humantime::parse_rfc3339(expires) {
-                if expires + CLOCK_SKEW >= now {
-                    used.insert(nonce.to_owned(), expires);
-                }
+            if let Ok(expires) = humantime::parse_rfc3339(expires)
+                && expires + CLOCK_SKEW >= now
+            {
+                used.insert(nonce.to_owned(), expires);
             }
         }
         if reached_old || (page.len() as i64) < PAGE {

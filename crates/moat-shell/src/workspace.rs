@@ -412,16 +412,17 @@ impl Workspace {
                     kind,
                     size: stat.map_or(0, |s| s.st_size as u64),
                 });
-                if recursive && kind == "dir" {
-                    if let Ok(sub) = rustix::fs::openat2(
+                if recursive
+                    && kind == "dir"
+                    && let Ok(sub) = rustix::fs::openat2(
                         &fd,
                         name.as_str(),
                         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                         Mode::empty(),
                         BENEATH | ResolveFlags::NO_SYMLINKS,
-                    ) {
-                        stack.push((sub, child));
-                    }
+                    )
+                {
+                    stack.push((sub, child));
                 }
             }
         }

@@ -834,11 +834,10 @@ pub async fn get_op(
     Query(q): Query<WaitQuery>,
 ) -> ApiResult<Json<Value>> {
     let org = auth::agent(&state, &headers).await?;
-    if let Some(wait) = q.wait_ms.filter(|w| *w > 0) {
-        if let Some(done) = wait_final(&state, &org, &run, &op, Duration::from_millis(wait)).await?
-        {
-            return Ok(Json(op_json(&done)));
-        }
+    if let Some(wait) = q.wait_ms.filter(|w| *w > 0)
+        && let Some(done) = wait_final(&state, &org, &run, &op, Duration::from_millis(wait)).await?
+    {
+        return Ok(Json(op_json(&done)));
     }
     let (r, o) = (run.clone(), op.clone());
     let row = state

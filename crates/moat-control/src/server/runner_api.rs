@@ -396,10 +396,10 @@ pub async fn claim(
         .db(move |s| {
             let mut blobs = std::collections::HashMap::new();
             for input in run_for_inputs.inputs.as_array().into_iter().flatten() {
-                if let Some(sha) = input["sha256"].as_str() {
-                    if let Some(bytes) = s.artifact_bytes(&org, sha)? {
-                        blobs.insert(sha.to_owned(), bytes);
-                    }
+                if let Some(sha) = input["sha256"].as_str()
+                    && let Some(bytes) = s.artifact_bytes(&org, sha)?
+                {
+                    blobs.insert(sha.to_owned(), bytes);
                 }
             }
             Ok(inputs_with_content(&run_for_inputs, |sha| {

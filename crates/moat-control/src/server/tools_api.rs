@@ -408,12 +408,11 @@ pub(crate) async fn make_call(
         .credential
         .as_ref()
         .filter(|c| c.place == tools::CredentialPlace::Basic)
+        && let Some((_, v)) = secrets.iter().find(|(n, _)| *n == c.secret)
     {
-        if let Some((_, v)) = secrets.iter().find(|(n, _)| *n == c.secret) {
-            let pair = format!("{}:{v}", c.name.as_deref().unwrap_or(""));
-            let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
-            scrubber.also(&c.secret, b64.trim_end_matches('=').to_owned());
-        }
+        let pair = format!("{}:{v}", c.name.as_deref().unwrap_or(""));
+        let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
+        scrubber.also(&c.secret, b64.trim_end_matches('=').to_owned());
     }
     let secret = def.credential.as_ref().and_then(|c| {
         secrets

@@ -165,10 +165,10 @@ impl Store {
         {
             let mut config: postgres::Config =
                 url.parse().map_err(|_| StoreError::Url(redact_url(url)))?;
-            if config.get_password().is_none() {
-                if let Ok(password) = std::env::var("PGPASSWORD") {
-                    config.password(password);
-                }
+            if config.get_password().is_none()
+                && let Ok(password) = std::env::var("PGPASSWORD")
+            {
+                config.password(password);
             }
             config.application_name("moat");
             Backend::Postgres(Box::new(PgPool {
@@ -273,10 +273,10 @@ fn sqlite_tx<T>(
 pub fn redact_url(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        if let Some((userinfo, host)) = authority.rsplit_once('@') {
-            if let Some((user, _)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}{path}");
-            }
+        if let Some((userinfo, host)) = authority.rsplit_once('@')
+            && let Some((user, _)) = userinfo.split_once(':')
+        {
+            return format!("{scheme}://{user}:***@{host}{path}");
         }
         return url.to_owned();
     }
@@ -336,13 +336,13 @@ impl TempPostgres {
 
 impl Drop for TempPostgres {
     fn drop(&mut self) {
-        if let Ok(config) = self.admin.parse::<postgres::Config>() {
-            if let Ok(mut client) = config.connect(postgres::NoTls) {
-                let _ = client.batch_execute(&format!(
-                    "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                    self.name
-                ));
-            }
+        if let Ok(config) = self.admin.parse::<postgres::Config>()
+            && let Ok(mut client) = config.connect(postgres::NoTls)
+        {
+            let _ = client.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }

@@ -164,3 +164,98 @@ fn keygen_never_overwrites_a_key() {
         0o600
     );
 }
+
+#[test]
+fn a_manifest_whose_times_carry_an_offset_serves_and_seals() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keys(dir.path(), "cp");
+    let template = moat(&["manifest", "template", "--public-key", &public]);
+    assert!(template.status.success());
+    let mut manifest: serde_json::Value = serde_json::from_slice(&template.stdout).unwrap();
+    // The same instants as UTC would name, written in Kiribati's +14:00
+    // and in lower case with a fraction: every RFC 3339 form is a time.
+    let now = std::time::SystemTime::now();
+    let created = now - std::time::Duration::from_secs(3600);
+    let expires = now + std::time::Duration::from_secs(7 * 86_400);
+    let in_kiribati = |t: std::time::SystemTime| {
+        let shifted = t + std::time::Duration::from_secs(14 * 3600);
+        let utc = humantime::format_rfc3339_millis(shifted).to_string();
+        utc.trim_end_matches('Z').replace('T', "t") + "+14:00"
+    };
+    manifest["createdAt"] = in_kiribati(created).into();
+    manifest["expiresAt"] = in_kiribati(expires).into();
+    let bare = dir.path().join("manifest.json");
+    std::fs::write(&bare, manifest.to_string()).unwrap();
+    let signed = dir.path().join("signed.json");
+    let sign = moat(&[
+        "manifest",
+        "sign",
+        "--key",
+        &key,
+        "--out",
+        path_str(&signed),
+        path_str(&bare),
+    ]);
+    assert!(
+        sign.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sign.stderr)
+    );
+
+    // moat shell serves under it...
+    let workspace = dir.path().join("work");
+    std::fs::create_dir_all(workspace.join("input")).unwrap();
+    let mut shell = Command::new(MOAT)
+        .args([
+            "shell",
+            "--manifest",
+            path_str(&signed),
+            "--trusted-key",
+            &public,
+        ])
+        .args([
+            "--workspace",
+            path_str(&workspace),
+            "--state",
+            path_str(&dir.path().join("state")),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    shell
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"id":"1","runId":"r1","correlationId":"c1","op":"artifact_list","args":{"path":"."},"createdAt":"2026-11-29T12:00:00Z"}
+"#)
+        .unwrap();
+    let out = shell.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(r#""status":"ok""#), "{stdout}");
+
+    // ...and a runner is sealed with it.
+    let runner = dir.path().join("runner");
+    let build = moat(&[
+        "runner",
+        "build",
+        "--manifest",
+        path_str(&signed),
+        "--trusted-key",
+        &public,
+        "--out",
+        path_str(&runner),
+    ]);
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+}

@@ -130,6 +130,21 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
     let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(listed["approvals"][0]["id"], approval["id"]);
 
+    // The agent adds a step that prints random bytes while the export waits
+    // (the demo run finishes by itself once its last step is decided, so
+    // this is the agent's last chance); it runs at once.
+    let agent_token = std::fs::read_to_string(dir.join("agent-token")).unwrap();
+    let random = serde_json::json!({"id": "random", "op": "exec_argv",
+        "args": {"argv": ["/usr/bin/python3", "-c", "import os; print(os.urandom(8).hex())"]}});
+    let mut answer = ureq::post(&format!("{url}/v1/runs/{run}/ops?wait_ms=20000"))
+        .header("authorization", &format!("Bearer {}", agent_token.trim()))
+        .header("content-type", "application/json")
+        .send(random.to_string().as_bytes())
+        .unwrap();
+    let op_random: Value =
+        serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
+    assert_eq!(op_random["state"], "succeeded", "{op_random}");
+
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inspector-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     std::fs::create_dir_all(&shots).unwrap();
@@ -255,18 +270,8 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         "{audit}"
     );
 
-    // Replay: the same inputs and permissions in a fresh sandbox. A step
-    // that prints random bytes diverges; the others do not.
-    let agent_token = std::fs::read_to_string(dir.join("agent-token")).unwrap();
-    let random = serde_json::json!({"id": "random", "op": "exec_argv",
-        "args": {"argv": ["/usr/bin/python3", "-c", "import os; print(os.urandom(8).hex())"]}});
-    let mut answer = ureq::post(&format!("{url}/v1/runs/{run}/ops?wait_ms=20000"))
-        .header("authorization", &format!("Bearer {}", agent_token.trim()))
-        .header("content-type", "application/json")
-        .send(random.to_string().as_bytes())
-        .unwrap();
-    let op: Value = serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
-    assert_eq!(op["state"], "succeeded", "{op}");
+    // Replay: the same inputs and permissions in a fresh sandbox. The step
+    // that printed random bytes (submitted above) diverges; the others do not.
     let replay = |extra: &[&str]| {
         Command::new(MOAT)
             .args(["replay", &run, "--json", "--db"])

@@ -415,6 +415,9 @@ fn bad_input_never_crashes_and_the_shell_goes_on() {
         b"{\"id\":\"3\",\"runId\":\"r\",\"correlationId\":\"c\",\"op\":\"artifact_read\",\"args\":{\"path\":\"input/data.txt\",\"maxBytes\":1e999},\"createdAt\":\"x\"}".to_vec(),
         op("4", "artifact_read", json!({"path": "input/data.txt", "maxBytes": 10, "extra": true})).to_string().into_bytes(),
         long,
+        // Arguments as an array of their fields: never read as the struct.
+        op("6", "artifact_write", json!(["output/x.txt", "data", null, 10])).to_string().into_bytes(),
+        op("7", "artifact_read", json!(["input/data.txt", 100])).to_string().into_bytes(),
         op("5", "artifact_read", json!({"path": "input/data.txt", "maxBytes": 100})).to_string().into_bytes(),
     ];
     let results = s.send(&lines);
@@ -427,6 +430,8 @@ fn bad_input_never_crashes_and_the_shell_goes_on() {
     }
     assert_eq!(results[4]["reason"], "invalid_args");
     assert_eq!(results[9]["reason"], "invalid_envelope");
+    assert_eq!(results[10]["reason"], "invalid_args", "{}", results[10]);
+    assert_eq!(results[11]["reason"], "invalid_args", "{}", results[11]);
     assert_eq!(results.last().unwrap()["status"], "ok");
     assert_eq!(
         results.last().unwrap()["result"]["content"],

@@ -36,7 +36,7 @@ pub enum DescribeError {
 }
 
 fn args<T: DeserializeOwned>(op: OpKind, value: &serde_json::Value) -> Result<T, DescribeError> {
-    serde_json::from_value(value.clone()).map_err(|e| DescribeError::InvalidArgs {
+    moat_core::strict::from_value(value).map_err(|e| DescribeError::InvalidArgs {
         op: op.as_str(),
         message: e.to_string(),
     })
@@ -100,6 +100,13 @@ pub fn canonicalize_args(op: &str, args: &mut serde_json::Value) {
     }
 }
 
+/// The path a policy decides on: the canonical form the shell will use,
+/// whatever form the arguments gave (a path without one is refused by the
+/// shell, with its own reason, and is decided as given).
+fn policy_path(given: String) -> String {
+    canonical_path(&given).unwrap_or(given)
+}
+
 pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
     let op =
         OpKind::parse(&envelope.op).ok_or_else(|| DescribeError::UnknownOp(envelope.op.clone()))?;
@@ -108,18 +115,18 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
     let (resource, size, network) = match op {
         OpKind::ArtifactRead => {
             let a: ArtifactReadArgs = args(op, &envelope.args)?;
-            path.clone_from(&a.path);
-            (Resource::Path(a.path), a.max_bytes, NetworkMode::Off)
+            path = policy_path(a.path);
+            (Resource::Path(path.clone()), a.max_bytes, NetworkMode::Off)
         }
         OpKind::ArtifactWrite => {
             let a: ArtifactWriteArgs = args(op, &envelope.args)?;
-            path.clone_from(&a.path);
-            (Resource::Path(a.path), a.max_bytes, NetworkMode::Off)
+            path = policy_path(a.path);
+            (Resource::Path(path.clone()), a.max_bytes, NetworkMode::Off)
         }
         OpKind::ArtifactList => {
             let a: ArtifactListArgs = args(op, &envelope.args)?;
-            path.clone_from(&a.path);
-            (Resource::Path(a.path), 0, NetworkMode::Off)
+            path = policy_path(a.path);
+            (Resource::Path(path.clone()), 0, NetworkMode::Off)
         }
         OpKind::ExecArgv => {
             let a: ExecArgvArgs = args(op, &envelope.args)?;

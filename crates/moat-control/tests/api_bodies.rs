@@ -120,3 +120,47 @@ fn every_body_must_be_an_object_of_its_shape() {
     let (s, b) = post(&plane, &acme, "/v1/runs", json!({"id": "r2", "extra": 1}));
     assert_eq!(s, 400, "{b}");
 }
+
+#[test]
+fn operation_arguments_given_as_an_array_are_refused_not_read_field_by_field() {
+    let plane = Plane::sqlite();
+    let acme = org(&plane, "acme");
+    let (s, b) = post(&plane, &acme, "/v1/runs", json!({"id": "r1"}));
+    assert_eq!(s, 201, "{b}");
+    // serde would read these as {path, content, ...}: a policy rule on
+    // `export/*` must never see them as "no path" and let them through.
+    let cases = [
+        (
+            "artifact_write",
+            json!(["./export/leak.csv", "data", null, 100]),
+        ),
+        ("artifact_read", json!(["./sensitive/key", 4096])),
+        ("artifact_list", json!(["."])),
+        ("exec_argv", json!([["/usr/bin/wc", "-c", "input/a.txt"]])),
+    ];
+    for (n, (op, args)) in cases.into_iter().enumerate() {
+        let id = format!("op{n}");
+        let (s, b) = post(
+            &plane,
+            &acme,
+            "/v1/runs/r1/ops",
+            json!({"id": id, "op": op, "args": args}),
+        );
+        assert!(s < 500, "{op}: {s} {b}");
+        assert_eq!(b["error"]["reason"], "invalid_args", "{op}: {b}");
+        assert_eq!(b["op"]["state"], "denied", "{op}: {b}");
+        assert_eq!(b["op"]["result"]["reason"], "invalid_args", "{op}: {b}");
+        let (_, events) = call(
+            "GET",
+            &format!("{}/v1/runs/r1/events", plane.url),
+            &bearer(&acme.token),
+            b"",
+        );
+        let denied = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["type"] == "capability.denied" && e["opId"] == id.as_str());
+        assert!(denied, "{op}: no capability.denied for {id}: {events}");
+    }
+}

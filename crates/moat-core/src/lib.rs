@@ -16,6 +16,7 @@ pub mod request_sig;
 pub mod schema;
 pub mod sign;
 pub mod size;
+pub mod strict;
 pub mod time;
 pub mod url;
 

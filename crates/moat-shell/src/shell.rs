@@ -20,7 +20,6 @@ use moat_core::{
 };
 use moat_egress::{Egress, EgressConfig, FetchError};
 use moat_ledger::{ArtifactRecord, Ledger};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::exec;
@@ -171,8 +170,11 @@ fn ok(result: Value) -> Outcome {
     }
 }
 
+/// An operation's arguments: an object of the op's shape, never an array of
+/// its fields (which another reader, such as a policy, would not see as such).
 fn args<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, Refusal> {
-    T::deserialize(value).map_err(|e| Refusal::new(DenialReason::InvalidArgs, e.to_string()))
+    moat_core::strict::from_value(value)
+        .map_err(|e| Refusal::new(DenialReason::InvalidArgs, e.to_string()))
 }
 
 impl Shell {
@@ -869,5 +871,5 @@ fn parse_envelope(bytes: &[u8]) -> Result<Envelope, Refusal> {
             "shell command strings are not accepted; send a structured operation such as exec_argv",
         ));
     }
-    Envelope::deserialize(&value).map_err(|e| invalid(e.to_string()))
+    moat_core::strict::from_value::<Envelope>(&value).map_err(|e| invalid(e.to_string()))
 }

@@ -11,7 +11,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
@@ -102,6 +102,10 @@ struct Runner {
     args: StartArgs,
     client: Client,
     manifests: Mutex<Manifests>,
+    /// The manifest generation and its file (`None`: the sealed one), as of
+    /// the last refresh check: what a slot uses while another slot's
+    /// thread is busy refreshing (a network call) with `manifests` locked.
+    manifest_now: Mutex<(u64, Option<PathBuf>)>,
     slots: Slots,
     /// The shells' state directory (ledger, artifacts, trusted key).
     shell_state: PathBuf,
@@ -195,6 +199,7 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
         args,
         client,
         manifests: Mutex::new(manifests),
+        manifest_now: Mutex::new((0, None)),
         slots: Slots::new(usize::from(slots)),
         shell_state,
         heartbeat: (lease / 3).max(Duration::from_millis(200)),
@@ -257,7 +262,7 @@ impl Runner {
             while self.args.max_runs.is_none_or(|max| claimed < max) {
                 let in_use = self.slots.take();
                 let slot = SlotGuard(&self.slots);
-                self.manifests().tick(&self.client);
+                self.refresh_manifest();
                 let answer =
                     self.client
                         .signed_retrying("POST", "/v1/runner/claim?wait_ms=5000", None)?;
@@ -285,10 +290,28 @@ impl Runner {
         })
     }
 
-    fn manifests(&self) -> std::sync::MutexGuard<'_, Manifests> {
-        self.manifests
+    /// The manifest refresh's turn (an operation boundary): one slot at a
+    /// time fetches, swaps and reports, over the network; the others go on
+    /// at once with the generation last seen rather than wait for it (a
+    /// control plane slow to answer must not stall every run's lease).
+    fn refresh_manifest(&self) -> (u64, Option<PathBuf>) {
+        let checked = match self.manifests.try_lock() {
+            Ok(mut manifests) => Some((manifests.tick(&self.client), manifests.file.clone())),
+            Err(TryLockError::Poisoned(poisoned)) => {
+                let mut manifests = poisoned.into_inner();
+                Some((manifests.tick(&self.client), manifests.file.clone()))
+            }
+            Err(TryLockError::WouldBlock) => None,
+        };
+        let mut now = self
+            .manifest_now
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        // Never back: another slot may have seen a newer one meanwhile.
+        if let Some(checked) = checked.filter(|(generation, _)| *generation >= now.0) {
+            *now = checked;
+        }
+        now.clone()
     }
 
     /// One claimed run to its end; a run that fails here is reported failed.
@@ -331,7 +354,7 @@ impl Runner {
         loop {
             // An operation boundary: a refreshed manifest takes over here,
             // in a new shell.
-            let generation = self.manifests().tick(&self.client);
+            let (generation, manifest_file) = self.refresh_manifest();
             if shell.as_ref().is_some_and(|(_, g)| *g != generation) {
                 shell = None;
             }
@@ -359,12 +382,11 @@ impl Runner {
                     let shell = match &mut shell {
                         Some((shell, _)) => shell,
                         None => {
-                            let file = self.manifests().file.clone();
                             let started = start_shell(
                                 &self.args,
                                 &self.shell_state,
                                 &workspace,
-                                file.as_deref(),
+                                manifest_file.as_deref(),
                             )?;
                             &mut shell.insert((started, generation)).0
                         }

@@ -74,15 +74,19 @@ impl Up {
         id
     }
 
-    fn true_op(&self, run: &str, n: usize) {
+    /// One operation by the agent with HTTP client `client`, to its result.
+    fn true_op(&self, client: &ureq::Agent, run: &str, n: usize) {
         let op =
             json!({"id": format!("t{n}"), "op": "exec_argv", "args": {"argv": ["/usr/bin/true"]}});
-        let (status, body) = call(
-            "POST",
-            &format!("{}/v1/runs/{run}/ops?wait_ms=30000", self.url),
-            &self.token,
-            Some(op),
-        );
+        let mut answer = client
+            .post(&format!("{}/v1/runs/{run}/ops?wait_ms=30000", self.url))
+            .header("authorization", &format!("Bearer {}", self.token))
+            .header("content-type", "application/json")
+            .send(op.to_string().as_bytes())
+            .unwrap();
+        let status = answer.status().as_u16();
+        let body: Value =
+            serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
         assert_eq!(
             (status, &body["state"]),
             (200, &Value::from("succeeded")),
@@ -107,9 +111,11 @@ impl Up {
         let start = Instant::now();
         std::thread::scope(|scope| {
             for run in &runs {
+                // Each agent is a client of its own, with its own connection.
                 scope.spawn(move || {
+                    let client = client();
                     for n in 0..ops {
-                        self.true_op(run, n);
+                        self.true_op(&client, run, n);
                     }
                 });
             }
@@ -129,6 +135,14 @@ impl Drop for Up {
             .status();
         let _ = self.child.wait();
     }
+}
+
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -179,6 +193,7 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(10));
     let mut latency = |name: &str, up: &Up| {
         let run = up.new_run("latency");
+        let client = client();
         let mut n = 0;
         let mut times = Vec::new();
         group.bench_function(name, |b| {
@@ -187,7 +202,7 @@ fn bench(c: &mut Criterion) {
                 for _ in 0..iters {
                     n += 1;
                     let one_op = Instant::now();
-                    up.true_op(&run, n);
+                    up.true_op(&client, &run, n);
                     times.push(one_op.elapsed());
                 }
                 start.elapsed()

@@ -24,6 +24,7 @@ mod org_api;
 mod runner_api;
 mod sweep;
 mod tools_api;
+mod wake;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +33,6 @@ use axum::Router;
 use axum::routing::{get, post};
 use moat_core::sign::PrivateKey;
 use moat_ledger::store::{Store, StoreError};
-use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::policy::PolicyEngine;
@@ -72,8 +72,8 @@ pub struct Config {
 /// Shared state of the handlers.
 pub struct AppState {
     pub config: Config,
-    /// Bumped on every change a waiter may care about.
-    changed: watch::Sender<u64>,
+    /// Wakes waiting requests on changes they may care about.
+    wakes: wake::Wakes,
     /// The Inspector's last full ledger verification (rate-limited).
     ledger_check: tokio::sync::Mutex<Option<inspector::LedgerCheck>>,
 }
@@ -82,7 +82,7 @@ impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
         Arc::new(AppState {
             config,
-            changed: watch::channel(0).0,
+            wakes: wake::Wakes::new(),
             ledger_check: tokio::sync::Mutex::new(None),
         })
     }
@@ -91,8 +91,15 @@ impl AppState {
         self.config.clock.now_ms()
     }
 
+    /// Something changed that any waiting request may care about.
     pub(crate) fn notify(&self) {
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        self.wakes.all();
+    }
+
+    /// Run `run` changed (an operation queued, dispatched or answered):
+    /// only the requests waiting on it look again.
+    pub(crate) fn notify_run(&self, run: &str) {
+        self.wakes.run(run);
     }
 
     /// Runs a store call off the async threads.
@@ -108,14 +115,16 @@ impl AppState {
     }
 
     /// Calls `probe` until it yields something or `wait` passes; woken by
-    /// local changes, and every 100 ms for other replicas' changes.
+    /// local changes (of run `run` and general ones, when a run is given),
+    /// and every 100 ms for other replicas' changes.
     async fn wait_for<T: Send + 'static>(
         self: &Arc<Self>,
         wait: Duration,
+        run: Option<&str>,
         probe: impl Fn(&Store) -> Result<Option<T>, StoreError> + Send + Sync + Clone + 'static,
     ) -> Result<Option<T>, ApiError> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
-        let mut changes = self.changed.subscribe();
+        let mut changes = self.wakes.watch(run);
         loop {
             changes.mark_unchanged();
             let found = self.db(probe.clone()).await?;

@@ -776,7 +776,7 @@ pub async fn post_op(
                 format!("run {run_id} has ended"),
             )
         })?;
-    state.notify();
+    state.notify_run(&run_id);
     if let Some((reason, message)) = denial {
         let body =
             json!({"error": {"reason": reason.as_str(), "message": message}, "op": op_json(&row)});
@@ -807,8 +807,9 @@ async fn wait_final(
     wait: Duration,
 ) -> ApiResult<Option<OpRow>> {
     let (org, run, op) = (org.to_owned(), run.to_owned(), op.to_owned());
+    let watched = run.clone();
     state
-        .wait_for(wait, move |s| {
+        .wait_for(wait, Some(&watched), move |s| {
             Ok(s.op(&org, &run, &op)?.filter(|o| o.state.is_final()))
         })
         .await
@@ -922,7 +923,7 @@ pub(crate) fn run_events_sse(
                 }
                 let (o, r) = (org.clone(), run.clone());
                 let found = state
-                    .wait_for(Duration::from_secs(15), move |s| {
+                    .wait_for(Duration::from_secs(15), Some(&run), move |s| {
                         let page = s.events(&o, Some(&r), after, 500)?;
                         if !page.events.is_empty() {
                             return Ok(Some((page, false)));

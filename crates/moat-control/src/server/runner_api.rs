@@ -376,16 +376,20 @@ pub async fn claim(
     let lease = state.config.lease.as_millis() as i64;
     let r = runner.clone();
     let claimed = state
-        .wait_for(Duration::from_millis(q.wait_ms.unwrap_or(0)), move |s| {
-            s.claim_run(
-                &r.org_id,
-                &r.environment,
-                &r.id,
-                &r.manifest_hash,
-                clock.now_ms(),
-                lease,
-            )
-        })
+        .wait_for(
+            Duration::from_millis(q.wait_ms.unwrap_or(0)),
+            None,
+            move |s| {
+                s.claim_run(
+                    &r.org_id,
+                    &r.environment,
+                    &r.id,
+                    &r.manifest_hash,
+                    clock.now_ms(),
+                    lease,
+                )
+            },
+        )
         .await?;
     let Some(run) = claimed else {
         return Ok(StatusCode::NO_CONTENT.into_response());
@@ -447,26 +451,30 @@ pub async fn next(
     let r = runner.clone();
     let id = run_id.clone();
     let found = state
-        .wait_for(Duration::from_millis(q.wait_ms.unwrap_or(0)), move |s| {
-            let now = st.now();
-            if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
-                return Ok(Some(Ok(op)));
-            }
-            let run = s.run(&r.org_id, &id)?;
-            let idle = s.open_ops(&r.org_id, &id)? == 0;
-            match run {
-                Some(run) if run.state.is_final() => Ok(Some(Err("ended"))),
-                Some(run) if run.finish_wanted && idle => Ok(Some(Err("finish"))),
-                None => Ok(Some(Err("ended"))),
-                _ => Ok(None),
-            }
-        })
+        .wait_for(
+            Duration::from_millis(q.wait_ms.unwrap_or(0)),
+            Some(&run_id),
+            move |s| {
+                let now = st.now();
+                if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
+                    return Ok(Some(Ok(op)));
+                }
+                let run = s.run(&r.org_id, &id)?;
+                let idle = s.open_ops(&r.org_id, &id)? == 0;
+                match run {
+                    Some(run) if run.state.is_final() => Ok(Some(Err("ended"))),
+                    Some(run) if run.finish_wanted && idle => Ok(Some(Err("finish"))),
+                    None => Ok(Some(Err("ended"))),
+                    _ => Ok(None),
+                }
+            },
+        )
         .await?;
     match found {
         None => Ok(StatusCode::NO_CONTENT.into_response()),
         Some(Err(what)) => Ok(Json(json!({"action": what})).into_response()),
         Some(Ok(op)) => {
-            state.notify();
+            state.notify_run(&run_id);
             let mut envelope: Envelope = serde_json::from_value(op.envelope.clone())
                 .map_err(|e| ApiError::internal(format!("stored envelope: {e}")))?;
             let kind =
@@ -633,6 +641,7 @@ pub async fn result(
     let mut result_json =
         serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
     let st = Arc::clone(&state);
+    let changed = run_id.clone();
     let recorded = state
         .db(move |s| {
             // No secret of the org is kept, whatever a program printed or
@@ -675,7 +684,7 @@ pub async fn result(
             .map(Ok)
         })
         .await??;
-    state.notify();
+    state.notify_run(&changed);
     Ok(Json(json!({"recorded": recorded})))
 }
 

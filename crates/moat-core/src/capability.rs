@@ -63,6 +63,9 @@ pub enum CapabilityError {
     Mismatch(&'static str),
     #[error("the capability was already used")]
     Replayed,
+    /// Its earlier uses could not be looked up: refused, never assumed new.
+    #[error("whether the capability was used before cannot be checked: {0}")]
+    Unavailable(String),
 }
 
 fn parse_time(text: &str) -> Result<SystemTime, CapabilityError> {

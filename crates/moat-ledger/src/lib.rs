@@ -11,6 +11,7 @@
 //! crash or power loss.
 
 mod artifacts;
+mod nonces;
 pub mod store;
 mod verify;
 
@@ -111,6 +112,7 @@ impl Ledger {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        nonces::open(&conn)?;
         Ok(Ledger { conn })
     }
 
@@ -178,6 +180,7 @@ impl Ledger {
         for record in artifacts {
             artifacts::insert(&tx, record)?;
         }
+        nonces::record(&tx, events)?;
         tx.execute(
             "INSERT INTO head (id, seq, hash) VALUES (1, ?1, ?2)
              ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",

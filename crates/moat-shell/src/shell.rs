@@ -204,7 +204,10 @@ impl Shell {
             .map_err(ShellError::ControlPlaneKey)?;
         let store = ArtifactStore::open(&config.state).map_err(ShellError::State)?;
         let ledger = Ledger::open(&config.state.join("ledger.db"))?;
-        let used_capabilities = recent_capabilities(&ledger, SystemTime::now())?;
+        // Nonces used before live in the ledger (looked up per operation):
+        // nothing to read back at start but a prune of the expired ones.
+        ledger.prune_capability_nonces(SystemTime::now())?;
+        let used_capabilities = HashMap::new();
         Ok(Shell {
             config,
             workspace,
@@ -242,7 +245,13 @@ impl Shell {
         let grace = moat_core::capability::CLOCK_SKEW;
         self.used_capabilities
             .retain(|_, expires| *expires + grace >= now);
-        if self.used_capabilities.contains_key(&claims.nonce) {
+        // This shell's own (its batch may not be committed yet), then every
+        // use the ledger recorded: earlier shells, and other slots' shells.
+        let recorded = self
+            .ledger
+            .capability_used(&claims.nonce)
+            .map_err(|e| CapabilityError::Unavailable(e.to_string()))?;
+        if self.used_capabilities.contains_key(&claims.nonce) || recorded {
             return Err(CapabilityError::Replayed);
         }
         let expires = humantime::parse_rfc3339(&claims.expires_at).unwrap_or(now);
@@ -809,52 +818,6 @@ impl Shell {
             artifacts: op.artifacts,
         }
     }
-}
-
-/// Nonces of the capabilities this ledger granted that could still verify:
-/// a capability is used once, across restarts of the shell too.
-fn recent_capabilities(
-    ledger: &Ledger,
-    now: SystemTime,
-) -> Result<HashMap<String, SystemTime>, moat_ledger::LedgerError> {
-    use moat_core::capability::{CLOCK_SKEW, MAX_LIFETIME};
-    const PAGE: i64 = 1000;
-    let horizon = MAX_LIFETIME + CLOCK_SKEW * 2;
-    let mut used = HashMap::new();
-    let mut before = i64::MAX;
-    loop {
-        // Newest first by sequence (no index on the write path): only the
-        // last minute or so of events is read.
-        let page = ledger.latest(before, PAGE)?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        before = last.seq;
-        let mut reached_old = false;
-        for stored in &page {
-            let at = humantime::parse_rfc3339(&stored.event.at).unwrap_or(now);
-            reached_old |= at + horizon < now;
-            if stored.event.event_type != EventType::CapabilityGranted {
-                continue;
-            }
-            let capability = &stored.event.data["capability"];
-            let (Some(nonce), Some(expires)) = (
-                capability["nonce"].as_str(),
-                capability["expiresAt"].as_str(),
-            ) else {
-                continue;
-            };
-            if let Ok(expires) = humantime::parse_rfc3339(expires)
-                && expires + CLOCK_SKEW >= now
-            {
-                used.insert(nonce.to_owned(), expires);
-            }
-        }
-        if reached_old || (page.len() as i64) < PAGE {
-            break;
-        }
-    }
-    Ok(used)
 }
 
 /// Parses a line into an envelope, with the denial reasons of the protocol.

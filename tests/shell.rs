@@ -432,6 +432,9 @@ fn bad_input_never_crashes_and_the_shell_goes_on() {
     assert_eq!(results[9]["reason"], "invalid_envelope");
     assert_eq!(results[10]["reason"], "invalid_args", "{}", results[10]);
     assert_eq!(results[11]["reason"], "invalid_args", "{}", results[11]);
+    for id in ["6", "7"] {
+        assert_eq!(s.events_of(id, "capability.denied").len(), 1, "op {id}");
+    }
     assert_eq!(results.last().unwrap()["status"], "ok");
     assert_eq!(
         results.last().unwrap()["result"]["content"],

@@ -22,6 +22,18 @@ fn create_run(serve: &Serve, token: &str, id: &str) {
     assert_eq!(status, 201, "{body}");
 }
 
+/// The agent ends `run`; the runner finishes it and frees its slot.
+fn finish(serve: &Serve, token: &str, run: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/finish", serve.url),
+        token,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_state(serve, token, run, "succeeded");
+}
+
 fn wc(serve: &Serve, token: &str, run: &str, id: &str) -> Value {
     let (status, op) = post_op(
         serve,
@@ -108,14 +120,7 @@ fn a_run_waiting_for_approval_never_keeps_another_from_starting() {
         std::thread::sleep(Duration::from_secs(1));
         assert_eq!(run_state(&serve, &acme, "third"), "queued");
         // ...until B is finished and its slot is free again.
-        let (status, body) = call(
-            "POST",
-            &format!("{}/v1/runs/works/finish", serve.url),
-            &acme,
-            None,
-        );
-        assert_eq!(status, 200, "{body}");
-        wait_state(&serve, &acme, "works", "succeeded");
+        finish(&serve, &acme, "works");
         let op = wc(&serve, &acme, "third", "count");
         assert_eq!(op["state"], "succeeded", "{op}");
 
@@ -129,14 +134,7 @@ fn a_run_waiting_for_approval_never_keeps_another_from_starting() {
         );
         assert_eq!(status, 200, "{body}");
         for run in ["waits", "third"] {
-            let (status, body) = call(
-                "POST",
-                &format!("{}/v1/runs/{run}/finish", serve.url),
-                &acme,
-                None,
-            );
-            assert_eq!(status, 200, "{body}");
-            wait_state(&serve, &acme, run, "succeeded");
+            finish(&serve, &acme, run);
         }
         let (_, op) = call(
             "GET",

@@ -295,14 +295,12 @@ impl Runner {
     /// at once with the generation last seen rather than wait for it (a
     /// control plane slow to answer must not stall every run's lease).
     fn refresh_manifest(&self) -> (u64, Option<PathBuf>) {
-        let checked = match self.manifests.try_lock() {
-            Ok(mut manifests) => Some((manifests.tick(&self.client), manifests.file.clone())),
-            Err(TryLockError::Poisoned(poisoned)) => {
-                let mut manifests = poisoned.into_inner();
-                Some((manifests.tick(&self.client), manifests.file.clone()))
-            }
+        let turn = match self.manifests.try_lock() {
+            Ok(manifests) => Some(manifests),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         };
+        let checked = turn.map(|mut m| (m.tick(&self.client), m.file.clone()));
         let mut now = self
             .manifest_now
             .lock()

@@ -4,183 +4,16 @@
 //! rejections, signed-request replay protection, revocation, the manifest
 //! lifecycle's claim gate and grace, and the OpenAPI document's coverage.
 
-use std::sync::Arc;
+mod plane;
+
 use std::time::Duration;
 
-use moat_control::PolicyEngine;
-use moat_control::clock::{Clock, ManualClock};
-use moat_control::server::{self, AppState, Config, ROUTES};
+use moat_control::clock::Clock;
+use moat_control::server::{self, ROUTES};
+use moat_core::EventType;
 use moat_core::sign::PrivateKey;
-use moat_core::{EventType, Manifest, SignedManifest, request_sig};
-use moat_ledger::store::{Store, TempPostgres};
+use plane::*;
 use serde_json::{Value, json};
-
-const POLICY: &str = r#"
-permit(principal, action == Moat::Action::"artifact_read", resource);
-@id("sensitive") @approval("required") @risk("high")
-permit(principal, action == Moat::Action::"artifact_read", resource)
-when { context.path like "sensitive/*" };
-"#;
-const ADMIN: &str = "admin-token-0123456789abcdef";
-const T0: i64 = 1_900_000_000_000;
-const DAY: i64 = 86_400_000;
-
-// Fields drop in order: the runtime (and the server's hold on the store)
-// before the store itself, which PostgreSQL's client drops by blocking.
-struct Plane {
-    url: String,
-    clock: ManualClock,
-    _rt: tokio::runtime::Runtime,
-    store: Arc<Store>,
-    key: PrivateKey,
-    _pg: Option<TempPostgres>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-fn planes() -> Vec<Plane> {
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = Store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
-    let pg = TempPostgres::create()
-        .expect("PostgreSQL: bash tests/suite.sh starts one (or set MOAT_TEST_POSTGRES)");
-    let postgres = Store::open(&pg.url).unwrap();
-    vec![
-        start(sqlite, None, Some(dir)),
-        start(postgres, Some(pg), None),
-    ]
-}
-
-fn start(store: Store, pg: Option<TempPostgres>, dir: Option<tempfile::TempDir>) -> Plane {
-    let clock = ManualClock::new(T0);
-    let key = PrivateKey::from_seed([9; 32]);
-    let store = Arc::new(store);
-    let state = AppState::new(Config {
-        store: Arc::clone(&store),
-        key: PrivateKey::from_seed([9; 32]),
-        policy: PolicyEngine::new(POLICY).unwrap(),
-        admin_token_hash: moat_core::hash::sha256_hex(ADMIN.as_bytes()),
-        environment: "prod".into(),
-        clock: Arc::new(clock.clone()),
-        lease: Duration::from_secs(3600),
-        capability_ttl: Duration::from_secs(30),
-        approval_ttl: Duration::from_secs(600),
-        vault: None,
-        tools_allow_private: false,
-        run_idle_timeout: Duration::from_secs(900),
-        max_attempts: 1,
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    rt.spawn(async move { axum::serve(listener, server::router(state)).await });
-    Plane {
-        url,
-        clock,
-        store,
-        key,
-        _rt: rt,
-        _pg: pg,
-        _dir: dir,
-    }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
-fn call(method: &str, url: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, Value) {
-    let mut response = if method == "GET" {
-        let mut r = agent().get(url);
-        for (k, v) in headers {
-            r = r.header(*k, v);
-        }
-        r.call()
-    } else {
-        let mut r = agent().post(url).header("content-type", "application/json");
-        for (k, v) in headers {
-            r = r.header(*k, v);
-        }
-        r.send(body)
-    }
-    .unwrap();
-    let status = response.status().as_u16();
-    (
-        status,
-        serde_json::from_slice(&response.body_mut().read_to_vec().unwrap()).unwrap_or(Value::Null),
-    )
-}
-
-fn bearer(token: &str) -> Vec<(&'static str, String)> {
-    vec![("authorization", format!("Bearer {token}"))]
-}
-
-fn manifest(plane: &Plane, edit: impl FnOnce(&mut Value), key: &PrivateKey) -> SignedManifest {
-    let stamp = |ms: i64| moat_ledger::store::stamp(ms);
-    let mut m = json!({
-        "runnerVersion": "1.0.0", "environment": "prod",
-        "policyHash": moat_core::hash::sha256_hex(POLICY.as_bytes()),
-        "allowedOps": ["artifact_read"], "allowedExecutables": [], "sandboxModes": ["workspace-write"],
-        "networkPolicy": {"mode": "off", "allowDomains": []},
-        "filesystem": {"readRoots": ["."], "writeRoots": ["output"]},
-        "limits": {"timeoutMs": 60000, "memoryBytes": 1, "pids": 1, "maxOutputBytes": 1, "tmpSizeBytes": 1,
-                   "openFiles": 1, "fileSizeBytes": 1},
-        "createdAt": stamp(T0), "expiresAt": stamp(T0 + 10 * DAY),
-        "controlPlanePublicKey": plane.key.public().to_base64(),
-    });
-    edit(&mut m);
-    let m: Manifest = serde_json::from_value(m).unwrap();
-    m.sign(key).unwrap()
-}
-
-struct Org {
-    token: String,
-}
-
-fn org(plane: &Plane, name: &str) -> Org {
-    let (s, b) = call(
-        "POST",
-        &format!("{}/v1/orgs", plane.url),
-        &bearer(ADMIN),
-        json!({"name": name}).to_string().as_bytes(),
-    );
-    assert_eq!(s, 201, "{b}");
-    Org {
-        token: b["token"].as_str().unwrap().to_owned(),
-    }
-}
-
-fn post(plane: &Plane, org: &Org, path: &str, body: Value) -> (u16, Value) {
-    call(
-        "POST",
-        &format!("{}{path}", plane.url),
-        &bearer(&org.token),
-        body.to_string().as_bytes(),
-    )
-}
-
-const HASH: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-
-/// A runner identity: its per-boot key and, once registered, its id.
-struct Runner {
-    key: PrivateKey,
-    id: String,
-}
-
-fn registration(signed: &SignedManifest, runner_key: &PrivateKey, ops: Value) -> Value {
-    json!({
-        "runnerHash": HASH, "signedManifest": signed, "version": signed.manifest.runner_version,
-        "environment": signed.manifest.environment, "ops": ops, "sandboxMode": "workspace-write",
-        "bootTime": "2030-03-17T17:46:40Z", "publicKey": runner_key.public().to_base64(),
-    })
-}
 
 fn register(plane: &Plane, org: &Org, body: Value) -> (u16, Value) {
     let (_, t) = post(plane, org, "/v1/bootstrap-tokens", json!({}));
@@ -191,33 +24,6 @@ fn register(plane: &Plane, org: &Org, body: Value) -> (u16, Value) {
         &bearer(token),
         body.to_string().as_bytes(),
     )
-}
-
-fn signed_headers(
-    runner: &Runner,
-    method: &str,
-    path: &str,
-    body: &[u8],
-    at: i64,
-) -> Vec<(&'static str, String)> {
-    let nonce = moat_ledger::store::new_id("");
-    vec![
-        (request_sig::RUNNER, runner.id.clone()),
-        (request_sig::TIMESTAMP, at.to_string()),
-        (request_sig::NONCE, nonce.clone()),
-        (
-            request_sig::SIGNATURE,
-            request_sig::Signed {
-                runner: &runner.id,
-                method,
-                path_and_query: path,
-                timestamp_ms: at,
-                nonce: &nonce,
-                body,
-            }
-            .sign(&runner.key),
-        ),
-    ]
 }
 
 fn runner_call(plane: &Plane, runner: &Runner, path: &str) -> (u16, Value) {
@@ -243,9 +49,9 @@ fn rejections(plane: &Plane) -> Vec<String> {
 
 #[test]
 fn registration_refuses_each_bad_runner_with_its_reason() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
-        let current = manifest(&plane, |_| {}, &plane.key);
+        let current = manifest_with(&plane, |_| {}, &plane.key);
         assert_eq!(
             post(
                 &plane,
@@ -274,7 +80,7 @@ fn registration_refuses_each_bad_runner_with_its_reason() {
         );
 
         let stranger = PrivateKey::from_seed([2; 32]);
-        let older = manifest(
+        let older = manifest_with(
             &plane,
             |m| m["createdAt"] = json!(moat_ledger::store::stamp(T0 - 1000)),
             &plane.key,
@@ -282,7 +88,7 @@ fn registration_refuses_each_bad_runner_with_its_reason() {
         let cases = [
             (
                 registration(
-                    &manifest(&plane, |_| {}, &stranger),
+                    &manifest_with(&plane, |_| {}, &stranger),
                     &rk,
                     json!(["artifact_read"]),
                 ),
@@ -290,7 +96,7 @@ fn registration_refuses_each_bad_runner_with_its_reason() {
             ),
             (
                 registration(
-                    &manifest(&plane, |m| m["environment"] = json!("staging"), &plane.key),
+                    &manifest_with(&plane, |m| m["environment"] = json!("staging"), &plane.key),
                     &rk,
                     json!(["artifact_read"]),
                 ),
@@ -298,7 +104,7 @@ fn registration_refuses_each_bad_runner_with_its_reason() {
             ),
             (
                 registration(
-                    &manifest(&plane, |m| m["policyHash"] = json!(HASH), &plane.key),
+                    &manifest_with(&plane, |m| m["policyHash"] = json!(HASH), &plane.key),
                     &rk,
                     json!(["artifact_read"]),
                 ),
@@ -357,31 +163,9 @@ fn registration_refuses_each_bad_runner_with_its_reason() {
     }
 }
 
-fn registered(plane: &Plane, org: &Org, seed: u8) -> Runner {
-    let current = manifest(plane, |_| {}, &plane.key);
-    let _ = post(
-        plane,
-        org,
-        "/v1/manifests",
-        serde_json::to_value(&current).unwrap(),
-    );
-    let _ = post(plane, org, "/v1/runner-builds", json!({"sha256": HASH}));
-    let key = PrivateKey::from_seed([seed; 32]);
-    let (s, b) = register(
-        plane,
-        org,
-        registration(&current, &key, json!(["artifact_read"])),
-    );
-    assert_eq!(s, 201, "{b}");
-    Runner {
-        key,
-        id: b["runnerId"].as_str().unwrap().to_owned(),
-    }
-}
-
 #[test]
 fn signed_requests_cannot_be_replayed_altered_or_outlive_revocation() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let runner = registered(&plane, &acme, 3);
         let path = "/v1/runner/claim";
@@ -436,7 +220,7 @@ fn signed_requests_cannot_be_replayed_altered_or_outlive_revocation() {
 
 #[test]
 fn the_manifest_lifecycle_gates_claims_and_bounds_runs_by_grace() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let runner = registered(&plane, &acme, 4);
         for id in ["early", "late"] {
@@ -500,7 +284,7 @@ fn the_manifest_lifecycle_gates_claims_and_bounds_runs_by_grace() {
 
 #[test]
 fn every_documented_route_is_served() {
-    let plane = planes().remove(0);
+    let plane = Plane::sqlite();
     let mut seen = std::collections::BTreeSet::new();
     for (method, path, _, _) in ROUTES {
         assert!(seen.insert((method, path)), "{method} {path} listed twice");
@@ -539,7 +323,7 @@ fn every_documented_route_is_served() {
 
 #[test]
 fn agents_and_runners_stay_in_their_lane() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let runner = registered(&plane, &acme, 5);
         let (s, b) = post(&plane, &acme, "/v1/agent-tokens", json!({}));
@@ -625,7 +409,7 @@ fn agents_and_runners_stay_in_their_lane() {
 
 #[test]
 fn revoking_a_manifest_or_its_signing_key_stops_its_runners_at_once() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let runner = registered(&plane, &acme, 6);
         assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 204);
@@ -650,7 +434,7 @@ fn revoking_a_manifest_or_its_signing_key_stops_its_runners_at_once() {
         let other = org(&plane, "other");
         let runner = registered(&plane, &other, 7);
         assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 204);
-        let hash = manifest(&plane, |_| {}, &plane.key).manifest_hash;
+        let hash = manifest_with(&plane, |_| {}, &plane.key).manifest_hash;
         assert_eq!(
             post(
                 &plane,
@@ -673,10 +457,10 @@ fn revoking_a_manifest_or_its_signing_key_stops_its_runners_at_once() {
 
 #[test]
 fn a_run_pinned_to_a_manifest_goes_only_to_its_runners() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let runner = registered(&plane, &acme, 8);
-        let older = manifest(
+        let older = manifest_with(
             &plane,
             |m| m["createdAt"] = json!(moat_ledger::store::stamp(T0 - 1000)),
             &plane.key,
@@ -691,7 +475,7 @@ fn a_run_pinned_to_a_manifest_goes_only_to_its_runners() {
             .0,
             201
         );
-        let current = manifest(&plane, |_| {}, &plane.key);
+        let current = manifest_with(&plane, |_| {}, &plane.key);
         assert_eq!(
             post(
                 &plane,
@@ -740,7 +524,7 @@ fn events_of(plane: &Plane, kind: EventType) -> Vec<moat_core::Event> {
 
 #[test]
 fn approvals_pause_an_operation_until_an_admin_decides_or_it_expires() {
-    for plane in planes() {
+    for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let globex = org(&plane, "globex");
         let runner = registered(&plane, &acme, 7);

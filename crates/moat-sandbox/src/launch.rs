@@ -1,6 +1,6 @@
 //! The launcher: plans a run, clones the sandbox, finishes its setup from the
 //! outside (id maps, idmapped roots, cgroup), supervises it and writes the
-//! report. See DESIGN.md, "OS sandbox", for the sequence.
+//! report. See docs/sandbox.md for the sequence.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;

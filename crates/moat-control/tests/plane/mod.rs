@@ -1,6 +1,7 @@
 //! An in-process control plane on a real socket, over SQLite or
-//! PostgreSQL, with a manual clock and a secrets key: what the API
-//! hardening tests (`api_bodies.rs`, `inspector_guard.rs`) share.
+//! PostgreSQL, with a manual clock and a secrets key: what the API tests
+//! (`server.rs`, `api_bodies.rs`, `inspector_guard.rs`, `run_inputs.rs`)
+//! share.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use moat_ledger::store::{Store, TempPostgres};
 use serde_json::{Value, json};
 
 pub const POLICY: &str = r#"
+permit(principal, action == Moat::Action::"artifact_read", resource);
 @id("sensitive") @approval("required") @risk("high")
 permit(principal, action == Moat::Action::"artifact_read", resource)
 when { context.path like "sensitive/*" };
@@ -217,8 +219,17 @@ pub fn post(plane: &Plane, org: &Org, path: &str, body: Value) -> (u16, Value) {
 }
 
 pub fn manifest(plane: &Plane) -> SignedManifest {
+    manifest_with(plane, |_| {}, &plane.key)
+}
+
+/// A manifest for this plane, edited by `edit`, signed with `key`.
+pub fn manifest_with(
+    plane: &Plane,
+    edit: impl FnOnce(&mut Value),
+    key: &PrivateKey,
+) -> SignedManifest {
     let stamp = moat_ledger::store::stamp;
-    let m = json!({
+    let mut m = json!({
         "runnerVersion": "1.0.0", "environment": "prod",
         "policyHash": moat_core::hash::sha256_hex(POLICY.as_bytes()),
         "allowedOps": ["artifact_read"], "allowedExecutables": [], "sandboxModes": ["workspace-write"],
@@ -229,8 +240,9 @@ pub fn manifest(plane: &Plane) -> SignedManifest {
         "createdAt": stamp(T0), "expiresAt": stamp(T0 + 10 * DAY),
         "controlPlanePublicKey": plane.key.public().to_base64(),
     });
+    edit(&mut m);
     let m: Manifest = serde_json::from_value(m).unwrap();
-    m.sign(&plane.key).unwrap()
+    m.sign(key).unwrap()
 }
 
 /// A runner identity: its per-boot key and, once registered, its id.
@@ -239,10 +251,10 @@ pub struct Runner {
     pub id: String,
 }
 
-pub fn registration(signed: &SignedManifest, runner_key: &PrivateKey) -> Value {
+pub fn registration(signed: &SignedManifest, runner_key: &PrivateKey, ops: Value) -> Value {
     json!({
         "runnerHash": HASH, "signedManifest": signed, "version": signed.manifest.runner_version,
-        "environment": signed.manifest.environment, "ops": ["artifact_read"], "sandboxMode": "workspace-write",
+        "environment": signed.manifest.environment, "ops": ops, "sandboxMode": "workspace-write",
         "bootTime": "2030-03-17T17:46:40Z", "publicKey": runner_key.public().to_base64(),
     })
 }
@@ -269,7 +281,9 @@ pub fn registered(plane: &Plane, org: &Org, seed: u8) -> Runner {
         "POST",
         &format!("{}/v1/runner/register", plane.url),
         &bearer(&bootstrap_token(plane, org)),
-        registration(&current, &key).to_string().as_bytes(),
+        registration(&current, &key, json!(["artifact_read"]))
+            .to_string()
+            .as_bytes(),
     );
     assert_eq!(s, 201, "{b}");
     Runner {

@@ -32,12 +32,7 @@ struct Up {
 impl Up {
     fn start(slots: u16) -> Up {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let listen = format!("127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{}", common::free_port());
         let mut child = Command::new(MOAT)
             .args(["up", "--listen", &listen, "--slots", &slots.to_string()])
             .arg("--dir")
@@ -137,6 +132,29 @@ impl Drop for Up {
     }
 }
 
+/// Times `up.batch(agents, ops)` under criterion; every batch's time.
+fn batches(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    up: &Up,
+    agents: usize,
+    ops: usize,
+) -> Vec<Duration> {
+    let mut times = Vec::new();
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let took = up.batch(agents, ops);
+                times.push(took);
+                total += took;
+            }
+            total
+        })
+    });
+    times
+}
+
 fn client() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -161,30 +179,8 @@ fn bench(c: &mut Criterion) {
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(60));
-    let mut serial = Vec::new();
-    group.bench_function("1 slot, 1 agent x 100 exec_argv", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let took = one.batch(1, 100);
-                serial.push(took);
-                total += took;
-            }
-            total
-        })
-    });
-    let mut parallel = Vec::new();
-    group.bench_function("4 slots, 4 agents x 25 exec_argv", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let took = four.batch(4, 25);
-                parallel.push(took);
-                total += took;
-            }
-            total
-        })
-    });
+    let serial = batches(&mut group, "1 slot, 1 agent x 100 exec_argv", &one, 1, 100);
+    let parallel = batches(&mut group, "4 slots, 4 agents x 25 exec_argv", &four, 4, 25);
     group.finish();
 
     let mut group = c.benchmark_group("slots latency");

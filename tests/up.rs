@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MOAT, host_processes_with};
+use common::{MOAT, free_port, host_processes_with};
 use serde_json::Value;
 
 /// `moat up` stopped (SIGTERM, by pid) when the test ends, however it ends.
@@ -34,14 +34,6 @@ impl Drop for Up {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn bash(script: &str) -> String {

@@ -308,3 +308,12 @@ pub fn signed_manifest(
     );
     (signed, public)
 }
+
+/// A loopback port nothing listens on right now (for a server the test
+/// starts by address).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}

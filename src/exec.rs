@@ -11,6 +11,7 @@ use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
 use moat_egress::{EgressConfig, EgressLimits, EgressPolicy, OneRunEgress, parse_resolve};
+use moat_sandbox::hostid::IdRange;
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
 
 const EXAMPLES: &str = "\
@@ -137,6 +138,13 @@ pub struct ExecArgs {
     #[arg(long)]
     allow_degraded: bool,
 
+    /// Launched by root, the program runs as a host uid/gid of its own taken
+    /// from this block of ids (BASE:COUNT; e.g. 1879048192:65536), held for
+    /// this run alone. Default: the `moat` entries of /etc/subuid and
+    /// /etc/subgid, which moat adds on first use. Ignored when not root.
+    #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
+    uid_range: Option<IdRange>,
+
     /// Write the JSON report to FILE (`-` = standard error).
     #[arg(long, value_name = "FILE")]
     report: Option<String>,
@@ -196,8 +204,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     if spec.mode == SandboxMode::DangerFullAccess {
         eprintln!(
             "moat: WARNING: danger-full-access: the host root is writable from inside the \
-             sandbox (as host uid {}). Use it on a development machine only.",
-            spec.unprivileged_id.0
+             sandbox (as the run's host uid). Use it on a development machine only."
         );
     }
     let output = if args.json {
@@ -270,6 +277,7 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
     spec.network = args.network;
     spec.root_view = args.root;
     spec.allow_degraded = args.allow_degraded;
+    spec.id_range = args.uid_range;
     spec.limits = Limits {
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
         memory_bytes: args.memory,

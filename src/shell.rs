@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::{SandboxMode, SignedManifest};
+use moat_sandbox::hostid::IdRange;
 use moat_shell::{Shell, ShellConfig};
 
 use crate::{manifest, state};
@@ -63,6 +64,11 @@ pub struct ShellArgs {
     /// the manifest's control-plane key (see `moat capability issue`).
     #[arg(long)]
     require_capabilities: bool,
+    /// Launched by root, each exec_argv sandbox runs as a host uid/gid of its
+    /// own from this block (BASE:COUNT). Default: the `moat` entries of
+    /// /etc/subuid and /etc/subgid, added on first use.
+    #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
+    pub uid_range: Option<IdRange>,
 }
 
 impl ShellArgs {
@@ -100,6 +106,10 @@ impl ShellArgs {
         );
         if self.require_capabilities {
             out.push("--require-capabilities".into());
+        }
+        if let Some(range) = self.uid_range {
+            out.push("--uid-range".into());
+            out.push(range.to_string().into());
         }
         out
     }
@@ -189,5 +199,6 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         egress_hosts,
         egress_roots_pem,
         require_capabilities: args.require_capabilities,
+        id_range: args.uid_range,
     })?)
 }

@@ -56,6 +56,7 @@ fn shell() -> &'static Mutex<Shell> {
                 egress_hosts: Default::default(),
                 egress_roots_pem: None,
         require_capabilities: false,
+        id_range: None,
             })
             .expect("shell"),
         )

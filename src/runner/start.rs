@@ -54,6 +54,11 @@ pub struct StartArgs {
     /// host's memory holds at the manifest's per-run memory limit.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     slots: Option<u16>,
+    /// Run as root, each run's sandboxes take a host uid/gid of their own
+    /// from this block (BASE:COUNT; passed to the shell). Default: the
+    /// `moat` entries of /etc/subuid and /etc/subgid, added on first use.
+    #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
+    uid_range: Option<moat_sandbox::hostid::IdRange>,
 }
 
 /// The default number of slots: two runs per CPU (a run mostly waits: for
@@ -134,7 +139,7 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     let shell_state = args.state_dir.join("shell");
-    std::fs::create_dir_all(&shell_state)?;
+    private_dir(&shell_state)?;
     std::fs::write(
         shell_state.join("trusted.pub"),
         &signed.manifest.control_plane_public_key,
@@ -338,6 +343,10 @@ impl Runner {
         if workspace.exists() {
             std::fs::remove_dir_all(&workspace)?;
         }
+        // The runner's alone: another run's sandbox runs as another host
+        // uid, which must find nothing here even if it got out.
+        private_dir(&self.args.state_dir.join("runs"))?;
+        private_dir(&workspace)?;
         std::fs::create_dir_all(workspace.join("output"))?;
         std::fs::create_dir_all(workspace.join("input"))?;
         write_inputs(&workspace, &claim["inputs"])?;
@@ -465,6 +474,20 @@ impl Runner {
     }
 }
 
+/// Makes `dir` (if missing) and leaves it to the runner's user alone: the
+/// ledger, artifacts and workspaces of every run live under it.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("{}", dir.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("{}", dir.display())),
+    }
+}
+
 /// `manifest`: a refreshed manifest's file (default: the sealed one).
 fn start_shell(
     args: &StartArgs,
@@ -480,6 +503,10 @@ fn start_shell(
     for entry in &args.resolve {
         extra.push("--resolve".into());
         extra.push(entry.into());
+    }
+    if let Some(range) = args.uid_range {
+        extra.push("--uid-range".into());
+        extra.push(range.to_string().into());
     }
     ShellChild::start(state, workspace, &extra)
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod control;
+pub mod cotenancy;
 pub mod servers;
 
 use std::path::{Path, PathBuf};
@@ -87,19 +88,7 @@ pub fn exec_as(moat: &str, args: &[&str], program: &[&str], uid: Option<u32>) ->
     }
     let report = dir.path().join("report.json");
     let events = dir.path().join("events.jsonl");
-    let mut command = match uid {
-        Some(uid) => {
-            let mut c = Command::new("setpriv");
-            c.args([
-                format!("--reuid={uid}"),
-                format!("--regid={uid}"),
-                "--clear-groups".into(),
-                moat.into(),
-            ]);
-            c
-        }
-        None => Command::new(moat),
-    };
+    let mut command = command_as(moat, uid);
     command
         .arg("exec")
         .arg("--report")
@@ -126,6 +115,23 @@ pub fn exec_as(moat: &str, args: &[&str], program: &[&str], uid: Option<u32>) ->
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         report,
         events,
+    }
+}
+
+/// `program`, run as `uid` (and gid) with no supplementary group when given.
+pub fn command_as(program: &str, uid: Option<u32>) -> Command {
+    match uid {
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".into(),
+                program.into(),
+            ]);
+            c
+        }
+        None => Command::new(program),
     }
 }
 

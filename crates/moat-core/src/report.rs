@@ -30,7 +30,8 @@ pub enum LayerStatus {
     Enforced,
     /// Applied in part; `detail` says what is missing. Only with `allowDegraded`.
     Degraded,
-    /// Not applied. Only with `allowDegraded`, or when the mode does not ask for it.
+    /// Not applied. Only with `allowDegraded`, when the mode does not ask for
+    /// it, or (`hostIdentity` alone) when the launcher is not root.
     NotEnforced,
 }
 
@@ -107,6 +108,11 @@ pub struct Enforcement {
     pub host_uid: u32,
     /// Host gid the sandboxed program runs as.
     pub host_gid: u32,
+    /// Whether `hostUid`/`hostGid` belong to this run alone: enforced when a
+    /// root launcher held them from Moat's block for the whole run; not
+    /// enforced when an unprivileged launcher's program kept its user's ids
+    /// (shared with that user's other runs and processes).
+    pub host_identity: LayerReport,
     /// user, mount, pid, net, ipc, uts and cgroup namespaces.
     pub namespaces: LayerReport,
     /// tmpfs root, read-only system binds, declared roots, fresh /proc, minimal /dev.

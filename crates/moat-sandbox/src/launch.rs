@@ -16,6 +16,7 @@ use crate::cgroup::{self, RunCgroup};
 use crate::child::{self, ChildFds, ChildPlan, Message};
 use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
+use crate::hostid::{self, Lease};
 use crate::mounts::IdmappedRoots;
 use crate::netns;
 use crate::placement::Placement;
@@ -202,6 +203,7 @@ impl RunState {
                 root_view: spec.root_view,
                 host_uid: 0,
                 host_gid: 0,
+                host_identity: not_reached(),
                 namespaces: not_reached(),
                 filesystem: not_reached(),
                 landlock: not_reached(),
@@ -294,12 +296,17 @@ struct Identity {
     inside: (u32, u32),
     host: (u32, u32),
     launched_by_root: bool,
+    /// The host id held for this run. Declared in `launch` before the
+    /// [`ChildGuard`], so it is dropped (and the id freed) only after init
+    /// was reaped, which ends every process of the run's pid namespace.
+    _lease: Option<Lease>,
+    report: LayerReport,
 }
 
-/// Launched by root, the program runs as an unprivileged host id and acts,
-/// inside, as the owner of its first declared root (writable first), whose
-/// files the idmapped mounts show as its own. Launched by anyone else, it keeps
-/// that user's id.
+/// Launched by root, the program runs as a host uid/gid of its own (see
+/// [`crate::hostid`]) and acts, inside, as the owner of its first declared
+/// root (writable first), whose files the idmapped mounts show as its own.
+/// Launched by anyone else, it keeps that user's ids.
 fn identity(spec: &SandboxSpec, root_owner: Option<(u32, u32)>) -> Result<Identity, SetupError> {
     // SAFETY: plain id queries.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -308,18 +315,35 @@ fn identity(spec: &SandboxSpec, root_owner: Option<(u32, u32)>) -> Result<Identi
             inside: (euid, egid),
             host: (euid, egid),
             launched_by_root: false,
+            _lease: None,
+            report: LayerReport::not_enforced(format!(
+                "launched by uid {euid}, not root: the program runs as uid {euid} / gid {egid}, \
+                 like that user's other runs and processes, so runs are not separated by host \
+                 identity (a root launcher gives each run ids of its own)"
+            )),
         });
     }
-    if spec.unprivileged_id.0 == 0 || spec.unprivileged_id.1 == 0 {
-        return Err(SetupError::new(
-            Layer::UserMapping,
-            "the sandbox must not run as host uid or gid 0",
-        ));
-    }
+    let refuse = |what: String| SetupError::new(Layer::UserMapping, what);
+    let (range, source) = match spec.id_range {
+        Some(range) => (range, "--uid-range"),
+        None => (
+            hostid::subid::system_range()
+                .map_err(|e| refuse(format!("no block of host ids for sandboxes: {e}")))?,
+            "the moat entries of /etc/subuid and /etc/subgid",
+        ),
+    };
+    range.check_unclaimed().map_err(|e| refuse(e.to_string()))?;
+    let lease = Lease::take(range, &spec.run_id).map_err(|e| refuse(e.to_string()))?;
+    let id = lease.id();
     Ok(Identity {
         inside: root_owner.unwrap_or((0, 0)),
-        host: spec.unprivileged_id,
+        host: (id, id),
         launched_by_root: true,
+        report: LayerReport::enforced(format!(
+            "host uid and gid {id}, held by this run alone until its last process ended \
+             (block {range}, from {source})"
+        )),
+        _lease: Some(lease),
     })
 }
 
@@ -511,6 +535,7 @@ fn launch(
     let id = identity(spec, idmapped.owner)?;
     state.enforcement.host_uid = id.host.0;
     state.enforcement.host_gid = id.host.1;
+    state.enforcement.host_identity = id.report.clone();
     let new_netns = spec.network != NetworkMode::Full;
 
     let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));

@@ -3,7 +3,7 @@
 //!
 //! Layers, in the order they are applied: user, mount, pid, net, ipc, uts and
 //! cgroup namespaces; a tmpfs root with read-only system binds, declared roots
-//! and `pivot_root`; an unprivileged host id; cgroup limits; rlimits; every
+//! and `pivot_root`; a host uid/gid of the run's own (see [`hostid`]); cgroup limits; rlimits; every
 //! capability dropped and `no_new_privs`; Landlock; seccomp. Each step fails
 //! closed unless the spec allows degrading, and the report says which held.
 
@@ -12,6 +12,7 @@ mod child;
 mod confine;
 pub mod error;
 pub mod helper;
+pub mod hostid;
 mod launch;
 mod mounts;
 mod netns;

@@ -8,6 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use moat_core::{Limits, NetworkMode, RootView, SandboxMode};
 
 use crate::error::SpecError;
+use crate::hostid::IdRange;
 use crate::sys;
 
 /// A host path made visible inside the sandbox.
@@ -42,8 +43,11 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Run even when a protection cannot be applied; the report says which.
     pub allow_degraded: bool,
-    /// Host uid and gid the program runs as when the launcher is root.
-    pub unprivileged_id: (u32, u32),
+    /// Launched by root, the program runs as a host uid/gid of its own from
+    /// this block; `None` is the host's block for Moat (the `moat` entries of
+    /// `/etc/subuid` and `/etc/subgid`, made on first use). Unused when the
+    /// launcher is not root: the program then keeps the launcher's ids.
+    pub id_range: Option<IdRange>,
     /// Give the program `/dev/null` as stdin whatever the launcher's stdin
     /// is. A launcher that reads requests on its own stdin (the capability
     /// shell, MCP) must set it: the program would otherwise read the
@@ -79,7 +83,7 @@ impl SandboxSpec {
             root_view: RootView::default(),
             limits: Limits::default(),
             allow_degraded: false,
-            unprivileged_id: (65534, 65534),
+            id_range: None,
             stdin_null: false,
             stdin_data: None,
         }

@@ -54,6 +54,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         egress_hosts: Default::default(),
         egress_roots_pem: None,
         require_capabilities: false,
+        id_range: None,
     })
     .unwrap()
 }

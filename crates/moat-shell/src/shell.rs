@@ -20,6 +20,7 @@ use moat_core::{
 };
 use moat_egress::{Egress, EgressConfig, FetchError};
 use moat_ledger::{ArtifactRecord, Ledger};
+use moat_sandbox::hostid::IdRange;
 use serde_json::{Value, json};
 
 use crate::exec;
@@ -52,6 +53,9 @@ pub struct ShellConfig {
     /// A managed runner: every operation must carry a capability signed by
     /// the manifest's control-plane key.
     pub require_capabilities: bool,
+    /// The block of host ids each `exec_argv` sandbox takes one from, when
+    /// the shell runs as root (`None`: the host's `moat` block).
+    pub id_range: Option<IdRange>,
 }
 
 /// Why the shell could not start.
@@ -605,7 +609,7 @@ impl Shell {
                 format!("{}\n{}\n{}", envelope.run_id, envelope.id, now()).as_bytes()
             )[..16]
         );
-        let plan = match exec::plan(
+        let mut plan = match exec::plan(
             &self.config.manifest,
             &self.workspace,
             self.config.mode,
@@ -616,6 +620,7 @@ impl Shell {
             Ok(plan) => plan,
             Err(refusal) => return refusal.into(),
         };
+        plan.spec.id_range = self.config.id_range;
         let mut sink = exec::Relabel {
             events: &mut op.events,
             run_id: &envelope.run_id,

@@ -1,0 +1,281 @@
+//! The host's block for Moat: the `moat` entries of `/etc/subuid` and
+//! `/etc/subgid`, written on first use when they are missing.
+//!
+//! Those files are where a Linux host records which blocks of ids belong to
+//! whom (`useradd` and `newuidmap` read them), so a block recorded there is
+//! one that no other user, container runtime or later `useradd` takes. A
+//! new block is 65,536 ids from 1879048192 (0x70000000) upwards: after the
+//! ranges `useradd` hands out and systemd's container range, below 2^31.
+
+use std::fs::File;
+use std::io::{self, Write as _};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::lease::{RUN_DIR, ensure_root_dir};
+use super::range::{IdRange, RangeError};
+
+pub const SUBUID: &str = "/etc/subuid";
+pub const SUBGID: &str = "/etc/subgid";
+/// The owner name of Moat's entries.
+pub const OWNER: &str = "moat";
+
+const BLOCK: u32 = 65536;
+const SEARCH_FROM: u64 = 0x7000_0000;
+/// systemd's "foreign" range starts here; nothing of ours goes past it.
+const SEARCH_TO: u64 = 0x7FFE_0000;
+
+/// Why the host's block could not be read or made.
+#[derive(Debug, thiserror::Error)]
+pub enum SubidError {
+    #[error("{file}: {source}")]
+    Io { file: PathBuf, source: io::Error },
+    #[error("{file}: the `moat` entry: {source}")]
+    Entry {
+        file: &'static str,
+        source: RangeError,
+    },
+    #[error(
+        "the `moat` entries differ: {SUBUID} has {uids}, {SUBGID} has {gids}; a sandbox runs as \
+         uid n and gid n of one block, so they must be the same (or give --uid-range)"
+    )]
+    Mismatch { uids: IdRange, gids: IdRange },
+    #[error(
+        "Moat's block {range} is in one of {SUBUID} and {SUBGID} and overlaps another entry of \
+         {file}: add a matching `moat` line to {file} by hand, or give --uid-range"
+    )]
+    Clash { range: IdRange, file: &'static str },
+    #[error(
+        "no free block of {BLOCK} ids between {SEARCH_FROM} and {SEARCH_TO} in {SUBUID}, {SUBGID}, \
+         /etc/passwd and /etc/group: add a `moat:BASE:COUNT` line to both files, or give --uid-range"
+    )]
+    NoRoom,
+    #[error(transparent)]
+    Lock(#[from] super::lease::LeaseError),
+}
+
+/// The host's block: read from both files; written into them (under a lock,
+/// so that concurrent first launches agree) when it is missing from either.
+pub fn system_range() -> Result<IdRange, SubidError> {
+    let (uids, gids) = (Entries::read(SUBUID)?, Entries::read(SUBGID)?);
+    if let (Some(u), Some(g)) = (uids.ours()?, gids.ours()?) {
+        return agree(u, g);
+    }
+    ensure_root_dir(Path::new(RUN_DIR), 0o755)?;
+    let lock_path = Path::new(RUN_DIR).join("subid.lock");
+    let lock = File::options()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(|source| SubidError::Io {
+            file: lock_path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor owned here; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(SubidError::Io {
+            file: lock_path,
+            source: io::Error::last_os_error(),
+        });
+    }
+    // Another launcher may have written the entries while this one waited.
+    let (uids, gids) = (Entries::read(SUBUID)?, Entries::read(SUBGID)?);
+    let range = match (uids.ours()?, gids.ours()?) {
+        (Some(u), Some(g)) => return agree(u, g),
+        (Some(u), None) if gids.free(u) => u,
+        (None, Some(g)) if uids.free(g) => g,
+        (Some(u), None) => {
+            return Err(SubidError::Clash {
+                range: u,
+                file: SUBGID,
+            });
+        }
+        (None, Some(g)) => {
+            return Err(SubidError::Clash {
+                range: g,
+                file: SUBUID,
+            });
+        }
+        (None, None) => choose(&uids, &gids)?,
+    };
+    for (entries, present) in [
+        (&uids, uids.ours()?.is_some()),
+        (&gids, gids.ours()?.is_some()),
+    ] {
+        if !present {
+            entries.append(range)?;
+        }
+    }
+    Ok(range)
+}
+
+fn agree(uids: IdRange, gids: IdRange) -> Result<IdRange, SubidError> {
+    if uids == gids {
+        Ok(uids)
+    } else {
+        Err(SubidError::Mismatch { uids, gids })
+    }
+}
+
+/// The first block that no entry of either file and no user or group holds.
+fn choose(uids: &Entries, gids: &Entries) -> Result<IdRange, SubidError> {
+    let mut base = SEARCH_FROM;
+    while base + u64::from(BLOCK) <= SEARCH_TO {
+        if let Ok(range) = IdRange::new(base as u32, BLOCK)
+            && uids.free(range)
+            && gids.free(range)
+            && range.check_unclaimed().is_ok()
+        {
+            return Ok(range);
+        }
+        base += u64::from(BLOCK);
+    }
+    Err(SubidError::NoRoom)
+}
+
+/// One of the two files, as read.
+struct Entries {
+    file: &'static str,
+    text: String,
+}
+
+impl Entries {
+    fn read(file: &'static str) -> Result<Self, SubidError> {
+        match std::fs::read_to_string(file) {
+            Ok(text) => Ok(Entries { file, text }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Entries {
+                file,
+                text: String::new(),
+            }),
+            Err(source) => Err(SubidError::Io {
+                file: file.into(),
+                source,
+            }),
+        }
+    }
+
+    /// `(owner, base, count)` of every well-formed line.
+    fn lines(&self) -> impl Iterator<Item = (&str, u64, u64)> {
+        self.text.lines().filter_map(|line| {
+            let mut fields = line.trim().split(':');
+            let owner = fields.next()?;
+            let base = fields.next()?.parse().ok()?;
+            let count = fields.next()?.parse().ok()?;
+            Some((owner, base, count))
+        })
+    }
+
+    /// Moat's entry (the first, if there are several).
+    fn ours(&self) -> Result<Option<IdRange>, SubidError> {
+        let Some((_, base, count)) = self.lines().find(|(owner, _, _)| *owner == OWNER) else {
+            return Ok(None);
+        };
+        let too_big = |_| RangeError::TooHigh {
+            base: u32::MAX,
+            count: u32::MAX,
+        };
+        let range = u32::try_from(base)
+            .map_err(too_big)
+            .and_then(|b| IdRange::new(b, u32::try_from(count).map_err(too_big)?))
+            .map_err(|source| SubidError::Entry {
+                file: self.file,
+                source,
+            })?;
+        Ok(Some(range))
+    }
+
+    /// No entry but Moat's own overlaps `range`.
+    fn free(&self, range: IdRange) -> bool {
+        !self
+            .lines()
+            .any(|(owner, base, count)| owner != OWNER && range.overlaps(base, count))
+    }
+
+    /// Adds Moat's line: the file is rewritten beside itself and renamed
+    /// over, so a reader never sees half of it; mode and owner are kept.
+    fn append(&self, range: IdRange) -> Result<(), SubidError> {
+        let io_err = |source| SubidError::Io {
+            file: self.file.into(),
+            source,
+        };
+        let path = Path::new(self.file);
+        let (mode, owner) = match std::fs::metadata(path) {
+            Ok(meta) => (
+                meta.permissions().mode() & 0o7777,
+                Some((meta.uid(), meta.gid())),
+            ),
+            Err(_) => (0o644, None),
+        };
+        let mut text = self.text.clone();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!("{OWNER}:{}:{}\n", range.base, range.count));
+        let temp = path.with_file_name(format!(
+            ".{}.moat-{}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        ));
+        let written = (|| {
+            let mut file = File::options()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&temp)?;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+            }
+            file.write_all(text.as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&temp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written.map_err(io_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(text: &str) -> Entries {
+        Entries {
+            file: SUBUID,
+            text: text.to_owned(),
+        }
+    }
+
+    #[test]
+    fn finds_moat_and_ignores_other_and_malformed_lines() {
+        let e = entries("alice:100000:65536\n# comment\nbad line\nmoat:1879048192:65536\n");
+        assert_eq!(
+            e.ours().unwrap(),
+            Some(IdRange::new(1879048192, 65536).unwrap())
+        );
+        assert_eq!(entries("alice:100000:65536\n").ours().unwrap(), None);
+        assert!(matches!(
+            entries("moat:0:65536\n").ours(),
+            Err(SubidError::Entry { .. })
+        ));
+    }
+
+    #[test]
+    fn a_new_block_skips_every_other_entry() {
+        let taken = entries("alice:1879048192:10\nbob:1879113728:65536\n");
+        let range = choose(&taken, &entries("")).unwrap();
+        assert_eq!(range.base, 1879048192 + 2 * 65536);
+        assert_eq!(range.count, 65536);
+        let in_gids = entries("carol:1879179264:1\n");
+        assert_eq!(
+            choose(&taken, &in_gids).unwrap().base,
+            1879048192 + 3 * 65536
+        );
+    }
+}

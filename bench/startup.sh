@@ -4,6 +4,7 @@
 #
 #   bench/startup.sh            # 200 runs each, in 5 rounds (needs hyperfine, bubblewrap)
 #   RUNS=50 ROUNDS=2 bench/startup.sh
+#   BASELINE=/path/to/older/moat bench/startup.sh   # adds that build, side by side
 #
 # Run as root (moat then applies every layer, cgroups included) or as an
 # unprivileged user (moat then runs with --allow-degraded: no cgroups).
@@ -19,6 +20,14 @@ extra=""
 [ "$(id -u)" = 0 ] || extra="--allow-degraded"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# Every moat binary is timed from a fresh copy in one directory: a binary
+# just written by the linker starts measurably slower (its page cache is in
+# small pieces, so exec maps it with more faults) than a copied one, which
+# would otherwise decide a comparison between two builds.
+cp "$MOAT" "$out/moat" && MOAT=$out/moat
+if [ -n "${BASELINE:-}" ]; then
+  cp "$BASELINE" "$out/moat-baseline" && BASELINE=$out/moat-baseline
+fi
 
 # A shared VM drifts by a few percent over the minutes a benchmark takes, and
 # hyperfine runs one command's runs in a block: so the runs are split into
@@ -35,6 +44,10 @@ commands=("/bin/true" \
   "bwrap --ro-bind / / --unshare-all --die-with-parent --dev /dev --proc /proc --tmpfs /tmp /bin/true" \
   "$MOAT exec $extra --network off -- /bin/true" \
   "$MOAT exec $extra --network allowlist --allow-domain example.com -- /bin/true")
+if [ -n "${BASELINE:-}" ]; then
+  names+=("moat exec (baseline build)")
+  commands+=("$BASELINE exec $extra --network off -- /bin/true")
+fi
 # Runs the commands named in the arrays NAMES and COMMANDS (by name) in
 # ROUNDS rounds of RUNS runs, rotating their order, with hyperfine OPTS (an
 # array, by name); exports $out/PREFIX-<round>.json.
@@ -65,6 +78,10 @@ run_rounds startup "$ROUNDS" $(( (RUNS + ROUNDS - 1) / ROUNDS )) names commands 
 IDLE_RUNS=${IDLE_RUNS:-60}
 idle_names=("bwrap + dev/proc/tmp" "moat exec (all layers)")
 idle_commands=("${commands[3]}" "${commands[4]}")
+if [ -n "${BASELINE:-}" ]; then
+  idle_names+=("moat exec (baseline build)")
+  idle_commands+=("${commands[6]}")
+fi
 pause=(--prepare "sleep 0.05" --warmup 3)
 run_rounds idle 3 $(( (IDLE_RUNS + 2) / 3 )) idle_names idle_commands pause
 
@@ -98,4 +115,7 @@ bw, mo = (statistics.median(idle[n]) * 1000 for n in ("bwrap + dev/proc/tmp", "m
 print(f"\nafter a 50 ms pause ({len(idle['moat exec (all layers)'])} runs each):")
 print(f"{'bwrap + dev/proc/tmp':40} {bw:7.2f} ms")
 print(f"{'moat exec (all layers)':40} {mo:7.2f} ms {mo / bw:11.2f}x bwrap + dev/proc/tmp")
+if "moat exec (baseline build)" in idle:
+    base = statistics.median(idle["moat exec (baseline build)"]) * 1000
+    print(f"{'moat exec (baseline build)':40} {base:7.2f} ms {mo / base:11.2f}x this build / baseline")
 PY

@@ -5,7 +5,7 @@
 # per attempt: {"attempt": ..., "target": ..., "outcome": "reached" | "refused: ..."}.
 # It never changes anything it reaches beyond what the attempt needs (a
 # signal 0, a ptrace attach it detaches at once).
-import ctypes, json, os, socket, sys
+import ctypes, json, os, signal, socket, sys
 
 spec = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
@@ -24,7 +24,10 @@ def report(attempt, target, fn):
 def ptrace(pid):
     if libc.ptrace(PTRACE_ATTACH, pid, None, None) != 0:
         raise OSError(ctypes.get_errno(), "")
+    # Reached: let the tracee go on as it was (the attach stopped it).
+    os.waitpid(pid, 0x40000000)  # __WALL
     libc.ptrace(PTRACE_DETACH, pid, None, None)
+    os.kill(pid, signal.SIGCONT)
 
 
 def read(path):

@@ -7,7 +7,8 @@
 //! the kernel drops when the launcher ends however it ends. The slot's text
 //! says how its last holder let go:
 //!
-//! - `free`: after the sandbox's init was reaped, which with a pid namespace
+//! - `free` (each text is padded to one 128-byte record): after the
+//!   sandbox's init was reaped, which with a pid namespace
 //!   means every process of the sandbox is gone: the id is taken at once;
 //! - anything else (`held ...` left by a launcher that was killed, or an empty
 //!   slot never used since boot): the id is taken only after a scan of
@@ -30,7 +31,21 @@ pub const RUN_DIR: &str = "/run/moat";
 /// Where the slot files live.
 pub const SLOT_DIR: &str = "/run/moat/hostids";
 
-const FREE: &[u8] = b"free\n";
+/// Every slot text is one record of this many bytes, rewritten in place:
+/// never truncating the file keeps a launch to two small writes (truncating
+/// costs a journal transaction where /run is not a tmpfs).
+const RECORD: usize = 128;
+
+/// A slot's text: `text`, padded to [`RECORD`] bytes.
+fn record(text: &str) -> [u8; RECORD] {
+    let mut out = [b' '; RECORD];
+    let n = text.len().min(RECORD - 1);
+    out[..n].copy_from_slice(&text.as_bytes()[..n]);
+    out[RECORD - 1] = b'\n';
+    out
+}
+
+const FREE: &str = "free";
 
 /// Why no id could be held.
 #[derive(Debug, thiserror::Error)]
@@ -86,9 +101,9 @@ impl Lease {
                 held += 1;
                 continue;
             }
-            let mut head = [0u8; FREE.len()];
+            let mut head = [0u8; RECORD];
             let read = slot.read_at(&mut head, 0).map_err(slot_err)?;
-            let freed = head[..read] == *FREE;
+            let freed = head[..read] == record(FREE);
             if !freed
                 && proc_scan::id_in_use(id).map_err(|source| LeaseError::Scan { id, source })?
             {
@@ -97,9 +112,8 @@ impl Lease {
             }
             // SAFETY: plain id query.
             let pid = unsafe { libc::getpid() };
-            let note = format!("held by pid {pid} for run {holder}\n");
-            slot.set_len(0).map_err(slot_err)?;
-            slot.write_all_at(note.as_bytes(), 0).map_err(slot_err)?;
+            let note = record(&format!("held by pid {pid} for run {holder}"));
+            slot.write_all_at(&note, 0).map_err(slot_err)?;
             return Ok(Lease { slot, id });
         }
         Err(LeaseError::Exhausted {
@@ -119,9 +133,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         // If this fails the slot keeps its `held` text: the next taker scans
         // /proc before reusing the id, as after a killed launcher.
-        if self.slot.set_len(0).is_ok() {
-            let _ = self.slot.write_all_at(FREE, 0);
-        }
+        let _ = self.slot.write_all_at(&record(FREE), 0);
         // Closing the slot releases the lock.
     }
 }

@@ -140,7 +140,7 @@ pub struct ExecArgs {
 
     /// Launched by root, the program runs as a host uid/gid of its own taken
     /// from this block of ids (BASE:COUNT; e.g. 1879048192:65536), held for
-    /// this run alone. Default: the `moat` entries of /etc/subuid and
+    /// this run alone. Default: the `moat-sandboxes` entries of /etc/subuid and
     /// /etc/subgid, which moat adds on first use. Ignored when not root.
     #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
     uid_range: Option<IdRange>,

@@ -65,7 +65,7 @@ pub struct ShellArgs {
     #[arg(long)]
     require_capabilities: bool,
     /// Launched by root, each exec_argv sandbox runs as a host uid/gid of its
-    /// own from this block (BASE:COUNT). Default: the `moat` entries of
+    /// own from this block (BASE:COUNT). Default: the `moat-sandboxes` entries of
     /// /etc/subuid and /etc/subgid, added on first use.
     #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
     pub uid_range: Option<IdRange>,

@@ -166,7 +166,7 @@ fn runs_of_two_orgs_on_one_host_cannot_reach_each_other() {
 
     // One block for both runners: leases are host-wide, so two runners'
     // sandboxes never share an id either.
-    let (base, range) = test_range(64);
+    let (base, range) = test_range(0, 64);
     let extra = ["--slots", "2", "--uid-range", range.as_str()];
     let orgs: Vec<(String, Runner)> = ["acme", "globex"]
         .into_iter()

@@ -175,7 +175,7 @@ fn two_tenants(range: &str, as_user: Option<u32>) -> (Tenant, Tenant) {
 
 #[test]
 fn concurrent_runs_hold_different_host_ids_and_an_escapee_of_one_cannot_reach_the_other() {
-    let (base, range) = test_range(16);
+    let (base, range) = test_range(0, 16);
     let (a, b) = two_tenants(&range, None);
     let (pid_a, pid_b) = (a.wait_ready(), b.wait_ready());
     let (ids_a, ids_b) = (host_ids(pid_a), host_ids(pid_b));
@@ -235,7 +235,7 @@ fn concurrent_runs_hold_different_host_ids_and_an_escapee_of_one_cannot_reach_th
 
 #[test]
 fn unprivileged_runs_keep_the_users_id_and_the_report_says_runs_are_not_separated_by_it() {
-    let (_, range) = test_range(16);
+    let (_, range) = test_range(1, 16);
     let (a, b) = two_tenants(&range, Some(65534));
     let (pid_a, pid_b) = (a.wait_ready(), b.wait_ready());
     assert_eq!(host_ids(pid_a), (65534, 65534));
@@ -308,7 +308,7 @@ fn a_thousand_sandboxes_eight_at_a_time_never_share_a_live_uid_and_leave_none_he
     const RUNS: usize = 1000;
     const AT_ONCE: usize = 8;
     let count = 64;
-    let (base, range) = test_range(count);
+    let (base, range) = test_range(2, count);
     let done = std::sync::atomic::AtomicBool::new(false);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (sharing, reports) = std::thread::scope(|scope| {
@@ -318,6 +318,7 @@ fn a_thousand_sandboxes_eight_at_a_time_never_share_a_live_uid_and_leave_none_he
                 if let Some(found) = sample_sharing(base, count) {
                     seen.push(found);
                 }
+                std::thread::sleep(Duration::from_millis(1));
             }
             seen
         });
@@ -392,7 +393,7 @@ fn exec_in_range(range: &str, program: &[&str]) -> (Output, PathBuf, tempfile::T
 
 #[test]
 fn a_killed_launchers_id_is_taken_again_only_once_nothing_of_it_is_left() {
-    let (base, range) = test_range(1);
+    let (base, range) = test_range(3, 1);
     let slot = Path::new(SLOTS).join(base.to_string());
     let mut launcher = Command::new(MOAT)
         .args(["exec", "--uid-range", &range, "--", "/bin/sleep", "60"])
@@ -486,6 +487,8 @@ fn a_bad_uid_range_is_refused_before_anything_runs() {
         ("65000:1000", "nobody"),
         ("1:2", "/etc/passwd"),
         ("12:0", "at least one id"),
+        ("61184:10", "systemd's dynamic users"),
+        ("1000000:10", "systemd-nspawn's container range"),
         ("abc", "BASE:COUNT"),
     ] {
         let (out, _, _) = exec_in_range(range, &["/bin/true"]);
@@ -552,7 +555,7 @@ fn the_first_root_launch_records_moats_block_in_subuid_and_subgid_once() {
         let detail = e["hostIdentity"]["detail"].as_str().unwrap();
         assert!(detail.contains("/etc/subuid"), "{detail}");
     }
-    let entry = format!("moat:{block}:65536\n");
+    let entry = format!("moat-sandboxes:{block}:65536\n");
     assert_eq!(
         std::fs::read_to_string(etc.join("subuid")).unwrap(),
         format!("alice:1879048192:65536\n{entry}")
@@ -565,14 +568,45 @@ fn the_first_root_launch_records_moats_block_in_subuid_and_subgid_once() {
     assert_eq!(mode & 0o7777, 0o640, "subgid's mode was not kept");
 
     // Entries that disagree are refused, with the reason.
-    std::fs::write(etc.join("subgid"), "moat:1900000000:65536\n").unwrap();
+    std::fs::write(etc.join("subgid"), "moat-sandboxes:1900000000:65536\n").unwrap();
     let out = with_private_etc(
         &etc,
         r#"if "$MOAT" exec -- /bin/true 2>/tmp/moat-subid-$$; then exit 1; fi
            cat /tmp/moat-subid-$$; rm /tmp/moat-subid-$$"#,
     );
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("the `moat` entries differ"), "{said}");
+    assert!(
+        said.contains("the `moat-sandboxes` entries differ"),
+        "{said}"
+    );
+
+    // A chosen block may not take another owner's subordinate ids, and no
+    // account may bear the owner's name (the entry would let it map them).
+    let refused = |script: &str, says: &str| {
+        let out = with_private_etc(
+            &etc,
+            &format!(
+                r#"if "$MOAT" exec {script} -- /bin/true 2>/tmp/moat-subid-$$; then exit 1; fi
+                   cat /tmp/moat-subid-$$; rm /tmp/moat-subid-$$"#
+            ),
+        );
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(said.contains(says), "{script}: {said}");
+    };
+    refused(
+        "--uid-range 1879048200:10",
+        "alice's ids 1879048192+65536 in /etc/subuid",
+    );
+    let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap();
+    std::fs::write(
+        etc.join("passwd"),
+        format!("{passwd}moat-sandboxes:x:4444:4444::/nonexistent:/usr/sbin/nologin\n"),
+    )
+    .unwrap();
+    refused(
+        "--uid-range 1895825408:10",
+        "an account named `moat-sandboxes`",
+    );
 
     assert_eq!(
         (real("/etc/subuid"), real("/etc/subgid")),

@@ -56,7 +56,7 @@ pub struct StartArgs {
     slots: Option<u16>,
     /// Run as root, each run's sandboxes take a host uid/gid of their own
     /// from this block (BASE:COUNT; passed to the shell). Default: the
-    /// `moat` entries of /etc/subuid and /etc/subgid, added on first use.
+    /// `moat-sandboxes` entries of /etc/subuid and /etc/subgid, added on first use.
     #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
     uid_range: Option<moat_sandbox::hostid::IdRange>,
 }
@@ -476,16 +476,28 @@ impl Runner {
 
 /// Makes `dir` (if missing) and leaves it to the runner's user alone: the
 /// ledger, artifacts and workspaces of every run live under it.
+/// One that exists must be a real directory of the runner's user (else its
+/// owner could still open it), and is closed to everyone else.
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .with_context(|| format!("{}", dir.display()))
-        }
-        Err(e) => Err(e).with_context(|| format!("{}", dir.display())),
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("{}", dir.display())),
     }
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
+    // /proc/self belongs to this process's effective uid.
+    let me = std::fs::metadata("/proc/self")?.uid();
+    if !meta.is_dir() || meta.uid() != me {
+        bail!(
+            "{} must be a directory owned by this runner's user (uid {me}), not a link or \
+             another user's (uid {})",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("{}", dir.display()))
 }
 
 /// `manifest`: a refreshed manifest's file (default: the sealed one).

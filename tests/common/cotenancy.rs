@@ -14,13 +14,14 @@ const ESCAPEE: &str = include_str!("../hostid/escapee.py");
 pub const PYTHON: &str = "/usr/bin/python3";
 pub const SETPRIV: &str = "/usr/bin/setpriv";
 
-/// A block of `count` ids of the calling test's own: random, inside
-/// `0x7300_0000..0x7400_0000`, away from Moat's default block and from the
-/// suite's.
-pub fn test_range(count: u32) -> (u32, String) {
+/// A block of `count` ids of the calling test's own: test number `index`
+/// (each test of a binary its own, as they run at once) gets a region of
+/// 2^20 ids from `0x7300_0000`, away from Moat's default block and from the
+/// suite's, and a random 256-id block in it.
+pub fn test_range(index: u32, count: u32) -> (u32, String) {
+    assert!(count <= 256 && index < 16);
     let pick = u32::from_str_radix(&super::token()[..4], 16).unwrap() % 4096;
-    let base = 0x7300_0000 + pick * 256;
-    assert!(count <= 256);
+    let base = 0x7300_0000 + (index << 20) + pick * 256;
     (base, format!("{base}:{count}"))
 }
 

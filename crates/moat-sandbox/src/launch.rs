@@ -3,7 +3,7 @@
 //! report. See docs/sandbox.md for the sequence.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use moat_core::{
@@ -329,10 +329,22 @@ fn identity(spec: &SandboxSpec, root_owner: Option<(u32, u32)>) -> Result<Identi
         None => (
             hostid::subid::system_range()
                 .map_err(|e| refuse(format!("no block of host ids for sandboxes: {e}")))?,
-            "the moat entries of /etc/subuid and /etc/subgid",
+            "the moat-sandboxes entries of /etc/subuid and /etc/subgid",
         ),
     };
-    range.check_unclaimed().map_err(|e| refuse(e.to_string()))?;
+    hostid::subid::check_block(range).map_err(|e| refuse(e.to_string()))?;
+    // Root of a container's user namespace can only hand out ids its own
+    // map holds.
+    for map in ["/proc/self/uid_map", "/proc/self/gid_map"] {
+        let mapped = hostid::mapped_here(Path::new(map), range.base, range.last())
+            .map_err(|e| refuse(format!("{map}: {e}")))?;
+        if !mapped {
+            return Err(refuse(format!(
+                "this launcher is root of a user namespace whose {map} does not hold the block \
+                 {range}: give --uid-range with ids mapped here"
+            )));
+        }
+    }
     let lease = Lease::take(range, &spec.run_id).map_err(|e| refuse(e.to_string()))?;
     let id = lease.id();
     Ok(Identity {

@@ -44,7 +44,7 @@ pub struct SandboxSpec {
     /// Run even when a protection cannot be applied; the report says which.
     pub allow_degraded: bool,
     /// Launched by root, the program runs as a host uid/gid of its own from
-    /// this block; `None` is the host's block for Moat (the `moat` entries of
+    /// this block; `None` is the host's block for Moat (the `moat-sandboxes` entries of
     /// `/etc/subuid` and `/etc/subgid`, made on first use). Unused when the
     /// launcher is not root: the program then keeps the launcher's ids.
     pub id_range: Option<IdRange>,

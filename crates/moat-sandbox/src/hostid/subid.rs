@@ -1,11 +1,19 @@
-//! The host's block for Moat: the `moat` entries of `/etc/subuid` and
-//! `/etc/subgid`, written on first use when they are missing.
+//! The host's block for Moat: the `moat-sandboxes` entries of `/etc/subuid`
+//! and `/etc/subgid`, written on first use when they are missing.
 //!
 //! Those files are where a Linux host records which blocks of ids belong to
 //! whom (`useradd` and `newuidmap` read them), so a block recorded there is
-//! one that no other user, container runtime or later `useradd` takes. A
-//! new block is 65,536 ids from 1879048192 (0x70000000) upwards: after the
-//! ranges `useradd` hands out and systemd's container range, below 2^31.
+//! one that no other user, container runtime or later `useradd` takes. An
+//! entry is also a grant: `newuidmap` lets the account of that name map the
+//! block. So the owner is a name that must not be an account (a launch is
+//! refused if `/etc/passwd` has it; deployments create `moat` and
+//! `moat-runner`, never this). A new block is 65,536 ids from 1879048192
+//! (0x70000000) upwards: after the ranges `useradd` hands out and systemd's
+//! container range, below 2^31.
+//!
+//! Every block, wherever it comes from, must hold no id that anything else
+//! may use ([`check_block`]): no id of the local user and group files, no
+//! other owner's subordinate ids, none of systemd's reserved ranges.
 
 use std::fs::File;
 use std::io::{self, Write as _};
@@ -18,8 +26,20 @@ use super::range::{IdRange, RangeError};
 
 pub const SUBUID: &str = "/etc/subuid";
 pub const SUBGID: &str = "/etc/subgid";
-/// The owner name of Moat's entries.
-pub const OWNER: &str = "moat";
+/// The owner name of Moat's entries: not an account (see above).
+pub const OWNER: &str = "moat-sandboxes";
+
+/// Ids systemd hands out by itself, without recording them anywhere.
+const SYSTEMD_RANGES: &[(u64, u64, &str)] = &[
+    (60001, 513, "systemd-homed's users"),
+    (61184, 4336, "systemd's dynamic users"),
+    (
+        524288,
+        1879048192 - 524288,
+        "systemd-nspawn's container range",
+    ),
+    (0x7FFE_0000, 0x1_0000, "systemd's foreign range"),
+];
 
 const BLOCK: u32 = 65536;
 const SEARCH_FROM: u64 = 0x7000_0000;
@@ -31,28 +51,79 @@ const SEARCH_TO: u64 = 0x7FFE_0000;
 pub enum SubidError {
     #[error("{file}: {source}")]
     Io { file: PathBuf, source: io::Error },
-    #[error("{file}: the `moat` entry: {source}")]
+    #[error("{file}: the `moat-sandboxes` entry: {source}")]
     Entry {
         file: &'static str,
         source: RangeError,
     },
     #[error(
-        "the `moat` entries differ: {SUBUID} has {uids}, {SUBGID} has {gids}; a sandbox runs as \
+        "the `moat-sandboxes` entries differ: {SUBUID} has {uids}, {SUBGID} has {gids}; a sandbox runs as \
          uid n and gid n of one block, so they must be the same (or give --uid-range)"
     )]
     Mismatch { uids: IdRange, gids: IdRange },
     #[error(
         "Moat's block {range} is in one of {SUBUID} and {SUBGID} and overlaps another entry of \
-         {file}: add a matching `moat` line to {file} by hand, or give --uid-range"
+         {file}: add a matching `moat-sandboxes` line to {file} by hand, or give --uid-range"
     )]
     Clash { range: IdRange, file: &'static str },
     #[error(
         "no free block of {BLOCK} ids between {SEARCH_FROM} and {SEARCH_TO} in {SUBUID}, {SUBGID}, \
-         /etc/passwd and /etc/group: add a `moat:BASE:COUNT` line to both files, or give --uid-range"
+         /etc/passwd and /etc/group: add a `moat-sandboxes:BASE:COUNT` line to both files, or give --uid-range"
     )]
     NoRoom,
     #[error(transparent)]
     Lock(#[from] super::lease::LeaseError),
+    #[error("the block {range} holds {what}: its ids must belong to nothing but Moat's sandboxes")]
+    Claimed { range: IdRange, what: String },
+    #[error("{file} has an account named `{OWNER}`, which the entries would let map Moat's block")]
+    OwnerIsAnAccount { file: &'static str },
+    #[error(
+        "{0} is a symbolic link: add the `moat-sandboxes` lines to the file it points to by hand"
+    )]
+    Symlink(&'static str),
+    #[error("{file} is locked by pid {pid} (useradd or usermod?): try again when it is done")]
+    Busy { file: String, pid: String },
+}
+
+/// Refuses a block that holds an id anything but Moat may use: an id of
+/// `/etc/passwd` or `/etc/group` (unreadable files refuse too), another
+/// owner's entry in `/etc/subuid` or `/etc/subgid`, or one of systemd's
+/// reserved ranges. Also refuses when an account has Moat's owner name.
+pub fn check_block(range: IdRange) -> Result<(), SubidError> {
+    let claimed = |what: String| SubidError::Claimed { range, what };
+    for (file, kind) in [("/etc/passwd", "uid"), ("/etc/group", "gid")] {
+        let text = std::fs::read_to_string(file).map_err(|source| SubidError::Io {
+            file: file.into(),
+            source,
+        })?;
+        for line in text.lines() {
+            let mut fields = line.split(':');
+            let name = fields.next().unwrap_or_default();
+            if kind == "uid" && name == OWNER {
+                return Err(SubidError::OwnerIsAnAccount { file });
+            }
+            if let Some(id) = fields.nth(1).and_then(|f| f.parse::<u32>().ok())
+                && range.contains(id)
+            {
+                return Err(claimed(format!("{kind} {id} ({name} in {file})")));
+            }
+        }
+    }
+    for entries in [Entries::read(SUBUID)?, Entries::read(SUBGID)?] {
+        if let Some((owner, base, count)) = entries
+            .lines()
+            .find(|(owner, base, count)| *owner != OWNER && range.overlaps(*base, *count))
+        {
+            let file = entries.file;
+            return Err(claimed(format!("{owner}'s ids {base}+{count} in {file}")));
+        }
+    }
+    for (base, count, what) in SYSTEMD_RANGES {
+        if range.overlaps(*base, *count) {
+            return Err(claimed(format!("ids of {what} ({base}+{count})")));
+        }
+    }
+    Ok(())
 }
 
 /// The host's block: read from both files; written into them (under a lock,
@@ -127,7 +198,7 @@ fn choose(uids: &Entries, gids: &Entries) -> Result<IdRange, SubidError> {
         if let Ok(range) = IdRange::new(base as u32, BLOCK)
             && uids.free(range)
             && gids.free(range)
-            && range.check_unclaimed().is_ok()
+            && check_block(range).is_ok()
         {
             return Ok(range);
         }
@@ -195,13 +266,30 @@ impl Entries {
     }
 
     /// Adds Moat's line: the file is rewritten beside itself and renamed
-    /// over, so a reader never sees half of it; mode and owner are kept.
+    /// over, so a reader never sees half of it; mode and owner are kept. It
+    /// takes shadow-utils' lock on the file (`FILE.lock`, made by linking a
+    /// file holding our pid), so that `useradd` or `usermod` never rewrite
+    /// it at the same time, and re-reads it under that lock.
     fn append(&self, range: IdRange) -> Result<(), SubidError> {
+        let path = Path::new(self.file);
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(SubidError::Symlink(self.file));
+        }
+        let _lock = ShadowLock::take(self.file)?;
+        let current = Entries::read(self.file)?;
+        if current.ours()?.is_some() {
+            return Ok(());
+        }
+        if !current.free(range) {
+            return Err(SubidError::Clash {
+                range,
+                file: self.file,
+            });
+        }
         let io_err = |source| SubidError::Io {
             file: self.file.into(),
             source,
         };
-        let path = Path::new(self.file);
         let (mode, owner) = match std::fs::metadata(path) {
             Ok(meta) => (
                 meta.permissions().mode() & 0o7777,
@@ -209,16 +297,12 @@ impl Entries {
             ),
             Err(_) => (0o644, None),
         };
-        let mut text = self.text.clone();
+        let mut text = current.text;
         if !text.is_empty() && !text.ends_with('\n') {
             text.push('\n');
         }
         text.push_str(&format!("{OWNER}:{}:{}\n", range.base, range.count));
-        let temp = path.with_file_name(format!(
-            ".{}.moat-{}",
-            path.file_name().unwrap_or_default().to_string_lossy(),
-            std::process::id()
-        ));
+        let temp = sibling(path, "moat");
         let written = (|| {
             let mut file = File::options()
                 .write(true)
@@ -232,12 +316,86 @@ impl Entries {
             }
             file.write_all(text.as_bytes())?;
             file.sync_all()?;
-            std::fs::rename(&temp, path)
+            std::fs::rename(&temp, path)?;
+            // The rename itself must survive a crash too.
+            File::open(path.parent().unwrap_or(Path::new("/")))?.sync_all()
         })();
         if written.is_err() {
             let _ = std::fs::remove_file(&temp);
         }
         written.map_err(io_err)
+    }
+}
+
+/// `.NAME.TAG-PID` beside `path`.
+fn sibling(path: &Path, tag: &str) -> PathBuf {
+    path.with_file_name(format!(
+        ".{}.{tag}-{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ))
+}
+
+/// shadow-utils' lock on one of its files: `FILE.lock`, a hard link to a
+/// file holding the locker's pid. A lock whose pid is gone is stale and
+/// taken over.
+struct ShadowLock(PathBuf);
+
+impl ShadowLock {
+    fn take(file: &'static str) -> Result<Self, SubidError> {
+        let io_err = |source| SubidError::Io {
+            file: file.into(),
+            source,
+        };
+        let lock = PathBuf::from(format!("{file}.lock"));
+        let mine = PathBuf::from(format!("{file}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&mine);
+        let mut pid_file = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&mine)
+            .map_err(io_err)?;
+        let linked = pid_file
+            .write_all(std::process::id().to_string().as_bytes())
+            .and_then(|()| {
+                for _ in 0..2 {
+                    match std::fs::hard_link(&mine, &lock) {
+                        Ok(()) => return Ok(true),
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                            let holder = std::fs::read_to_string(&lock).unwrap_or_default();
+                            let pid = holder.trim();
+                            let alive =
+                                !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists();
+                            if alive {
+                                return Ok(false);
+                            }
+                            let _ = std::fs::remove_file(&lock);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(false)
+            });
+        let _ = std::fs::remove_file(&mine);
+        match linked {
+            Ok(true) => Ok(ShadowLock(lock)),
+            Ok(false) => Err(SubidError::Busy {
+                file: file.into(),
+                pid: std::fs::read_to_string(&lock)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            }),
+            Err(e) => Err(io_err(e)),
+        }
+    }
+}
+
+impl Drop for ShadowLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -254,14 +412,16 @@ mod tests {
 
     #[test]
     fn finds_moat_and_ignores_other_and_malformed_lines() {
-        let e = entries("alice:100000:65536\n# comment\nbad line\nmoat:1879048192:65536\n");
+        let e = entries(
+            "alice:100000:65536\n# comment\nbad line\nmoat-sandboxes:1879048192:65536\nmoat:1:1\n",
+        );
         assert_eq!(
             e.ours().unwrap(),
             Some(IdRange::new(1879048192, 65536).unwrap())
         );
         assert_eq!(entries("alice:100000:65536\n").ours().unwrap(), None);
         assert!(matches!(
-            entries("moat:0:65536\n").ours(),
+            entries("moat-sandboxes:0:65536\n").ours(),
             Err(SubidError::Entry { .. })
         ));
     }

@@ -1,4 +1,6 @@
 //! `moat`: the command-line face of Moat.
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 /// Writes a line to standard output. A reader that went away (`moat ledger
 /// tail | head`) ends the command quietly, as with a default SIGPIPE.

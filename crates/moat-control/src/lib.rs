@@ -18,6 +18,8 @@
 //! [`lifecycle`] holds the manifest lifecycle's rules (refresh window,
 //! backoff, swap at an operation boundary, expiry, grace, revocation) as
 //! functions of a clock the caller passes in.
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 pub mod audit;
 pub mod clock;

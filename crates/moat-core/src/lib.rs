@@ -2,6 +2,8 @@
 //!
 //! Nothing here performs I/O. Types are serde-serialisable with camelCase
 //! field names (the wire protocol) and derive JSON Schemas (see [`schema`]).
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 pub mod capability;
 pub mod denial;

@@ -14,6 +14,8 @@
 //! and, for proxied requests, a 403 with `X-Moat-Denied: <reason>`; an
 //! allowed server out of reach is a 502 with `X-Moat-Denied:
 //! upstream_unreachable`.
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 pub mod addr;
 mod fetch;

@@ -9,6 +9,8 @@
 //! deletion of the newest events. Appends are one transaction per batch with
 //! `synchronous=FULL`: once [`Ledger::append`] returns, the events survive a
 //! crash or power loss.
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 mod artifacts;
 mod nonces;

@@ -2,6 +2,8 @@
 //! signed manifest, run through the OS sandbox or against the workspace with
 //! handle-relative path resolution, and recorded — every request, grant,
 //! denial and artifact — in the ledger before the result is returned.
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 pub mod exec;
 pub mod lines;

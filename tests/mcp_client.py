@@ -6,9 +6,11 @@ Prints one JSON document describing what it saw.
 """
 import asyncio
 import json
+import os
 import sys
 
 from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import get_default_environment
 from mcp.client.stdio import stdio_client
 
 
@@ -31,7 +33,13 @@ def is_error(result):
 async def main() -> None:
     moat = sys.argv[1]
     args = sys.argv[sys.argv.index("--") + 1 :]
-    params = StdioServerParameters(command=moat, args=["mcp", *args])
+    # The SDK hands the server a bare environment (HOME, PATH, ...): pass on
+    # the suite's block of host ids, or a root `moat mcp` would take the
+    # host's (and add it to /etc/subuid on first use).
+    env = get_default_environment()
+    if "MOAT_UID_RANGE" in os.environ:
+        env["MOAT_UID_RANGE"] = os.environ["MOAT_UID_RANGE"]
+    params = StdioServerParameters(command=moat, args=["mcp", *args], env=env)
     seen = {}
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:

@@ -79,5 +79,16 @@ export MOAT_TEST_POSTGRES="host=$pg_dir dbname=postgres user=root"
 # entry to this machine's /etc/subuid and /etc/subgid. tests/hostid.rs tests
 # that first-use path over a private copy of /etc.
 export MOAT_UID_RANGE=1895825408:65536
+# ...and checks that nothing did: a test that launches a root sandbox
+# without passing that on (a child given a bare environment) fails the suite.
+subids() { cat /etc/subuid /etc/subgid 2>/dev/null | sha256sum; }
+subids_before=$(subids)
 
-cargo test --workspace --locked --no-fail-fast "$@"
+status=0
+cargo test --workspace --locked --no-fail-fast "$@" || status=$?
+if [ "$(subids)" != "$subids_before" ]; then
+  echo "tests/suite.sh: the tests changed /etc/subuid or /etc/subgid (a root sandbox was launched without MOAT_UID_RANGE):" >&2
+  cat /etc/subuid /etc/subgid >&2
+  status=1
+fi
+exit "$status"

@@ -58,6 +58,11 @@ pub struct ReplayArgs {
     /// One JSON document instead of text.
     #[arg(long)]
     json: bool,
+    /// Run as root, the replayed sandboxes take a host uid/gid of their own
+    /// from this block (BASE:COUNT). Default: the `moat-sandboxes` entries
+    /// of /etc/subuid and /etc/subgid, added on first use.
+    #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
+    uid_range: Option<moat_sandbox::hostid::IdRange>,
 }
 
 pub fn main(args: ReplayArgs) -> ExitCode {
@@ -248,6 +253,7 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
             "--trusted-key".into(),
             key_file.into_os_string(),
         ],
+        args.uid_range,
     )?;
 
     let mut report = Vec::new();

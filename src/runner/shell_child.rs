@@ -7,6 +7,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context, bail};
 use base64::Engine as _;
+use moat_sandbox::hostid::IdRange;
 use serde_json::Value;
 
 const B64: base64::engine::general_purpose::GeneralPurpose =
@@ -27,12 +28,16 @@ impl Drop for ShellChild {
 }
 
 impl ShellChild {
-    /// `moat shell` over `workspace` with its state in `state`, and `extra`
-    /// flags (capabilities, manifest, resolver entries).
+    /// `moat shell` over `workspace` with its state in `state`, `extra`
+    /// flags (capabilities, manifest, resolver entries), and the block of
+    /// host ids its sandboxes take theirs from (a root shell's default is
+    /// the host's block: the child's environment is cleared, so an
+    /// operator's MOAT_UID_RANGE reaches it only through this).
     pub fn start(
         state: &Path,
         workspace: &Path,
         extra: &[std::ffi::OsString],
+        uid_range: Option<IdRange>,
     ) -> anyhow::Result<ShellChild> {
         let me = std::env::current_exe()?;
         let mut command = Command::new(me);
@@ -43,6 +48,9 @@ impl ShellChild {
             .arg("--state")
             .arg(state)
             .args(extra);
+        if let Some(range) = uid_range {
+            command.arg("--uid-range").arg(range.to_string());
+        }
         // Nothing of this process's environment reaches the shell.
         command.env_clear().env("PATH", "/usr/bin:/bin");
         let mut child = command

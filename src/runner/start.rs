@@ -516,11 +516,7 @@ fn start_shell(
         extra.push("--resolve".into());
         extra.push(entry.into());
     }
-    if let Some(range) = args.uid_range {
-        extra.push("--uid-range".into());
-        extra.push(range.to_string().into());
-    }
-    ShellChild::start(state, workspace, &extra)
+    ShellChild::start(state, workspace, &extra, args.uid_range)
 }
 
 /// The artifacts a result names, with their bytes from the shell's store.

@@ -76,7 +76,7 @@ export MOAT_TEST_POSTGRES="host=$pg_dir dbname=postgres user=root"
 
 # Root launches take each sandbox's host uid/gid from a block of their own
 # (see docs/sandbox.md): the suite names one, so that it never adds Moat's
-# entry to this machine's /etc/subuid and /etc/subgid. tests/hostid.rs tests
+# entry to this machine's /etc/subuid and /etc/subgid. tests/subid.rs tests
 # that first-use path over a private copy of /etc.
 export MOAT_UID_RANGE=1895825408:65536
 # ...and checks that nothing did: a test that launches a root sandbox

@@ -3,7 +3,6 @@
 //! report. See docs/sandbox.md for the sequence.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use moat_core::{
@@ -16,7 +15,7 @@ use crate::cgroup::{self, RunCgroup};
 use crate::child::{self, ChildFds, ChildPlan, Message};
 use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
-use crate::hostid::{self, Lease};
+use crate::hostid::{Identity, identity, write_id_maps};
 use crate::mounts::IdmappedRoots;
 use crate::netns;
 use crate::placement::Placement;
@@ -289,74 +288,6 @@ fn launcher_peak_rss_kib() -> u64 {
     // SAFETY: usage is a valid rusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     usage.ru_maxrss.max(0) as u64
-}
-
-/// Which ids the program has inside and on the host.
-struct Identity {
-    inside: (u32, u32),
-    host: (u32, u32),
-    launched_by_root: bool,
-    /// The host id held for this run. Declared in `launch` before the
-    /// [`ChildGuard`], so it is dropped (and the id freed) only after init
-    /// was reaped, which ends every process of the run's pid namespace.
-    _lease: Option<Lease>,
-    report: LayerReport,
-}
-
-/// Launched by root, the program runs as a host uid/gid of its own (see
-/// [`crate::hostid`]) and acts, inside, as the owner of its first declared
-/// root (writable first), whose files the idmapped mounts show as its own.
-/// Launched by anyone else, it keeps that user's ids.
-fn identity(spec: &SandboxSpec, root_owner: Option<(u32, u32)>) -> Result<Identity, SetupError> {
-    // SAFETY: plain id queries.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    if euid != 0 {
-        return Ok(Identity {
-            inside: (euid, egid),
-            host: (euid, egid),
-            launched_by_root: false,
-            _lease: None,
-            report: LayerReport::not_enforced(format!(
-                "launched by uid {euid}, not root: the program runs as uid {euid} / gid {egid}, \
-                 like that user's other runs and processes, so runs are not separated by host \
-                 identity (a root launcher gives each run ids of its own)"
-            )),
-        });
-    }
-    let refuse = |what: String| SetupError::new(Layer::UserMapping, what);
-    let (range, source) = match spec.id_range {
-        Some(range) => (range, "--uid-range"),
-        None => (
-            hostid::subid::system_range()
-                .map_err(|e| refuse(format!("no block of host ids for sandboxes: {e}")))?,
-            "the moat-sandboxes entries of /etc/subuid and /etc/subgid",
-        ),
-    };
-    hostid::subid::check_block(range).map_err(|e| refuse(e.to_string()))?;
-    // Root of a container's user namespace can only hand out ids its own
-    // map holds.
-    for map in ["/proc/self/uid_map", "/proc/self/gid_map"] {
-        let mapped = hostid::mapped_here(Path::new(map), range.base, range.last())
-            .map_err(|e| refuse(format!("{map}: {e}")))?;
-        if !mapped {
-            return Err(refuse(format!(
-                "this launcher is root of a user namespace whose {map} does not hold the block \
-                 {range}: give --uid-range with ids mapped here"
-            )));
-        }
-    }
-    let lease = Lease::take(range, &spec.run_id).map_err(|e| refuse(e.to_string()))?;
-    let id = lease.id();
-    Ok(Identity {
-        inside: root_owner.unwrap_or((0, 0)),
-        host: (id, id),
-        launched_by_root: true,
-        report: LayerReport::enforced(format!(
-            "host uid and gid {id}, held by this run alone until its last process ended \
-             (block {range}, from {source})"
-        )),
-        _lease: Some(lease),
-    })
 }
 
 /// Kills and reaps the clone unless the run reached its normal end.
@@ -942,19 +873,6 @@ fn setup_and_supervise(
         );
     }
     Ok(())
-}
-
-fn write_id_maps(pid: libc::pid_t, id: &Identity) -> Result<(), SetupError> {
-    let proc = PathBuf::from(format!("/proc/{pid}"));
-    let write = |file: &str, text: String| {
-        std::fs::write(proc.join(file), text)
-            .map_err(|e| SetupError::io(Layer::UserMapping, format!("writing {file}"), e))
-    };
-    if !id.launched_by_root {
-        write("setgroups", "deny".into())?;
-    }
-    write("uid_map", format!("{} {} 1\n", id.inside.0, id.host.0))?;
-    write("gid_map", format!("{} {} 1\n", id.inside.1, id.host.1))
 }
 
 /// Refuses a run without cgroup limits, unless degrading was allowed (then

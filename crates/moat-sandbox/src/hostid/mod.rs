@@ -7,11 +7,13 @@
 //! sandboxes never share a host identity, so a program that got out of its
 //! namespaces is still a stranger to every other run's processes and files.
 
+mod identity;
 pub mod lease;
 mod proc_scan;
 pub mod range;
 pub mod subid;
 
+pub(crate) use identity::{Identity, identity, write_id_maps};
 pub use lease::{Lease, LeaseError};
 pub(crate) use proc_scan::mapped_here;
 pub use range::{IdRange, RangeError};

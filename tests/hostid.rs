@@ -482,18 +482,38 @@ fn a_killed_launchers_id_is_taken_again_only_once_nothing_of_it_is_left() {
 
 #[test]
 fn a_bad_uid_range_is_refused_before_anything_runs() {
+    // Malformed: a usage error (2), before any run exists.
     for (range, says) in [
         ("0:100", "root"),
         ("65000:1000", "nobody"),
-        ("1:2", "/etc/passwd"),
         ("12:0", "at least one id"),
-        ("61184:10", "systemd's dynamic users"),
-        ("1000000:10", "systemd-nspawn's container range"),
         ("abc", "BASE:COUNT"),
     ] {
         let (out, _, _) = exec_in_range(range, &["/bin/true"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_ne!(out.status.code(), Some(0), "{range}");
+        assert_eq!(out.status.code(), Some(2), "{range}: {stderr}");
         assert!(stderr.contains(says), "{range}: {stderr}");
+    }
+    // Claimed by something else: the run is refused in its user-mapping
+    // layer (125), recorded as a denial, and no id of it was taken.
+    for (range, first, says) in [
+        ("1:2", 1, "/etc/passwd"),
+        ("61184:10", 61184, "systemd's dynamic users"),
+        ("1000000:10", 1000000, "systemd-nspawn's container range"),
+    ] {
+        let (out, events, _records) = exec_in_range(range, &["/bin/true"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{range}: {stderr}");
+        assert!(stderr.contains(says), "{range}: {stderr}");
+        let events = std::fs::read_to_string(events).unwrap();
+        let denied: Vec<Value> = events
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|e| e["type"] == "sandbox.exec.denied")
+            .collect();
+        assert_eq!(denied.len(), 1, "{range}: {events}");
+        assert!(denied[0]["data"]["reason"].as_str().unwrap().contains(says));
+        let slot = Path::new(SLOTS).join(first.to_string());
+        assert!(!slot.exists(), "{range}: a slot was taken");
     }
 }

@@ -26,6 +26,24 @@ fn keys(dir: &Path, name: &str) -> (String, String) {
     )
 }
 
+/// `moat manifest sign --key KEY --out SIGNED BARE`, which must succeed.
+fn sign(key: &str, bare: &Path, signed: &Path) {
+    let out = moat(&[
+        "manifest",
+        "sign",
+        "--key",
+        key,
+        "--out",
+        path_str(signed),
+        path_str(bare),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn a_signed_manifest_verifies_and_any_tampering_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -36,20 +54,7 @@ fn a_signed_manifest_verifies_and_any_tampering_is_refused() {
     let bare = dir.path().join("manifest.json");
     std::fs::write(&bare, &template.stdout).unwrap();
     let signed = dir.path().join("signed.json");
-    let sign = moat(&[
-        "manifest",
-        "sign",
-        "--key",
-        &key,
-        "--out",
-        path_str(&signed),
-        path_str(&bare),
-    ]);
-    assert!(
-        sign.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sign.stderr)
-    );
+    sign(&key, &bare, &signed);
     let ok = moat(&[
         "manifest",
         "verify",
@@ -187,20 +192,7 @@ fn a_manifest_whose_times_carry_an_offset_serves_and_seals() {
     let bare = dir.path().join("manifest.json");
     std::fs::write(&bare, manifest.to_string()).unwrap();
     let signed = dir.path().join("signed.json");
-    let sign = moat(&[
-        "manifest",
-        "sign",
-        "--key",
-        &key,
-        "--out",
-        path_str(&signed),
-        path_str(&bare),
-    ]);
-    assert!(
-        sign.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sign.stderr)
-    );
+    sign(&key, &bare, &signed);
 
     // moat shell serves under it...
     let workspace = dir.path().join("work");

@@ -45,15 +45,12 @@ pub(crate) fn identity(
         });
     }
     let refuse = |what: String| SetupError::new(Layer::UserMapping, what);
-    let (range, source) = match spec.id_range {
-        Some(range) => (range, "--uid-range"),
-        None => (
-            super::subid::system_range()
-                .map_err(|e| refuse(format!("no block of host ids for sandboxes: {e}")))?,
-            "the moat-sandboxes entries of /etc/subuid and /etc/subgid",
-        ),
+    let range = super::subid::block(spec.id_range)
+        .map_err(|e| refuse(format!("no block of host ids for sandboxes: {e}")))?;
+    let source = match spec.id_range {
+        Some(_) => "--uid-range",
+        None => "the moat-sandboxes entries of /etc/subuid and /etc/subgid",
     };
-    super::subid::check_block(range).map_err(|e| refuse(e.to_string()))?;
     // Root of a container's user namespace can only hand out ids its own
     // map holds.
     for map in ["/proc/self/uid_map", "/proc/self/gid_map"] {

@@ -12,7 +12,7 @@
 //! container range, below 2^31.
 //!
 //! Every block, wherever it comes from, must hold no id that anything else
-//! may use ([`check_block`]): no id of the local user and group files, no
+//! may use ([`check_claims`]): no id of the local user and group files, no
 //! other owner's subordinate ids, none of systemd's reserved ranges.
 
 use std::fs::File;
@@ -85,11 +85,31 @@ pub enum SubidError {
     Busy { file: String, pid: String },
 }
 
+/// The block sandboxes take their ids from: `chosen` (`--uid-range`), else
+/// the host's, made on first use; checked either way ([`check_claims`]).
+/// A launch reads each file once.
+pub fn block(chosen: Option<IdRange>) -> Result<IdRange, SubidError> {
+    let (uids, gids) = (Entries::read(SUBUID)?, Entries::read(SUBGID)?);
+    let range = match (chosen, uids.ours()?, gids.ours()?) {
+        (Some(range), _, _) => range,
+        (None, Some(u), Some(g)) => agree(u, g)?,
+        (None, _, _) => {
+            let made = made_on_first_use()?;
+            let (uids, gids) = (Entries::read(SUBUID)?, Entries::read(SUBGID)?);
+            check_claims(made, &uids, &gids)?;
+            return Ok(made);
+        }
+    };
+    check_claims(range, &uids, &gids)?;
+    Ok(range)
+}
+
 /// Refuses a block that holds an id anything but Moat may use: an id of
 /// `/etc/passwd` or `/etc/group` (unreadable files refuse too), another
-/// owner's entry in `/etc/subuid` or `/etc/subgid`, or one of systemd's
-/// reserved ranges. Also refuses when an account has Moat's owner name.
-pub fn check_block(range: IdRange) -> Result<(), SubidError> {
+/// owner's entry in `/etc/subuid` or `/etc/subgid` (as read: `uids`,
+/// `gids`), or one of systemd's reserved ranges. Also refuses when an
+/// account has Moat's owner name.
+fn check_claims(range: IdRange, uids: &Entries, gids: &Entries) -> Result<(), SubidError> {
     let claimed = |what: String| SubidError::Claimed { range, what };
     for (file, kind) in [("/etc/passwd", "uid"), ("/etc/group", "gid")] {
         let text = std::fs::read_to_string(file).map_err(|source| SubidError::Io {
@@ -109,7 +129,7 @@ pub fn check_block(range: IdRange) -> Result<(), SubidError> {
             }
         }
     }
-    for entries in [Entries::read(SUBUID)?, Entries::read(SUBGID)?] {
+    for entries in [uids, gids] {
         if let Some((owner, base, count)) = entries
             .lines()
             .find(|(owner, base, count)| *owner != OWNER && range.overlaps(*base, *count))
@@ -126,13 +146,9 @@ pub fn check_block(range: IdRange) -> Result<(), SubidError> {
     Ok(())
 }
 
-/// The host's block: read from both files; written into them (under a lock,
-/// so that concurrent first launches agree) when it is missing from either.
-pub fn system_range() -> Result<IdRange, SubidError> {
-    let (uids, gids) = (Entries::read(SUBUID)?, Entries::read(SUBGID)?);
-    if let (Some(u), Some(g)) = (uids.ours()?, gids.ours()?) {
-        return agree(u, g);
-    }
+/// The host's block, written into both files when it is missing from
+/// either, under a lock so that concurrent first launches agree.
+fn made_on_first_use() -> Result<IdRange, SubidError> {
     ensure_root_dir(Path::new(RUN_DIR), 0o755)?;
     let lock_path = Path::new(RUN_DIR).join("subid.lock");
     let lock = File::options()
@@ -172,14 +188,10 @@ pub fn system_range() -> Result<IdRange, SubidError> {
         }
         (None, None) => choose(&uids, &gids)?,
     };
-    for (entries, present) in [
-        (&uids, uids.ours()?.is_some()),
-        (&gids, gids.ours()?.is_some()),
-    ] {
-        if !present {
-            entries.append(range)?;
-        }
-    }
+    // Each append re-reads its file under shadow-utils' lock and leaves an
+    // entry already there alone.
+    uids.append(range)?;
+    gids.append(range)?;
     Ok(range)
 }
 
@@ -198,7 +210,7 @@ fn choose(uids: &Entries, gids: &Entries) -> Result<IdRange, SubidError> {
         if let Ok(range) = IdRange::new(base as u32, BLOCK)
             && uids.free(range)
             && gids.free(range)
-            && check_block(range).is_ok()
+            && check_claims(range, uids, gids).is_ok()
         {
             return Ok(range);
         }

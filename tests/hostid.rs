@@ -391,6 +391,23 @@ fn exec_in_range(range: &str, program: &[&str]) -> (Output, PathBuf, tempfile::T
     (out, events, records)
 }
 
+/// The run was refused before it started (exit 125) for a reason that says
+/// `says`, on stderr and in its one `sandbox.exec.denied` event.
+fn assert_refused(out: &Output, events: &Path, says: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains(says), "{stderr}");
+    let events = std::fs::read_to_string(events).unwrap();
+    let denied: Vec<Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "sandbox.exec.denied")
+        .collect();
+    assert_eq!(denied.len(), 1, "{events}");
+    let reason = denied[0]["data"]["reason"].as_str().unwrap();
+    assert!(reason.contains(says), "{reason}");
+}
+
 #[test]
 fn a_killed_launchers_id_is_taken_again_only_once_nothing_of_it_is_left() {
     let (base, range) = test_range(3, 1);
@@ -446,22 +463,7 @@ fn a_killed_launchers_id_is_taken_again_only_once_nothing_of_it_is_left() {
         pids_holding(&[base]).contains(&lingering.id())
     });
     let (refused, events, _records) = exec_in_range(&range, &["/bin/true"]);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(125), "{stderr}");
-    assert!(stderr.contains("1 still owning a process"), "{stderr}");
-    let events = std::fs::read_to_string(events).unwrap();
-    let denied: Vec<Value> = events
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["type"] == "sandbox.exec.denied")
-        .collect();
-    assert_eq!(denied.len(), 1, "{events}");
-    assert!(
-        denied[0]["data"]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("still owning a process")
-    );
+    assert_refused(&refused, &events, "1 still owning a process");
     assert_eq!(
         pids_holding(&[base]),
         BTreeSet::from([lingering.id()]),
@@ -502,17 +504,7 @@ fn a_bad_uid_range_is_refused_before_anything_runs() {
         ("1000000:10", 1000000, "systemd-nspawn's container range"),
     ] {
         let (out, events, _records) = exec_in_range(range, &["/bin/true"]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(125), "{range}: {stderr}");
-        assert!(stderr.contains(says), "{range}: {stderr}");
-        let events = std::fs::read_to_string(events).unwrap();
-        let denied: Vec<Value> = events
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .filter(|e| e["type"] == "sandbox.exec.denied")
-            .collect();
-        assert_eq!(denied.len(), 1, "{range}: {events}");
-        assert!(denied[0]["data"]["reason"].as_str().unwrap().contains(says));
+        assert_refused(&out, &events, says);
         let slot = Path::new(SLOTS).join(first.to_string());
         assert!(!slot.exists(), "{range}: a slot was taken");
     }

@@ -58,7 +58,7 @@ impl Up {
     }
 
     fn new_run(&self, prefix: &str) -> String {
-        let id = format!("{prefix}-{}", moat_ledger::store::new_id(""));
+        let id = format!("{prefix}-{}", moat_core::random::new_id(""));
         let (status, body) = call(
             "POST",
             &format!("{}/v1/runs", self.url),

@@ -87,10 +87,7 @@ fn run(args: IssueArgs) -> anyhow::Result<String> {
         None => SystemTime::now(),
     };
     let stamp = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
-    let mut nonce = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut nonce))
-        .context("reading /dev/urandom")?;
+    let nonce = moat_core::random::bytes::<16>();
     let claims = CapabilityClaims {
         run_id: envelope.run_id.clone(),
         op_id: envelope.id.clone(),

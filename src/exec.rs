@@ -392,17 +392,7 @@ fn split_bind(item: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
 }
 
 fn run_id() -> String {
-    let mut bytes = [0u8; 8];
-    let random =
-        File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes));
-    if random.is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        bytes = (nanos ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("run-{hex}")
+    format!("run-{}", moat_core::random::hex(8))
 }
 
 enum Output {

@@ -1,6 +1,5 @@
 //! `moat manifest`: keys, canonical hashes and signatures of runner manifests.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
@@ -133,10 +132,7 @@ fn keygen(dir: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let mut seed = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut seed))
-        .context("reading /dev/urandom")?;
+    let seed = moat_core::random::bytes::<32>();
     let key = PrivateKey::from_seed(seed);
     files::write_atomic(&private, (key.to_base64() + "\n").as_bytes(), 0o600)?;
     files::write_atomic(&public, (key.public().to_base64() + "\n").as_bytes(), 0o644)?;

@@ -144,7 +144,7 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new() -> anyhow::Result<Scratch> {
-        let dir = std::env::temp_dir().join(moat_ledger::store::new_id("moat-replay-"));
+        let dir = std::env::temp_dir().join(moat_core::random::new_id("moat-replay-"));
         std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Scratch(dir))
     }

@@ -171,13 +171,7 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
             .first()
             .context("the manifest lists no sandbox mode")?,
     };
-    let mut id = [0u8; 6];
-    let _ = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id));
-    let session_id = format!(
-        "shell-{}",
-        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    let session_id = format!("shell-{}", moat_core::random::hex(6));
     let mut egress_hosts = std::collections::BTreeMap::new();
     for entry in &args.resolve {
         let (name, addresses) = moat_egress::parse_resolve(entry).context("--resolve")?;

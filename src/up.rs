@@ -106,7 +106,7 @@ fn secret_file(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<Str
 }
 
 fn random_token() -> String {
-    moat_ledger::store::new_id("moat_")
+    moat_core::random::new_id("moat_")
 }
 
 fn http() -> ureq::Agent {
@@ -176,9 +176,7 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     let key = match manifest::read_private_key(&path("control-plane.key")) {
         Ok(key) => key,
         Err(_) if !path("control-plane.key").exists() => {
-            let mut seed = [0u8; 32];
-            moat_ledger::store::random_bytes(&mut seed);
-            let key = PrivateKey::from_seed(seed);
+            let key = PrivateKey::from_seed(moat_core::random::bytes::<32>());
             files::write_atomic(
                 &path("control-plane.key"),
                 (key.to_base64() + "\n").as_bytes(),
@@ -195,9 +193,7 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     )?;
     let admin = secret_file(&path("admin-token"), random_token)?;
     secret_file(&path("secrets.key"), || {
-        let mut key = [0u8; 32];
-        moat_ledger::store::random_bytes(&mut key);
-        base64::engine::general_purpose::STANDARD.encode(key)
+        base64::engine::general_purpose::STANDARD.encode(moat_core::random::bytes::<32>())
     })?;
     if !path("policy.cedar").exists() {
         files::write_atomic(

@@ -149,7 +149,7 @@ fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
 /// A fresh random secret (whatever contains it got it from us), the vendor
 /// that expects it, and the control plane's key for sealing secrets.
 fn secret_vendor_and_key(dir: &std::path::Path) -> (String, Vendor, std::path::PathBuf) {
-    let secret = format!("sk-live-{}", moat_ledger::store::new_id(""));
+    let secret = format!("sk-live-{}", moat_core::random::new_id(""));
     let vendor = Vendor::start(&secret);
     let key_file = dir.join("secrets.key");
     std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();

@@ -22,9 +22,7 @@ pub struct Client {
 }
 
 pub fn random_hex(n: usize) -> String {
-    let mut bytes = vec![0u8; n];
-    moat_ledger::store::random_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    moat_core::random::hex(n)
 }
 
 fn now_ms() -> i64 {

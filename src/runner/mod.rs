@@ -106,10 +106,7 @@ fn build(manifest_path: PathBuf, key: PathBuf, out: PathBuf) -> anyhow::Result<S
 /// A new file in `dir` with a random name, opened for writing.
 fn tempfile_in(dir: &std::path::Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
     for attempt in 0..16u32 {
-        let mut id = [0u8; 8];
-        let _ = std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id));
-        let name: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let name = moat_core::random::hex(8);
         let path = dir.join(format!(".moat-runner-{name}-{attempt}"));
         match std::fs::OpenOptions::new()
             .write(true)

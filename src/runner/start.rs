@@ -145,8 +145,7 @@ fn run(args: StartArgs) -> anyhow::Result<()> {
         &signed.manifest.control_plane_public_key,
     )?;
 
-    let mut seed = [0u8; 32];
-    moat_ledger::store::random_bytes(&mut seed);
+    let mut seed = moat_core::random::bytes::<32>();
     let mut client = Client::new(&args.control_plane, PrivateKey::from_seed(seed));
     seed.fill(0);
     let sandbox_mode = signed

@@ -152,12 +152,7 @@ pub fn make_world_accessible(path: &Path) {
 
 /// A unique token for canaries and process markers.
 pub fn token() -> String {
-    let mut bytes = [0u8; 8];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .expect("urandom");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    moat_core::random::hex(8)
 }
 
 /// A host file with a random name and random content outside every sandbox

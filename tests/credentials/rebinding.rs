@@ -136,7 +136,7 @@ fn a_tool_host_answering_differently_the_second_time_is_dialled_only_where_check
             .push(json!("http_request"));
         m["allowedTools"] = json!(["crm_lookup"]);
     });
-    let secret = format!("sk-live-{}", moat_ledger::store::new_id(""));
+    let secret = format!("sk-live-{}", moat_core::random::new_id(""));
     let key_file = dir.path().join("secrets.key");
     std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
     let vendor = Vendor::start_at(&secret, &format!("{VENDOR_ADDRESS}:0"));

@@ -26,9 +26,9 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn run_inputs_carrying_a_secret_are_refused_and_the_secret_is_stored_nowhere() {
     for plane in Plane::both() {
         let acme = org(&plane, "acme");
-        let name = moat_ledger::store::new_id("canary_")[..24].to_owned();
+        let name = moat_core::random::new_id("canary_")[..24].to_owned();
         // A value that percent-encodes differently, so each form is its own.
-        let secret = format!("sk/live {}", &moat_ledger::store::new_id("")[..20]);
+        let secret = format!("sk/live {}", &moat_core::random::new_id("")[..20]);
         let (s, b) = call(
             "PUT",
             &format!("{}/v1/secrets/{name}", plane.url),

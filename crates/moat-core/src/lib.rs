@@ -1,6 +1,6 @@
 //! Moat's pure model: the vocabulary every layer shares.
 //!
-//! Nothing here performs I/O. Types are serde-serialisable with camelCase
+//! Nothing here performs I/O but drawing randomness ([`random`]). Types are serde-serialisable with camelCase
 //! field names (the wire protocol) and derive JSON Schemas (see [`schema`]).
 // Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
 #![forbid(unsafe_code)]
@@ -13,6 +13,7 @@ pub mod limits;
 pub mod manifest;
 pub mod mode;
 pub mod op;
+pub mod random;
 pub mod report;
 pub mod request_sig;
 pub mod schema;

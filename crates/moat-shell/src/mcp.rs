@@ -195,9 +195,7 @@ pub fn serve(mut shell: std::process::Command) -> std::io::Result<()> {
             .stdout
             .take()
             .ok_or_else(|| std::io::Error::other("no stdout"))?;
-        let mut id = [0u8; 6];
-        let _ = std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id));
+        let id = moat_core::random::bytes::<6>();
         let tools = MoatTools {
             backend: std::sync::Arc::new(Mutex::new(Backend {
                 _child: child,

@@ -9,7 +9,7 @@ use moat_core::EventType;
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_ledger::store::{RunnerRequest, RunnerRow, TokenKind, event, new_id};
+use moat_ledger::store::{RunnerRequest, RunnerRow, TokenKind, event};
 use serde_json::json;
 
 use super::AppState;
@@ -17,7 +17,7 @@ use super::error::{ApiError, ApiResult};
 
 /// A fresh secret token: `moat_` and 32 random bytes in hex.
 pub fn new_token() -> String {
-    new_id("moat_")
+    moat_core::random::new_id("moat_")
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {

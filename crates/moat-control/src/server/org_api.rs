@@ -15,7 +15,7 @@ use moat_core::{
 };
 use moat_ledger::store::{
     ArtifactRow, NewApproval, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event,
-    new_id, stamp,
+    stamp,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -97,7 +97,7 @@ pub async fn create_run(
     JsonObject(body): JsonObject<NewRunBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let org = auth::agent(&state, &headers).await?;
-    let id = body.id.unwrap_or_else(|| new_id("run_"));
+    let id = body.id.unwrap_or_else(|| moat_core::random::new_id("run_"));
     if !moat_core::op::is_plain_id(&id) {
         return Err(ApiError::bad_request(
             "run id: 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
@@ -702,7 +702,7 @@ pub async fn post_op(
     );
     requested.op_id = Some(envelope.id.clone());
     requested.correlation_id = Some(envelope.correlation_id.clone());
-    let approval_id = new_id("apr_");
+    let approval_id = moat_core::random::new_id("apr_");
     let approval_ttl = i64::try_from(state.config.approval_ttl.as_millis()).unwrap_or(i64::MAX);
     let approval_expires = now.saturating_add(approval_ttl);
     let summary = approval_summary(&envelope, decided.described.as_ref());

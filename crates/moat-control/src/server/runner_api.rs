@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use moat_core::{Envelope, Event, EventType, OpKind, SignedManifest};
 use moat_ledger::store::{
-    NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, new_id, stamp,
+    NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, stamp,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -203,7 +203,7 @@ pub async fn register(
         return Err(auth::reject(&state, &org, reason, message, subject).await);
     }
     let runner = RunnerRow {
-        id: new_id("runner_"),
+        id: moat_core::random::new_id("runner_"),
         org_id: org.clone(),
         runner_hash: reg.runner_hash.clone(),
         manifest_hash: reg.signed_manifest.manifest_hash.clone(),
@@ -488,7 +488,7 @@ pub async fn next(
                     &state.config.key,
                     state.config.clock.now(),
                     state.config.capability_ttl,
-                    new_id(""),
+                    moat_core::random::new_id(""),
                 )
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             envelope.capability = Some(capability);
@@ -501,7 +501,7 @@ pub async fn next(
                     .or(envelope.timeout_ms)
                     .unwrap_or(30_000)
                     .min(MAX_TOOL_TOKEN_MS);
-                let token = new_id("moat_tt_");
+                let token = moat_core::random::new_id("moat_tt_");
                 let row = moat_ledger::store::ToolTokenRow {
                     org_id: runner.org_id.clone(),
                     run_id: run_id.clone(),

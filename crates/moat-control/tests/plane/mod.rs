@@ -299,7 +299,7 @@ pub fn signed_headers(
     body: &[u8],
     at: i64,
 ) -> Vec<(&'static str, String)> {
-    let nonce = moat_ledger::store::new_id("");
+    let nonce = moat_core::random::new_id("");
     vec![
         (request_sig::RUNNER, runner.id.clone()),
         (request_sig::TIMESTAMP, at.to_string()),

@@ -289,23 +289,6 @@ pub fn redact_url(url: &str) -> String {
         .join(" ")
 }
 
-/// A random identifier: `prefix` and 16 bytes of hex.
-pub fn new_id(prefix: &str) -> String {
-    let mut bytes = [0u8; 16];
-    random_bytes(&mut bytes);
-    format!("{prefix}{}", hex::encode(bytes))
-}
-
-/// Fills `buf` from the kernel's CSPRNG.
-pub fn random_bytes(buf: &mut [u8]) {
-    use std::io::Read;
-    let filled = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf));
-    if filled.is_err() {
-        // Without randomness no id or token is safe to hand out.
-        std::process::abort();
-    }
-}
-
 /// A PostgreSQL database of its own for one test, dropped afterwards.
 /// The server comes from `MOAT_TEST_POSTGRES` (a libpq `key=value` string;
 /// default: the local server's socket as the current user); `tests/suite.sh`
@@ -322,7 +305,7 @@ impl TempPostgres {
     pub fn create() -> Result<TempPostgres, StoreError> {
         let admin = std::env::var("MOAT_TEST_POSTGRES")
             .unwrap_or_else(|_| "host=/var/run/postgresql dbname=postgres".to_owned());
-        let name = new_id("moat_test_");
+        let name = moat_core::random::new_id("moat_test_");
         let mut client = admin
             .parse::<postgres::Config>()
             .map_err(|_| StoreError::Url(admin.clone()))?

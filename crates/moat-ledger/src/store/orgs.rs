@@ -1,6 +1,8 @@
 //! Orgs and their tokens. Only SHA-256 hashes of tokens are stored.
 
-use super::{Store, StoreError, new_id};
+use moat_core::random::new_id;
+
+use super::{Store, StoreError};
 
 /// What a token lets its holder do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

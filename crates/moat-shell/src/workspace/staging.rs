@@ -85,9 +85,7 @@ impl Staging {
         )?;
         rustix::fs::flock(&parent, FlockOperation::LockExclusive)?;
         remove_abandoned(&parent);
-        let mut seed = [0u8; 16];
-        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut seed)?;
-        let secret = moat_core::hash::sha256_hex(&seed);
+        let secret = moat_core::hash::sha256_hex(&moat_core::random::bytes::<16>());
         let name = format!("{}-{}", std::process::id(), &secret[..16]);
         rustix::fs::mkdirat(&parent, name.as_str(), Mode::from_raw_mode(0o700))?;
         let dir = open_dir(&parent, &name)?;

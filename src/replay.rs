@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use base64::Engine as _;
 use clap::Args;
 use moat_core::SignedManifest;
-use moat_ledger::store::{OpState, Store};
+use moat_store::{OpState, Store};
 use serde_json::{Value, json};
 
 use crate::runner::shell_child::{ShellChild, write_inputs};
@@ -113,7 +113,7 @@ fn fingerprint(result: &Value) -> Value {
 }
 
 /// Why an operation is not replayed, if it is not.
-fn skip_reason(op: &moat_ledger::store::OpRow, allow_network: bool) -> Option<&'static str> {
+fn skip_reason(op: &moat_store::OpRow, allow_network: bool) -> Option<&'static str> {
     let finished = matches!(op.state, OpState::Succeeded | OpState::Failed);
     // A result the shell wrote names its op; one the control plane wrote
     // when the run ended or its lease was lost does not.
@@ -163,7 +163,7 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
         bail!("--db {}: no such database", args.db);
     }
     let store = Store::open(&args.db)
-        .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
+        .with_context(|| format!("--db {}", moat_store::redact_url(&args.db)))?;
     let run = store
         .run_by_id(&args.run)
         .context("reading the run")?

@@ -10,7 +10,7 @@ use clap::Args;
 use moat_control::PolicyEngine;
 use moat_control::clock::SystemClock;
 use moat_control::server::{self, AppState, Config};
-use moat_ledger::store::Store;
+use moat_store::Store;
 
 use crate::manifest;
 
@@ -118,7 +118,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("the admin token must be at least 16 characters");
     }
     let store = Store::open(&args.db)
-        .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
+        .with_context(|| format!("--db {}", moat_store::redact_url(&args.db)))?;
     let vault = match &args.secrets_key {
         Some(path) => {
             let text = std::fs::read_to_string(path)

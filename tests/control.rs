@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::control::*;
-use moat_ledger::store::TempPostgres;
+use moat_store::TempPostgres;
 use serde_json::{Value, json};
 
 #[test]
@@ -317,7 +317,7 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
         assert_eq!(status, 404);
 
         // The runner's provenance, recorded at its start.
-        let store = moat_ledger::store::Store::open(&db.url).unwrap();
+        let store = moat_store::Store::open(&db.url).unwrap();
         let all = store.all_events(0, 100_000).unwrap();
         for kind in [
             "runner.registered",
@@ -496,7 +496,7 @@ fn two_control_planes_four_runners_a_thousand_runs_each_claimed_and_finished_onc
         std::thread::sleep(Duration::from_millis(200));
     }
     // From the ledger: every run claimed once and finished once.
-    let store = moat_ledger::store::Store::open(&pg.url).unwrap();
+    let store = moat_store::Store::open(&pg.url).unwrap();
     let events = store.all_events(0, 1_000_000).unwrap();
     let mut claims = std::collections::HashMap::<String, (usize, usize)>::new();
     for e in &events {
@@ -531,7 +531,7 @@ fn a_runner_refreshes_its_manifest_in_the_window_and_keeps_long_operations_lease
     });
     for (i, db) in databases(dir.path()).into_iter().enumerate() {
         let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
-        let store = moat_ledger::store::Store::open(&db.url).unwrap();
+        let store = moat_store::Store::open(&db.url).unwrap();
         let acme = org(&serve, "acme");
         prepare_org(&serve, &setup, &acme);
         let _runner = Runner::start(&serve, &setup, &acme, &format!("refresher-{i}"));

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Args;
 use moat_control::audit::{Audit, audit};
-use moat_ledger::store::Store;
+use moat_store::Store;
 use serde_json::Value;
 
 const ABOUT: &str = "\
@@ -59,7 +59,7 @@ fn run(args: &AuditArgs) -> anyhow::Result<Audit> {
         }
     }
     let store = Store::open(&args.db)
-        .with_context(|| format!("--db {}", moat_ledger::store::redact_url(&args.db)))?;
+        .with_context(|| format!("--db {}", moat_store::redact_url(&args.db)))?;
     let chain = store.verify_ledger()?;
     let events = store.events_of_run(&args.run)?;
     if events.is_empty() {

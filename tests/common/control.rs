@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use moat_ledger::store::TempPostgres;
+use moat_store::TempPostgres;
 use serde_json::{Value, json};
 
 use super::{MOAT, host_processes_with, path_str, signed_manifest};
@@ -473,7 +473,7 @@ pub fn resign(setup: &Setup, edit: impl FnOnce(&mut Value)) -> Value {
 
 /// Waits until the ledger holds an event of `kind`; returns them all.
 pub fn wait_event(
-    store: &moat_ledger::store::Store,
+    store: &moat_store::Store,
     kind: moat_core::EventType,
 ) -> Vec<moat_ledger::StoredEvent> {
     let deadline = Instant::now() + Duration::from_secs(90);

@@ -15,7 +15,7 @@ use moat_control::clock::SystemClock;
 use moat_control::server::{self, AppState, Config};
 use moat_core::sign::PrivateKey;
 use moat_core::{Event, EventType};
-use moat_ledger::store::{NewRun, Store, TempPostgres, event};
+use moat_store::{NewRun, Store, TempPostgres, event};
 use serde_json::json;
 
 const RUNS: usize = 10_000;

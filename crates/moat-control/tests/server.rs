@@ -82,7 +82,7 @@ fn registration_refuses_each_bad_runner_with_its_reason() {
         let stranger = PrivateKey::from_seed([2; 32]);
         let older = manifest_with(
             &plane,
-            |m| m["createdAt"] = json!(moat_ledger::store::stamp(T0 - 1000)),
+            |m| m["createdAt"] = json!(moat_store::stamp(T0 - 1000)),
             &plane.key,
         );
         let cases = [
@@ -230,10 +230,7 @@ fn the_manifest_lifecycle_gates_claims_and_bounds_runs_by_grace() {
         plane.clock.set(T0 + 10 * DAY - 1000);
         let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
         assert_eq!((s, b["run"]["id"].as_str()), (200, Some("early")), "{b}");
-        assert_eq!(
-            b["finishBy"],
-            moat_ledger::store::stamp(T0 + 10 * DAY + 60_000)
-        );
+        assert_eq!(b["finishBy"], moat_store::stamp(T0 + 10 * DAY + 60_000));
         // After expiry no new claim.
         plane.clock.set(T0 + 10 * DAY);
         let (s, b) = runner_call(&plane, &runner, "/v1/runner/claim");
@@ -462,7 +459,7 @@ fn a_run_pinned_to_a_manifest_goes_only_to_its_runners() {
         let runner = registered(&plane, &acme, 8);
         let older = manifest_with(
             &plane,
-            |m| m["createdAt"] = json!(moat_ledger::store::stamp(T0 - 1000)),
+            |m| m["createdAt"] = json!(moat_store::stamp(T0 - 1000)),
             &plane.key,
         );
         assert_eq!(

@@ -14,7 +14,6 @@
 
 mod artifacts;
 mod nonces;
-pub mod store;
 mod verify;
 
 use std::path::Path;
@@ -24,7 +23,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 pub use artifacts::ArtifactRecord;
-pub use verify::{Verified, VerifyError};
+pub use verify::{Verified, VerifyError, Walk};
 
 /// The hash before the first event.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";

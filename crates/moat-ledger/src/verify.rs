@@ -46,14 +46,21 @@ impl Ledger {
     }
 }
 
-/// Walks a chain link by link, in sequence order, from the genesis hash.
-pub(crate) struct Walk {
+/// Walks a chain link by link, in sequence order, from the genesis hash
+/// (the control plane's store checks its shared chain with the same rule).
+pub struct Walk {
     expected: i64,
     prev: String,
 }
 
+impl Default for Walk {
+    fn default() -> Self {
+        Walk::new()
+    }
+}
+
 impl Walk {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Walk {
             expected: 1,
             prev: GENESIS.to_owned(),
@@ -61,12 +68,12 @@ impl Walk {
     }
 
     /// The sequence number the next link must have.
-    pub(crate) fn expected(&self) -> i64 {
+    pub fn expected(&self) -> i64 {
         self.expected
     }
 
     /// One stored link; `hashed` is what its hash covers.
-    pub(crate) fn step(
+    pub fn step(
         &mut self,
         seq: i64,
         prev_hash: &str,
@@ -88,7 +95,7 @@ impl Walk {
     }
 
     /// The end of the walk against the head record.
-    pub(crate) fn finish(self, head_seq: i64, head_hash: &str) -> Result<Verified, VerifyError> {
+    pub fn finish(self, head_seq: i64, head_hash: &str) -> Result<Verified, VerifyError> {
         let last = self.expected - 1;
         if last < head_seq {
             return Err(VerifyError::TruncatedTail {

@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use moat_core::hash::sha256_hex;
 use moat_core::{EventType, SignedManifest};
-use moat_ledger::store::{ManifestRow, RunnerRow, TokenKind, event, stamp};
+use moat_store::{ManifestRow, RunnerRow, TokenKind, event, stamp};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

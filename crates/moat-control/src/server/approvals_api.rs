@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use moat_core::{DenialReason, EventType};
-use moat_ledger::store::{
+use moat_store::{
     ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, event, stamp,
 };
 use serde::Deserialize;

@@ -9,7 +9,7 @@ use moat_core::EventType;
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_ledger::store::{RunnerRequest, RunnerRow, TokenKind, event};
+use moat_store::{RunnerRequest, RunnerRow, TokenKind, event};
 use serde_json::json;
 
 use super::AppState;

@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use moat_ledger::store::StoreError;
+use moat_store::StoreError;
 
 #[derive(Debug)]
 pub struct ApiError {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use moat_core::EventType;
-use moat_ledger::store::event;
+use moat_store::event;
 use serde_json::json;
 
 use super::AppState;

@@ -32,7 +32,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 use moat_core::sign::PrivateKey;
-use moat_ledger::store::{Store, StoreError};
+use moat_store::{Store, StoreError};
 
 use crate::clock::Clock;
 use crate::policy::PolicyEngine;

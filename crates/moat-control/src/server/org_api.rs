@@ -13,7 +13,7 @@ use moat_core::hash::sha256_hex;
 use moat_core::{
     DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
 };
-use moat_ledger::store::{
+use moat_store::{
     ArtifactRow, NewApproval, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event,
     stamp,
 };
@@ -490,7 +490,7 @@ fn decide_token_tools(
     org_name: &str,
     run: &RunRow,
     manifest: Option<&SignedManifest>,
-    tools: &[(String, Option<moat_ledger::store::ToolRow>)],
+    tools: &[(String, Option<moat_store::ToolRow>)],
     decided: &mut Decided,
 ) {
     if !matches!(decided.state, OpState::Queued | OpState::PendingApproval) {

@@ -12,9 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use moat_core::{Envelope, Event, EventType, OpKind, SignedManifest};
-use moat_ledger::store::{
-    NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, stamp,
-};
+use moat_store::{NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, stamp};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -502,7 +500,7 @@ pub async fn next(
                     .unwrap_or(30_000)
                     .min(MAX_TOOL_TOKEN_MS);
                 let token = moat_core::random::new_id("moat_tt_");
-                let row = moat_ledger::store::ToolTokenRow {
+                let row = moat_store::ToolTokenRow {
                     org_id: runner.org_id.clone(),
                     run_id: run_id.clone(),
                     op_id: op.id.clone(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moat_core::SignedManifest;
-use moat_ledger::store::{RunState, Store, StoreError};
+use moat_store::{RunState, Store, StoreError};
 
 use super::AppState;
 use crate::lifecycle::Stop;

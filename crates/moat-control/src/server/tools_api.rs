@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use moat_core::{EventType, OpStatus};
 use moat_egress::addr::AddressPolicy;
 use moat_egress::outbound::{self, Gate, HttpRequest, HttpResponse, OutboundError, TlsConfig};
-use moat_ledger::store::{OpResult as StoreOpResult, OpState, event, stamp};
+use moat_store::{OpResult as StoreOpResult, OpState, event, stamp};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -123,7 +123,7 @@ pub async fn list_tools(
 pub(crate) fn open_secrets(
     state: &AppState,
     org: &str,
-    sealed: &[moat_ledger::store::SealedSecret],
+    sealed: &[moat_store::SealedSecret],
 ) -> Result<Vec<(String, String)>, ApiError> {
     if sealed.is_empty() {
         return Ok(Vec::new());

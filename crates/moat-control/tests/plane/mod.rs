@@ -13,7 +13,7 @@ use moat_control::clock::{Clock, ManualClock};
 use moat_control::server::{self, AppState, Config};
 use moat_core::sign::PrivateKey;
 use moat_core::{Manifest, SignedManifest, request_sig};
-use moat_ledger::store::{Store, TempPostgres};
+use moat_store::{Store, TempPostgres};
 use serde_json::{Value, json};
 
 pub const POLICY: &str = r#"
@@ -228,7 +228,7 @@ pub fn manifest_with(
     edit: impl FnOnce(&mut Value),
     key: &PrivateKey,
 ) -> SignedManifest {
-    let stamp = moat_ledger::store::stamp;
+    let stamp = moat_store::stamp;
     let mut m = json!({
         "runnerVersion": "1.0.0", "environment": "prod",
         "policyHash": moat_core::hash::sha256_hex(POLICY.as_bytes()),

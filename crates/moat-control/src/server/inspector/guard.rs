@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use moat_core::EventType;
-use moat_ledger::store::event;
+use moat_store::event;
 use serde_json::json;
 
 use super::{cookie_token, pages};

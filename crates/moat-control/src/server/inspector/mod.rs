@@ -159,7 +159,7 @@ async fn runs(
     let op = operator(&state, &headers).await?;
     let filter = match q.state.as_deref().filter(|s| !s.is_empty() && *s != "all") {
         None => None,
-        Some(text) => Some(moat_ledger::store::RunState::parse(text).ok_or_else(|| {
+        Some(text) => Some(moat_store::RunState::parse(text).ok_or_else(|| {
             failure(ApiError::bad_request(format!("unknown run state {text:?}")))
         })?),
     };
@@ -260,8 +260,7 @@ async fn approvals(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Pa
     let org = op.org.clone();
     let (pending, recent) = state
         .db(move |s| {
-            let pending =
-                s.approvals(&org, Some(moat_ledger::store::ApprovalState::Pending), 500)?;
+            let pending = s.approvals(&org, Some(moat_store::ApprovalState::Pending), 500)?;
             let recent = s.approvals(&org, None, 50)?;
             Ok((pending, recent))
         })
@@ -296,7 +295,7 @@ async fn resolve(
             let (pending, recent) = state
                 .db(move |s| {
                     Ok((
-                        s.approvals(&org, Some(moat_ledger::store::ApprovalState::Pending), 500)?,
+                        s.approvals(&org, Some(moat_store::ApprovalState::Pending), 500)?,
                         s.approvals(&org, None, 50)?,
                     ))
                 })

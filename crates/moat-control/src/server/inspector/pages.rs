@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use moat_core::url::encode_component as seg;
 use moat_ledger::StoredEvent;
-use moat_ledger::store::{
+use moat_store::{
     ApprovalRow, ArtifactRow, ManifestRow, OpRow, OpState, Page, RunRow, RunState, RunnerRow, stamp,
 };
 use serde_json::Value;

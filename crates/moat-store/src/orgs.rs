@@ -2,7 +2,7 @@
 
 use moat_core::random::new_id;
 
-use super::{Store, StoreError};
+use crate::{Store, StoreError};
 
 /// What a token lets its holder do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

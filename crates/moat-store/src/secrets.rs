@@ -2,7 +2,7 @@
 //! plane before they get here (this module never sees a plaintext), and its
 //! tool definitions (which name secrets, never hold them).
 
-use super::{Store, StoreError};
+use crate::{Store, StoreError};
 
 /// A sealed secret as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +185,7 @@ impl Store {
     }
 }
 
-fn decode_tool(row: &super::Row) -> Result<ToolRow, StoreError> {
+fn decode_tool(row: &crate::Row) -> Result<ToolRow, StoreError> {
     Ok(ToolRow {
         name: row.text(0)?,
         definition: serde_json::from_str(&row.text(1)?)

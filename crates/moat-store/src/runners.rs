@@ -1,6 +1,6 @@
 //! Registered runners and the nonces of their signed requests.
 
-use super::{Row, Store, StoreError};
+use crate::{Row, Store, StoreError};
 
 /// A registered runner: what it said about itself at bootstrap.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,10 +6,18 @@
 //!
 //! Every method takes the current time from the caller (milliseconds since
 //! the epoch), so the control plane's clock can be injected in tests.
+//!
+//! The local, single-file ledger of `moat exec` and `moat shell` is
+//! `moat-ledger`; this crate shares its chain rule and adds what only the
+//! control plane needs (and the PostgreSQL client only it links).
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
 
 mod approvals;
 pub mod db;
 mod events;
+#[cfg(feature = "test-fixtures")]
+mod fixtures;
 mod objects;
 mod ops;
 mod orgs;
@@ -23,6 +31,8 @@ use std::sync::{Condvar, Mutex};
 pub use approvals::{ApprovalRow, ApprovalState, NewApproval, Settled, Settlement};
 pub use db::{Dialect, Row, Tx, Value};
 pub use events::Page;
+#[cfg(feature = "test-fixtures")]
+pub use fixtures::TempPostgres;
 pub use objects::{ArtifactRow, ManifestRow, NewArtifact};
 pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;
@@ -287,47 +297,6 @@ pub fn redact_url(url: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// A PostgreSQL database of its own for one test, dropped afterwards.
-/// The server comes from `MOAT_TEST_POSTGRES` (a libpq `key=value` string;
-/// default: the local server's socket as the current user); `tests/suite.sh`
-/// starts a throwaway server and sets it.
-#[doc(hidden)]
-pub struct TempPostgres {
-    admin: String,
-    pub name: String,
-    pub url: String,
-}
-
-#[doc(hidden)]
-impl TempPostgres {
-    pub fn create() -> Result<TempPostgres, StoreError> {
-        let admin = std::env::var("MOAT_TEST_POSTGRES")
-            .unwrap_or_else(|_| "host=/var/run/postgresql dbname=postgres".to_owned());
-        let name = moat_core::random::new_id("moat_test_");
-        let mut client = admin
-            .parse::<postgres::Config>()
-            .map_err(|_| StoreError::Url(admin.clone()))?
-            .connect(postgres::NoTls)?;
-        client.batch_execute(&format!("CREATE DATABASE {name}"))?;
-        // libpq key=value strings: a later key overrides an earlier one.
-        let url = format!("{admin} dbname={name}");
-        Ok(TempPostgres { admin, name, url })
-    }
-}
-
-impl Drop for TempPostgres {
-    fn drop(&mut self) {
-        if let Ok(config) = self.admin.parse::<postgres::Config>()
-            && let Ok(mut client) = config.connect(postgres::NoTls)
-        {
-            let _ = client.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
-    }
 }
 
 #[cfg(test)]

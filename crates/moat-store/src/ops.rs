@@ -3,9 +3,9 @@
 
 use moat_core::Event;
 
-use super::approvals::{self, NewApproval};
-use super::objects::{self, NewArtifact};
-use super::{Row, Store, StoreError, events};
+use crate::approvals::{self, NewApproval};
+use crate::objects::{self, NewArtifact};
+use crate::{Row, Store, StoreError, events};
 
 /// Where an operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +298,7 @@ impl Store {
     }
 }
 
-fn get(tx: &mut dyn super::Tx, run: &str, id: &str) -> Result<Option<OpRow>, StoreError> {
+fn get(tx: &mut dyn crate::Tx, run: &str, id: &str) -> Result<Option<OpRow>, StoreError> {
     tx.query_one(
         &format!("SELECT {COLUMNS} FROM ops WHERE run_id = ? AND id = ?"),
         &[run.into(), id.into()],

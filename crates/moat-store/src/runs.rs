@@ -5,7 +5,7 @@
 use moat_core::{Event, EventType};
 use serde_json::json;
 
-use super::{Row, Store, StoreError, Tx, events};
+use crate::{Row, Store, StoreError, Tx, events};
 
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,7 +213,7 @@ pub struct NewRun<'a> {
     pub inputs: serde_json::Value,
     /// The inputs' bytes, stored with the run (a run is never claimable
     /// before its inputs exist).
-    pub blobs: &'a [super::NewArtifact],
+    pub blobs: &'a [crate::NewArtifact],
     pub max_attempts: i64,
     /// Only runners under this manifest may claim the run (default: any
     /// runner of the environment, under the manifest it runs with).
@@ -242,7 +242,7 @@ impl Store {
                 return Err(StoreError::Conflict(format!("run {}", run.id)));
             }
             for blob in run.blobs {
-                super::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
+                crate::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
             }
             let data = json!({"environment": run.environment, "inputs": run.inputs, "maxAttempts": run.max_attempts});
             events::append(tx, run.org, &[event(EventType::RunCreated, run.id, now, data)])?;
@@ -256,7 +256,7 @@ impl Store {
         &self,
         org: &str,
         id: &str,
-    ) -> Result<Option<(RunRow, String, Option<super::ManifestRow>)>, StoreError> {
+    ) -> Result<Option<(RunRow, String, Option<crate::ManifestRow>)>, StoreError> {
         self.read(|tx| {
             let Some(run) = get(tx, org, id)? else {
                 return Ok(None);
@@ -269,8 +269,8 @@ impl Store {
             // A run pinned or claimed decides under its own manifest;
             // otherwise under the environment's current one.
             let manifest = match &run.manifest_hash {
-                Some(hash) => super::objects::manifest(tx, org, hash)?,
-                None => super::objects::current_manifest(tx, org, &run.environment)?,
+                Some(hash) => crate::objects::manifest(tx, org, hash)?,
+                None => crate::objects::current_manifest(tx, org, &run.environment)?,
             };
             Ok(Some((run, name, manifest)))
         })

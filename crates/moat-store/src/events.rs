@@ -1,14 +1,14 @@
 //! The control plane's ledger: one hash chain over every org's events (the
-//! chain rule of the local [`crate::Ledger`], over the org id and the
+//! chain rule of the local [`moat_ledger::Ledger`], over the org id and the
 //! event's canonical JSON, so an event moved to another org breaks the
 //! chain too); appends serialise on the head row, so two replicas never
 //! fork the chain.
 
 use moat_core::Event;
 
-use super::{Store, StoreError, Tx, Value};
-use crate::verify::Walk;
-use crate::{StoredEvent, Verified, VerifyError, chain_hash};
+use crate::{Store, StoreError, Tx, Value};
+use moat_ledger::Walk;
+use moat_ledger::{StoredEvent, Verified, VerifyError, chain_hash};
 
 /// What is hashed for one event: its org and its canonical JSON (which
 /// holds its run and type).
@@ -88,7 +88,7 @@ pub fn append(
     Ok(stored)
 }
 
-fn decode(row: &super::Row) -> Result<StoredEvent, StoreError> {
+fn decode(row: &crate::Row) -> Result<StoredEvent, StoreError> {
     let seq = row.int(0)?;
     let event = serde_json::from_slice(&row.blob(1)?)
         .map_err(|e| StoreError::Corrupt(format!("event #{seq}: {e}")))?;

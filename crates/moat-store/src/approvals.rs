@@ -6,8 +6,8 @@
 
 use moat_core::Event;
 
-use super::ops::OpState;
-use super::{Row, Store, StoreError, Tx, events};
+use crate::ops::OpState;
+use crate::{Row, Store, StoreError, Tx, events};
 
 /// Where an approval request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

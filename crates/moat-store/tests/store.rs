@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use moat_core::EventType;
-use moat_ledger::store::{
+use moat_store::{
     NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest, RunnerRow, Store,
     TempPostgres, TokenKind,
 };
@@ -183,7 +183,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             label: "out.txt".into(),
             data,
         };
-        let ev = moat_ledger::store::event(EventType::OpFinished, "r", 24, json!({}));
+        let ev = moat_store::event(EventType::OpFinished, "r", 24, json!({}));
         let result = json!({"status": "ok"});
         let report = OpResult {
             org: &a,
@@ -435,7 +435,7 @@ fn nonces_manifests_and_builds() {
         assert!(s.revoke_runner_build(&a, "h1").unwrap());
         assert!(!s.runner_build_allowed(&a, "h1").unwrap());
 
-        let row = |hash: &str, published: i64, key: &str| moat_ledger::store::ManifestRow {
+        let row = |hash: &str, published: i64, key: &str| moat_store::ManifestRow {
             hash: hash.into(),
             environment: "prod".into(),
             signed: "{}".into(),

@@ -1,7 +1,7 @@
 //! Content-addressed blobs and the artifacts that name them; runner builds
 //! (the hash allowlist); published manifests and revoked signing keys.
 
-use super::{Row, Store, StoreError, Tx};
+use crate::{Row, Store, StoreError, Tx};
 
 /// An artifact to record, with its bytes.
 #[derive(Debug, Clone)]

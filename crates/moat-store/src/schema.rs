@@ -1,7 +1,7 @@
 //! Tables of the control-plane store. Times are milliseconds since the epoch
 //! (`*_ms`), except in event bodies (RFC 3339, as everywhere in events).
 
-use super::{Dialect, StoreError, Tx};
+use crate::{Dialect, StoreError, Tx};
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS orgs (
@@ -196,7 +196,7 @@ pub(super) fn create(tx: &mut dyn Tx) -> Result<(), StoreError> {
     add_missing_columns(tx)?;
     tx.execute(
         "INSERT INTO ledger_head (id, seq, hash) VALUES (1, 0, ?) ON CONFLICT (id) DO NOTHING",
-        &[crate::GENESIS.into()],
+        &[moat_ledger::GENESIS.into()],
     )?;
     Ok(())
 }

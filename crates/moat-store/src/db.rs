@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
-use super::StoreError;
+use crate::StoreError;
 
 /// Which SQL dialect a transaction speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,12 +18,12 @@ pub mod db;
 mod events;
 #[cfg(feature = "test-fixtures")]
 mod fixtures;
+mod migrate;
 mod objects;
 mod ops;
 mod orgs;
 mod runners;
 mod runs;
-mod schema;
 mod secrets;
 
 use std::sync::{Condvar, Mutex};
@@ -51,6 +51,8 @@ pub enum StoreError {
     Url(String),
     #[error("stored data is not what this version expects: {0}")]
     Corrupt(String),
+    #[error("schema migration: {0}")]
+    Migration(String),
     #[error("{0} already exists")]
     Conflict(String),
     #[error("event cannot be serialised: {0}")]
@@ -157,9 +159,10 @@ pub struct Store {
 
 impl Store {
     /// Opens `sqlite:PATH` or a PostgreSQL URL (`postgres://`, `postgresql://`,
-    /// or a libpq `key=value` string), creating the schema if needed.
+    /// or a libpq `key=value` string), bringing its schema to this build's
+    /// newest version (see [`migrate`]).
     pub fn open(url: &str) -> Result<Store, StoreError> {
-        let backend = if let Some(path) = url.strip_prefix("sqlite:") {
+        let mut backend = if let Some(path) = url.strip_prefix("sqlite:") {
             if path.is_empty() {
                 return Err(StoreError::Url(redact_url(url)));
             }
@@ -189,9 +192,19 @@ impl Store {
         } else {
             return Err(StoreError::Url(redact_url(url)));
         };
-        let store = Store { backend };
-        store.tx(schema::create)?;
-        Ok(store)
+        match &mut backend {
+            Backend::Sqlite(conn) => migrate::sqlite(
+                conn.get_mut()
+                    .map_err(|_| StoreError::Corrupt("store lock poisoned".into()))?,
+            )?,
+            Backend::Postgres(pool) => {
+                let mut conn = pool.take()?;
+                let migrated = migrate::postgres(&mut conn);
+                pool.give(conn);
+                migrated?;
+            }
+        }
+        Ok(Store { backend })
     }
 
     /// `sqlite` or `postgres`.

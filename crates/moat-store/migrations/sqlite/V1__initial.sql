@@ -1,9 +1,6 @@
-//! Tables of the control-plane store. Times are milliseconds since the epoch
-//! (`*_ms`), except in event bodies (RFC 3339, as everywhere in events).
-
-use crate::{Dialect, StoreError, Tx};
-
-const TABLES: &str = "
+-- The schema as first released (moat serve before versioned migrations).
+-- IF NOT EXISTS: a database made by that release adopts it unchanged.
+-- Times are milliseconds since the epoch (*_ms), except in event bodies.
 CREATE TABLE IF NOT EXISTS orgs (
     id          TEXT PRIMARY KEY,
     name        TEXT NOT NULL UNIQUE,
@@ -54,7 +51,7 @@ CREATE TABLE IF NOT EXISTS events (
     org_id      TEXT NOT NULL,
     run_id      TEXT NOT NULL,
     event_type  TEXT NOT NULL,
-    body        {BLOB} NOT NULL,
+    body        BLOB NOT NULL,
     prev_hash   TEXT NOT NULL,
     hash        TEXT NOT NULL
 );
@@ -67,7 +64,7 @@ CREATE TABLE IF NOT EXISTS ledger_head (
 CREATE TABLE IF NOT EXISTS blobs (
     sha256  TEXT PRIMARY KEY,
     size    BIGINT NOT NULL,
-    data    {BLOB} NOT NULL
+    data    BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS artifacts (
     org_id      TEXT NOT NULL,
@@ -143,8 +140,8 @@ CREATE INDEX IF NOT EXISTS runs_by_runner ON runs (runner_id, state);
 CREATE TABLE IF NOT EXISTS secrets (
     org_id      TEXT NOT NULL REFERENCES orgs (id),
     name        TEXT NOT NULL,
-    nonce       {BLOB} NOT NULL,
-    ciphertext  {BLOB} NOT NULL,
+    nonce       BLOB NOT NULL,
+    ciphertext  BLOB NOT NULL,
     updated_ms  BIGINT NOT NULL,
     PRIMARY KEY (org_id, name)
 );
@@ -176,54 +173,6 @@ CREATE TABLE IF NOT EXISTS request_nonces (
     expires_ms  BIGINT NOT NULL,
     PRIMARY KEY (runner_id, nonce)
 );
-";
-
-pub(super) fn create(tx: &mut dyn Tx) -> Result<(), StoreError> {
-    let blob = match tx.dialect() {
-        Dialect::Sqlite => "BLOB",
-        Dialect::Postgres => {
-            // Two replicas starting together must not race on CREATE TABLE.
-            tx.query("SELECT pg_advisory_xact_lock(7700)::text", &[])?;
-            "BYTEA"
-        }
-    };
-    for statement in TABLES.split(';') {
-        let statement = statement.trim();
-        if !statement.is_empty() {
-            tx.execute(&statement.replace("{BLOB}", blob), &[])?;
-        }
-    }
-    add_missing_columns(tx)?;
-    tx.execute(
-        "INSERT INTO ledger_head (id, seq, hash) VALUES (1, 0, ?) ON CONFLICT (id) DO NOTHING",
-        &[moat_ledger::GENESIS.into()],
-    )?;
-    Ok(())
-}
-
-/// Columns added after a table was first released: a database made by an
-/// earlier `moat serve` (say, `moat up`'s, kept between runs) gets them.
-const ADDED_COLUMNS: [(&str, &str, &str); 1] = [("runners", "slots", "BIGINT NOT NULL DEFAULT 1")];
-
-fn add_missing_columns(tx: &mut dyn Tx) -> Result<(), StoreError> {
-    for (table, column, kind) in ADDED_COLUMNS {
-        let present = match tx.dialect() {
-            Dialect::Sqlite => tx.query_one(
-                "SELECT 1 FROM pragma_table_info(?) WHERE name = ?",
-                &[table.into(), column.into()],
-            )?,
-            Dialect::Postgres => tx.query_one(
-                "SELECT 1 FROM information_schema.columns
-                 WHERE table_schema = current_schema() AND table_name = ? AND column_name = ?",
-                &[table.into(), column.into()],
-            )?,
-        };
-        if present.is_none() {
-            tx.execute(
-                &format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"),
-                &[],
-            )?;
-        }
-    }
-    Ok(())
-}
+INSERT INTO ledger_head (id, seq, hash)
+VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000')
+ON CONFLICT (id) DO NOTHING;

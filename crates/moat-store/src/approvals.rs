@@ -66,23 +66,23 @@ const COLUMNS: &str = "id, org_id, run_id, op_id, state, rule, risk, summary, re
                        expires_ms, resolved_ms, resolved_by, reason";
 
 fn decode(row: &Row) -> Result<ApprovalRow, StoreError> {
-    let state = row.text(4)?;
+    let state = row.text("state")?;
     Ok(ApprovalRow {
-        id: row.text(0)?,
-        org_id: row.text(1)?,
-        run_id: row.text(2)?,
-        op_id: row.text(3)?,
+        id: row.text("id")?,
+        org_id: row.text("org_id")?,
+        run_id: row.text("run_id")?,
+        op_id: row.text("op_id")?,
         state: ApprovalState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("approval state {state:?}")))?,
-        rule: row.text(5)?,
-        risk: row.text(6)?,
-        summary: serde_json::from_str(&row.text(7)?)
+        rule: row.text("rule")?,
+        risk: row.text("risk")?,
+        summary: serde_json::from_str(&row.text("summary")?)
             .map_err(|e| StoreError::Corrupt(format!("approval summary: {e}")))?,
-        requested_ms: row.int(8)?,
-        expires_ms: row.int(9)?,
-        resolved_ms: row.opt_int(10)?,
-        resolved_by: row.opt_text(11)?,
-        reason: row.opt_text(12)?,
+        requested_ms: row.int("requested_ms")?,
+        expires_ms: row.int("expires_ms")?,
+        resolved_ms: row.opt_int("resolved_ms")?,
+        resolved_by: row.opt_text("resolved_by")?,
+        reason: row.opt_text("reason")?,
     })
 }
 

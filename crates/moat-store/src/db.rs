@@ -6,6 +6,7 @@
 //! places that differ ask [`Tx::dialect`].
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
@@ -58,54 +59,65 @@ impl<T: Into<Value>> From<Option<T>> for Value {
     }
 }
 
-/// One result row.
+/// One result row: values read by column name (the name a `SELECT` gives
+/// a column, or its `AS` alias; lower case, as PostgreSQL folds them), so
+/// a reordered or widened select list cannot shift what a field reads.
 #[derive(Debug, Clone)]
-pub struct Row(pub Vec<Value>);
+pub struct Row {
+    columns: Arc<[String]>,
+    values: Vec<Value>,
+}
 
 impl Row {
-    fn at(&self, i: usize) -> Result<&Value, StoreError> {
-        self.0
-            .get(i)
-            .ok_or_else(|| StoreError::Corrupt(format!("column {i} missing")))
+    pub fn new(columns: Arc<[String]>, values: Vec<Value>) -> Row {
+        Row { columns, values }
     }
 
-    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
-        match self.at(i)? {
+    fn at(&self, name: &str) -> Result<&Value, StoreError> {
+        self.columns
+            .iter()
+            .position(|c| c == name)
+            .and_then(|i| self.values.get(i))
+            .ok_or_else(|| StoreError::Corrupt(format!("column {name} missing")))
+    }
+
+    pub fn int(&self, name: &str) -> Result<i64, StoreError> {
+        match self.at(name)? {
             Value::Int(v) => Ok(*v),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected an integer, found {other:?}"
+                "column {name}: expected an integer, found {other:?}"
             ))),
         }
     }
 
-    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
-        match self.at(i)? {
+    pub fn opt_int(&self, name: &str) -> Result<Option<i64>, StoreError> {
+        match self.at(name)? {
             Value::Null => Ok(None),
-            _ => self.int(i).map(Some),
+            _ => self.int(name).map(Some),
         }
     }
 
-    pub fn text(&self, i: usize) -> Result<String, StoreError> {
-        self.opt_text(i)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {i}: unexpected NULL")))
+    pub fn text(&self, name: &str) -> Result<String, StoreError> {
+        self.opt_text(name)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {name}: unexpected NULL")))
     }
 
-    pub fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
-        match self.at(i)? {
+    pub fn opt_text(&self, name: &str) -> Result<Option<String>, StoreError> {
+        match self.at(name)? {
             Value::Null => Ok(None),
             Value::Text(v) => Ok(Some(v.clone())),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected text, found {other:?}"
+                "column {name}: expected text, found {other:?}"
             ))),
         }
     }
 
-    pub fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
-        match self.at(i)? {
+    pub fn blob(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        match self.at(name)? {
             Value::Blob(v) => Ok(v.clone()),
             Value::Text(v) => Ok(v.clone().into_bytes()),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected bytes, found {other:?}"
+                "column {name}: expected bytes, found {other:?}"
             ))),
         }
     }
@@ -167,7 +179,8 @@ impl Tx for rusqlite::Transaction<'_> {
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
         use rusqlite::types::ValueRef;
         let mut stmt = self.prepare_cached(sql)?;
-        let columns = stmt.column_count();
+        let names: Arc<[String]> = stmt.column_names().into_iter().map(str::to_owned).collect();
+        let columns = names.len();
         let mut rows = stmt.query(rusqlite::params_from_iter(params.iter()))?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
@@ -181,7 +194,7 @@ impl Tx for rusqlite::Transaction<'_> {
                     ValueRef::Blob(v) => Value::Blob(v.to_vec()),
                 });
             }
-            out.push(Row(values));
+            out.push(Row::new(Arc::clone(&names), values));
         }
         Ok(out)
     }
@@ -313,8 +326,13 @@ fn pg_query(
     params: &[Value],
 ) -> Result<Vec<Row>, StoreError> {
     let prepared = statement(client, statements, sql)?;
+    let names: Arc<[String]> = prepared
+        .columns()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
     let rows = client.query(&prepared, &pg_params(params))?;
-    rows.iter().map(pg_row).collect()
+    rows.iter().map(|row| pg_row(row, &names)).collect()
 }
 
 impl Tx for PgTx<'_> {
@@ -345,7 +363,7 @@ impl Tx for PgAuto<'_> {
     }
 }
 
-fn pg_row(row: &postgres::Row) -> Result<Row, StoreError> {
+fn pg_row(row: &postgres::Row, names: &Arc<[String]>) -> Result<Row, StoreError> {
     let mut values = Vec::with_capacity(row.len());
     for (i, column) in row.columns().iter().enumerate() {
         let ty = column.type_();
@@ -364,12 +382,26 @@ fn pg_row(row: &postgres::Row) -> Result<Row, StoreError> {
         };
         values.push(value.unwrap_or(Value::Null));
     }
-    Ok(Row(values))
+    Ok(Row::new(Arc::clone(names), values))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_are_read_by_name_whatever_the_order() -> Result<(), StoreError> {
+        let mut conn = rusqlite::Connection::open_in_memory()?;
+        let mut tx = conn.transaction()?;
+        let row = Tx::query_one(&mut tx, "SELECT 'x' AS b, 7 AS a, NULL AS c", &[])?
+            .ok_or_else(|| StoreError::Corrupt("no row".into()))?;
+        assert_eq!(row.int("a")?, 7);
+        assert_eq!(row.text("b")?, "x");
+        assert_eq!(row.opt_text("c")?, None);
+        assert!(matches!(row.int("d"), Err(StoreError::Corrupt(m)) if m.contains("column d")));
+        assert!(row.int("b").is_err(), "text read as an integer");
+        Ok(())
+    }
 
     #[test]
     fn placeholders_are_numbered_in_order() {

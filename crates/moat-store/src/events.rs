@@ -47,7 +47,7 @@ pub fn append(
     let head = tx
         .query_one(&sql, &[])?
         .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
-    let (mut seq, mut prev) = (head.int(0)?, head.text(1)?);
+    let (mut seq, mut prev) = (head.int("seq")?, head.text("hash")?);
     let mut stored = Vec::with_capacity(events.len());
     let mut rows: Vec<Value> = Vec::with_capacity(events.len() * 7);
     for event in events {
@@ -89,13 +89,13 @@ pub fn append(
 }
 
 fn decode(row: &crate::Row) -> Result<StoredEvent, StoreError> {
-    let seq = row.int(0)?;
-    let event = serde_json::from_slice(&row.blob(1)?)
+    let seq = row.int("seq")?;
+    let event = serde_json::from_slice(&row.blob("body")?)
         .map_err(|e| StoreError::Corrupt(format!("event #{seq}: {e}")))?;
     Ok(StoredEvent {
         seq,
-        prev_hash: row.text(2)?,
-        hash: row.text(3)?,
+        prev_hash: row.text("prev_hash")?,
+        hash: row.text("hash")?,
         event,
     })
 }
@@ -171,7 +171,7 @@ impl Store {
             let head = tx
                 .query_one("SELECT seq, hash FROM ledger_head WHERE id = 1", &[])?
                 .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
-            Ok((head.int(0)?, head.text(1)?))
+            Ok((head.int("seq")?, head.text("hash")?))
         })
     }
 
@@ -181,7 +181,7 @@ impl Store {
             tx.query_one("SELECT seq, hash FROM ledger_head WHERE id = 1", &[])?
                 .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))
         })?;
-        let (head_seq, head_hash) = (head.int(0)?, head.text(1)?);
+        let (head_seq, head_hash) = (head.int("seq")?, head.text("hash")?);
         let mut walk = Walk::new();
         // Up to the head read first: later appends are for the next check.
         while walk.expected() <= head_seq {
@@ -196,16 +196,20 @@ impl Store {
                 break;
             }
             for row in rows {
-                let seq = row.int(0)?;
-                let body = row.blob(1)?;
-                let hashed = chained(&row.text(4)?, &body);
-                if let Err(broken) = walk.step(seq, &row.text(2)?, &row.text(3)?, &hashed) {
+                let seq = row.int("seq")?;
+                let body = row.blob("body")?;
+                let hashed = chained(&row.text("org_id")?, &body);
+                if let Err(broken) =
+                    walk.step(seq, &row.text("prev_hash")?, &row.text("hash")?, &hashed)
+                {
                     return Ok(Err(broken));
                 }
                 // The columns queries filter on must say what the hashed body says.
                 let event: Event = serde_json::from_slice(&body)
                     .map_err(|e| StoreError::Corrupt(format!("event #{seq}: {e}")))?;
-                if event.run_id != row.text(5)? || event.event_type.as_str() != row.text(6)? {
+                if event.run_id != row.text("run_id")?
+                    || event.event_type.as_str() != row.text("event_type")?
+                {
                     return Ok(Err(VerifyError::Edited(seq)));
                 }
             }

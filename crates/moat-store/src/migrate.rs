@@ -86,8 +86,11 @@ pub(crate) fn postgres(conn: &mut crate::db::PgConn) -> Result<(), StoreError> {
 fn prepare(tx: &mut dyn Tx, known: i64) -> Result<(), StoreError> {
     if table_exists(tx, HISTORY)? {
         let applied = tx
-            .query_one(&format!("SELECT MAX(version) FROM {HISTORY}"), &[])?
-            .map(|row| row.opt_int(0))
+            .query_one(
+                &format!("SELECT MAX(version) AS version FROM {HISTORY}"),
+                &[],
+            )?
+            .map(|row| row.opt_int("version"))
             .transpose()?
             .flatten()
             .unwrap_or(0);

@@ -82,25 +82,25 @@ pub(super) fn insert_artifact(
 
 fn decode_artifact(row: &Row) -> Result<ArtifactRow, StoreError> {
     Ok(ArtifactRow {
-        run_id: row.text(0)?,
-        op_id: row.text(1)?,
-        sha256: row.text(2)?,
-        size: row.int(3)?,
-        kind: row.text(4)?,
-        label: row.text(5)?,
-        created_ms: row.int(6)?,
+        run_id: row.text("run_id")?,
+        op_id: row.text("op_id")?,
+        sha256: row.text("sha256")?,
+        size: row.int("size")?,
+        kind: row.text("kind")?,
+        label: row.text("label")?,
+        created_ms: row.int("created_ms")?,
     })
 }
 
 fn decode_manifest(row: &Row) -> Result<ManifestRow, StoreError> {
     Ok(ManifestRow {
-        hash: row.text(0)?,
-        environment: row.text(1)?,
-        signed: row.text(2)?,
-        signed_by: row.text(3)?,
-        expires_ms: row.int(4)?,
-        published_ms: row.int(5)?,
-        revoked: row.int(6)? != 0,
+        hash: row.text("hash")?,
+        environment: row.text("environment")?,
+        signed: row.text("signed")?,
+        signed_by: row.text("signed_by")?,
+        expires_ms: row.int("expires_ms")?,
+        published_ms: row.int("published_ms")?,
+        revoked: row.int("revoked")? != 0,
     })
 }
 
@@ -165,7 +165,7 @@ impl Store {
                  (SELECT 1 FROM artifacts a WHERE a.org_id = ? AND a.sha256 = b.sha256)",
                 &[sha256.into(), org.into()],
             )?
-            .map(|r| r.blob(0))
+            .map(|r| r.blob("data"))
             .transpose()
         })
     }
@@ -206,7 +206,7 @@ impl Store {
                 &[org.into()],
             )?
             .iter()
-            .map(|r| Ok((r.text(0)?, r.text(1)?, r.int(2)? != 0)))
+            .map(|r| Ok((r.text("sha256")?, r.text("label")?, r.int("revoked")? != 0)))
             .collect()
         })
     }

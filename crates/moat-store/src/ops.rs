@@ -76,22 +76,22 @@ fn json(text: &str, what: &str) -> Result<serde_json::Value, StoreError> {
 }
 
 fn decode(row: &Row) -> Result<OpRow, StoreError> {
-    let state = row.text(4)?;
+    let state = row.text("state")?;
     Ok(OpRow {
-        run_id: row.text(0)?,
-        id: row.text(1)?,
-        n: row.int(2)?,
-        op: row.text(3)?,
+        run_id: row.text("run_id")?,
+        id: row.text("id")?,
+        n: row.int("n")?,
+        op: row.text("op")?,
         state: OpState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("op state {state:?}")))?,
-        envelope: json(&row.text(5)?, "op envelope")?,
-        decision: json(&row.text(6)?, "op decision")?,
+        envelope: json(&row.text("envelope")?, "op envelope")?,
+        decision: json(&row.text("decision")?, "op decision")?,
         result: row
-            .opt_text(7)?
+            .opt_text("result")?
             .map(|t| json(&t, "op result"))
             .transpose()?,
-        created_ms: row.int(8)?,
-        updated_ms: row.int(9)?,
+        created_ms: row.int("created_ms")?,
+        updated_ms: row.int("updated_ms")?,
     })
 }
 
@@ -139,15 +139,15 @@ impl Store {
             let Some(run) = tx.query_one(&sql, &[op.org.into(), op.run.into()])? else {
                 return Ok(None);
             };
-            if matches!(run.text(0)?.as_str(), "succeeded" | "failed" | "dead_lettered") {
+            if matches!(run.text("state")?.as_str(), "succeeded" | "failed" | "dead_lettered") {
                 return Ok(None);
             }
             let n = tx
                 .query_one(
-                    "SELECT COALESCE(MAX(n), 0) + 1 FROM ops WHERE run_id = ?",
+                    "SELECT COALESCE(MAX(n), 0) + 1 AS next_n FROM ops WHERE run_id = ?",
                     &[op.run.into()],
                 )?
-                .map_or(Ok(1), |r| r.int(0))?;
+                .map_or(Ok(1), |r| r.int("next_n"))?;
             let inserted = tx.execute(
                 "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, id) DO NOTHING",
@@ -207,11 +207,11 @@ impl Store {
     pub fn open_ops(&self, org: &str, run: &str) -> Result<i64, StoreError> {
         self.read(|tx| {
             tx.query_one(
-                "SELECT COUNT(*) FROM ops WHERE org_id = ? AND run_id = ?
+                "SELECT COUNT(*) AS n FROM ops WHERE org_id = ? AND run_id = ?
                  AND state IN ('pending_approval', 'queued', 'dispatched')",
                 &[org.into(), run.into()],
             )?
-            .map_or(Ok(0), |r| r.int(0))
+            .map_or(Ok(0), |r| r.int("n"))
         })
     }
 

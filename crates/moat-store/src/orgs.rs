@@ -89,12 +89,12 @@ impl Store {
             else {
                 return Ok(None);
             };
-            let kind = if row.text(1)? == "agent" {
+            let kind = if row.text("kind")? == "agent" {
                 TokenKind::Agent
             } else {
                 TokenKind::Api
             };
-            Ok(Some((row.text(0)?, kind)))
+            Ok(Some((row.text("org_id")?, kind)))
         })
     }
 
@@ -112,7 +112,7 @@ impl Store {
                  RETURNING org_id",
                 &[token_hash.into(), now.into()],
             )?
-            .map(|r| r.text(0))
+            .map(|r| r.text("org_id"))
             .transpose()
         })
     }

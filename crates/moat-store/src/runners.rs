@@ -29,32 +29,32 @@ pub struct RunnerRow {
 const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots";
 
-/// `COLUMNS` and the runs the runner holds now.
+/// `COLUMNS` and the runs the runner holds now (`slots_used`).
 const READ: &str =
     "SELECT id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots,
     (SELECT COUNT(*) FROM runs WHERE runs.runner_id = runners.id
-        AND runs.state IN ('claimed', 'running', 'paused'))
+        AND runs.state IN ('claimed', 'running', 'paused')) AS slots_used
     FROM runners";
 
 fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
     Ok(RunnerRow {
-        id: row.text(0)?,
-        org_id: row.text(1)?,
-        runner_hash: row.text(2)?,
-        manifest_hash: row.text(3)?,
-        policy_hash: row.text(4)?,
-        version: row.text(5)?,
-        environment: row.text(6)?,
-        ops: serde_json::from_str(&row.text(7)?)
+        id: row.text("id")?,
+        org_id: row.text("org_id")?,
+        runner_hash: row.text("runner_hash")?,
+        manifest_hash: row.text("manifest_hash")?,
+        policy_hash: row.text("policy_hash")?,
+        version: row.text("version")?,
+        environment: row.text("environment")?,
+        ops: serde_json::from_str(&row.text("ops")?)
             .map_err(|e| StoreError::Corrupt(format!("runner ops: {e}")))?,
-        sandbox_mode: row.text(8)?,
-        boot_time: row.text(9)?,
-        public_key: row.text(10)?,
-        registered_ms: row.int(11)?,
-        seen_ms: row.int(12)?,
-        slots: row.int(13)?,
-        slots_used: row.int(14)?,
+        sandbox_mode: row.text("sandbox_mode")?,
+        boot_time: row.text("boot_time")?,
+        public_key: row.text("public_key")?,
+        registered_ms: row.int("registered_ms")?,
+        seen_ms: row.int("seen_ms")?,
+        slots: row.int("slots")?,
+        slots_used: row.int("slots_used")?,
     })
 }
 
@@ -171,7 +171,7 @@ impl Store {
         self.tx(|tx| {
             // The hot path of every signed request: no count of held runs.
             let Some(row) = tx.query_one(
-                &format!("SELECT {COLUMNS}, 0 FROM runners WHERE id = ?"),
+                &format!("SELECT {COLUMNS}, 0 AS slots_used FROM runners WHERE id = ?"),
                 &[id.into()],
             )?
             else {

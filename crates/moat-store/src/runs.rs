@@ -79,25 +79,25 @@ const COLUMNS: &str = "id, org_id, state, environment, runner_id, manifest_hash,
     attempts, max_attempts, finish_wanted, inputs, error, created_ms, claimed_ms, updated_ms";
 
 fn decode(row: &Row) -> Result<RunRow, StoreError> {
-    let state = row.text(2)?;
+    let state = row.text("state")?;
     Ok(RunRow {
-        id: row.text(0)?,
-        org_id: row.text(1)?,
+        id: row.text("id")?,
+        org_id: row.text("org_id")?,
         state: RunState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("run state {state:?}")))?,
-        environment: row.text(3)?,
-        runner_id: row.opt_text(4)?,
-        manifest_hash: row.opt_text(5)?,
-        lease_until_ms: row.int(6)?,
-        attempts: row.int(7)?,
-        max_attempts: row.int(8)?,
-        finish_wanted: row.int(9)? != 0,
-        inputs: serde_json::from_str(&row.text(10)?)
+        environment: row.text("environment")?,
+        runner_id: row.opt_text("runner_id")?,
+        manifest_hash: row.opt_text("manifest_hash")?,
+        lease_until_ms: row.int("lease_until_ms")?,
+        attempts: row.int("attempts")?,
+        max_attempts: row.int("max_attempts")?,
+        finish_wanted: row.int("finish_wanted")? != 0,
+        inputs: serde_json::from_str(&row.text("inputs")?)
             .map_err(|e| StoreError::Corrupt(format!("run inputs: {e}")))?,
-        error: row.opt_text(11)?,
-        created_ms: row.int(12)?,
-        claimed_ms: row.int(13)?,
-        updated_ms: row.int(14)?,
+        error: row.opt_text("error")?,
+        created_ms: row.int("created_ms")?,
+        claimed_ms: row.int("claimed_ms")?,
+        updated_ms: row.int("updated_ms")?,
     })
 }
 
@@ -183,9 +183,9 @@ fn end(
                 EventType::ApprovalExpired,
                 &run.id,
                 now,
-                json!({"approvalId": row.text(0)?, "reason": "the run ended"}),
+                json!({"approvalId": row.text("id")?, "reason": "the run ended"}),
             );
-            e.op_id = Some(row.text(1)?);
+            e.op_id = Some(row.text("op_id")?);
             expired.push(e);
         }
         events::append(tx, &run.org_id, &expired)?;
@@ -263,7 +263,7 @@ impl Store {
             };
             let name = tx
                 .query_one("SELECT name FROM orgs WHERE id = ?", &[org.into()])?
-                .map(|r| r.text(0))
+                .map(|r| r.text("name"))
                 .transpose()?
                 .unwrap_or_default();
             // A run pinned or claimed decides under its own manifest;
@@ -347,7 +347,7 @@ impl Store {
             let Some(row) = tx.query_one(&sql, &[org.into(), environment.into(), manifest_hash.into()])? else {
                 return Ok(None);
             };
-            let id = row.text(0)?;
+            let id = row.text("id")?;
             tx.execute(
                 "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
                      lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?

@@ -58,10 +58,10 @@ impl Store {
             .iter()
             .map(|row| {
                 Ok(SealedSecret {
-                    name: row.text(0)?,
-                    nonce: row.blob(1)?,
-                    ciphertext: row.blob(2)?,
-                    updated_ms: row.int(3)?,
+                    name: row.text("name")?,
+                    nonce: row.blob("nonce")?,
+                    ciphertext: row.blob("ciphertext")?,
+                    updated_ms: row.int("updated_ms")?,
                 })
             })
             .collect()
@@ -160,12 +160,12 @@ impl Store {
                 return Ok(None);
             };
             Ok(Some(ToolTokenRow {
-                org_id: row.text(0)?,
-                run_id: row.text(1)?,
-                op_id: row.text(2)?,
-                tools: serde_json::from_str(&row.text(3)?)
+                org_id: row.text("org_id")?,
+                run_id: row.text("run_id")?,
+                op_id: row.text("op_id")?,
+                tools: serde_json::from_str(&row.text("tools")?)
                     .map_err(|e| StoreError::Corrupt(format!("tool token: {e}")))?,
-                expires_ms: row.int(4)?,
+                expires_ms: row.int("expires_ms")?,
             }))
         })
     }
@@ -187,9 +187,9 @@ impl Store {
 
 fn decode_tool(row: &crate::Row) -> Result<ToolRow, StoreError> {
     Ok(ToolRow {
-        name: row.text(0)?,
-        definition: serde_json::from_str(&row.text(1)?)
+        name: row.text("name")?,
+        definition: serde_json::from_str(&row.text("definition")?)
             .map_err(|e| StoreError::Corrupt(format!("tool definition: {e}")))?,
-        updated_ms: row.int(2)?,
+        updated_ms: row.int("updated_ms")?,
     })
 }

@@ -487,7 +487,11 @@ fn moving_an_event_to_another_org_or_run_breaks_the_chain() {
                             &[],
                         )?
                         .unwrap();
-                    Ok((row.text(0)?, row.text(1)?, row.text(2)?))
+                    Ok((
+                        row.text("org_id")?,
+                        row.text("run_id")?,
+                        row.text("event_type")?,
+                    ))
                 })
                 .unwrap();
             s.tx(|tx| tx.execute(tamper, &[])).unwrap();

@@ -86,7 +86,7 @@ fn run(args: IssueArgs) -> anyhow::Result<String> {
         Some(at) => humantime::parse_rfc3339(at).context("--issued-at")?,
         None => SystemTime::now(),
     };
-    let stamp = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    let stamp = moat_core::time::stamp;
     let nonce = moat_core::random::bytes::<16>();
     let claims = CapabilityClaims {
         run_id: envelope.run_id.clone(),

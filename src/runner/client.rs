@@ -26,12 +26,10 @@ pub fn random_hex(n: usize) -> String {
 }
 
 fn now_ms() -> i64 {
-    moat_control::clock::ms(SystemTime::now())
+    moat_core::time::ms(SystemTime::now())
 }
 
-pub fn stamp(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
-}
+pub use moat_core::time::stamp;
 
 impl Client {
     pub fn new(base: &str, key: PrivateKey) -> Client {

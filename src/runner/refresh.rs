@@ -1,4 +1,4 @@
-//! The runner's manifest refresh, driven by `moat_control::lifecycle`'s
+//! The runner's manifest refresh, driven by `moat_core::lifecycle`'s
 //! rules: from the refresh window on, fetch the control plane's current
 //! manifest (verified with the control-plane key); a fetch that fails or
 //! brings nothing newer is reported (`runner.manifest.refresh_failed`) and
@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use anyhow::Context;
-use moat_control::lifecycle::{Lifetime, Next, Refresher, Report};
+use moat_core::lifecycle::{Lifetime, Next, Refresher, Report};
 use moat_core::sign::PublicKey;
 use moat_core::{EventType, SignedManifest};
 use serde_json::json;

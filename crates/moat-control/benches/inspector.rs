@@ -24,7 +24,7 @@ const TOKEN: &str = "moat_inspector_bench_token_0123456789";
 
 fn fill(store: &Store) -> String {
     let started = Instant::now();
-    let now = moat_control::clock::ms(std::time::SystemTime::now());
+    let now = moat_core::time::ms(std::time::SystemTime::now());
     let org = store
         .create_org("bench", &moat_core::hash::sha256_hex(TOKEN.as_bytes()), now)
         .unwrap();

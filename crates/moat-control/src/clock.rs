@@ -50,8 +50,4 @@ impl Clock for ManualClock {
     }
 }
 
-/// Milliseconds since the epoch of `t`.
-pub fn ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub use moat_core::time::ms;

@@ -15,16 +15,14 @@
 //! `require_approval` instead (`@risk("low|medium|high|critical")` tells
 //! the approver how much is at stake).
 //!
-//! [`lifecycle`] holds the manifest lifecycle's rules (refresh window,
-//! backoff, swap at an operation boundary, expiry, grace, revocation) as
-//! functions of a clock the caller passes in.
+//! The manifest lifecycle's rules, shared with runners, are
+//! `moat_core::lifecycle`.
 // Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
 #![forbid(unsafe_code)]
 
 pub mod audit;
 pub mod clock;
 pub mod describe;
-pub mod lifecycle;
 pub mod policy;
 pub mod server;
 pub mod tools;

@@ -239,7 +239,7 @@ impl PolicyEngine {
         if ttl > MAX_LIFETIME {
             return Err(PolicyError::Lifetime);
         }
-        let stamp = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let stamp = moat_core::time::stamp;
         let claims = CapabilityClaims {
             run_id: envelope.run_id.clone(),
             op_id: envelope.id.clone(),

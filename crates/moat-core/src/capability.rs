@@ -166,7 +166,7 @@ mod tests {
     }
 
     fn claims(issued: SystemTime, life: Duration) -> CapabilityClaims {
-        let at = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let at = crate::time::stamp;
         CapabilityClaims {
             run_id: "r1".into(),
             op_id: "1".into(),

@@ -9,6 +9,7 @@ pub mod capability;
 pub mod denial;
 pub mod event;
 pub mod hash;
+pub mod lifecycle;
 pub mod limits;
 pub mod manifest;
 pub mod mode;

@@ -9,6 +9,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[error("{0:?} is not an RFC 3339 time (like 2026-01-02T03:04:05Z or 2026-01-02T17:04:05+14:00)")]
 pub struct TimeError(pub String);
 
+/// Milliseconds since the epoch of `t` (0 before it, saturating after).
+pub fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `t` as RFC 3339 in UTC with milliseconds: the form of every time Moat
+/// writes (events, API answers, capabilities).
+pub fn stamp(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// [`stamp`] of milliseconds since the epoch (before it: the epoch).
+pub fn stamp_ms(ms: i64) -> String {
+    stamp(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+/// `stamp(SystemTime::now())`.
+pub fn now_stamp() -> String {
+    stamp(SystemTime::now())
+}
+
 /// The instant `text` names: `date-time` of RFC 3339 section 5.6 (`T` or
 /// `t`, `Z` or `z` or `±hh:mm`, any number of fractional digits, read to
 /// the nanosecond; a leap second `:60` is the next minute's first).

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use moat_core::{DenialReason, Event, EventType};
 use serde_json::{Value, json};
@@ -191,7 +191,7 @@ impl Scope {
     fn event(&self, event_type: EventType, data: Value) -> Event {
         Event {
             event_type,
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            at: moat_core::time::now_stamp(),
             run_id: self.run.config.run_id.clone(),
             op_id: self.op_id.clone(),
             correlation_id: None,

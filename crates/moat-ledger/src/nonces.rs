@@ -123,13 +123,13 @@ mod tests {
     fn granted_event(nonce: &str, expires: SystemTime) -> Event {
         Event {
             event_type: EventType::CapabilityGranted,
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            at: moat_core::time::now_stamp(),
             run_id: "r".into(),
             op_id: Some("1".into()),
             correlation_id: None,
             data: serde_json::json!({"capability": {
                 "nonce": nonce,
-                "expiresAt": humantime::format_rfc3339_millis(expires).to_string(),
+                "expiresAt": moat_core::time::stamp(expires),
             }}),
         }
     }

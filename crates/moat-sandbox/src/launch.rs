@@ -3,7 +3,7 @@
 //! report. See docs/sandbox.md for the sequence.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use moat_core::{
     Enforcement, Event, EventSink, EventType, ExitStatus, LayerReport, NetworkMode, OutputReport,
@@ -148,7 +148,7 @@ impl Emitter<'_> {
     fn emit(&mut self, event_type: EventType, data: serde_json::Value) {
         self.sink.emit(Event {
             event_type,
-            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            at: moat_core::time::now_stamp(),
             run_id: self.run_id.clone(),
             op_id: None,
             correlation_id: None,

@@ -46,7 +46,7 @@ impl MoatTools {
             "correlationId": id,
             "op": op,
             "args": args,
-            "createdAt": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            "createdAt": moat_core::time::now_stamp(),
         });
         let mut backend = self.backend.lock().await;
         let line = envelope.to_string() + "\n";

@@ -135,7 +135,7 @@ impl Op {
 }
 
 fn now() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    moat_core::time::now_stamp()
 }
 
 /// The outcome of an operation before it is recorded.

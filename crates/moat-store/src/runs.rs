@@ -103,8 +103,7 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
 
 /// RFC 3339 (milliseconds, UTC) of `ms` since the epoch.
 pub fn stamp(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
+    moat_core::time::stamp_ms(ms)
 }
 
 /// An event about `run` at `now`.

@@ -21,7 +21,7 @@ use super::admin_api::{check_manifest, is_sha256, manifest_expiry, manifest_json
 use super::auth;
 use super::error::{ApiError, ApiResult};
 use super::org_api::{inputs_with_content, run_json};
-use crate::lifecycle::{self, Lifetime};
+use moat_core::lifecycle::{self, Lifetime};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 

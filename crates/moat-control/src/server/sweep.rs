@@ -12,7 +12,7 @@ use moat_core::SignedManifest;
 use moat_store::{RunState, Store, StoreError};
 
 use super::AppState;
-use crate::lifecycle::Stop;
+use moat_core::lifecycle::Stop;
 
 const EVERY: Duration = Duration::from_millis(250);
 

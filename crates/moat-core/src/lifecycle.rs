@@ -1,5 +1,5 @@
-//! The manifest lifecycle of the architecture deck, as pure functions of a
-//! clock the caller passes in (so tests drive time):
+//! The manifest lifecycle, as pure functions of a clock the caller passes
+//! in (so tests drive time); the control plane and runners share it:
 //!
 //! - a runner starts refreshing at min(expiresAt − 24 h, expiresAt − 25% of
 //!   the lifetime), retries with exponential backoff (reporting

@@ -22,7 +22,6 @@ mod mcp;
 mod operator;
 mod replay;
 mod runner;
-mod seal;
 mod serve;
 mod shell;
 mod state;

@@ -13,7 +13,8 @@ use moat_core::SignedManifest;
 use moat_store::{OpState, Store};
 use serde_json::{Value, json};
 
-use crate::runner::shell_child::{ShellChild, write_inputs};
+use moat_runner::workspace::write_inputs;
+use moat_shell::child::ShellChild;
 
 const ABOUT: &str = "\
 Reads the run from the control plane's database: its inputs (by hash), its
@@ -123,7 +124,7 @@ fn skip_reason(op: &moat_store::OpRow, allow_network: bool) -> Option<&'static s
             .as_ref()
             .is_some_and(|r| r["id"].as_str() == Some(op.id.as_str()));
     let args = &op.envelope["args"];
-    if args["profile"] == moat_control::tools::PROFILE {
+    if args["profile"] == moat_api::runner::TOOL_PROFILE {
         return Some("a tool call (made by the control plane, not in a sandbox)");
     }
     if !ran {
@@ -229,22 +230,27 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     std::fs::create_dir_all(workspace.join("output"))?;
     std::fs::create_dir_all(workspace.join("input"))?;
     std::fs::create_dir_all(&state)?;
-    let mut inputs = run.inputs.clone();
-    for input in inputs.as_array_mut().into_iter().flatten() {
-        let sha = input["sha256"].as_str().unwrap_or_default().to_owned();
+    let mut inputs: Vec<moat_api::RunInput> =
+        serde_json::from_value(run.inputs.clone()).context("the run's recorded inputs")?;
+    for input in &mut inputs {
         let bytes = store
-            .artifact_bytes(&run.org_id, &sha)?
-            .with_context(|| format!("input {} ({sha}) is no longer stored", input["path"]))?;
-        input["contentBase64"] = base64::engine::general_purpose::STANDARD
-            .encode(bytes)
-            .into();
+            .artifact_bytes(&run.org_id, &input.sha256)?
+            .with_context(|| {
+                format!(
+                    "input {} ({}) is no longer stored",
+                    input.path, input.sha256
+                )
+            })?;
+        input.content_base64 = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
     write_inputs(&workspace, &inputs)?;
     let manifest_file = scratch.0.join("manifest.json");
     std::fs::write(&manifest_file, &manifest.signed)?;
     let key_file = scratch.0.join("trusted.pub");
     std::fs::write(&key_file, trusted.to_base64())?;
+    let me = std::env::current_exe().context("finding this binary")?;
     let mut shell = ShellChild::start(
+        &me,
         &state,
         &workspace,
         &[
@@ -272,7 +278,7 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
         if let Some(map) = envelope.as_object_mut() {
             map.remove("capability");
         }
-        let again = shell.ask(&envelope, &op.id)?;
+        let again = serde_json::to_value(shell.ask_json(&envelope, &op.id)?)?;
         let (then, now) = (fingerprint(&recorded), fingerprint(&again));
         let same = then == now;
         diverged |= !same;

@@ -152,7 +152,7 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         Some(path) => (manifest::read_json(path)?, path.display().to_string()),
         None => {
             let me = std::env::current_exe().context("finding this binary")?;
-            match crate::seal::read_trailer(&me)? {
+            match moat_runner::seal::read_trailer(&me)? {
                 Some((signed, _)) => (signed, format!("sealed in {}", me.display())),
                 None => bail!("no --manifest, and this binary is not a sealed runner"),
             }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use base64::Engine as _;
 use clap::Args;
+use moat_client::OrgClient;
 use moat_core::sign::PrivateKey;
 use serde_json::{Value, json};
 
@@ -117,30 +118,23 @@ fn http() -> ureq::Agent {
         .into()
 }
 
-fn call(url: &str, token: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
-    let agent = http();
-    let response = match body {
-        Some(body) => agent
-            .post(url)
-            .header("authorization", &format!("Bearer {token}"))
-            .header("content-type", "application/json")
-            .send(body.to_string().as_bytes()),
-        None => agent
-            .get(url)
-            .header("authorization", &format!("Bearer {token}"))
-            .call(),
-    };
-    let mut response = response.with_context(|| format!("reaching {url}"))?;
-    let status = response.status().as_u16();
-    let bytes = response.body_mut().read_to_vec().unwrap_or_default();
+/// `path` of the control plane at `base` with `token`: the status and the
+/// body (`null` if it is not JSON, kept for the error message).
+fn call(base: &str, path: &str, token: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
+    let client = OrgClient::new(base, token, Duration::from_secs(30));
+    let answer = match body {
+        Some(body) => client.post_answer(path, body),
+        None => client.get_answer(path),
+    }
+    .with_context(|| format!("reaching {base}{path}"))?;
     Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        answer.status,
+        serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
     ))
 }
 
-fn expect(url: &str, token: &str, body: &Value, what: &str) -> anyhow::Result<Value> {
-    let (status, answer) = call(url, token, Some(body))?;
+fn expect(base: &str, path: &str, token: &str, body: &Value, what: &str) -> anyhow::Result<Value> {
+    let (status, answer) = call(base, path, token, Some(body))?;
     if !(200..300).contains(&status) {
         bail!("{what}: {status} {answer}");
     }
@@ -149,7 +143,7 @@ fn expect(url: &str, token: &str, body: &Value, what: &str) -> anyhow::Result<Va
 
 fn run(args: UpArgs) -> anyhow::Result<()> {
     let me = std::env::current_exe().context("finding this binary")?;
-    if crate::seal::read_trailer(&me)?.is_some() {
+    if moat_runner::seal::read_trailer(&me)?.is_some() {
         bail!("this is a sealed runner; run `moat up` with the plain moat binary");
     }
     // Before anything is made: another server on the address would answer
@@ -235,7 +229,8 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         Ok(token) => token.trim().to_owned(),
         Err(_) => {
             let answer = expect(
-                &format!("{url}/v1/orgs"),
+                &url,
+                "/v1/orgs",
                 &admin,
                 &json!({"name": "demo"}),
                 "creating the demo org",
@@ -253,7 +248,8 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         Ok(token) => token.trim().to_owned(),
         Err(_) => {
             let answer = expect(
-                &format!("{url}/v1/agent-tokens"),
+                &url,
+                "/v1/agent-tokens",
                 &org_token,
                 &json!({}),
                 "creating an agent token",
@@ -280,7 +276,8 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         0o644,
     )?;
     expect(
-        &format!("{url}/v1/manifests"),
+        &url,
+        "/v1/manifests",
         &org_token,
         &signed_json,
         "publishing the sample manifest",
@@ -305,13 +302,15 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     let report: Value = serde_json::from_slice(&built.stdout)?;
     let runner_hash = report["runnerHash"].as_str().unwrap_or_default().to_owned();
     expect(
-        &format!("{url}/v1/runner-builds"),
+        &url,
+        "/v1/runner-builds",
         &org_token,
         &json!({"sha256": runner_hash, "label": "moat up local runner"}),
         "allowing the runner build",
     )?;
     let bootstrap = expect(
-        &format!("{url}/v1/bootstrap-tokens"),
+        &url,
+        "/v1/bootstrap-tokens",
         &org_token,
         &json!({}),
         "minting a bootstrap token",
@@ -322,7 +321,7 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         0o600,
     )?;
     let slots = args.slots.unwrap_or_else(|| {
-        crate::runner::default_slots(signed.manifest.limits.memory_bytes).max(MIN_SLOTS)
+        moat_runner::default_slots(signed.manifest.limits.memory_bytes).max(MIN_SLOTS)
     });
     let runner = Command::new(&runner_path)
         .args(["runner", "start", "--control-plane", &url])
@@ -382,7 +381,7 @@ fn wait_healthy(url: &str, children: &mut Children, log: &Path) -> anyhow::Resul
 fn wait_runner(url: &str, token: &str, children: &mut Children, log: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, answer) = call(&format!("{url}/v1/runners"), token, None)?;
+        let (status, answer) = call(url, "/v1/runners", token, None)?;
         let registered = answer["runners"].as_array().is_some_and(|r| !r.is_empty());
         if status == 200 && registered {
             return Ok(());
@@ -417,7 +416,8 @@ fn check_alive(children: &mut Children, log: &Path) -> anyhow::Result<()> {
 fn demo_run(url: &str, agent: &str) -> anyhow::Result<String> {
     let id = format!("demo-{}", &random_token()[5..13]);
     expect(
-        &format!("{url}/v1/runs"),
+        url,
+        "/v1/runs",
         agent,
         &json!({"id": id, "inputs": [{"path": "input/notes.txt", "content": "Moat runs each step in a fresh sandbox.\nEvery decision is in the ledger.\n"}]}),
         "creating the demo run",
@@ -429,7 +429,7 @@ fn demo_run(url: &str, agent: &str) -> anyhow::Result<String> {
         json!({"id": "export", "op": "artifact_write", "args": {"path": "export/summary.csv", "content": "lines\n2\n", "maxBytes": 4096}}),
     ];
     for op in ops {
-        let (status, answer) = call(&format!("{url}/v1/runs/{id}/ops"), agent, Some(&op))?;
+        let (status, answer) = call(url, &format!("/v1/runs/{id}/ops"), agent, Some(&op))?;
         if !(200..300).contains(&status) {
             eprintln!("moat up: demo op {}: {status} {answer}", op["id"]);
         }
@@ -437,7 +437,8 @@ fn demo_run(url: &str, agent: &str) -> anyhow::Result<String> {
     // The agent is done: the runner finishes the run once its last step is
     // decided (approved and run, denied, or expired), freeing its slot.
     expect(
-        &format!("{url}/v1/runs/{id}/finish"),
+        url,
+        &format!("/v1/runs/{id}/finish"),
         agent,
         &json!({}),
         "finishing the demo run",

@@ -14,7 +14,7 @@ use clap::Args;
 pub use moat_core::url::encode_component as segment;
 use serde_json::Value;
 
-use crate::runner::client::{Answer, error_text};
+use moat_client::OrgClient;
 
 /// Where the control plane is and how to sign in.
 #[derive(Args, Clone)]
@@ -34,9 +34,7 @@ pub struct Target {
 
 /// An authenticated HTTP client for one control plane.
 pub struct Api {
-    base: String,
-    token: String,
-    agent: ureq::Agent,
+    client: OrgClient,
 }
 
 impl Api {
@@ -53,55 +51,16 @@ impl Api {
         if token.is_empty() {
             bail!("the token is empty");
         }
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
         Ok(Api {
-            base: target.control_plane.trim_end_matches('/').to_owned(),
-            token,
-            agent,
+            client: OrgClient::new(&target.control_plane, &token, Duration::from_secs(30)),
         })
     }
 
-    fn answer(
-        &self,
-        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
-    ) -> anyhow::Result<Value> {
-        let mut response =
-            response.with_context(|| format!("reaching the control plane at {}", self.base))?;
-        let status = response.status().as_u16();
-        let bytes = response
-            .body_mut()
-            .with_config()
-            .limit(64 << 20)
-            .read_to_vec()
-            .context("reading the control plane's answer")?;
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let answer = Answer { status, body };
-        if !(200..300).contains(&status) {
-            bail!("the control plane refused: {}", error_text(&answer));
-        }
-        Ok(answer.body)
-    }
-
     pub fn get(&self, path: &str) -> anyhow::Result<Value> {
-        let response = self
-            .agent
-            .get(&format!("{}{path}", self.base))
-            .header("authorization", &format!("Bearer {}", self.token))
-            .call();
-        self.answer(response)
+        Ok(self.client.get(path)?)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let response = self
-            .agent
-            .post(&format!("{}{path}", self.base))
-            .header("authorization", &format!("Bearer {}", self.token))
-            .header("content-type", "application/json")
-            .send(body.to_string().as_bytes());
-        self.answer(response)
+        Ok(self.client.post(path, body)?)
     }
 }

@@ -8,13 +8,11 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use moat_core::SignedManifest;
 
-use crate::{manifest, seal};
+use moat_runner::seal;
 
-pub mod client;
-mod refresh;
-pub mod shell_child;
+use crate::manifest;
+
 mod start;
-pub use start::default_slots;
 
 /// Seal a manifest into a runner binary, and inspect sealed runners.
 #[derive(Args)]

@@ -18,7 +18,7 @@ use scrub::map_strings;
 pub use scrub::{MIN_SECRET, Scrubber, replace_text};
 
 /// The profile name a tool call carries.
-pub const PROFILE: &str = "control-plane-tool-proxy";
+pub const PROFILE: &str = moat_api::runner::TOOL_PROFILE;
 
 /// `http_request` arguments of a tool call.
 #[derive(Debug, Clone, Deserialize)]

@@ -5,6 +5,7 @@
 // Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
 #![forbid(unsafe_code)]
 
+pub mod child;
 pub mod exec;
 pub mod lines;
 #[cfg(feature = "mcp")]

@@ -16,6 +16,7 @@ use super::AppState;
 use super::auth::{self, new_token};
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
+use super::views::manifest_view;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -259,20 +260,11 @@ pub struct EnvQuery {
     environment: Option<String>,
 }
 
-pub fn manifest_json(row: &ManifestRow) -> ApiResult<Value> {
-    let signed: Value =
-        serde_json::from_str(&row.signed).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(json!({
-        "manifestHash": row.hash, "environment": row.environment, "expiresAt": stamp(row.expires_ms),
-        "publishedAt": stamp(row.published_ms), "revoked": row.revoked, "signed": signed,
-    }))
-}
-
 pub async fn current_manifest(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Query(q): Query<EnvQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<moat_api::ManifestView>> {
     let org = auth::org_admin(&state, &headers).await?;
     let env = q
         .environment
@@ -282,7 +274,7 @@ pub async fn current_manifest(
         .db(move |s| s.current_manifest(&org, &env))
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("published manifest for {label:?}")))?;
-    Ok(Json(manifest_json(&row)?))
+    Ok(Json(manifest_view(&row)?))
 }
 
 pub async fn revoke_manifest(

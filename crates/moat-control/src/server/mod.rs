@@ -24,6 +24,7 @@ mod org_api;
 mod runner_api;
 mod sweep;
 mod tools_api;
+mod views;
 mod wake;
 
 use std::sync::Arc;

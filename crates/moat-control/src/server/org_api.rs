@@ -14,8 +14,7 @@ use moat_core::{
     DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
 };
 use moat_store::{
-    ArtifactRow, NewApproval, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event,
-    stamp,
+    NewApproval, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event, stamp,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -24,36 +23,12 @@ use super::AppState;
 use super::auth;
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
+use super::views::{artifact_json, op_json, run_json};
 use crate::describe::describe;
 use crate::policy::{Decision, OpRequest, Resource};
 use crate::tools::ToolDef;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-pub fn run_json(r: &RunRow) -> Value {
-    json!({
-        "id": r.id, "state": r.state.as_str(), "environment": r.environment, "runnerId": r.runner_id,
-        "manifestHash": r.manifest_hash, "attempts": r.attempts, "maxAttempts": r.max_attempts,
-        "finishRequested": r.finish_wanted, "inputs": r.inputs, "error": r.error,
-        "createdAt": stamp(r.created_ms), "updatedAt": stamp(r.updated_ms),
-        "leaseUntil": (r.lease_until_ms > 0).then(|| stamp(r.lease_until_ms)),
-    })
-}
-
-pub fn op_json(o: &OpRow) -> Value {
-    json!({
-        "id": o.id, "runId": o.run_id, "n": o.n, "op": o.op, "state": o.state.as_str(),
-        "decision": o.decision, "result": o.result,
-        "createdAt": stamp(o.created_ms), "updatedAt": stamp(o.updated_ms),
-    })
-}
-
-pub fn artifact_json(a: &ArtifactRow) -> Value {
-    json!({
-        "runId": a.run_id, "opId": a.op_id, "sha256": a.sha256, "size": a.size, "kind": a.kind,
-        "label": a.label, "createdAt": stamp(a.created_ms),
-    })
-}
 
 /// A workspace-relative path: no root, no `..`, nothing odd.
 pub fn plain_relative(path: &str) -> bool {
@@ -198,7 +173,7 @@ pub async fn create_run(
         })
         .await?;
     state.notify();
-    Ok((StatusCode::CREATED, Json(run_json(&run))))
+    Ok((StatusCode::CREATED, Json(run_json(&run)?)))
 }
 
 #[derive(Deserialize)]
@@ -223,7 +198,7 @@ pub async fn list_runs(
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let runs = state.db(move |s| s.runs(&org, filter, limit)).await?;
     Ok(Json(
-        json!({"runs": runs.iter().map(run_json).collect::<Vec<_>>()}),
+        json!({"runs": runs.iter().map(run_json).collect::<ApiResult<Vec<_>>>()?}),
     ))
 }
 
@@ -241,7 +216,7 @@ pub async fn get_run(
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let org = auth::agent(&state, &headers).await?;
-    Ok(Json(run_json(&the_run(&state, &org, &run).await?)))
+    Ok(Json(run_json(&the_run(&state, &org, &run).await?)?))
 }
 
 pub async fn finish_run(
@@ -257,7 +232,7 @@ pub async fn finish_run(
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))?;
     state.notify();
-    Ok(Json(run_json(&row)))
+    Ok(Json(run_json(&row)?))
 }
 
 #[derive(Deserialize)]
@@ -1011,21 +986,4 @@ pub async fn verify_artifact(
     Ok(Json(
         json!({"sha256": sha, "size": bytes.len(), "computed": actual, "ok": actual == sha}),
     ))
-}
-
-/// The run's inputs with their bytes (what a runner gets with its claim).
-pub fn inputs_with_content(run: &RunRow, load: impl Fn(&str) -> Option<Vec<u8>>) -> Value {
-    let inputs = run.inputs.as_array().cloned().unwrap_or_default();
-    Value::Array(
-        inputs
-            .into_iter()
-            .map(|mut input| {
-                let sha = input["sha256"].as_str().unwrap_or_default().to_owned();
-                if let (Some(map), Some(bytes)) = (input.as_object_mut(), load(&sha)) {
-                    map.insert("contentBase64".into(), B64.encode(bytes).into());
-                }
-                input
-            })
-            .collect(),
-    )
 }

@@ -17,35 +17,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::admin_api::{check_manifest, is_sha256, manifest_expiry, manifest_json};
+use super::admin_api::{check_manifest, is_sha256, manifest_expiry};
 use super::auth;
 use super::error::{ApiError, ApiResult};
-use super::org_api::{inputs_with_content, run_json};
+use super::views::{inputs_with_content, manifest_view, run_view};
+use moat_api::ManifestView;
+use moat_api::runner::{
+    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
+    Registered, Registration, ResultBody, RunEnd,
+};
 use moat_core::lifecycle::{self, Lifetime};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 use super::body::parse;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Registration {
-    runner_hash: String,
-    signed_manifest: SignedManifest,
-    version: String,
-    environment: String,
-    ops: Vec<OpKind>,
-    sandbox_mode: String,
-    boot_time: String,
-    public_key: String,
-    /// How many runs it serves at once (older runners do not say: one).
-    #[serde(default = "one_slot")]
-    slots: i64,
-}
-
-fn one_slot() -> i64 {
-    1
-}
 
 /// The most runs one runner may hold at once.
 pub const MAX_SLOTS: i64 = 256;
@@ -232,11 +217,11 @@ pub async fn register(
             s.append_events(&org, &[event(EventType::RunnerRegistered, "", now, data)])
         })
         .await?;
-    let body = json!({
-        "runnerId": runner.id,
-        "leaseMs": state.config.lease.as_millis() as u64,
-        "maxWaitMs": super::MAX_WAIT.as_millis() as u64,
-    });
+    let body = Registered {
+        runner_id: runner.id,
+        lease_ms: u64::try_from(state.config.lease.as_millis()).unwrap_or(u64::MAX),
+        max_wait_ms: u64::try_from(super::MAX_WAIT.as_millis()).unwrap_or(u64::MAX),
+    };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -269,18 +254,12 @@ impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventsBody {
-    events: Vec<Event>,
-}
-
 /// Runner-side provenance (`runner.selected`, `.started`, `.policy.loaded`,
 /// `.manifest.loaded`, `.manifest.refresh_failed`).
 pub async fn events(
     State(state): State<Arc<AppState>>,
     SignedRunner { runner, body }: SignedRunner,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EventsRecorded>> {
     let EventsBody { mut events } = parse(&body)?;
     const ALLOWED: [EventType; 5] = [
         EventType::RunnerSelected,
@@ -309,7 +288,7 @@ pub async fn events(
     state
         .db(move |s| s.append_events(&runner.org_id, &events))
         .await?;
-    Ok(Json(json!({"recorded": n})))
+    Ok(Json(EventsRecorded { recorded: n as u64 }))
 }
 
 /// Stamps the runner's identity into an event it reports.
@@ -409,7 +388,12 @@ pub async fn claim(
             }))
         })
         .await?;
-    Ok(Json(json!({"run": run_json(&run), "inputs": inputs, "finishBy": stamp(crate::clock::ms(deadline))})).into_response())
+    let claim = Claim {
+        run: run_view(&run)?,
+        inputs: inputs?,
+        finish_by: moat_core::time::stamp(deadline),
+    };
+    Ok(Json(claim).into_response())
 }
 
 /// The next thing for the runner to do in a run it holds.
@@ -460,9 +444,9 @@ pub async fn next(
                 let run = s.run(&r.org_id, &id)?;
                 let idle = s.open_ops(&r.org_id, &id)? == 0;
                 match run {
-                    Some(run) if run.state.is_final() => Ok(Some(Err("ended"))),
-                    Some(run) if run.finish_wanted && idle => Ok(Some(Err("finish"))),
-                    None => Ok(Some(Err("ended"))),
+                    Some(run) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
+                    Some(run) if run.finish_wanted && idle => Ok(Some(Err(Next::Finish))),
+                    None => Ok(Some(Err(Next::Ended))),
                     _ => Ok(None),
                 }
             },
@@ -470,7 +454,7 @@ pub async fn next(
         .await?;
     match found {
         None => Ok(StatusCode::NO_CONTENT.into_response()),
-        Some(Err(what)) => Ok(Json(json!({"action": what})).into_response()),
+        Some(Err(what)) => Ok(Json(what).into_response()),
         Some(Ok(op)) => {
             state.notify_run(&run_id);
             let mut envelope: Envelope = serde_json::from_value(op.envelope.clone())
@@ -490,7 +474,7 @@ pub async fn next(
                 )
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             envelope.capability = Some(capability);
-            let mut answer = json!({"action": "op", "envelope": envelope});
+            let mut tool_token = None;
             if let Some(tools) = op.decision.get("toolToken").filter(|t| t.is_object()) {
                 // Good for this operation only: until its timeout (plus a
                 // moment), and not at all once its result is in.
@@ -511,9 +495,13 @@ pub async fn next(
                 };
                 let hash = moat_core::hash::sha256_hex(token.as_bytes());
                 state.db(move |s| s.put_tool_token(&hash, &row)).await?;
-                answer["toolToken"] = token.into();
+                tool_token = Some(token);
             }
-            Ok(Json(answer).into_response())
+            Ok(Json(Next::Op {
+                envelope: Box::new(envelope),
+                tool_token,
+            })
+            .into_response())
         }
     }
 }
@@ -526,7 +514,7 @@ pub async fn heartbeat(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
     SignedRunner { runner, .. }: SignedRunner,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Heartbeat>> {
     let now = state.now();
     let lease = state.config.lease.as_millis() as i64;
     let (org, rid, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
@@ -534,7 +522,9 @@ pub async fn heartbeat(
         .db(move |s| s.renew_lease(&org, &rid, &run, now, lease))
         .await?;
     match held {
-        Some(run) => Ok(Json(json!({"leaseUntil": stamp(run.lease_until_ms)}))),
+        Some(run) => Ok(Json(Heartbeat {
+            lease_until: stamp(run.lease_until_ms),
+        })),
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
             "lease_lost",
@@ -563,30 +553,11 @@ const SHELL_EVENTS: [EventType; 13] = [
     EventType::PathDenied,
 ];
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ReportedArtifact {
-    sha256: String,
-    kind: String,
-    label: String,
-    content_base64: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResultBody {
-    result: moat_core::OpResult,
-    #[serde(default)]
-    events: Vec<Event>,
-    #[serde(default)]
-    artifacts: Vec<ReportedArtifact>,
-}
-
 pub async fn result(
     State(state): State<Arc<AppState>>,
     Path((run_id, op_id)): Path<(String, String)>,
     SignedRunner { runner, body }: SignedRunner,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Recorded>> {
     let ResultBody {
         result,
         mut events,
@@ -683,7 +654,7 @@ pub async fn result(
         })
         .await??;
     state.notify_run(&changed);
-    Ok(Json(json!({"recorded": recorded})))
+    Ok(Json(Recorded { recorded }))
 }
 
 /// Every known secret out of a runner's report; an artifact that held one
@@ -714,28 +685,15 @@ fn scrub_report(
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FinishBody {
-    state: String,
-    #[serde(default)]
-    error: Option<String>,
-}
-
 pub async fn finish(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
     SignedRunner { runner, body }: SignedRunner,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Recorded>> {
     let FinishBody { state: end, error } = parse(&body)?;
-    let end = match end.as_str() {
-        "succeeded" => RunState::Succeeded,
-        "failed" => RunState::Failed,
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "state {other:?}: succeeded or failed"
-            )));
-        }
+    let end = match end {
+        RunEnd::Succeeded => RunState::Succeeded,
+        RunEnd::Failed => RunState::Failed,
     };
     let now = state.now();
     let finished = state
@@ -751,33 +709,27 @@ pub async fn finish(
         })
         .await?;
     state.notify();
-    Ok(Json(json!({"recorded": finished})))
+    Ok(Json(Recorded { recorded: finished }))
 }
 
 /// The current manifest of the runner's environment (for refreshing).
 pub async fn manifest(
     State(state): State<Arc<AppState>>,
     SignedRunner { runner, .. }: SignedRunner,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ManifestView>> {
     let row = state
         .db(move |s| s.current_manifest(&runner.org_id, &runner.environment))
         .await?
         .ok_or_else(|| ApiError::not_found("published manifest"))?;
-    Ok(Json(manifest_json(&row)?))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Refreshed {
-    manifest_hash: String,
+    Ok(Json(manifest_view(&row)?))
 }
 
 /// The runner swapped to a refreshed manifest (at an operation boundary).
 pub async fn refreshed(
     State(state): State<Arc<AppState>>,
     SignedRunner { runner, body }: SignedRunner,
-) -> ApiResult<Json<Value>> {
-    let Refreshed { manifest_hash } = parse(&body)?;
+) -> ApiResult<Json<ManifestRefreshed>> {
+    let ManifestRefreshed { manifest_hash } = parse(&body)?;
     let (org, env) = (runner.org_id.clone(), runner.environment.clone());
     let current = state.db(move |s| s.current_manifest(&org, &env)).await?;
     let Some(current) = current.filter(|c| c.hash == manifest_hash) else {
@@ -811,5 +763,5 @@ pub async fn refreshed(
             )
         })
         .await?;
-    Ok(Json(json!({"manifestHash": manifest_hash})))
+    Ok(Json(ManifestRefreshed { manifest_hash }))
 }

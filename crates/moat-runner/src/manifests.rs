@@ -9,13 +9,14 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use anyhow::Context;
+use moat_client::{Retry, RunnerClient};
 use moat_core::lifecycle::{Lifetime, Next, Refresher, Report};
 use moat_core::sign::PublicKey;
-use moat_core::{EventType, SignedManifest};
+use moat_core::time::stamp;
+use moat_core::{Event, EventType, SignedManifest};
 use serde_json::json;
 
-use super::client::{Client, stamp};
+use crate::error::{IoContext as _, RunnerError};
 
 pub struct Manifests {
     refresher: Refresher<SignedManifest>,
@@ -29,9 +30,11 @@ pub struct Manifests {
     generation: u64,
 }
 
-pub fn lifetime(signed: &SignedManifest) -> anyhow::Result<Lifetime> {
-    let parse =
-        |t: &str| moat_core::time::parse_rfc3339(t).with_context(|| format!("manifest time {t:?}"));
+pub fn lifetime(signed: &SignedManifest) -> Result<Lifetime, RunnerError> {
+    let parse = |t: &str| {
+        moat_core::time::parse_rfc3339(t)
+            .map_err(|e| RunnerError::Setup(format!("the manifest's time: {e}")))
+    };
     Ok(Lifetime {
         created: parse(&signed.manifest.created_at)?,
         expires: parse(&signed.manifest.expires_at)?,
@@ -39,7 +42,11 @@ pub fn lifetime(signed: &SignedManifest) -> anyhow::Result<Lifetime> {
 }
 
 impl Manifests {
-    pub fn new(sealed: SignedManifest, trusted: PublicKey, dir: PathBuf) -> anyhow::Result<Self> {
+    pub fn new(
+        sealed: SignedManifest,
+        trusted: PublicKey,
+        dir: PathBuf,
+    ) -> Result<Self, RunnerError> {
         let life = lifetime(&sealed)?;
         Ok(Manifests {
             refresher: Refresher::new(sealed, life),
@@ -56,25 +63,25 @@ impl Manifests {
 
     /// Fetches if due, and swaps a staged manifest in (this is an operation
     /// boundary). The current generation: it changes when the manifest does.
-    pub fn tick(&mut self, client: &Client) -> u64 {
+    pub fn tick(&mut self, client: &RunnerClient) -> u64 {
         if self.swap_due(client) {
             self.generation += 1;
         }
         self.generation
     }
 
-    fn swap_due(&mut self, client: &Client) -> bool {
+    fn swap_due(&mut self, client: &RunnerClient) -> bool {
         if self.refresher.next(SystemTime::now()) == Next::Fetch {
             match self.fetch(client) {
                 Ok(()) => {}
-                Err(e) => self.failed(client, &format!("{e:#}")),
+                Err(e) => self.failed(client, &e.to_string()),
             }
         }
         match self.refresher.at_op_boundary() {
             Some(Report::Refreshed) => match self.swap(client) {
                 Ok(()) => true,
                 Err(e) => {
-                    eprintln!("moat runner: manifest swap: {e:#}");
+                    eprintln!("moat runner: manifest swap: {e}");
                     false
                 }
             },
@@ -82,57 +89,50 @@ impl Manifests {
         }
     }
 
-    fn fetch(&mut self, client: &Client) -> anyhow::Result<()> {
-        let answer = client.signed("GET", "/v1/runner/manifest", None)?;
-        if answer.status != 200 {
-            anyhow::bail!(
-                "the control plane answered {}",
-                super::client::error_text(&answer)
-            );
-        }
-        let signed: SignedManifest = serde_json::from_value(answer.body["signed"].clone())
-            .context("the fetched manifest")?;
-        signed
-            .verify(&self.trusted)
-            .context("the fetched manifest does not verify")?;
+    fn fetch(&mut self, client: &RunnerClient) -> Result<(), RunnerError> {
+        let signed = client.manifest()?.signed;
+        signed.verify(&self.trusted).map_err(|e| {
+            RunnerError::Protocol(format!("the fetched manifest does not verify: {e}"))
+        })?;
         if signed.manifest_hash == self.current().manifest_hash {
-            anyhow::bail!("no newer manifest is published");
+            return Err(RunnerError::Protocol(
+                "no newer manifest is published".into(),
+            ));
         }
         let life = lifetime(&signed)?;
         self.refresher.fetched(signed, life);
         Ok(())
     }
 
-    fn failed(&mut self, client: &Client, reason: &str) {
+    fn failed(&mut self, client: &RunnerClient, reason: &str) {
         let Report::RefreshFailed { failures, retry_at } = self.refresher.failed(SystemTime::now())
         else {
             return;
         };
         eprintln!("moat runner: manifest refresh failed ({failures}): {reason}");
-        let event = json!({"events": [{
-            "type": EventType::RunnerManifestRefreshFailed, "at": stamp(SystemTime::now()), "runId": "",
-            "data": {"failures": failures, "retryAt": stamp(retry_at), "reason": reason,
-                     "expiresAt": self.current().manifest.expires_at},
-        }]});
+        let event = Event {
+            event_type: EventType::RunnerManifestRefreshFailed,
+            at: moat_core::time::now_stamp(),
+            run_id: String::new(),
+            op_id: None,
+            correlation_id: None,
+            data: json!({"failures": failures, "retryAt": stamp(retry_at), "reason": reason,
+                         "expiresAt": self.current().manifest.expires_at}),
+        };
         // Best effort: the control plane may be the reason the fetch failed.
-        let _ = client.signed("POST", "/v1/runner/events", Some(&event));
+        let _ = client.report_events(vec![event], Retry::Once);
     }
 
-    fn swap(&mut self, client: &Client) -> anyhow::Result<()> {
+    fn swap(&mut self, client: &RunnerClient) -> Result<(), RunnerError> {
         let current = self.current().clone();
         let file = self
             .dir
             .join(format!("manifest-{}.json", current.manifest_hash));
-        std::fs::write(&file, serde_json::to_vec(&current)?)?;
+        let bytes = serde_json::to_vec(&current)
+            .map_err(|e| RunnerError::Protocol(format!("the refreshed manifest: {e}")))?;
+        std::fs::write(&file, bytes).io(|| file.display().to_string())?;
         self.file = Some(file);
-        let body = json!({"manifestHash": current.manifest_hash});
-        let answer = client.signed_retrying("POST", "/v1/runner/manifest", Some(&body))?;
-        if answer.status != 200 {
-            anyhow::bail!(
-                "reporting the refresh: {}",
-                super::client::error_text(&answer)
-            );
-        }
+        client.manifest_refreshed(&current.manifest_hash)?;
         eprintln!(
             "moat runner: manifest refreshed to {}",
             current.manifest_hash

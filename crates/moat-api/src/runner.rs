@@ -1,0 +1,187 @@
+//! The runner's endpoints (`/v1/runner/...`): registration with a
+//! bootstrap token, then requests signed with the per-boot key.
+
+use moat_core::{Envelope, Event, OpKind, OpResult, SignedManifest};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::views::{RunInput, RunView};
+
+/// The `profile` of an `http_request` that is a call to one of the org's
+/// tools: the control plane makes it (it holds the credential), the runner
+/// only asks for it.
+pub const TOOL_PROFILE: &str = "control-plane-tool-proxy";
+
+/// `POST /v1/runner/register` (bearer: a single-use bootstrap token).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Registration {
+    /// SHA-256 of the sealed runner binary.
+    pub runner_hash: String,
+    pub signed_manifest: SignedManifest,
+    pub version: String,
+    pub environment: String,
+    pub ops: Vec<OpKind>,
+    pub sandbox_mode: String,
+    pub boot_time: String,
+    /// The per-boot Ed25519 key every later request is signed with (base64).
+    pub public_key: String,
+    /// How many runs it serves at once (older runners do not say: one).
+    #[serde(default = "one_slot")]
+    pub slots: i64,
+}
+
+fn one_slot() -> i64 {
+    1
+}
+
+/// The answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Registered {
+    pub runner_id: String,
+    /// How long a claim lives without a renewal.
+    pub lease_ms: u64,
+    /// The longest `?wait_ms=` the control plane honours.
+    pub max_wait_ms: u64,
+}
+
+/// `POST /v1/runner/events`: the runner's own provenance events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventsBody {
+    pub events: Vec<Event>,
+}
+
+/// How many events were recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EventsRecorded {
+    pub recorded: u64,
+}
+
+/// `POST /v1/runner/claim`: a run, its inputs with their bytes, and the
+/// latest time it may finish on the runner's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub run: RunView,
+    pub inputs: Vec<RunInput>,
+    pub finish_by: String,
+}
+
+/// `POST /v1/runner/runs/{run}/next`: what to do next in a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(
+    tag = "action",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase"
+)]
+pub enum Next {
+    /// Run this operation (its capability inside the envelope).
+    Op {
+        envelope: Box<Envelope>,
+        /// A one-operation token for the org's tools, handed to the
+        /// program on its stdin by the shell.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_token: Option<String>,
+    },
+    /// The agent asked to finish and nothing is left: report the end.
+    Finish,
+    /// The run ended elsewhere (cancelled, dead-lettered): stop serving it.
+    Ended,
+}
+
+/// `POST /v1/runner/runs/{run}/heartbeat`: the renewed lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Heartbeat {
+    pub lease_until: String,
+}
+
+/// An artifact a result names, with its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReportedArtifact {
+    pub sha256: String,
+    pub kind: String,
+    pub label: String,
+    pub content_base64: String,
+}
+
+/// `POST /v1/runner/runs/{run}/ops/{op}/result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResultBody {
+    pub result: OpResult,
+    /// The events the shell recorded for this operation.
+    #[serde(default)]
+    pub events: Vec<Event>,
+    #[serde(default)]
+    pub artifacts: Vec<ReportedArtifact>,
+}
+
+/// Whether a result or an end was recorded (`false`: it already was, or
+/// the run is no longer this runner's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Recorded {
+    pub recorded: bool,
+}
+
+/// How a runner ends a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunEnd {
+    Succeeded,
+    Failed,
+}
+
+/// `POST /v1/runner/runs/{run}/finish`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FinishBody {
+    pub state: RunEnd,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /v1/runner/manifest`: the runner swapped to this manifest; the
+/// answer echoes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ManifestRefreshed {
+    pub manifest_hash: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_is_tagged_by_action() -> Result<(), serde_json::Error> {
+        assert_eq!(
+            serde_json::to_value(Next::Finish)?,
+            serde_json::json!({"action": "finish"})
+        );
+        let ended: Next = serde_json::from_str(r#"{"action":"ended"}"#)?;
+        assert_eq!(ended, Next::Ended);
+        assert!(serde_json::from_str::<Next>(r#"{"action":"reboot"}"#).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn requests_refuse_unknown_fields_and_bad_states() {
+        assert!(serde_json::from_str::<FinishBody>(r#"{"state":"succeeded","x":1}"#).is_err());
+        assert!(serde_json::from_str::<FinishBody>(r#"{"state":"paused"}"#).is_err());
+        assert!(serde_json::from_str::<FinishBody>(r#"{"state":"failed"}"#).is_ok());
+    }
+
+    #[test]
+    fn answers_tolerate_new_fields() -> Result<(), serde_json::Error> {
+        let r: Registered = serde_json::from_str(
+            r#"{"runnerId":"r","leaseMs":30000,"maxWaitMs":25000,"later":true}"#,
+        )?;
+        assert_eq!(r.lease_ms, 30_000);
+        assert!(serde_json::from_str::<Registered>(r#"{"runnerId":"r"}"#).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,53 @@
+//! Objects as the API shows them.
+
+use moat_core::SignedManifest;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One input file of a run: a workspace-relative path and the bytes'
+/// hash; the bytes themselves only where a runner needs them (a claim).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunInput {
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+}
+
+/// A run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    pub id: String,
+    /// `queued`, `claimed`, `running`, `paused`, `succeeded`, `failed`,
+    /// `dead_lettered`.
+    pub state: String,
+    pub environment: String,
+    pub runner_id: Option<String>,
+    pub manifest_hash: Option<String>,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    /// The agent asked to finish; the runner ends the run once its
+    /// operations are done.
+    pub finish_requested: bool,
+    pub inputs: Vec<RunInput>,
+    pub error: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    /// Until when its runner's claim holds (`null`: not claimed).
+    pub lease_until: Option<String>,
+}
+
+/// A published manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestView {
+    pub manifest_hash: String,
+    pub environment: String,
+    pub expires_at: String,
+    pub published_at: String,
+    pub revoked: bool,
+    pub signed: SignedManifest,
+}

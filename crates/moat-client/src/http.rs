@@ -1,0 +1,120 @@
+//! One HTTP connection pool to one control plane, and its answers.
+
+use std::time::Duration;
+
+use moat_api::ErrorBody;
+use serde::de::DeserializeOwned;
+
+use crate::ClientError;
+
+/// The largest answer read (a claim carries the run's inputs).
+const BODY_LIMIT: u64 = 256 << 20;
+
+pub(crate) struct Http {
+    base: String,
+    agent: ureq::Agent,
+}
+
+/// An answer: its status and body bytes.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as `T` if the status is a success; the refusal otherwise.
+    pub fn json<T: DeserializeOwned>(&self, what: &str) -> Result<T, ClientError> {
+        if !(200..300).contains(&self.status) {
+            return Err(self.refusal(what));
+        }
+        serde_json::from_slice(&self.body).map_err(|e| ClientError::Malformed {
+            what: what.to_owned(),
+            status: self.status,
+            message: e.to_string(),
+        })
+    }
+
+    /// This answer as a [`ClientError::Refused`] (the body's reason and
+    /// message; a body that is not an error body is quoted as the message).
+    pub fn refusal(&self, what: &str) -> ClientError {
+        match serde_json::from_slice::<ErrorBody>(&self.body) {
+            Ok(body) => ClientError::Refused {
+                what: what.to_owned(),
+                status: self.status,
+                reason: body.error.reason,
+                message: body.error.message,
+            },
+            Err(_) => ClientError::Refused {
+                what: what.to_owned(),
+                status: self.status,
+                reason: "unknown".to_owned(),
+                message: String::from_utf8_lossy(&self.body)
+                    .chars()
+                    .take(512)
+                    .collect(),
+            },
+        }
+    }
+}
+
+impl Http {
+    pub fn new(base: &str, timeout: Duration) -> Http {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .into();
+        Http {
+            base: base.trim_end_matches('/').to_owned(),
+            agent,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET` (no body) or `POST` (with `body`, JSON) of `path_and_query`.
+    pub fn send(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: &[(&str, String)],
+        body: Option<&[u8]>,
+    ) -> Result<Answer, ClientError> {
+        let url = format!("{}{}", self.base, path_and_query);
+        let response = match method {
+            "GET" => {
+                let mut request = self.agent.get(&url);
+                for (name, value) in headers {
+                    request = request.header(*name, value);
+                }
+                request.call()
+            }
+            _ => {
+                let mut request = self
+                    .agent
+                    .post(&url)
+                    .header("content-type", "application/json");
+                for (name, value) in headers {
+                    request = request.header(*name, value);
+                }
+                request.send(body.unwrap_or_default())
+            }
+        };
+        let unreachable = |e: ureq::Error| ClientError::Unreachable {
+            base: self.base.clone(),
+            message: e.to_string(),
+        };
+        let mut response = response.map_err(unreachable)?;
+        let status = response.status().as_u16();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
+            .read_to_vec()
+            .map_err(unreachable)?;
+        Ok(Answer { status, body })
+    }
+}

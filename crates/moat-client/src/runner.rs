@@ -1,0 +1,278 @@
+//! A runner's calls: registration with a bootstrap token, then every
+//! request signed with the per-boot key (`moat_core::request_sig`).
+
+use std::time::{Duration, SystemTime};
+
+use moat_api::ManifestView;
+use moat_api::runner::{
+    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
+    Registered, Registration, ResultBody,
+};
+use moat_core::Event;
+use moat_core::request_sig;
+use moat_core::sign::{PrivateKey, PublicKey};
+use moat_core::url::encode_component as segment;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::ClientError;
+use crate::http::{Answer, Http};
+
+/// Whether a call is retried while the control plane cannot be reached or
+/// is unavailable (a restart): a runner rides through it and goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    Once,
+    WhileUnavailable,
+}
+
+/// Told of each retry (what failed, and the wait before the next try).
+pub type RetryLog = Box<dyn Fn(&ClientError, Duration) + Send + Sync>;
+
+/// A registered runner's client.
+pub struct RunnerClient {
+    http: Http,
+    key: PrivateKey,
+    runner_id: String,
+    on_retry: RetryLog,
+}
+
+impl RunnerClient {
+    /// A client with `key` as its per-boot key; register before anything else.
+    pub fn new(base: &str, key: PrivateKey, on_retry: RetryLog) -> RunnerClient {
+        RunnerClient {
+            // A long poll waits up to the control plane's maximum wait.
+            http: Http::new(base, Duration::from_secs(90)),
+            key,
+            runner_id: String::new(),
+            on_retry,
+        }
+    }
+
+    pub fn runner_id(&self) -> &str {
+        &self.runner_id
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.key.public()
+    }
+
+    /// `POST /v1/runner/register` with the single-use bootstrap token.
+    pub fn register(
+        &mut self,
+        token: &str,
+        registration: &Registration,
+    ) -> Result<Registered, ClientError> {
+        let what = "registration";
+        let body = encode(what, registration)?;
+        let answer = self.http.send(
+            "POST",
+            "/v1/runner/register",
+            &[("authorization", format!("Bearer {token}"))],
+            Some(&body),
+        )?;
+        let registered: Registered = answer.json(what)?;
+        self.runner_id = registered.runner_id.clone();
+        Ok(registered)
+    }
+
+    /// `POST /v1/runner/events`: the runner's provenance.
+    pub fn report_events(&self, events: Vec<Event>, retry: Retry) -> Result<u64, ClientError> {
+        let body = EventsBody { events };
+        let answer: EventsRecorded = self.call(
+            "reporting events",
+            "POST",
+            "/v1/runner/events",
+            Some(&body),
+            retry,
+        )?;
+        Ok(answer.recorded)
+    }
+
+    /// `POST /v1/runner/claim`: the next queued run, waiting up to `wait`.
+    pub fn claim(&self, wait: Duration) -> Result<Option<Claim>, ClientError> {
+        let path = format!("/v1/runner/claim?wait_ms={}", wait.as_millis());
+        self.call_or_none("claiming a run", "POST", &path, None::<&()>)
+    }
+
+    /// `POST /v1/runner/runs/{run}/next`: what to do next, waiting up to `wait`.
+    pub fn next(&self, run: &str, wait: Duration) -> Result<Option<Next>, ClientError> {
+        let path = format!(
+            "/v1/runner/runs/{}/next?wait_ms={}",
+            segment(run),
+            wait.as_millis()
+        );
+        self.call_or_none(&format!("run {run}: next"), "POST", &path, None::<&()>)
+    }
+
+    /// `POST /v1/runner/runs/{run}/heartbeat`: renews the lease (once).
+    pub fn heartbeat(&self, run: &str) -> Result<Heartbeat, ClientError> {
+        let path = format!("/v1/runner/runs/{}/heartbeat", segment(run));
+        self.call(
+            &format!("run {run}: heartbeat"),
+            "POST",
+            &path,
+            None::<&()>,
+            Retry::Once,
+        )
+    }
+
+    /// `POST /v1/runner/runs/{run}/ops/{op}/tool`: asks the control plane to
+    /// make a tool call (it holds the credential).
+    pub fn tool_call(&self, run: &str, op: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/runner/runs/{}/ops/{}/tool", segment(run), segment(op));
+        let what = format!("tool call {op}");
+        let answer = self.send(&what, "POST", &path, None::<&()>, Retry::WhileUnavailable)?;
+        if answer.status != 200 {
+            return Err(answer.refusal(&what));
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/runner/runs/{run}/ops/{op}/result`.
+    pub fn report_result(
+        &self,
+        run: &str,
+        op: &str,
+        body: &ResultBody,
+    ) -> Result<bool, ClientError> {
+        let path = format!(
+            "/v1/runner/runs/{}/ops/{}/result",
+            segment(run),
+            segment(op)
+        );
+        let answer: Recorded = self.call(
+            &format!("reporting operation {op}"),
+            "POST",
+            &path,
+            Some(body),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(answer.recorded)
+    }
+
+    /// `POST /v1/runner/runs/{run}/finish`.
+    pub fn finish(&self, run: &str, body: &FinishBody) -> Result<bool, ClientError> {
+        let path = format!("/v1/runner/runs/{}/finish", segment(run));
+        let answer: Recorded = self.call(
+            &format!("finishing run {run}"),
+            "POST",
+            &path,
+            Some(body),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(answer.recorded)
+    }
+
+    /// `GET /v1/runner/manifest`: the current manifest of this runner's
+    /// environment (once).
+    pub fn manifest(&self) -> Result<ManifestView, ClientError> {
+        self.call(
+            "fetching the current manifest",
+            "GET",
+            "/v1/runner/manifest",
+            None::<&()>,
+            Retry::Once,
+        )
+    }
+
+    /// `POST /v1/runner/manifest`: this runner now serves under `hash`.
+    pub fn manifest_refreshed(&self, hash: &str) -> Result<(), ClientError> {
+        let body = ManifestRefreshed {
+            manifest_hash: hash.to_owned(),
+        };
+        let _: ManifestRefreshed = self.call(
+            "reporting the manifest refresh",
+            "POST",
+            "/v1/runner/manifest",
+            Some(&body),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(())
+    }
+
+    fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        what: &str,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+        retry: Retry,
+    ) -> Result<T, ClientError> {
+        self.send(what, method, path, body, retry)?.json(what)
+    }
+
+    /// A long poll: `None` when nothing came in time (204).
+    fn call_or_none<B: Serialize, T: DeserializeOwned>(
+        &self,
+        what: &str,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<Option<T>, ClientError> {
+        let answer = self.send(what, method, path, body, Retry::WhileUnavailable)?;
+        if answer.status == 204 {
+            return Ok(None);
+        }
+        answer.json(what).map(Some)
+    }
+
+    /// The signed request, retried per `retry`; a transient refusal that
+    /// is not retried comes back as an error.
+    fn send<B: Serialize>(
+        &self,
+        what: &str,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+        retry: Retry,
+    ) -> Result<Answer, ClientError> {
+        let bytes = match body {
+            Some(body) => encode(what, body)?,
+            None => Vec::new(),
+        };
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let error = match self.signed(method, path, &bytes) {
+                Ok(answer) if !matches!(answer.status, 502..=504) => return Ok(answer),
+                Ok(answer) => answer.refusal(what),
+                Err(e) => e,
+            };
+            if retry == Retry::Once || !error.is_transient() {
+                return Err(error);
+            }
+            (self.on_retry)(&error, delay);
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    fn signed(&self, method: &str, path: &str, body: &[u8]) -> Result<Answer, ClientError> {
+        let timestamp = moat_core::time::ms(SystemTime::now());
+        let nonce = moat_core::random::hex(16);
+        let signature = request_sig::Signed {
+            runner: &self.runner_id,
+            method,
+            path_and_query: path,
+            timestamp_ms: timestamp,
+            nonce: &nonce,
+            body,
+        }
+        .sign(&self.key);
+        let headers = [
+            (request_sig::RUNNER, self.runner_id.clone()),
+            (request_sig::TIMESTAMP, timestamp.to_string()),
+            (request_sig::NONCE, nonce),
+            (request_sig::SIGNATURE, signature),
+        ];
+        self.http
+            .send(method, path, &headers, (method != "GET").then_some(body))
+    }
+}
+
+fn encode<B: Serialize + ?Sized>(what: &str, body: &B) -> Result<Vec<u8>, ClientError> {
+    serde_json::to_vec(body).map_err(|e| ClientError::Encode {
+        what: what.to_owned(),
+        message: e.to_string(),
+    })
+}

@@ -1,0 +1,79 @@
+//! Stored rows as the API shows them (`moat_api` types where the protocol
+//! has them), shared by the handler files so none imports another.
+
+use base64::Engine as _;
+use moat_api::{ManifestView, RunInput, RunView};
+use moat_store::{ArtifactRow, ManifestRow, OpRow, RunRow, stamp};
+use serde_json::{Value, json};
+
+use super::error::{ApiError, ApiResult};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// A run's recorded inputs (path, sha256, size).
+pub fn run_inputs(r: &RunRow) -> ApiResult<Vec<RunInput>> {
+    serde_json::from_value(r.inputs.clone())
+        .map_err(|e| ApiError::internal(format!("run {}: stored inputs: {e}", r.id)))
+}
+
+pub fn run_view(r: &RunRow) -> ApiResult<RunView> {
+    Ok(RunView {
+        id: r.id.clone(),
+        state: r.state.as_str().to_owned(),
+        environment: r.environment.clone(),
+        runner_id: r.runner_id.clone(),
+        manifest_hash: r.manifest_hash.clone(),
+        attempts: r.attempts,
+        max_attempts: r.max_attempts,
+        finish_requested: r.finish_wanted,
+        inputs: run_inputs(r)?,
+        error: r.error.clone(),
+        created_at: stamp(r.created_ms),
+        updated_at: stamp(r.updated_ms),
+        lease_until: (r.lease_until_ms > 0).then(|| stamp(r.lease_until_ms)),
+    })
+}
+
+/// [`run_view`] as JSON, for answers that list runs.
+pub fn run_json(r: &RunRow) -> ApiResult<Value> {
+    serde_json::to_value(run_view(r)?).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+pub fn op_json(o: &OpRow) -> Value {
+    json!({
+        "id": o.id, "runId": o.run_id, "n": o.n, "op": o.op, "state": o.state.as_str(),
+        "decision": o.decision, "result": o.result,
+        "createdAt": stamp(o.created_ms), "updatedAt": stamp(o.updated_ms),
+    })
+}
+
+pub fn artifact_json(a: &ArtifactRow) -> Value {
+    json!({
+        "runId": a.run_id, "opId": a.op_id, "sha256": a.sha256, "size": a.size, "kind": a.kind,
+        "label": a.label, "createdAt": stamp(a.created_ms),
+    })
+}
+
+pub fn manifest_view(row: &ManifestRow) -> ApiResult<ManifestView> {
+    Ok(ManifestView {
+        manifest_hash: row.hash.clone(),
+        environment: row.environment.clone(),
+        expires_at: stamp(row.expires_ms),
+        published_at: stamp(row.published_ms),
+        revoked: row.revoked,
+        signed: serde_json::from_str(&row.signed)
+            .map_err(|e| ApiError::internal(format!("stored manifest {}: {e}", row.hash)))?,
+    })
+}
+
+/// The run's inputs with their bytes (what a runner gets with its claim).
+pub fn inputs_with_content(
+    run: &RunRow,
+    load: impl Fn(&str) -> Option<Vec<u8>>,
+) -> ApiResult<Vec<RunInput>> {
+    let mut inputs = run_inputs(run)?;
+    for input in &mut inputs {
+        input.content_base64 = load(&input.sha256).map(|bytes| B64.encode(bytes));
+    }
+    Ok(inputs)
+}

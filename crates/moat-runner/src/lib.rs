@@ -1,0 +1,190 @@
+//! A sealed runner's life, as a library (`moat runner start` is its
+//! command line): it reads and checks its own trailer, registers with a
+//! single-use bootstrap token and a fresh per-boot key, reports its
+//! provenance, then claims runs — one per free slot, each on a thread of
+//! its own with its own lease, heartbeats, workspace and `moat shell`
+//! child — and executes their operations through that child: the shell
+//! checks every capability offline against the manifest's control-plane
+//! key, and the sandbox is launched from that single-threaded child, never
+//! from this process. Events the shell records and artifacts it names go
+//! back with each result.
+// Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
+#![forbid(unsafe_code)]
+
+mod error;
+mod manifests;
+pub mod seal;
+mod serve;
+mod slots;
+pub mod workspace;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use moat_api::runner::Registration;
+use moat_client::{Retry, RunnerClient};
+use moat_core::sign::PrivateKey;
+use moat_core::time::stamp;
+use moat_core::{Event, EventType};
+use moat_sandbox::hostid::IdRange;
+use serde_json::json;
+
+pub use error::RunnerError;
+pub use slots::default_slots;
+
+use error::IoContext as _;
+use manifests::Manifests;
+
+/// What a runner is started with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The control plane's base URL.
+    pub control_plane: String,
+    /// Holds the single-use bootstrap token: read once, never passed on.
+    pub bootstrap_token_file: PathBuf,
+    /// Where runs' workspaces, the shells' ledger and artifacts are kept.
+    pub state_dir: PathBuf,
+    /// Stop after this many runs (`None`: serve until killed).
+    pub max_runs: Option<u64>,
+    /// `NAME=ADDRESS[,ADDRESS]` entries for the egress proxy's resolver.
+    pub resolve: Vec<String>,
+    /// Runs served at once (`None`: [`default_slots`]).
+    pub slots: Option<u16>,
+    /// The block of host ids the sandboxes of a root runner take theirs from.
+    pub uid_range: Option<IdRange>,
+    /// This sealed runner's own file: its trailer is its manifest, and its
+    /// shell children run it.
+    pub program: PathBuf,
+}
+
+fn read_token(path: &Path) -> Result<String, RunnerError> {
+    let text = std::fs::read_to_string(path)
+        .io(|| format!("--bootstrap-token-file {}", path.display()))?;
+    let token = text.trim().to_owned();
+    if token.is_empty() {
+        return Err(RunnerError::Setup(format!(
+            "--bootstrap-token-file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(token)
+}
+
+fn provenance(kind: EventType, at: &str, data: serde_json::Value) -> Event {
+    Event {
+        event_type: kind,
+        at: at.to_owned(),
+        run_id: String::new(),
+        op_id: None,
+        correlation_id: None,
+        data,
+    }
+}
+
+/// Registers and serves runs until `max_runs` were served (or forever).
+pub fn run(config: Config) -> Result<(), RunnerError> {
+    let boot = SystemTime::now();
+    let me = config.program.clone();
+    let Some((signed, _)) = seal::read_trailer(&me)? else {
+        return Err(RunnerError::Setup(format!(
+            "{} is not a sealed runner: build one with `moat runner build`",
+            me.display()
+        )));
+    };
+    // The trailer must be what it claims; the control plane then checks
+    // that its key signed it and that this build is allowed.
+    let trusted =
+        moat_core::sign::PublicKey::from_base64(&signed.manifest.control_plane_public_key)
+            .map_err(|e| {
+                RunnerError::Setup(format!("the sealed manifest's controlPlanePublicKey: {e}"))
+            })?;
+    signed
+        .verify(&trusted)
+        .map_err(|e| RunnerError::Setup(format!("the sealed manifest does not verify: {e}")))?;
+    let runner_hash = seal::file_sha256(&me)?;
+    std::fs::create_dir_all(&config.state_dir)
+        .io(|| format!("--state-dir {}", config.state_dir.display()))?;
+    let shell_state = config.state_dir.join("shell");
+    workspace::private_dir(&shell_state)?;
+    std::fs::write(
+        shell_state.join("trusted.pub"),
+        &signed.manifest.control_plane_public_key,
+    )
+    .io(|| format!("{}/trusted.pub", shell_state.display()))?;
+
+    let mut seed = moat_core::random::bytes::<32>();
+    let key = PrivateKey::from_seed(seed);
+    seed.fill(0);
+    let mut client = RunnerClient::new(
+        &config.control_plane,
+        key,
+        Box::new(|error, delay| eprintln!("moat runner: {error}; retrying in {delay:?}")),
+    );
+    let sandbox_mode = signed
+        .manifest
+        .sandbox_modes
+        .first()
+        .map_or("workspace-write", |m| m.as_str())
+        .to_owned();
+    let slots = config
+        .slots
+        .unwrap_or_else(|| default_slots(signed.manifest.limits.memory_bytes));
+    let registration = Registration {
+        runner_hash: runner_hash.clone(),
+        signed_manifest: signed.clone(),
+        version: signed.manifest.runner_version.clone(),
+        environment: signed.manifest.environment.clone(),
+        ops: signed.manifest.allowed_ops.clone(),
+        sandbox_mode: sandbox_mode.clone(),
+        boot_time: stamp(boot),
+        public_key: client.public_key().to_base64(),
+        slots: i64::from(slots),
+    };
+    let mut token = read_token(&config.bootstrap_token_file)?;
+    let registered = client.register(&token, &registration);
+    // The token is spent either way; do not keep it around.
+    token.replace_range(.., &"0".repeat(token.len()));
+    drop(token);
+    let registered = registered?;
+    let lease = Duration::from_millis(registered.lease_ms);
+    eprintln!(
+        "moat runner: registered as {} (build {runner_hash}, {slots} slots)",
+        registered.runner_id
+    );
+    let at = moat_core::time::now_stamp();
+    let events = vec![
+        provenance(
+            EventType::RunnerSelected,
+            &at,
+            json!({"runnerHash": runner_hash, "binary": me.display().to_string()}),
+        ),
+        provenance(
+            EventType::RunnerStarted,
+            &at,
+            json!({"bootTime": stamp(boot), "version": signed.manifest.runner_version, "sandboxMode": sandbox_mode}),
+        ),
+        provenance(
+            EventType::RunnerPolicyLoaded,
+            &at,
+            json!({"policyHash": signed.manifest.policy_hash}),
+        ),
+        provenance(
+            EventType::RunnerManifestLoaded,
+            &at,
+            json!({"manifestHash": signed.manifest_hash, "expiresAt": signed.manifest.expires_at}),
+        ),
+    ];
+    client.report_events(events, Retry::WhileUnavailable)?;
+    let manifests = Manifests::new(signed, trusted, config.state_dir.clone())?;
+    let runner = serve::Runner {
+        config,
+        client,
+        manifests: Mutex::new(manifests),
+        manifest_now: Mutex::new((0, None)),
+        slots: slots::Slots::new(usize::from(slots)),
+        shell_state,
+        heartbeat: (lease / 3).max(Duration::from_millis(200)),
+    };
+    runner.serve()
+}

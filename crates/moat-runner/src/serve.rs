@@ -1,0 +1,261 @@
+//! Serving claimed runs: one thread per run, operation by operation,
+//! through a `moat shell` child, with the lease kept by heartbeats.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Mutex, PoisonError, TryLockError};
+use std::time::Duration;
+
+use moat_api::runner::{Claim, FinishBody, Next, ResultBody, RunEnd, TOOL_PROFILE};
+use moat_client::RunnerClient;
+use moat_core::{Envelope, OpResult};
+use moat_ledger::Ledger;
+use moat_shell::child::ShellChild;
+
+use crate::Config;
+use crate::error::{IoContext as _, RunnerError};
+use crate::manifests::Manifests;
+use crate::slots::{SlotGuard, Slots};
+use crate::workspace::{collect_artifacts, private_dir, write_inputs};
+
+/// How long one long poll (a claim, a run's next step) waits.
+const LONG_POLL: Duration = Duration::from_secs(5);
+
+/// What a running runner holds; its slots share it.
+pub(crate) struct Runner {
+    pub config: Config,
+    pub client: RunnerClient,
+    pub manifests: Mutex<Manifests>,
+    /// The manifest generation and its file (`None`: the sealed one), as of
+    /// the last refresh check: what a slot uses while another slot's
+    /// thread is busy refreshing (a network call) with `manifests` locked.
+    pub manifest_now: Mutex<(u64, Option<PathBuf>)>,
+    pub slots: Slots,
+    /// The shells' state directory (ledger, artifacts, trusted key).
+    pub shell_state: PathBuf,
+    /// Heartbeat period while an operation runs: a third of the lease.
+    pub heartbeat: Duration,
+}
+
+impl Runner {
+    /// Claims a run whenever a slot is free and serves each claimed run on
+    /// a thread of its own, until `max_runs` runs were claimed (then it
+    /// waits for them to end) or the control plane refuses a claim.
+    pub fn serve(&self) -> Result<(), RunnerError> {
+        std::thread::scope(|scope| {
+            let mut claimed = 0u64;
+            while self.config.max_runs.is_none_or(|max| claimed < max) {
+                let in_use = self.slots.take();
+                let slot = SlotGuard(&self.slots);
+                self.refresh_manifest();
+                let Some(claim) = self.client.claim(LONG_POLL)? else {
+                    continue;
+                };
+                claimed += 1;
+                eprintln!(
+                    "moat runner: claimed run {} ({in_use} of {} slots in use)",
+                    claim.run.id, self.slots.total
+                );
+                scope.spawn(move || {
+                    let _slot = slot;
+                    self.serve_run(&claim);
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// The manifest refresh's turn (an operation boundary): one slot at a
+    /// time fetches, swaps and reports, over the network; the others go on
+    /// at once with the generation last seen rather than wait for it (a
+    /// control plane slow to answer must not stall every run's lease).
+    fn refresh_manifest(&self) -> (u64, Option<PathBuf>) {
+        let turn = match self.manifests.try_lock() {
+            Ok(manifests) => Some(manifests),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        let checked = turn.map(|mut m| (m.tick(&self.client), m.file.clone()));
+        let mut now = self
+            .manifest_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Never back: another slot may have seen a newer one meanwhile.
+        if let Some(checked) = checked.filter(|(generation, _)| *generation >= now.0) {
+            *now = checked;
+        }
+        now.clone()
+    }
+
+    /// One claimed run to its end; a run that fails here is reported failed.
+    fn serve_run(&self, claim: &Claim) {
+        let run_id = &claim.run.id;
+        if let Err(e) = self.execute_run(claim) {
+            eprintln!("moat runner: run {run_id}: {e}");
+            // It names a URL path segment: only a plain id is reported on.
+            if moat_core::op::is_plain_id(run_id) {
+                let body = FinishBody {
+                    state: RunEnd::Failed,
+                    error: Some(e.to_string()),
+                };
+                let _ = self.client.finish(run_id, &body);
+            }
+        }
+    }
+
+    fn execute_run(&self, claim: &Claim) -> Result<(), RunnerError> {
+        let run_id = claim.run.id.as_str();
+        // It names a directory here and a URL path segment: never trust its shape.
+        if !moat_core::op::is_plain_id(run_id) {
+            return Err(RunnerError::Protocol(format!(
+                "the claimed run id {run_id:?} is not a plain id"
+            )));
+        }
+        let runs = self.config.state_dir.join("runs");
+        let workspace = runs.join(run_id);
+        if workspace.exists() {
+            std::fs::remove_dir_all(&workspace).io(|| workspace.display().to_string())?;
+        }
+        // The runner's alone: another run's sandbox runs as another host
+        // uid, which must find nothing here even if it got out.
+        private_dir(&runs)?;
+        private_dir(&workspace)?;
+        for dir in ["output", "input"] {
+            std::fs::create_dir_all(workspace.join(dir))
+                .io(|| format!("{}/{dir}", workspace.display()))?;
+        }
+        write_inputs(&workspace, &claim.inputs)?;
+        // Started at the first operation: a run without any costs no process.
+        // The manifest generation it serves under: a refresh (by any slot)
+        // takes over at this run's next operation boundary, in a new shell.
+        let mut shell: Option<(ShellChild, u64)> = None;
+        // Read alongside the shell, which writes it (WAL: readers see each commit).
+        let ledger = Ledger::open(&self.shell_state.join("ledger.db"))?;
+        let mut ledger_seq = ledger.summary()?.0;
+        loop {
+            // An operation boundary: a refreshed manifest takes over here,
+            // in a new shell.
+            let (generation, manifest_file) = self.refresh_manifest();
+            if shell.as_ref().is_some_and(|(_, g)| *g != generation) {
+                shell = None;
+            }
+            let next = match self.client.next(run_id, LONG_POLL) {
+                Ok(Some(next)) => next,
+                Ok(None) => continue,
+                Err(e) => {
+                    // The lease was lost, the manifest expired...: the
+                    // control plane has taken the run back.
+                    eprintln!("moat runner: run {run_id} stopped: {e}");
+                    return Ok(());
+                }
+            };
+            match next {
+                Next::Op {
+                    envelope,
+                    tool_token,
+                } => {
+                    let op_id = envelope.id.clone();
+                    if !moat_core::op::is_plain_id(&op_id) {
+                        return Err(RunnerError::Protocol(format!(
+                            "operation id {op_id:?} is not a plain id"
+                        )));
+                    }
+                    // A tool call is made by the control plane, which holds
+                    // the credential: this runner only asks for it.
+                    if envelope.op == "http_request" && envelope.args["profile"] == TOOL_PROFILE {
+                        self.client.tool_call(run_id, &op_id)?;
+                        continue;
+                    }
+                    let shell = match &mut shell {
+                        Some((shell, _)) => shell,
+                        None => {
+                            let started = self.start_shell(&workspace, manifest_file.as_deref())?;
+                            &mut shell.insert((started, generation)).0
+                        }
+                    };
+                    let result = self.run_op(shell, run_id, &envelope, tool_token.as_deref())?;
+                    let mut events = Vec::new();
+                    loop {
+                        let page = ledger.events(Some(run_id), ledger_seq, 1000)?;
+                        let Some(last) = page.last() else { break };
+                        ledger_seq = last.seq;
+                        events.extend(page.into_iter().map(|e| e.event));
+                    }
+                    let artifacts = collect_artifacts(&self.shell_state, &result)?;
+                    let body = ResultBody {
+                        result,
+                        events,
+                        artifacts,
+                    };
+                    self.client.report_result(run_id, &op_id, &body)?;
+                }
+                Next::Finish => {
+                    drop(shell);
+                    let body = FinishBody {
+                        state: RunEnd::Succeeded,
+                        error: None,
+                    };
+                    self.client.finish(run_id, &body)?;
+                    return Ok(());
+                }
+                Next::Ended => return Ok(()),
+            }
+        }
+    }
+
+    /// One operation through the shell, with the run's lease kept alive by
+    /// heartbeats while it runs (the shell child is what launches sandboxes,
+    /// so this process may have a thread). A one-operation tool token
+    /// travels beside the envelope; the shell hands it to the program.
+    fn run_op(
+        &self,
+        shell: &mut ShellChild,
+        run_id: &str,
+        envelope: &Envelope,
+        tool_token: Option<&str>,
+    ) -> Result<OpResult, RunnerError> {
+        let mut json = serde_json::to_value(envelope)
+            .map_err(|e| RunnerError::Protocol(format!("operation {}: {e}", envelope.id)))?;
+        if let (Some(token), Some(map)) = (tool_token, json.as_object_mut()) {
+            map.insert("toolToken".into(), token.into());
+        }
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                // Woken at once when the operation ends (the sender drops).
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(self.heartbeat) {
+                    if let Err(e) = self.client.heartbeat(run_id) {
+                        eprintln!("moat runner: heartbeat: {e}");
+                    }
+                }
+            });
+            let result = shell.ask_json(&json, &envelope.id);
+            drop(stop);
+            Ok(result?)
+        })
+    }
+
+    /// `manifest`: a refreshed manifest's file (default: the sealed one).
+    fn start_shell(
+        &self,
+        workspace: &Path,
+        manifest: Option<&Path>,
+    ) -> Result<ShellChild, RunnerError> {
+        let mut extra: Vec<std::ffi::OsString> = vec!["--require-capabilities".into()];
+        if let Some(manifest) = manifest {
+            extra.push("--manifest".into());
+            extra.push(manifest.into());
+        }
+        for entry in &self.config.resolve {
+            extra.push("--resolve".into());
+            extra.push(entry.into());
+        }
+        Ok(ShellChild::start(
+            &self.config.program,
+            &self.shell_state,
+            workspace,
+            &extra,
+            self.config.uid_range,
+        )?)
+    }
+}

@@ -10,9 +10,10 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
-use moat_egress::{EgressConfig, EgressLimits, EgressPolicy, OneRunEgress, parse_resolve};
+use moat_egress::{EgressConfig, EgressLimits, EgressPolicy, parse_resolve};
 use moat_sandbox::hostid::IdRange;
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
+use moat_shell::egress::OneRunEgress;
 
 const EXAMPLES: &str = "\
 Examples:

@@ -150,7 +150,7 @@ fn bench(c: &mut Criterion) {
         },
     );
     // The proxy is forked before any thread exists, as it must be.
-    let mut egress = Egress::start(EgressConfig {
+    let mut egress = start(EgressConfig {
         run_id: "bench".into(),
         limits: EgressLimits {
             max_requests: u64::MAX,
@@ -226,3 +226,31 @@ fn bench(c: &mut Criterion) {
 
 criterion_group!(benches, bench);
 criterion_main!(benches);
+
+struct Forked(moat_sandbox::helper::Helper);
+
+impl moat_egress::ProxyProcess for Forked {
+    fn pid(&self) -> u32 {
+        self.0.pid()
+    }
+}
+
+/// The proxy in a helper process, confined, as `moat_shell::egress::start`
+/// runs it (a benchmark cannot depend on moat-shell, which depends on this).
+fn start(config: EgressConfig) -> Result<Egress, moat_egress::EgressError> {
+    use std::os::fd::AsRawFd as _;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let fd = theirs.as_raw_fd();
+    let helper = moat_sandbox::helper::spawn_helper(&[fd], move || {
+        let readable: Vec<&std::path::Path> = moat_egress::PROXY_READABLE
+            .iter()
+            .map(std::path::Path::new)
+            .collect();
+        if moat_sandbox::helper::confine_read_only(&readable, false).is_err() {
+            return 1;
+        }
+        moat_egress::serve_proxy(theirs, config)
+    })
+    .map_err(|e| moat_egress::EgressError::Start(e.to_string()))?;
+    Egress::over(ours, Box::new(Forked(helper)))
+}

@@ -1,16 +1,18 @@
-//! The proxy as a process of its own, and the handle the (single-threaded)
-//! launcher or shell keeps on it.
+//! The proxy as a process of its own: [`serve_proxy`], its body, and
+//! [`Egress`], the handle the (single-threaded) launcher or shell keeps on it.
 //!
 //! The proxy runs an async runtime, and the sandbox launcher must clone from
-//! a single-threaded process; so the proxy is forked off once per run and
-//! driven over a unix socket: JSON lines both ways, with each sandbox's
-//! listening socket attached to the `serve` line that introduces it. Events
-//! are gathered in the proxy and handed back when a listener is closed or a
-//! fetch returns, so the caller records them in its own order.
+//! a single-threaded process; so the proxy is forked off once per run (by
+//! whoever starts it: the fork and the confinement are the sandbox's
+//! business, see `moat_shell::egress`) and driven over a unix socket: JSON
+//! lines both ways, with each sandbox's listening socket attached to the
+//! `serve` line that introduces it. Events are gathered in the proxy and
+//! handed back when a listener is closed or a fetch returns, so the caller
+//! records them in its own order.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
@@ -71,33 +73,38 @@ struct Reply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Served(u64);
 
-/// The handle on a running proxy process. Dropping it kills the proxy.
+/// The process a proxy runs in, as its starter keeps it: dropping it
+/// must end the process.
+pub trait ProxyProcess {
+    fn pid(&self) -> u32;
+}
+
+/// The handle on a running proxy process. Dropping it ends the proxy.
 pub struct Egress {
     stream: UnixStream,
     reader: BufReader<UnixStream>,
     next: u64,
-    _helper: moat_sandbox::helper::Helper,
+    process: Box<dyn ProxyProcess>,
 }
 
 impl Egress {
-    /// Forks the proxy for one run. The caller must be single-threaded.
-    pub fn start(config: EgressConfig) -> Result<Egress, EgressError> {
-        let (ours, theirs) = UnixStream::pair()?;
-        let theirs_fd = theirs.as_raw_fd();
-        let helper =
-            moat_sandbox::helper::spawn_helper(&[theirs_fd], move || child_main(theirs, config))
-                .map_err(|e| EgressError::Start(e.to_string()))?;
-        let reader = BufReader::new(ours.try_clone()?);
+    /// The handle on a proxy that `process` runs ([`serve_proxy`] over the
+    /// other end of `control`).
+    pub fn over(
+        control: UnixStream,
+        process: Box<dyn ProxyProcess>,
+    ) -> Result<Egress, EgressError> {
+        let reader = BufReader::new(control.try_clone()?);
         Ok(Egress {
-            stream: ours,
+            stream: control,
             reader,
             next: 0,
-            _helper: helper,
+            process,
         })
     }
 
     pub fn pid(&self) -> u32 {
-        self._helper.pid()
+        self.process.pid()
     }
 
     fn call(&mut self, command: &Command, fd: Option<&OwnedFd>) -> Result<Reply, EgressError> {
@@ -106,7 +113,7 @@ impl Egress {
         line.push(b'\n');
         let mut sent = 0;
         if let Some(fd) = fd {
-            sent = moat_sandbox::helper::send_with_fd(self.stream.as_fd(), &line, fd.as_fd())?;
+            sent = crate::channel::send_with_fd(self.stream.as_fd(), &line, fd.as_fd())?;
         }
         self.stream.write_all(&line[sent..])?;
         let mut answer = String::new();
@@ -171,100 +178,15 @@ impl Egress {
     }
 }
 
-/// What the proxy reads after it starts: the resolver's configuration and
-/// the NSS modules getaddrinfo loads (and nothing it could write).
-const PROXY_READABLE: &[&str] = &["/etc", "/usr", "/lib", "/lib64"];
+/// What the proxy needs to read once it runs: the resolver's configuration
+/// and the NSS modules getaddrinfo loads (its starter confines it to these,
+/// read-only).
+pub const PROXY_READABLE: &[&str] = &["/etc", "/usr", "/lib", "/lib64"];
 
-/// The proxy serving one sandbox, as the launcher's
-/// [`moat_sandbox::EgressHook`]: its events are recorded before the run's
-/// `sandbox.exec.finished`.
-pub struct SandboxEgress<'a> {
-    egress: &'a mut Egress,
-    policy: &'a EgressPolicy,
-    op_id: Option<&'a str>,
-    served: Option<Served>,
-}
-
-impl<'a> SandboxEgress<'a> {
-    pub fn new(egress: &'a mut Egress, policy: &'a EgressPolicy, op_id: Option<&'a str>) -> Self {
-        SandboxEgress {
-            egress,
-            policy,
-            op_id,
-            served: None,
-        }
-    }
-}
-
-impl moat_sandbox::EgressHook for SandboxEgress<'_> {
-    fn serve(&mut self, listener: OwnedFd) -> Result<(), String> {
-        let served = self
-            .egress
-            .serve(listener, self.policy, self.op_id)
-            .map_err(|e| e.to_string())?;
-        self.served = Some(served);
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<Vec<Event>, String> {
-        match self.served.take() {
-            Some(served) => self.egress.close(served).map_err(|e| e.to_string()),
-            None => Ok(Vec::new()),
-        }
-    }
-}
-
-/// The egress of a launcher that runs one sandbox (`moat exec`): the proxy
-/// is forked when the sandbox's listener arrives, once init's setup is over,
-/// rather than before the clone, so neither the fork (and the copy-on-write
-/// faults it leaves the launcher) nor the proxy's own start-up sits on the
-/// launch's critical path. A connection the program makes meanwhile waits in
-/// the listener's backlog.
-pub struct OneRunEgress {
-    config: Option<EgressConfig>,
-    policy: EgressPolicy,
-    running: Option<(Egress, Served)>,
-}
-
-impl OneRunEgress {
-    pub fn new(config: EgressConfig, policy: EgressPolicy) -> Self {
-        OneRunEgress {
-            config: Some(config),
-            policy,
-            running: None,
-        }
-    }
-}
-
-impl moat_sandbox::EgressHook for OneRunEgress {
-    fn serve(&mut self, listener: OwnedFd) -> Result<(), String> {
-        let config = self
-            .config
-            .take()
-            .ok_or_else(|| "the egress proxy serves one sandbox only".to_owned())?;
-        let mut egress =
-            Egress::start(config).map_err(|e| format!("starting the egress proxy: {e}"))?;
-        let served = egress
-            .serve(listener, &self.policy, None)
-            .map_err(|e| e.to_string())?;
-        self.running = Some((egress, served));
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<Vec<Event>, String> {
-        match self.running.as_mut() {
-            Some((egress, served)) => egress.close(*served).map_err(|e| e.to_string()),
-            None => Ok(Vec::new()),
-        }
-    }
-}
-
-fn child_main(control: UnixStream, config: EgressConfig) -> i32 {
-    let readable: Vec<&std::path::Path> = PROXY_READABLE.iter().map(std::path::Path::new).collect();
-    if let Err(e) = moat_sandbox::helper::confine_read_only(&readable, config.allow_degraded) {
-        eprintln!("moat egress: cannot confine the proxy: {e}");
-        return 1;
-    }
+/// The proxy's body: serves `control` (commands in, replies out) until
+/// the other end closes; the process's exit code. Runs in a process of its
+/// own, already confined by its starter.
+pub fn serve_proxy(control: UnixStream, config: EgressConfig) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -307,7 +229,7 @@ fn control_loop(control: UnixStream, handle: &tokio::runtime::Handle, run: &Arc<
     let mut writer = &control;
     let mut buf = vec![0u8; 64 << 10];
     loop {
-        let n = match moat_sandbox::helper::recv_with_fds(control.as_fd(), &mut buf, &mut fds) {
+        let n = match crate::channel::recv_with_fds(control.as_fd(), &mut buf, &mut fds) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };

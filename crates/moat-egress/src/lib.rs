@@ -7,7 +7,8 @@
 //! - [`sni`]: the server name of a TLS ClientHello.
 //! - [`outbound`]: resolve once, check every address, dial only those; shared
 //!   by the proxy and the control plane's tool calls.
-//! - [`Egress`]: the proxy process of one run and its control channel.
+//! - [`Egress`]: the handle on the proxy process of one run and its control
+//!   channel; [`serve_proxy`]: that process's body.
 //!
 //! Every request emits `network.request` (host, port, method, bytes,
 //! decision — never bodies or headers); every refusal also `network.denied`
@@ -18,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod channel;
 mod fetch;
 mod gate;
 mod host;
@@ -28,5 +30,5 @@ pub mod rules;
 pub mod sni;
 
 pub use fetch::{FetchError, FetchRequest, FetchResponse, is_credential_header};
-pub use host::{Egress, EgressError, OneRunEgress, SandboxEgress, Served};
+pub use host::{Egress, EgressError, PROXY_READABLE, ProxyProcess, Served, serve_proxy};
 pub use policy::{EgressConfig, EgressLimits, EgressPolicy, PolicyError, parse_resolve};

@@ -6,7 +6,9 @@ use moat_core::op::{ArtifactRef, ExecArgvArgs};
 use moat_core::{
     DenialReason, Envelope, Event, EventSink, Manifest, NetworkMode, OpStatus, SandboxMode,
 };
-use moat_egress::{Egress, EgressPolicy, SandboxEgress};
+use moat_egress::{Egress, EgressPolicy};
+
+use crate::egress::SandboxEgress;
 use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
 
 use crate::workspace::{PathError, Refusal, Workspace};

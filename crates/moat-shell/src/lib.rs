@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod child;
+pub mod egress;
 pub mod exec;
 pub mod lines;
 #[cfg(feature = "mcp")]

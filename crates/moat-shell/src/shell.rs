@@ -273,7 +273,7 @@ impl Shell {
                 extra_roots_pem: self.config.egress_roots_pem.clone(),
                 allow_degraded: false,
             };
-            self.egress = Some(Egress::start(config).map_err(|e| e.to_string())?);
+            self.egress = Some(crate::egress::start(config).map_err(|e| e.to_string())?);
         }
         self.egress
             .as_mut()

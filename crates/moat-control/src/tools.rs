@@ -497,12 +497,13 @@ mod tests {
     fn responses_are_redacted_then_scrubbed() {
         let body = r#"{"id": "1", "ssn": "123-45-6789", "internal": {"k": 1}, "echo": "Bearer sek-ret-123"}"#;
         let mut value = crm().redact(body);
-        Scrubber::new(vec![("crm_key".into(), "sek-ret-123".into())]).json(&mut value);
+        Scrubber::new(vec![("crm_key".into(), String::from("sek-ret-123").into())])
+            .json(&mut value);
         assert_eq!(
             value,
             json!({"id": "1", "ssn": "[MASKED]", "echo": "Bearer [REDACTED:crm_key]"})
         );
-        let scrubber = Scrubber::new(vec![("k".into(), "sek-ret-123".into())]);
+        let scrubber = Scrubber::new(vec![("k".into(), String::from("sek-ret-123").into())]);
         assert_eq!(
             scrubber.bytes(b"a sek-ret-123 b").unwrap(),
             b"a [REDACTED:k] b".to_vec()

@@ -3,6 +3,11 @@
 //! org and name are its associated data, so a sealed value moved to another
 //! org or name does not open.
 
+pub use zeroize::Zeroizing;
+
+/// A secret's value once opened: wiped from memory when dropped.
+pub type Secret = Zeroizing<String>;
+
 use base64::Engine as _;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
@@ -72,14 +77,15 @@ impl Vault {
         name: &str,
         nonce: &[u8],
         sealed: &[u8],
-    ) -> Result<Vec<u8>, VaultError> {
+    ) -> Result<Zeroizing<Vec<u8>>, VaultError> {
         let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| VaultError::Open)?;
-        let mut buffer = sealed.to_vec();
+        // Wiped when dropped: the plaintext is in here too.
+        let mut buffer = Zeroizing::new(sealed.to_vec());
         let plain = self
             .key
             .open_in_place(nonce, Aad::from(aad(org, name)), &mut buffer)
             .map_err(|_| VaultError::Open)?;
-        Ok(plain.to_vec())
+        Ok(Zeroizing::new(plain.to_vec()))
     }
 }
 
@@ -94,7 +100,10 @@ mod tests {
         let (nonce, sealed) = vault.seal("acme", "crm", b"s3cr3t").unwrap();
         assert!(!sealed.windows(6).any(|w| w == b"s3cr3t"));
         assert_eq!(
-            vault.open("acme", "crm", &nonce, &sealed).unwrap(),
+            vault
+                .open("acme", "crm", &nonce, &sealed)
+                .unwrap()
+                .as_slice(),
             b"s3cr3t"
         );
         assert!(vault.open("globex", "crm", &nonce, &sealed).is_err());

@@ -1,17 +1,18 @@
 //! Percent-encoding of one URL component (a path segment or a query value).
 
-/// Every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) as `%XX`, so
-/// the text cannot end a segment, start a query or name another host.
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+/// Everything but RFC 3986's unreserved characters (`A-Z a-z 0-9 - . _ ~`).
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Every byte but the unreserved ones as `%XX`, so the text cannot end a
+/// segment, start a query or name another host.
 pub fn encode_component(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(text, COMPONENT).to_string()
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! metadata service is refused (DNS rebinding), unless the policy lists that
 //! address range explicitly.
 
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
@@ -81,10 +82,7 @@ fn v6_class(ip: Ipv6Addr) -> Option<&'static str> {
 
 /// An address range in CIDR notation (`10.0.0.0/8`, `fd00::/8`), or one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    base: IpAddr,
-    prefix: u8,
-}
+pub struct Cidr(IpNet);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?}: not an address or CIDR range (e.g. 10.0.0.0/8, fd00::/8)")]
@@ -94,48 +92,31 @@ impl FromStr for Cidr {
     type Err = CidrError;
 
     fn from_str(s: &str) -> Result<Self, CidrError> {
-        let bad = || CidrError(s.to_owned());
-        let (addr, prefix) = match s.trim().split_once('/') {
-            Some((a, p)) => (a, Some(p.parse::<u8>().map_err(|_| bad())?)),
-            None => (s.trim(), None),
+        let text = s.trim();
+        let net = if text.contains('/') {
+            text.parse::<IpNet>().ok()
+        } else {
+            text.parse::<IpAddr>().ok().map(IpNet::from)
         };
-        let base: IpAddr = addr.parse().map_err(|_| bad())?;
-        let max = if base.is_ipv4() { 32 } else { 128 };
-        let prefix = prefix.unwrap_or(max);
-        if prefix > max {
-            return Err(bad());
-        }
-        Ok(Cidr { base, prefix })
+        net.map(Cidr).ok_or_else(|| CidrError(s.to_owned()))
     }
 }
 
 impl Cidr {
+    /// Whether `ip` is in the range (an IPv4-mapped IPv6 address counts as
+    /// the IPv4 address it maps).
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
         };
-        match (self.base, ip) {
-            (IpAddr::V4(base), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(base) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(base), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(base) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
+        self.0.contains(&ip)
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.base, self.prefix)
+        self.0.fmt(f)
     }
 }
 
@@ -150,14 +131,8 @@ impl AddressPolicy {
     pub fn any() -> Self {
         AddressPolicy {
             allowed: vec![
-                Cidr {
-                    base: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                    prefix: 0,
-                },
-                Cidr {
-                    base: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                    prefix: 0,
-                },
+                Cidr(IpNet::V4(Ipv4Net::default())),
+                Cidr(IpNet::V6(Ipv6Net::default())),
             ],
         }
     }
@@ -224,6 +199,19 @@ mod tests {
         assert!(policy.check("169.254.169.254".parse().unwrap()).is_err());
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("nope".parse::<Cidr>().is_err());
+        assert!("10.0.0.0/".parse::<Cidr>().is_err());
+        let loose: Cidr = " 10.1.2.3/8 ".parse().unwrap();
+        assert!(
+            loose.contains("10.200.0.1".parse().unwrap()),
+            "host bits are masked"
+        );
+        assert_eq!(loose.to_string(), "10.1.2.3/8");
+        assert!(!loose.contains("fd00::1".parse().unwrap()));
+        assert!(
+            AddressPolicy::any()
+                .check("fd00::1".parse().unwrap())
+                .is_ok()
+        );
         for ip in [
             "127.0.0.1",
             "169.254.169.254",

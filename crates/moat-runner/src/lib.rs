@@ -29,6 +29,7 @@ use moat_core::time::stamp;
 use moat_core::{Event, EventType};
 use moat_sandbox::hostid::IdRange;
 use serde_json::json;
+use zeroize::Zeroizing;
 
 pub use error::RunnerError;
 pub use slots::default_slots;
@@ -58,10 +59,12 @@ pub struct Config {
     pub program: PathBuf,
 }
 
-fn read_token(path: &Path) -> Result<String, RunnerError> {
-    let text = std::fs::read_to_string(path)
-        .io(|| format!("--bootstrap-token-file {}", path.display()))?;
-    let token = text.trim().to_owned();
+fn read_token(path: &Path) -> Result<Zeroizing<String>, RunnerError> {
+    let text = Zeroizing::new(
+        std::fs::read_to_string(path)
+            .io(|| format!("--bootstrap-token-file {}", path.display()))?,
+    );
+    let token = Zeroizing::new(text.trim().to_owned());
     if token.is_empty() {
         return Err(RunnerError::Setup(format!(
             "--bootstrap-token-file {} is empty",
@@ -113,9 +116,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     )
     .io(|| format!("{}/trusted.pub", shell_state.display()))?;
 
-    let mut seed = moat_core::random::bytes::<32>();
-    let key = PrivateKey::from_seed(seed);
-    seed.fill(0);
+    let seed = Zeroizing::new(moat_core::random::bytes::<32>());
+    let key = PrivateKey::from_seed(*seed);
     let mut client = RunnerClient::new(
         &config.control_plane,
         key,
@@ -141,10 +143,9 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         public_key: client.public_key().to_base64(),
         slots: i64::from(slots),
     };
-    let mut token = read_token(&config.bootstrap_token_file)?;
+    let token = read_token(&config.bootstrap_token_file)?;
     let registered = client.register(&token, &registration);
-    // The token is spent either way; do not keep it around.
-    token.replace_range(.., &"0".repeat(token.len()));
+    // The token is spent either way: wiped now, not kept around.
     drop(token);
     let registered = registered?;
     let lease = Duration::from_millis(registered.lease_ms);

@@ -25,7 +25,7 @@ pub(super) struct Found {
 /// bytes) holds, in any form the scrubber looks for (as is,
 /// percent-encoded, base64).
 pub(super) fn find_secret(
-    secrets: &[(String, String)],
+    secrets: &[(String, crate::vault::Secret)],
     fields: &[(String, &[u8])],
 ) -> Option<Found> {
     secrets.iter().find_map(|(name, value)| {

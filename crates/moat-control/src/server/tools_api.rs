@@ -124,7 +124,7 @@ pub(crate) fn open_secrets(
     state: &AppState,
     org: &str,
     sealed: &[moat_store::SealedSecret],
-) -> Result<Vec<(String, String)>, ApiError> {
+) -> Result<Vec<(String, crate::vault::Secret)>, ApiError> {
     if sealed.is_empty() {
         return Ok(Vec::new());
     }
@@ -135,9 +135,9 @@ pub(crate) fn open_secrets(
             let plain = vault
                 .open(org, &s.name, &s.nonce, &s.ciphertext)
                 .map_err(|e| ApiError::internal(format!("secret {}: {e}", s.name)))?;
-            let text = String::from_utf8(plain)
+            let text = std::str::from_utf8(&plain)
                 .map_err(|_| ApiError::internal(format!("secret {}: not UTF-8", s.name)))?;
-            Ok((s.name.clone(), text))
+            Ok((s.name.clone(), crate::vault::Secret::new(text.to_owned())))
         })
         .collect()
 }
@@ -398,7 +398,7 @@ pub(crate) async fn make_call(
     run_id: &str,
     def: &ToolDef,
     params: &serde_json::Map<String, Value>,
-    secrets: &[(String, String)],
+    secrets: &[(String, crate::vault::Secret)],
     scrubber: &mut Scrubber,
     timeout: Duration,
     allow_private: bool,
@@ -410,9 +410,16 @@ pub(crate) async fn make_call(
         .filter(|c| c.place == tools::CredentialPlace::Basic)
         && let Some((_, v)) = secrets.iter().find(|(n, _)| *n == c.secret)
     {
-        let pair = format!("{}:{v}", c.name.as_deref().unwrap_or(""));
-        let b64 = base64::engine::general_purpose::STANDARD.encode(pair);
-        scrubber.also(&c.secret, b64.trim_end_matches('=').to_owned());
+        let pair = crate::vault::Secret::new(format!(
+            "{}:{}",
+            c.name.as_deref().unwrap_or(""),
+            v.as_str()
+        ));
+        let b64 = base64::engine::general_purpose::STANDARD.encode(pair.as_bytes());
+        scrubber.also(
+            &c.secret,
+            crate::vault::Secret::new(b64.trim_end_matches('=').to_owned()),
+        );
     }
     let secret = def.credential.as_ref().and_then(|c| {
         secrets
@@ -420,7 +427,7 @@ pub(crate) async fn make_call(
             .find(|(n, _)| *n == c.secret)
             .map(|(_, v)| v.clone())
     });
-    let call = match def.call(params, secret.as_deref()) {
+    let call = match def.call(params, secret.as_ref().map(|s| s.as_str())) {
         Ok(call) => call,
         Err(e) => {
             let refused = event(

@@ -1,6 +1,7 @@
 //! Scrubbing secrets from everything that leaves the control plane or is
 //! kept: answers, events, results, artifacts and error messages.
 
+use crate::vault::Secret;
 use base64::Engine as _;
 use serde_json::Value;
 
@@ -31,7 +32,7 @@ pub(super) fn map_strings(value: &mut Value, f: &dyn Fn(&str) -> String) {
 /// messages, before any of them is stored or returned.
 #[derive(Default)]
 pub struct Scrubber {
-    secrets: Vec<(String, String)>,
+    secrets: Vec<(String, Secret)>,
 }
 
 impl Scrubber {
@@ -39,14 +40,17 @@ impl Scrubber {
     /// travels: percent-encoded (in a URL) and base64 (in a header). Values
     /// shorter than [`MIN_SECRET`] would match everywhere and are refused
     /// when stored.
-    pub fn new(secrets: Vec<(String, String)>) -> Scrubber {
+    pub fn new(secrets: Vec<(String, Secret)>) -> Scrubber {
         let mut all = Vec::new();
         for (name, value) in secrets {
             let encoded = moat_core::url::encode_component(&value);
             let b64 = base64::engine::general_purpose::STANDARD.encode(value.as_bytes());
-            all.push((name.clone(), b64.trim_end_matches('=').to_owned()));
-            if encoded != value {
-                all.push((name.clone(), encoded));
+            all.push((
+                name.clone(),
+                Secret::new(b64.trim_end_matches('=').to_owned()),
+            ));
+            if encoded != *value {
+                all.push((name.clone(), Secret::new(encoded)));
             }
             all.push((name, value));
         }
@@ -54,13 +58,13 @@ impl Scrubber {
     }
 
     /// Adds a form of a secret the tool itself made (a basic-auth pair).
-    pub fn also(&mut self, name: &str, value: String) {
+    pub fn also(&mut self, name: &str, value: Secret) {
         let mut all = std::mem::take(&mut self.secrets);
         all.push((name.to_owned(), value));
         *self = Self::exact(all);
     }
 
-    fn exact(mut secrets: Vec<(String, String)>) -> Scrubber {
+    fn exact(mut secrets: Vec<(String, Secret)>) -> Scrubber {
         secrets.retain(|(_, v)| v.len() >= MIN_SECRET);
         // Longest first, so a secret containing another is replaced whole.
         secrets.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod approvals;
+mod changes;
 pub mod db;
 mod events;
 #[cfg(feature = "test-fixtures")]
@@ -29,6 +30,7 @@ mod secrets;
 use std::sync::{Condvar, Mutex};
 
 pub use approvals::{ApprovalRow, ApprovalState, NewApproval, Settled, Settlement};
+pub use changes::{Change, ChangeFeed};
 pub use db::{Dialect, Row, Tx, Value};
 pub use events::Page;
 #[cfg(feature = "test-fixtures")]

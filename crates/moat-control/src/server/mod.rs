@@ -9,8 +9,11 @@
 //!   every request with its per-boot key (see `moat_core::request_sig`).
 //!
 //! Replicas share nothing but the database: waiting requests (`wait_ms`)
-//! are woken at once by changes made in the same process and re-check the
-//! database every 100 ms for changes made by another replica.
+//! are woken at once by changes made in the same process, and by changes
+//! another replica announces over PostgreSQL `LISTEN`/`NOTIFY`
+//! (`moat_store::ChangeFeed`); they re-check the database every second in
+//! case an announcement was lost, and every 100 ms while the listener is
+//! down (or on SQLite, where no other replica announces anything).
 
 mod admin_api;
 mod approvals_api;
@@ -74,16 +77,31 @@ pub struct Config {
 pub struct AppState {
     pub config: Config,
     /// Wakes waiting requests on changes they may care about.
-    wakes: wake::Wakes,
+    wakes: Arc<wake::Wakes>,
+    /// Other replicas' changes in, ours out (PostgreSQL only).
+    feed: Option<moat_store::ChangeFeed>,
     /// The Inspector's last full ledger verification (rate-limited).
     ledger_check: tokio::sync::Mutex<Option<inspector::LedgerCheck>>,
 }
 
 impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
+        let wakes = Arc::new(wake::Wakes::new());
+        let heard = Arc::clone(&wakes);
+        let feed = config
+            .store
+            .change_feed(move |change| match change {
+                moat_store::Change::All => heard.all(),
+                moat_store::Change::Run(run) => heard.run(&run),
+            })
+            .unwrap_or_else(|e| {
+                eprintln!("moat serve: {e}; other replicas' changes are polled for");
+                None
+            });
         Arc::new(AppState {
             config,
-            wakes: wake::Wakes::new(),
+            wakes,
+            feed,
             ledger_check: tokio::sync::Mutex::new(None),
         })
     }
@@ -95,12 +113,18 @@ impl AppState {
     /// Something changed that any waiting request may care about.
     pub(crate) fn notify(&self) {
         self.wakes.all();
+        if let Some(feed) = &self.feed {
+            feed.publish(moat_store::Change::All);
+        }
     }
 
     /// Run `run` changed (an operation queued, dispatched or answered):
     /// only the requests waiting on it look again.
     pub(crate) fn notify_run(&self, run: &str) {
         self.wakes.run(run);
+        if let Some(feed) = &self.feed {
+            feed.publish(moat_store::Change::Run(run.to_owned()));
+        }
     }
 
     /// Runs a store call off the async threads.
@@ -116,8 +140,9 @@ impl AppState {
     }
 
     /// Calls `probe` until it yields something or `wait` passes; woken by
-    /// local changes (of run `run` and general ones, when a run is given),
-    /// and every 100 ms for other replicas' changes.
+    /// changes (of run `run` and general ones, when a run is given) made
+    /// here or announced by another replica, and by a timer in case an
+    /// announcement was lost (see the module's documentation).
     async fn wait_for<T: Send + 'static>(
         self: &Arc<Self>,
         wait: Duration,
@@ -132,7 +157,12 @@ impl AppState {
             if found.is_some() || tokio::time::Instant::now() >= deadline {
                 return Ok(found);
             }
-            let tick = (tokio::time::Instant::now() + Duration::from_millis(100)).min(deadline);
+            let recheck = if self.feed.as_ref().is_some_and(|f| f.listening()) {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(100)
+            };
+            let tick = (tokio::time::Instant::now() + recheck).min(deadline);
             let _ = tokio::time::timeout_at(tick, changes.changed()).await;
         }
     }

@@ -279,6 +279,21 @@ fn the_manifest_lifecycle_gates_claims_and_bounds_runs_by_grace() {
     }
 }
 
+fn collect_refs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                match (key.as_str(), v) {
+                    ("$ref", Value::String(r)) => out.push(r.clone()),
+                    _ => collect_refs(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_refs(v, out)),
+        _ => {}
+    }
+}
+
 #[test]
 fn every_documented_route_is_served() {
     let plane = Plane::sqlite();
@@ -301,9 +316,37 @@ fn every_documented_route_is_served() {
             "{method} {path}: {status}"
         );
     }
+    // Both ways: what the router serves is documented, and the reverse.
+    let served: std::collections::BTreeSet<(&str, &str)> =
+        server::routes().served().iter().copied().collect();
+    let listed: std::collections::BTreeSet<(&str, &str)> =
+        ROUTES.iter().map(|(m, p, _, _)| (*m, *p)).collect();
+    assert_eq!(
+        served.difference(&listed).collect::<Vec<_>>(),
+        Vec::<&(&str, &str)>::new(),
+        "served but not documented"
+    );
+    assert_eq!(
+        listed.difference(&served).collect::<Vec<_>>(),
+        Vec::<&(&str, &str)>::new(),
+        "documented but not served"
+    );
     let (s, doc) = call("GET", &format!("{}/openapi.json", plane.url), &[], b"");
     assert_eq!(s, 200);
     assert_eq!(doc, server::openapi_document());
+    // Every schema reference points at a schema the document holds.
+    let mut refs = Vec::new();
+    collect_refs(&doc, &mut refs);
+    assert!(refs.len() > 20, "{refs:?}");
+    for r in refs {
+        let name = r
+            .strip_prefix("#/components/schemas/")
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(
+            doc["components"]["schemas"].get(name).is_some(),
+            "dangling {r}"
+        );
+    }
     let paths = doc["paths"].as_object().unwrap();
     let documented: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
     assert_eq!(documented, ROUTES.len());

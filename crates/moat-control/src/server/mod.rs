@@ -24,6 +24,7 @@ mod inputs;
 mod inspector;
 mod openapi;
 mod org_api;
+pub mod routes;
 mod runner_api;
 mod sweep;
 mod tools_api;
@@ -34,7 +35,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{get, post};
 use moat_core::sign::PrivateKey;
 use moat_store::{Store, StoreError};
 
@@ -172,84 +172,84 @@ impl AppState {
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// The API's routes.
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/openapi.json", get(openapi::serve))
-        .route("/v1/orgs", post(admin_api::create_org))
-        .route(
+/// Every route of the API (the Inspector's pages are added by `router`).
+pub fn routes() -> routes::Routes {
+    use routes::{GET, POST, PUT};
+    routes::Routes::default()
+        .on(GET, "/healthz", || async { "ok" })
+        .on(GET, "/openapi.json", openapi::serve)
+        .on(POST, "/v1/orgs", admin_api::create_org)
+        .on(
+            POST,
             "/v1/bootstrap-tokens",
-            post(admin_api::create_bootstrap_token),
+            admin_api::create_bootstrap_token,
         )
-        .route("/v1/agent-tokens", post(admin_api::create_agent_token))
-        .route(
-            "/v1/runner-builds",
-            get(admin_api::list_builds).post(admin_api::allow_build),
-        )
-        .route(
+        .on(POST, "/v1/agent-tokens", admin_api::create_agent_token)
+        .on(GET, "/v1/runner-builds", admin_api::list_builds)
+        .on(POST, "/v1/runner-builds", admin_api::allow_build)
+        .on(
+            POST,
             "/v1/runner-builds/{sha256}/revoke",
-            post(admin_api::revoke_build),
+            admin_api::revoke_build,
         )
-        .route("/v1/manifests", post(admin_api::publish_manifest))
-        .route("/v1/manifests/current", get(admin_api::current_manifest))
-        .route(
+        .on(POST, "/v1/manifests", admin_api::publish_manifest)
+        .on(GET, "/v1/manifests/current", admin_api::current_manifest)
+        .on(
+            POST,
             "/v1/manifests/{hash}/revoke",
-            post(admin_api::revoke_manifest),
+            admin_api::revoke_manifest,
         )
-        .route("/v1/signing-keys/revoke", post(admin_api::revoke_key))
-        .route("/v1/runners", get(admin_api::list_runners))
-        .route("/v1/ledger/verify", get(admin_api::verify_ledger))
-        .route(
-            "/v1/runs",
-            get(org_api::list_runs).post(org_api::create_run),
-        )
-        .route("/v1/runs/{run}", get(org_api::get_run))
-        .route("/v1/runs/{run}/finish", post(org_api::finish_run))
-        .route(
-            "/v1/runs/{run}/ops",
-            get(org_api::list_ops).post(org_api::post_op),
-        )
-        .route("/v1/runs/{run}/ops/{op}", get(org_api::get_op))
-        .route("/v1/runs/{run}/events", get(org_api::events))
-        .route("/v1/runs/{run}/events/stream", get(org_api::event_stream))
-        .route("/v1/runs/{run}/artifacts", get(org_api::list_artifacts))
-        .route("/v1/artifacts/{sha256}", get(org_api::download_artifact))
-        .route(
+        .on(POST, "/v1/signing-keys/revoke", admin_api::revoke_key)
+        .on(GET, "/v1/runners", admin_api::list_runners)
+        .on(GET, "/v1/ledger/verify", admin_api::verify_ledger)
+        .on(GET, "/v1/runs", org_api::list_runs)
+        .on(POST, "/v1/runs", org_api::create_run)
+        .on(GET, "/v1/runs/{run}", org_api::get_run)
+        .on(POST, "/v1/runs/{run}/finish", org_api::finish_run)
+        .on(GET, "/v1/runs/{run}/ops", org_api::list_ops)
+        .on(POST, "/v1/runs/{run}/ops", org_api::post_op)
+        .on(GET, "/v1/runs/{run}/ops/{op}", org_api::get_op)
+        .on(GET, "/v1/runs/{run}/events", org_api::events)
+        .on(GET, "/v1/runs/{run}/events/stream", org_api::event_stream)
+        .on(GET, "/v1/runs/{run}/artifacts", org_api::list_artifacts)
+        .on(GET, "/v1/artifacts/{sha256}", org_api::download_artifact)
+        .on(
+            GET,
             "/v1/artifacts/{sha256}/verify",
-            get(org_api::verify_artifact),
+            org_api::verify_artifact,
         )
-        .route("/v1/approvals", get(approvals_api::list))
-        .route("/v1/approvals/{id}", get(approvals_api::show))
-        .route("/v1/approvals/{id}/approve", post(approvals_api::approve))
-        .route("/v1/approvals/{id}/deny", post(approvals_api::deny))
-        .route("/v1/secrets", get(tools_api::list_secrets))
-        .route(
-            "/v1/secrets/{name}",
-            axum::routing::put(tools_api::put_secret),
-        )
-        .route(
-            "/v1/tools",
-            get(tools_api::list_tools).post(tools_api::put_tool),
-        )
-        .route("/v1/runner/runs/{run}/ops/{op}/tool", post(tools_api::call))
-        .route("/v1/tool-tokens/call", post(tools_api::token_call))
-        .route("/v1/runner/register", post(runner_api::register))
-        .route("/v1/runner/events", post(runner_api::events))
-        .route("/v1/runner/claim", post(runner_api::claim))
-        .route(
-            "/v1/runner/manifest",
-            get(runner_api::manifest).post(runner_api::refreshed),
-        )
-        .route("/v1/runner/runs/{run}/next", post(runner_api::next))
-        .route(
+        .on(GET, "/v1/approvals", approvals_api::list)
+        .on(GET, "/v1/approvals/{id}", approvals_api::show)
+        .on(POST, "/v1/approvals/{id}/approve", approvals_api::approve)
+        .on(POST, "/v1/approvals/{id}/deny", approvals_api::deny)
+        .on(GET, "/v1/secrets", tools_api::list_secrets)
+        .on(PUT, "/v1/secrets/{name}", tools_api::put_secret)
+        .on(GET, "/v1/tools", tools_api::list_tools)
+        .on(POST, "/v1/tools", tools_api::put_tool)
+        .on(POST, "/v1/runner/runs/{run}/ops/{op}/tool", tools_api::call)
+        .on(POST, "/v1/tool-tokens/call", tools_api::token_call)
+        .on(POST, "/v1/runner/register", runner_api::register)
+        .on(POST, "/v1/runner/events", runner_api::events)
+        .on(POST, "/v1/runner/claim", runner_api::claim)
+        .on(GET, "/v1/runner/manifest", runner_api::manifest)
+        .on(POST, "/v1/runner/manifest", runner_api::refreshed)
+        .on(POST, "/v1/runner/runs/{run}/next", runner_api::next)
+        .on(
+            POST,
             "/v1/runner/runs/{run}/heartbeat",
-            post(runner_api::heartbeat),
+            runner_api::heartbeat,
         )
-        .route(
+        .on(
+            POST,
             "/v1/runner/runs/{run}/ops/{op}/result",
-            post(runner_api::result),
+            runner_api::result,
         )
-        .route("/v1/runner/runs/{run}/finish", post(runner_api::finish))
+        .on(POST, "/v1/runner/runs/{run}/finish", runner_api::finish)
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    routes()
+        .into_router()
         .merge(inspector::routes(Arc::clone(&state)))
         .layer(axum::extract::DefaultBodyLimit::max(SMALL_BODY))
         .with_state(state)

@@ -1,7 +1,17 @@
 //! The OpenAPI document of the API, served at `/openapi.json`. Every route
-//! of the router is listed in [`ROUTES`]; a test checks the two agree.
+//! of the router is listed in [`ROUTES`]; a test checks the two agree in
+//! both directions (against `super::routes()`, which builds the router).
+//! Bodies with a `moat-api` type carry its JSON Schema (generated, under
+//! `components/schemas`).
 
 use axum::Json;
+use moat_api::runner::{
+    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
+    Registered, Registration, ResultBody,
+};
+use moat_api::{ErrorBody, ManifestView, RunView};
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use schemars::{JsonSchema, Schema};
 use serde_json::{Value, json};
 
 /// `(method, path, auth, summary)` of every route.
@@ -275,8 +285,61 @@ fn security(auth: &str) -> Value {
     }
 }
 
+/// A body's schema, as a `$ref` into `components/schemas`.
+type SchemaOf = fn(&mut SchemaGenerator) -> Schema;
+
+fn schema<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    generator.subschema_for::<T>()
+}
+
+/// The typed request body (if any) and the success status and answer of
+/// `method path`, where the protocol has types for them.
+fn typed(method: &str, path: &str) -> (Option<SchemaOf>, Option<(&'static str, SchemaOf)>) {
+    match (method, path) {
+        ("post", "/v1/runner/register") => (
+            Some(schema::<Registration>),
+            Some(("201", schema::<Registered>)),
+        ),
+        ("post", "/v1/runner/events") => (
+            Some(schema::<EventsBody>),
+            Some(("200", schema::<EventsRecorded>)),
+        ),
+        ("post", "/v1/runner/claim") => (None, Some(("200", schema::<Claim>))),
+        ("get", "/v1/runner/manifest") | ("get", "/v1/manifests/current") => {
+            (None, Some(("200", schema::<ManifestView>)))
+        }
+        ("post", "/v1/runner/manifest") => (
+            Some(schema::<ManifestRefreshed>),
+            Some(("200", schema::<ManifestRefreshed>)),
+        ),
+        ("post", "/v1/runner/runs/{run}/next") => (None, Some(("200", schema::<Next>))),
+        ("post", "/v1/runner/runs/{run}/heartbeat") => (None, Some(("200", schema::<Heartbeat>))),
+        ("post", "/v1/runner/runs/{run}/ops/{op}/result") => (
+            Some(schema::<ResultBody>),
+            Some(("200", schema::<Recorded>)),
+        ),
+        ("post", "/v1/runner/runs/{run}/finish") => (
+            Some(schema::<FinishBody>),
+            Some(("200", schema::<Recorded>)),
+        ),
+        ("post", "/v1/runs") => (None, Some(("201", schema::<RunView>))),
+        ("get", "/v1/runs/{run}") | ("post", "/v1/runs/{run}/finish") => {
+            (None, Some(("200", schema::<RunView>)))
+        }
+        _ => (None, None),
+    }
+}
+
+fn json_body(schema: Schema) -> Value {
+    json!({"content": {"application/json": {"schema": schema}}})
+}
+
 /// The document.
 pub fn document() -> Value {
+    let mut generator = SchemaSettings::draft2020_12()
+        .with(|s| s.definitions_path = "#/components/schemas/".into())
+        .into_generator();
+    let error = schema::<ErrorBody>(&mut generator);
     let mut paths = serde_json::Map::new();
     for (method, path, auth, summary) in ROUTES {
         let params: Vec<Value> = path
@@ -284,20 +347,35 @@ pub fn document() -> Value {
             .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
             .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
+        let (request, answer) = typed(method, path);
+        let mut responses = serde_json::Map::new();
+        match answer {
+            Some((status, answer)) => {
+                let mut ok = json_body(answer(&mut generator));
+                ok["description"] = "Success".into();
+                responses.insert(status.into(), ok);
+            }
+            None => {
+                responses.insert("200".into(), json!({"description": "OK"}));
+            }
+        }
+        let mut refused = json_body(error.clone());
+        refused["description"] = "A refusal: a stable reason and a message".into();
+        responses.insert("default".into(), refused);
+        let mut operation = json!({
+            "summary": summary,
+            "parameters": params,
+            "security": security(auth),
+            "responses": responses,
+        });
+        if let Some(request) = request {
+            let mut body = json_body(request(&mut generator));
+            body["required"] = true.into();
+            operation["requestBody"] = body;
+        }
         let entry = paths.entry((*path).to_owned()).or_insert_with(|| json!({}));
         if let Some(map) = entry.as_object_mut() {
-            map.insert(
-                (*method).to_owned(),
-                json!({
-                    "summary": summary,
-                    "parameters": params,
-                    "security": security(auth),
-                    "responses": {
-                        "200": {"description": "OK"},
-                        "default": {"description": "An error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
-                    },
-                }),
-            );
+            map.insert((*method).to_owned(), operation);
         }
     }
     json!({
@@ -314,9 +392,7 @@ pub fn document() -> Value {
                 "runnerSignature": {"type": "apiKey", "in": "header", "name": "x-moat-signature",
                     "description": "Ed25519 signature by the runner's per-boot key over method, path, x-moat-timestamp, x-moat-nonce and the body's SHA-256; with x-moat-runner."},
             },
-            "schemas": {
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["reason", "message"], "properties": {"reason": {"type": "string"}, "message": {"type": "string"}}}}},
-            },
+            "schemas": generator.take_definitions(true),
         },
     })
 }

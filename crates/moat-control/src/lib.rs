@@ -22,6 +22,7 @@
 
 pub mod audit;
 pub mod clock;
+pub mod decide;
 pub mod describe;
 pub mod policy;
 pub mod server;

@@ -16,6 +16,7 @@ use super::AppState;
 use super::auth::{self, new_token};
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
+use super::manifests::{check_manifest, is_sha256, manifest_expiry};
 use super::views::manifest_view;
 
 #[derive(Deserialize)]
@@ -125,13 +126,6 @@ pub struct NewBuild {
     label: String,
 }
 
-pub fn is_sha256(text: &str) -> bool {
-    text.len() == 64
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-}
-
 pub async fn allow_build(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -169,44 +163,6 @@ pub async fn revoke_build(
     }
     state.notify();
     Ok(Json(json!({"sha256": sha, "revoked": true})))
-}
-
-/// Checks a signed manifest against this control plane: signed with its
-/// key, naming its key, for its environment. The manifest on success.
-pub fn check_manifest(
-    state: &AppState,
-    signed: &SignedManifest,
-) -> Result<(), (&'static str, String)> {
-    let public = state.config.key.public();
-    signed.verify(&public).map_err(|e| {
-        (
-            "bad_signature",
-            format!("the manifest does not verify with the control plane's key: {e}"),
-        )
-    })?;
-    let m = &signed.manifest;
-    if m.control_plane_public_key != public.to_base64() {
-        return Err((
-            "bad_signature",
-            "the manifest names another control plane's key".into(),
-        ));
-    }
-    if m.environment != state.config.environment {
-        return Err((
-            "wrong_environment",
-            format!(
-                "manifest for {:?}, this control plane serves {:?}",
-                m.environment, state.config.environment
-            ),
-        ));
-    }
-    Ok(())
-}
-
-pub fn manifest_expiry(signed: &SignedManifest) -> Result<i64, ApiError> {
-    moat_core::time::parse_rfc3339(&signed.manifest.expires_at)
-        .map(crate::clock::ms)
-        .map_err(|_| ApiError::bad_request("manifest expiresAt is not RFC 3339"))
 }
 
 pub async fn publish_manifest(

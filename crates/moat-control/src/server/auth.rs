@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, Uri};
 use moat_core::EventType;
 use moat_core::hash::sha256_hex;
@@ -266,4 +267,33 @@ pub async fn runner(
         return Err(reject(state, &runner.org_id, reason, message, subject).await);
     }
     Ok(runner)
+}
+
+/// A request signed by a registered runner, with its body (extracted last).
+pub struct SignedRunner {
+    pub runner: RunnerRow,
+    pub body: Bytes,
+}
+
+impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        // Nothing is buffered for a request that cannot be a runner's.
+        precheck(&parts.headers, state.now())?;
+        let limit = if parts.uri.path().ends_with("/result") {
+            super::MAX_BODY
+        } else {
+            super::SMALL_BODY
+        };
+        let body = axum::body::to_bytes(body, limit)
+            .await
+            .map_err(|_| ApiError::bad_request("request body unreadable or too large"))?;
+        let runner = runner(state, &parts.method, &parts.uri, &parts.headers, &body).await?;
+        Ok(SignedRunner { runner, body })
+    }
 }

@@ -16,16 +16,20 @@
 //! down (or on SQLite, where no other replica announces anything).
 
 mod admin_api;
+mod approvals;
 mod approvals_api;
 mod auth;
 mod body;
 mod error;
+mod event_stream;
 mod inputs;
 mod inspector;
+mod manifests;
 mod openapi;
 mod org_api;
 pub mod routes;
 mod runner_api;
+mod secrets;
 mod sweep;
 mod tools_api;
 mod views;

@@ -6,16 +6,12 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use moat_core::hash::sha256_hex;
-use moat_core::{
-    DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
-};
-use moat_store::{
-    NewApproval, NewArtifact, NewOp, NewRun, OpRow, OpState, RunRow, RunState, event, stamp,
-};
+use moat_core::{Envelope, EventType, SignedManifest};
+use moat_store::{NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, event, stamp};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -23,9 +19,9 @@ use super::AppState;
 use super::auth;
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
+use super::event_stream::run_events_sse;
 use super::views::{artifact_json, op_json, run_json};
-use crate::describe::describe;
-use crate::policy::{Decision, OpRequest, Resource};
+use crate::decide::{decide, decide_token_tools, denied_result};
 use crate::tools::ToolDef;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -140,7 +136,7 @@ pub async fn create_run(
     // Nothing of a run that carries a secret is stored or handed out.
     let o = org.clone();
     let sealed = state.db(move |s| s.secrets(&o)).await?;
-    let secrets = super::tools_api::open_secrets(&state, &org, &sealed)?;
+    let secrets = super::secrets::open_secrets(&state, &org, &sealed)?;
     if !secrets.is_empty() {
         let mut fields: Vec<(String, &[u8])> = vec![
             ("the run id".into(), id.as_bytes()),
@@ -279,285 +275,6 @@ fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope
         .map_err(|e| ApiError::bad_request(format!("the operation envelope: {e}")))
 }
 
-pub(crate) fn denied_result(id: &str, reason: DenialReason, message: String) -> Value {
-    serde_json::to_value(OpResult {
-        id: id.to_owned(),
-        status: OpStatus::Denied,
-        result: None,
-        reason: Some(reason),
-        message: Some(message),
-        event_type: Some(EventType::CapabilityDenied.as_str().to_owned()),
-        artifacts: Vec::new(),
-    })
-    .unwrap_or(Value::Null)
-}
-
-/// What the control plane decided for one envelope.
-struct Decided {
-    state: OpState,
-    /// The decision record (stored with the op, and in its events).
-    record: Value,
-    denial: Option<(DenialReason, String)>,
-    /// `(rule, risk)` when a person must approve first.
-    approval: Option<(String, String)>,
-    /// What the operation acts on and moves (for an approver to read).
-    described: Option<crate::describe::Described>,
-}
-
-impl Decided {
-    fn denied(record: Value, reason: DenialReason, message: String) -> Decided {
-        Decided {
-            state: OpState::Denied,
-            record,
-            denial: Some((reason, message)),
-            approval: None,
-            described: None,
-        }
-    }
-}
-
-fn decide(
-    state: &AppState,
-    org_name: &str,
-    run: &RunRow,
-    manifest: Option<&SignedManifest>,
-    envelope: &Envelope,
-    tool: Option<&ToolDef>,
-) -> Decided {
-    let policy_hash = state.config.policy.hash().to_owned();
-    let described = match describe(envelope) {
-        Ok(d) => d,
-        Err(e) => {
-            let reason = if matches!(e, crate::describe::DescribeError::UnknownOp(_)) {
-                DenialReason::UnknownOp
-            } else {
-                DenialReason::InvalidArgs
-            };
-            return Decided::denied(
-                json!({"decision": "deny", "policyHash": policy_hash}),
-                reason,
-                e.to_string(),
-            );
-        }
-    };
-    let Some(manifest) = manifest else {
-        return Decided::denied(
-            json!({"decision": "deny", "policyHash": policy_hash}),
-            DenialReason::OpNotInManifest,
-            format!("no manifest is published for {:?}", run.environment),
-        );
-    };
-    if !manifest.manifest.allowed_ops.contains(&described.op) {
-        return Decided::denied(
-            json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash}),
-            DenialReason::OpNotInManifest,
-            format!(
-                "{} is not in the manifest's allowedOps",
-                described.op.as_str()
-            ),
-        );
-    }
-    let mut method = described.method.clone();
-    let mut tool_approval = None;
-    if let (Resource::Tool(name), true) = (
-        &described.resource,
-        envelope.args["profile"] == crate::tools::PROFILE,
-    ) {
-        let record = json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash});
-        let Some(def) = tool else {
-            return Decided::denied(
-                record,
-                DenialReason::InvalidArgs,
-                format!("no tool {name:?} is defined in this org"),
-            );
-        };
-        if !manifest.manifest.allowed_tools.contains(name) {
-            return Decided::denied(
-                record,
-                DenialReason::OpNotInManifest,
-                format!("tool {name} is not in the manifest's allowedTools"),
-            );
-        }
-        method.clone_from(&def.method);
-        if def.approval {
-            tool_approval = Some(format!("tool:{name}"));
-        }
-    }
-    let sandbox = sandbox_of(manifest);
-    let request = OpRequest {
-        org: org_name,
-        runner: run.runner_id.as_deref().unwrap_or("unassigned"),
-        op: described.op,
-        resource: described.resource.clone(),
-        size: described.size,
-        network: described.network,
-        sandbox,
-        path: &described.path,
-        method: &method,
-        action: &described.action,
-    };
-    let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": described.resource.to_string(), "sandbox": sandbox.as_str()});
-    let with = |decision: &str, extra: Value| {
-        let mut record = base.clone();
-        if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
-            r.insert("decision".into(), decision.into());
-            r.extend(e.clone());
-        }
-        record
-    };
-    match state.config.policy.decide(&request) {
-        Ok(Decision::Allow { policies }) if tool_approval.is_some() => {
-            let rule = tool_approval.unwrap_or_default();
-            Decided {
-                state: OpState::PendingApproval,
-                record: with(
-                    "require_approval",
-                    json!({"rule": rule, "risk": "high", "policies": policies}),
-                ),
-                denial: None,
-                approval: Some((rule, "high".to_owned())),
-                described: Some(described),
-            }
-        }
-        Ok(Decision::Allow { policies }) => Decided {
-            state: OpState::Queued,
-            record: with("allow", json!({"policies": policies})),
-            denial: None,
-            approval: None,
-            described: Some(described),
-        },
-        Ok(Decision::Deny { policies }) => {
-            let message = if policies.is_empty() {
-                "no policy permits this operation".to_owned()
-            } else {
-                format!("forbidden by {}", policies.join(", "))
-            };
-            Decided::denied(
-                with("deny", json!({"policies": policies})),
-                DenialReason::PolicyDenied,
-                message,
-            )
-        }
-        Ok(Decision::RequireApproval { rule, risk }) => Decided {
-            state: OpState::PendingApproval,
-            record: with(
-                "require_approval",
-                json!({"rule": rule, "risk": risk, "policies": [rule]}),
-            ),
-            denial: None,
-            approval: Some((rule, risk)),
-            described: Some(described),
-        },
-        Err(e) => Decided::denied(
-            with("deny", json!({"error": e.to_string()})),
-            DenialReason::PolicyDenied,
-            format!("the policy could not decide: {e}"),
-        ),
-    }
-}
-
-/// A program's `toolToken`: each tool must exist, be in the manifest's
-/// `allowedTools` and be allowed by policy as a call of its own (an
-/// approval any of them needs, the operation needs); the decision records
-/// the hash of each definition the token will be good for.
-fn decide_token_tools(
-    state: &AppState,
-    org_name: &str,
-    run: &RunRow,
-    manifest: Option<&SignedManifest>,
-    tools: &[(String, Option<moat_store::ToolRow>)],
-    decided: &mut Decided,
-) {
-    if !matches!(decided.state, OpState::Queued | OpState::PendingApproval) {
-        return;
-    }
-    let Some(manifest) = manifest else { return };
-    let deny_record = decided.record.clone();
-    let sandbox = sandbox_of(manifest);
-    let mut hashes = serde_json::Map::new();
-    let mut approval: Option<(String, String)> = None;
-    for (name, row) in tools {
-        let Some(def) = row
-            .as_ref()
-            .and_then(|t| ToolDef::parse(&t.definition).ok())
-        else {
-            *decided = Decided::denied(
-                deny_record,
-                DenialReason::InvalidArgs,
-                format!("toolToken: no tool {name:?} is defined in this org"),
-            );
-            return;
-        };
-        if !manifest.manifest.allowed_tools.contains(name) {
-            *decided = Decided::denied(
-                deny_record,
-                DenialReason::OpNotInManifest,
-                format!("toolToken: tool {name} is not in the manifest's allowedTools"),
-            );
-            return;
-        }
-        let request = OpRequest {
-            org: org_name,
-            runner: run.runner_id.as_deref().unwrap_or("unassigned"),
-            op: moat_core::OpKind::HttpRequest,
-            resource: Resource::Tool(name.clone()),
-            size: 0,
-            network: moat_core::NetworkMode::Off,
-            sandbox,
-            path: "",
-            method: &def.method,
-            action: "",
-        };
-        match state.config.policy.decide(&request) {
-            Ok(Decision::Allow { .. }) if def.approval => {
-                approval.get_or_insert((format!("tool:{name}"), "high".into()));
-            }
-            Ok(Decision::Allow { .. }) => {}
-            Ok(Decision::RequireApproval { rule, risk }) => {
-                approval.get_or_insert((rule, risk));
-            }
-            Ok(Decision::Deny { policies }) => {
-                *decided = Decided::denied(
-                    deny_record,
-                    DenialReason::PolicyDenied,
-                    format!(
-                        "toolToken: calling {name} is not permitted ({})",
-                        policies.join(", ")
-                    ),
-                );
-                return;
-            }
-            Err(e) => {
-                *decided = Decided::denied(
-                    deny_record,
-                    DenialReason::PolicyDenied,
-                    format!("toolToken: the policy could not decide on {name}: {e}"),
-                );
-                return;
-            }
-        }
-        hashes.insert(name.clone(), def.hash().into());
-    }
-    decided.record["toolToken"] = Value::Object(hashes);
-    if let (Some((rule, risk)), OpState::Queued) = (approval, decided.state) {
-        decided.state = OpState::PendingApproval;
-        decided.record["decision"] = "require_approval".into();
-        decided.record["rule"] = rule.clone().into();
-        decided.record["risk"] = risk.clone().into();
-        decided.approval = Some((rule, risk));
-    }
-}
-
-/// The sandbox mode a manifest's operations run in (its first one).
-fn sandbox_of(manifest: &SignedManifest) -> SandboxMode {
-    manifest
-        .manifest
-        .sandbox_modes
-        .first()
-        .copied()
-        .unwrap_or(SandboxMode::WorkspaceWrite)
-}
-
 /// What an approver reads about an operation.
 fn approval_summary(envelope: &Envelope, described: Option<&crate::describe::Described>) -> Value {
     json!({
@@ -623,7 +340,7 @@ pub async fn post_op(
     // An agent cannot hand one of the org's secrets to a program or to the
     // ledger: known values are scrubbed from the envelope before anything.
     let mut body = body;
-    crate::tools::Scrubber::new(super::tools_api::open_secrets(&state, &org, &sealed)?)
+    crate::tools::Scrubber::new(super::secrets::open_secrets(&state, &org, &sealed)?)
         .json(&mut body);
     if let (Some(op), Some(args)) = (
         body.get("op").and_then(Value::as_str).map(str::to_owned),
@@ -644,7 +361,7 @@ pub async fn post_op(
         manifest.and_then(|m| serde_json::from_str(&m.signed).ok());
     let tool = tool.and_then(|t| ToolDef::parse(&t.definition).ok());
     let mut decided = decide(
-        &state,
+        &state.config.policy,
         &org_name,
         &run,
         manifest.as_ref(),
@@ -656,7 +373,7 @@ pub async fn post_op(
     }
     if !token_tools.is_empty() {
         decide_token_tools(
-            &state,
+            &state.config.policy,
             &org_name,
             &run,
             manifest.as_ref(),
@@ -867,71 +584,6 @@ pub async fn event_stream(
         .and_then(|v| v.parse().ok());
     let after = resume.or(q.after).unwrap_or(0);
     Ok(run_events_sse(state, org, run, after, true))
-}
-
-/// The SSE stream of a run's events after `after`. With `named`, each SSE
-/// event carries the event type as its name (API clients filter on it);
-/// without, all are plain messages (what a page's `onmessage` receives).
-pub(crate) fn run_events_sse(
-    state: Arc<AppState>,
-    org: String,
-    run: String,
-    after: i64,
-    named: bool,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
-    let stream = futures_util::stream::unfold(
-        (
-            state,
-            org,
-            run,
-            after,
-            std::collections::VecDeque::new(),
-            false,
-        ),
-        move |(state, org, run, mut after, mut queue, mut ended)| async move {
-            loop {
-                if let Some(e) = queue.pop_front() {
-                    return Some((Ok(e), (state, org, run, after, queue, ended)));
-                }
-                if ended {
-                    return None;
-                }
-                let (o, r) = (org.clone(), run.clone());
-                let found = state
-                    .wait_for(Duration::from_secs(15), Some(&run), move |s| {
-                        let page = s.events(&o, Some(&r), after, 500)?;
-                        if !page.events.is_empty() {
-                            return Ok(Some((page, false)));
-                        }
-                        let done = s.run(&o, &r)?.is_none_or(|run| run.state.is_final());
-                        Ok(done.then_some((page, true)))
-                    })
-                    .await;
-                match found {
-                    Ok(Some((page, done))) => {
-                        ended = done;
-                        after = page.last_seq;
-                        for stored in page.events {
-                            let data = stored.to_json().to_string();
-                            let sse = SseEvent::default().id(stored.seq.to_string()).data(data);
-                            queue.push_back(if named {
-                                sse.event(stored.event.event_type.as_str())
-                            } else {
-                                sse
-                            });
-                        }
-                        if done && !named {
-                            // A page's EventSource would reconnect forever.
-                            queue.push_back(SseEvent::default().event("end").data("end"));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(_) => return None,
-                }
-            }
-        },
-    );
-    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 pub async fn list_artifacts(

@@ -17,9 +17,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::admin_api::{check_manifest, is_sha256, manifest_expiry};
 use super::auth;
+use super::auth::SignedRunner;
 use super::error::{ApiError, ApiResult};
+use super::manifests::{check_manifest, is_sha256, manifest_expiry};
 use super::views::{inputs_with_content, manifest_view, run_view};
 use moat_api::ManifestView;
 use moat_api::runner::{
@@ -223,35 +224,6 @@ pub async fn register(
         max_wait_ms: u64::try_from(super::MAX_WAIT.as_millis()).unwrap_or(u64::MAX),
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// A request signed by a registered runner, with its body (extracted last).
-pub struct SignedRunner {
-    pub runner: RunnerRow,
-    pub body: Bytes,
-}
-
-impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
-    type Rejection = ApiError;
-
-    async fn from_request(
-        request: axum::extract::Request,
-        state: &Arc<AppState>,
-    ) -> Result<Self, ApiError> {
-        let (parts, body) = request.into_parts();
-        // Nothing is buffered for a request that cannot be a runner's.
-        auth::precheck(&parts.headers, state.now())?;
-        let limit = if parts.uri.path().ends_with("/result") {
-            super::MAX_BODY
-        } else {
-            super::SMALL_BODY
-        };
-        let body = axum::body::to_bytes(body, limit)
-            .await
-            .map_err(|_| ApiError::bad_request("request body unreadable or too large"))?;
-        let runner = auth::runner(state, &parts.method, &parts.uri, &parts.headers, &body).await?;
-        Ok(SignedRunner { runner, body })
-    }
 }
 
 /// Runner-side provenance (`runner.selected`, `.started`, `.policy.loaded`,
@@ -616,7 +588,7 @@ pub async fn result(
             // No secret of the org is kept, whatever a program printed or
             // wrote (read in the same trip to the store as the write).
             let sealed = s.secrets(&runner.org_id)?;
-            let secrets = match super::tools_api::open_secrets(&st, &runner.org_id, &sealed) {
+            let secrets = match super::secrets::open_secrets(&st, &runner.org_id, &sealed) {
                 Ok(secrets) => secrets,
                 Err(e) => return Ok(Err(e)),
             };

@@ -65,7 +65,7 @@ pub fn once(store: &Store, now: i64, idle_ms: i64) -> Result<usize, StoreError> 
             changed += 1;
         }
     }
-    changed += super::approvals_api::expire_due(store, now)?;
+    changed += super::approvals::expire_due(store, now)?;
     store.prune_nonces(now)?;
     Ok(changed)
 }

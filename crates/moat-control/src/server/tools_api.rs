@@ -21,13 +21,13 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth;
+use super::auth::SignedRunner;
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
-use super::runner_api::SignedRunner;
+use super::secrets::{no_vault, open_secrets};
 use base64::Engine as _;
 
 use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolCallArgs, ToolDef};
-use crate::vault::VaultError;
 
 /// The largest secret value.
 const MAX_SECRET: usize = 64 << 10;
@@ -71,14 +71,6 @@ pub async fn put_secret(
     ))
 }
 
-fn no_vault() -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "no_secrets_key",
-        VaultError::NoKey.to_string(),
-    )
-}
-
 /// Names and times only: a secret is never read back.
 pub async fn list_secrets(
     State(state): State<Arc<AppState>>,
@@ -116,30 +108,6 @@ pub async fn list_tools(
     Ok(Json(
         json!({"tools": rows.iter().map(|r| &r.definition).collect::<Vec<_>>()}),
     ))
-}
-
-/// Every secret of `org`, opened: `(name, value)`. A secret that does not
-/// open (another key) is an error: fail closed.
-pub(crate) fn open_secrets(
-    state: &AppState,
-    org: &str,
-    sealed: &[moat_store::SealedSecret],
-) -> Result<Vec<(String, crate::vault::Secret)>, ApiError> {
-    if sealed.is_empty() {
-        return Ok(Vec::new());
-    }
-    let vault = state.config.vault.as_ref().ok_or_else(no_vault)?;
-    sealed
-        .iter()
-        .map(|s| {
-            let plain = vault
-                .open(org, &s.name, &s.nonce, &s.ciphertext)
-                .map_err(|e| ApiError::internal(format!("secret {}: {e}", s.name)))?;
-            let text = std::str::from_utf8(&plain)
-                .map_err(|_| ApiError::internal(format!("secret {}: not UTF-8", s.name)))?;
-            Ok((s.name.clone(), crate::vault::Secret::new(text.to_owned())))
-        })
-        .collect()
 }
 
 /// The runner's `control-plane-tool-proxy` operation, made here: checked

@@ -26,7 +26,6 @@ use axum::routing::{any, get, post};
 use serde::Deserialize;
 
 use super::AppState;
-use super::approvals_api;
 use super::auth::{self, Operator};
 use super::error::ApiError;
 
@@ -223,7 +222,7 @@ async fn run_events(
         .or(q.after)
         .unwrap_or(0);
     Ok(
-        super::org_api::run_events_sse(Arc::clone(&state), op.org, id, after, false)
+        super::event_stream::run_events_sse(Arc::clone(&state), op.org, id, after, false)
             .into_response(),
     )
 }
@@ -288,7 +287,7 @@ async fn resolve(
         _ => return Err(failure(ApiError::not_found("no such action"))),
     };
     let reason = Some(form.reason).filter(|r| !r.trim().is_empty());
-    match approvals_api::resolve(&state, &op, &id, approve, reason, "inspector").await {
+    match super::approvals::resolve(&state, &op, &id, approve, reason, "inspector").await {
         Ok(_) => Ok(Redirect::to("/ui/approvals").into_response()),
         Err(e) => {
             let org = op.org.clone();

@@ -1,0 +1,565 @@
+//! Deciding one operation envelope: checked against the org's published
+//! manifest (its ops, its tools), then put to the Cedar policy; the outcome
+//! (queued, denied with a reason, or waiting for a person) and the record
+//! stored with the op. Plain functions of the policy, the run, the
+//! manifest and the envelope: no store, no HTTP.
+
+use moat_core::{
+    DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
+};
+use moat_store::{OpState, RunRow};
+use serde_json::{Value, json};
+
+use crate::describe::describe;
+use crate::policy::{Decision, OpRequest, PolicyEngine, Resource};
+use crate::tools::ToolDef;
+
+/// What the control plane decided for one envelope.
+pub struct Decided {
+    pub state: OpState,
+    /// The decision record (stored with the op, and in its events).
+    pub record: Value,
+    pub denial: Option<(DenialReason, String)>,
+    /// `(rule, risk)` when a person must approve first.
+    pub approval: Option<(String, String)>,
+    /// What the operation acts on and moves (for an approver to read).
+    pub described: Option<crate::describe::Described>,
+}
+
+impl Decided {
+    fn denied(record: Value, reason: DenialReason, message: String) -> Decided {
+        Decided {
+            state: OpState::Denied,
+            record,
+            denial: Some((reason, message)),
+            approval: None,
+            described: None,
+        }
+    }
+}
+
+pub fn decide(
+    policy: &PolicyEngine,
+    org_name: &str,
+    run: &RunRow,
+    manifest: Option<&SignedManifest>,
+    envelope: &Envelope,
+    tool: Option<&ToolDef>,
+) -> Decided {
+    let policy_hash = policy.hash().to_owned();
+    let described = match describe(envelope) {
+        Ok(d) => d,
+        Err(e) => {
+            let reason = if matches!(e, crate::describe::DescribeError::UnknownOp(_)) {
+                DenialReason::UnknownOp
+            } else {
+                DenialReason::InvalidArgs
+            };
+            return Decided::denied(
+                json!({"decision": "deny", "policyHash": policy_hash}),
+                reason,
+                e.to_string(),
+            );
+        }
+    };
+    let Some(manifest) = manifest else {
+        return Decided::denied(
+            json!({"decision": "deny", "policyHash": policy_hash}),
+            DenialReason::OpNotInManifest,
+            format!("no manifest is published for {:?}", run.environment),
+        );
+    };
+    if !manifest.manifest.allowed_ops.contains(&described.op) {
+        return Decided::denied(
+            json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash}),
+            DenialReason::OpNotInManifest,
+            format!(
+                "{} is not in the manifest's allowedOps",
+                described.op.as_str()
+            ),
+        );
+    }
+    let mut method = described.method.clone();
+    let mut tool_approval = None;
+    if let (Resource::Tool(name), true) = (
+        &described.resource,
+        envelope.args["profile"] == crate::tools::PROFILE,
+    ) {
+        let record = json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash});
+        let Some(def) = tool else {
+            return Decided::denied(
+                record,
+                DenialReason::InvalidArgs,
+                format!("no tool {name:?} is defined in this org"),
+            );
+        };
+        if !manifest.manifest.allowed_tools.contains(name) {
+            return Decided::denied(
+                record,
+                DenialReason::OpNotInManifest,
+                format!("tool {name} is not in the manifest's allowedTools"),
+            );
+        }
+        method.clone_from(&def.method);
+        if def.approval {
+            tool_approval = Some(format!("tool:{name}"));
+        }
+    }
+    let sandbox = sandbox_of(manifest);
+    let request = OpRequest {
+        org: org_name,
+        runner: run.runner_id.as_deref().unwrap_or("unassigned"),
+        op: described.op,
+        resource: described.resource.clone(),
+        size: described.size,
+        network: described.network,
+        sandbox,
+        path: &described.path,
+        method: &method,
+        action: &described.action,
+    };
+    let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": described.resource.to_string(), "sandbox": sandbox.as_str()});
+    let with = |decision: &str, extra: Value| {
+        let mut record = base.clone();
+        if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
+            r.insert("decision".into(), decision.into());
+            r.extend(e.clone());
+        }
+        record
+    };
+    match policy.decide(&request) {
+        Ok(Decision::Allow { policies }) if tool_approval.is_some() => {
+            let rule = tool_approval.unwrap_or_default();
+            Decided {
+                state: OpState::PendingApproval,
+                record: with(
+                    "require_approval",
+                    json!({"rule": rule, "risk": "high", "policies": policies}),
+                ),
+                denial: None,
+                approval: Some((rule, "high".to_owned())),
+                described: Some(described),
+            }
+        }
+        Ok(Decision::Allow { policies }) => Decided {
+            state: OpState::Queued,
+            record: with("allow", json!({"policies": policies})),
+            denial: None,
+            approval: None,
+            described: Some(described),
+        },
+        Ok(Decision::Deny { policies }) => {
+            let message = if policies.is_empty() {
+                "no policy permits this operation".to_owned()
+            } else {
+                format!("forbidden by {}", policies.join(", "))
+            };
+            Decided::denied(
+                with("deny", json!({"policies": policies})),
+                DenialReason::PolicyDenied,
+                message,
+            )
+        }
+        Ok(Decision::RequireApproval { rule, risk }) => Decided {
+            state: OpState::PendingApproval,
+            record: with(
+                "require_approval",
+                json!({"rule": rule, "risk": risk, "policies": [rule]}),
+            ),
+            denial: None,
+            approval: Some((rule, risk)),
+            described: Some(described),
+        },
+        Err(e) => Decided::denied(
+            with("deny", json!({"error": e.to_string()})),
+            DenialReason::PolicyDenied,
+            format!("the policy could not decide: {e}"),
+        ),
+    }
+}
+
+/// A program's `toolToken`: each tool must exist, be in the manifest's
+/// `allowedTools` and be allowed by policy as a call of its own (an
+/// approval any of them needs, the operation needs); the decision records
+/// the hash of each definition the token will be good for.
+pub fn decide_token_tools(
+    policy: &PolicyEngine,
+    org_name: &str,
+    run: &RunRow,
+    manifest: Option<&SignedManifest>,
+    tools: &[(String, Option<moat_store::ToolRow>)],
+    decided: &mut Decided,
+) {
+    if !matches!(decided.state, OpState::Queued | OpState::PendingApproval) {
+        return;
+    }
+    let Some(manifest) = manifest else { return };
+    let deny_record = decided.record.clone();
+    let sandbox = sandbox_of(manifest);
+    let mut hashes = serde_json::Map::new();
+    let mut approval: Option<(String, String)> = None;
+    for (name, row) in tools {
+        let Some(def) = row
+            .as_ref()
+            .and_then(|t| ToolDef::parse(&t.definition).ok())
+        else {
+            *decided = Decided::denied(
+                deny_record,
+                DenialReason::InvalidArgs,
+                format!("toolToken: no tool {name:?} is defined in this org"),
+            );
+            return;
+        };
+        if !manifest.manifest.allowed_tools.contains(name) {
+            *decided = Decided::denied(
+                deny_record,
+                DenialReason::OpNotInManifest,
+                format!("toolToken: tool {name} is not in the manifest's allowedTools"),
+            );
+            return;
+        }
+        let request = OpRequest {
+            org: org_name,
+            runner: run.runner_id.as_deref().unwrap_or("unassigned"),
+            op: moat_core::OpKind::HttpRequest,
+            resource: Resource::Tool(name.clone()),
+            size: 0,
+            network: moat_core::NetworkMode::Off,
+            sandbox,
+            path: "",
+            method: &def.method,
+            action: "",
+        };
+        match policy.decide(&request) {
+            Ok(Decision::Allow { .. }) if def.approval => {
+                approval.get_or_insert((format!("tool:{name}"), "high".into()));
+            }
+            Ok(Decision::Allow { .. }) => {}
+            Ok(Decision::RequireApproval { rule, risk }) => {
+                approval.get_or_insert((rule, risk));
+            }
+            Ok(Decision::Deny { policies }) => {
+                *decided = Decided::denied(
+                    deny_record,
+                    DenialReason::PolicyDenied,
+                    format!(
+                        "toolToken: calling {name} is not permitted ({})",
+                        policies.join(", ")
+                    ),
+                );
+                return;
+            }
+            Err(e) => {
+                *decided = Decided::denied(
+                    deny_record,
+                    DenialReason::PolicyDenied,
+                    format!("toolToken: the policy could not decide on {name}: {e}"),
+                );
+                return;
+            }
+        }
+        hashes.insert(name.clone(), def.hash().into());
+    }
+    decided.record["toolToken"] = Value::Object(hashes);
+    if let (Some((rule, risk)), OpState::Queued) = (approval, decided.state) {
+        decided.state = OpState::PendingApproval;
+        decided.record["decision"] = "require_approval".into();
+        decided.record["rule"] = rule.clone().into();
+        decided.record["risk"] = risk.clone().into();
+        decided.approval = Some((rule, risk));
+    }
+}
+
+/// The sandbox mode a manifest's operations run in (its first one).
+pub fn sandbox_of(manifest: &SignedManifest) -> SandboxMode {
+    manifest
+        .manifest
+        .sandbox_modes
+        .first()
+        .copied()
+        .unwrap_or(SandboxMode::WorkspaceWrite)
+}
+
+/// The result of an operation that was denied (stored as its result).
+pub fn denied_result(id: &str, reason: DenialReason, message: String) -> Value {
+    serde_json::to_value(OpResult {
+        id: id.to_owned(),
+        status: OpStatus::Denied,
+        result: None,
+        reason: Some(reason),
+        message: Some(message),
+        event_type: Some(EventType::CapabilityDenied.as_str().to_owned()),
+        artifacts: Vec::new(),
+    })
+    .unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+    use super::*;
+    use moat_core::sign::PrivateKey;
+    use moat_core::{Manifest, OpKind};
+    use moat_store::RunState;
+
+    const POLICY: &str = r#"
+        @id("read") permit(principal, action == Moat::Action::"artifact_read", resource);
+        @id("write") permit(principal, action == Moat::Action::"artifact_write", resource)
+            when { context.path like "output/*" };
+        @id("export") @approval("required") @risk("high")
+        permit(principal, action == Moat::Action::"artifact_write", resource)
+            when { context.path like "export/*" };
+        @id("exec") permit(principal, action == Moat::Action::"exec_argv", resource);
+        @id("no-curl") forbid(principal, action == Moat::Action::"exec_argv",
+            resource == Moat::Executable::"/usr/bin/curl");
+        @id("crm") permit(principal, action == Moat::Action::"http_request",
+            resource == Moat::Tool::"crm");
+        @id("billing") permit(principal, action == Moat::Action::"http_request",
+            resource == Moat::Tool::"billing");
+    "#;
+
+    fn manifest(ops: &[OpKind], tools: &[&str]) -> SignedManifest {
+        let m: Manifest = serde_json::from_value(json!({
+            "runnerVersion": "1.0.0", "environment": "prod",
+            "policyHash": moat_core::hash::sha256_hex(POLICY.as_bytes()),
+            "allowedOps": ops, "allowedExecutables": [], "allowedTools": tools,
+            "sandboxModes": ["workspace-write"],
+            "networkPolicy": {"mode": "off", "allowDomains": []},
+            "filesystem": {"readRoots": ["."], "writeRoots": ["output", "export"]},
+            "limits": {"timeoutMs": 60000, "memoryBytes": 1, "pids": 1, "maxOutputBytes": 1,
+                       "tmpSizeBytes": 1, "openFiles": 1, "fileSizeBytes": 1},
+            "createdAt": "2030-01-01T00:00:00Z", "expiresAt": "2030-02-01T00:00:00Z",
+            "controlPlanePublicKey": PrivateKey::from_seed([7; 32]).public().to_base64(),
+        }))
+        .expect("manifest");
+        m.sign(&PrivateKey::from_seed([7; 32])).expect("sign")
+    }
+
+    fn run() -> RunRow {
+        RunRow {
+            id: "run-1".into(),
+            org_id: "org".into(),
+            state: RunState::Running,
+            environment: "prod".into(),
+            runner_id: Some("runner-1".into()),
+            manifest_hash: None,
+            lease_until_ms: 0,
+            attempts: 1,
+            max_attempts: 3,
+            finish_wanted: false,
+            inputs: json!([]),
+            error: None,
+            created_ms: 0,
+            claimed_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    fn envelope(op: &str, args: Value) -> Envelope {
+        serde_json::from_value(json!({
+            "id": "op-1", "runId": "run-1", "correlationId": "op-1", "op": op, "args": args,
+            "createdAt": "2030-01-02T00:00:00Z",
+        }))
+        .expect("envelope")
+    }
+
+    fn tool(name: &str, approval: bool) -> ToolDef {
+        ToolDef::parse(&json!({
+            "name": name, "method": "GET", "url": "https://api.example.com/v1/x",
+            "approval": approval,
+        }))
+        .expect("tool")
+    }
+
+    /// What a case expects: the state, and the denial reason or approval rule.
+    #[derive(Debug, PartialEq)]
+    enum Outcome {
+        Queued,
+        Denied(DenialReason),
+        Approval(String, String),
+    }
+
+    fn approval(rule: &str, risk: &str) -> Outcome {
+        Outcome::Approval(rule.into(), risk.into())
+    }
+
+    fn outcome(d: &Decided) -> Outcome {
+        match (d.state, &d.denial, &d.approval) {
+            (OpState::Queued, None, None) => Outcome::Queued,
+            (OpState::Denied, Some((reason, _)), None) => Outcome::Denied(*reason),
+            (OpState::PendingApproval, None, Some((rule, risk))) => {
+                Outcome::Approval(rule.clone(), risk.clone())
+            }
+            other => panic!("an inconsistent decision: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decisions_over_manifest_and_policy() {
+        use OpKind::*;
+        let policy = PolicyEngine::new(POLICY).expect("policy");
+        let all = [ArtifactRead, ArtifactWrite, ExecArgv, HttpRequest];
+        let crm = tool("crm", false);
+        let billing = tool("billing", true);
+        let write = |path: &str| json!({"path": path, "content": "x", "maxBytes": 10});
+        let call = |name: &str| json!({"profile": crate::tools::PROFILE, "tool": name});
+        let cases: Vec<(
+            &str,
+            Option<SignedManifest>,
+            Envelope,
+            Option<&ToolDef>,
+            Outcome,
+        )> = vec![
+            (
+                "a read the policy permits",
+                Some(manifest(&all, &[])),
+                envelope("artifact_read", json!({"path": "input/a", "maxBytes": 10})),
+                None,
+                Outcome::Queued,
+            ),
+            (
+                "a write under output/",
+                Some(manifest(&all, &[])),
+                envelope("artifact_write", write("output/r.txt")),
+                None,
+                Outcome::Queued,
+            ),
+            (
+                "a write under export/ waits for a person",
+                Some(manifest(&all, &[])),
+                envelope("artifact_write", write("export/r.csv")),
+                None,
+                approval("export", "high"),
+            ),
+            (
+                "a write nothing permits",
+                Some(manifest(&all, &[])),
+                envelope("artifact_write", write("input/r.txt")),
+                None,
+                Outcome::Denied(DenialReason::PolicyDenied),
+            ),
+            (
+                "a forbid wins over a permit",
+                Some(manifest(&all, &[])),
+                envelope("exec_argv", json!({"argv": ["/usr/bin/curl", "x"]})),
+                None,
+                Outcome::Denied(DenialReason::PolicyDenied),
+            ),
+            (
+                "a program the policy permits",
+                Some(manifest(&all, &[])),
+                envelope("exec_argv", json!({"argv": ["/usr/bin/wc", "-l"]})),
+                None,
+                Outcome::Queued,
+            ),
+            (
+                "an unknown op",
+                Some(manifest(&all, &[])),
+                envelope("format_disk", json!({})),
+                None,
+                Outcome::Denied(DenialReason::UnknownOp),
+            ),
+            (
+                "arguments of the wrong shape",
+                Some(manifest(&all, &[])),
+                envelope("artifact_read", json!({"path": 7})),
+                None,
+                Outcome::Denied(DenialReason::InvalidArgs),
+            ),
+            (
+                "no manifest is published",
+                None,
+                envelope("artifact_read", json!({"path": "a", "maxBytes": 1})),
+                None,
+                Outcome::Denied(DenialReason::OpNotInManifest),
+            ),
+            (
+                "an op the manifest leaves out",
+                Some(manifest(&[ArtifactRead], &[])),
+                envelope("exec_argv", json!({"argv": ["/usr/bin/wc"]})),
+                None,
+                Outcome::Denied(DenialReason::OpNotInManifest),
+            ),
+            (
+                "a tool the org does not define",
+                Some(manifest(&all, &["crm"])),
+                envelope("http_request", call("crm")),
+                None,
+                Outcome::Denied(DenialReason::InvalidArgs),
+            ),
+            (
+                "a tool the manifest leaves out",
+                Some(manifest(&all, &[])),
+                envelope("http_request", call("crm")),
+                Some(&crm),
+                Outcome::Denied(DenialReason::OpNotInManifest),
+            ),
+            (
+                "a tool call the policy permits",
+                Some(manifest(&all, &["crm"])),
+                envelope("http_request", call("crm")),
+                Some(&crm),
+                Outcome::Queued,
+            ),
+            (
+                "a tool that always asks a person",
+                Some(manifest(&all, &["billing"])),
+                envelope("http_request", call("billing")),
+                Some(&billing),
+                approval("tool:billing", "high"),
+            ),
+        ];
+        for (what, manifest, envelope, tool, expected) in cases {
+            let decided = decide(&policy, "org", &run(), manifest.as_ref(), &envelope, tool);
+            assert_eq!(outcome(&decided), expected, "{what}: {:?}", decided.record);
+            assert_eq!(decided.record["policyHash"], policy.hash(), "{what}");
+            let word = match &expected {
+                Outcome::Queued => "allow",
+                Outcome::Denied(_) => "deny",
+                Outcome::Approval(..) => "require_approval",
+            };
+            assert_eq!(decided.record["decision"], word, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_tool_token_needs_every_tool_defined_listed_and_permitted() {
+        let policy = PolicyEngine::new(POLICY).expect("policy");
+        let m = manifest(&[OpKind::ExecArgv], &["crm", "billing"]);
+        let exec = envelope(
+            "exec_argv",
+            json!({"argv": ["/usr/bin/wc"], "toolToken": ["crm"]}),
+        );
+        let row = |name: &str, approval: bool| moat_store::ToolRow {
+            name: name.into(),
+            definition: json!({"name": name, "method": "GET",
+                               "url": "https://api.example.com/v1/x", "approval": approval}),
+            updated_ms: 0,
+        };
+        let token = |tools: &[(String, Option<moat_store::ToolRow>)]| {
+            let mut decided = decide(&policy, "org", &run(), Some(&m), &exec, None);
+            decide_token_tools(&policy, "org", &run(), Some(&m), tools, &mut decided);
+            decided
+        };
+        let granted = token(&[("crm".into(), Some(row("crm", false)))]);
+        assert_eq!(outcome(&granted), Outcome::Queued);
+        assert!(
+            granted.record["toolToken"]["crm"].is_string(),
+            "{}",
+            granted.record
+        );
+        let asks = token(&[("billing".into(), Some(row("billing", true)))]);
+        assert_eq!(outcome(&asks), approval("tool:billing", "high"));
+        let undefined = token(&[("ghost".into(), None)]);
+        assert_eq!(
+            outcome(&undefined),
+            Outcome::Denied(DenialReason::InvalidArgs)
+        );
+        let unlisted = token(&[("erp".into(), Some(row("erp", false)))]);
+        assert_eq!(
+            outcome(&unlisted),
+            Outcome::Denied(DenialReason::OpNotInManifest)
+        );
+    }
+}

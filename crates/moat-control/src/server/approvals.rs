@@ -1,0 +1,216 @@
+//! Settling approval requests (approve, deny, expire), with their events:
+//! shared by the API, the Inspector and the sweep.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use moat_core::{DenialReason, EventType};
+use moat_store::{
+    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, event, stamp,
+};
+use serde_json::json;
+
+use super::AppState;
+use super::auth::Operator;
+use super::error::{ApiError, ApiResult};
+use crate::decide::denied_result;
+
+/// The longest reason an approver may give.
+const MAX_REASON: usize = 2000;
+
+/// Approves or denies a pending request as `operator`, through `via`
+/// (`api`, `inspector`). A request past its time is expired instead, and
+/// answers 409 like one settled before.
+pub async fn resolve(
+    state: &Arc<AppState>,
+    operator: &Operator,
+    id: &str,
+    approve: bool,
+    reason: Option<String>,
+    via: &'static str,
+) -> ApiResult<ApprovalRow> {
+    let reason = reason
+        .map(|r| r.trim().to_owned())
+        .filter(|r| !r.is_empty());
+    if reason.as_ref().is_some_and(|r| r.len() > MAX_REASON) {
+        return Err(ApiError::bad_request(format!(
+            "reason: at most {MAX_REASON} bytes"
+        )));
+    }
+    if !approve && reason.is_none() {
+        return Err(ApiError::bad_request(
+            "a denial needs a reason (the agent and the ledger get it)",
+        ));
+    }
+    let now = state.now();
+    let (org, who, lookup) = (operator.org.clone(), operator.who.clone(), id.to_owned());
+    let settled = state
+        .db(move |s| {
+            let Some(current) = s.approval(&org, &lookup)? else {
+                return Ok(Settled::Missing);
+            };
+            let verdict = if approve {
+                Verdict::Approved
+            } else {
+                Verdict::Denied
+            };
+            match settle(
+                s,
+                &current,
+                verdict,
+                Some(&who),
+                reason.as_deref(),
+                via,
+                now,
+            )? {
+                Settled::Late(late) => {
+                    settle(s, &late, Verdict::Expired, None, None, via, now)?;
+                    Ok(Settled::Late(late))
+                }
+                other => Ok(other),
+            }
+        })
+        .await?;
+    match settled {
+        Settled::Done(row) => {
+            state.notify();
+            Ok(row)
+        }
+        Settled::Missing => Err(ApiError::not_found(format_args!("approval {id}"))),
+        Settled::Already(row) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "approval_settled",
+            format!("approval {id} is already {}", row.state.as_str()),
+        )),
+        Settled::Late(_) => {
+            state.notify();
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "approval_expired",
+                format!("approval {id} expired before it was resolved; the operation failed"),
+            ))
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Approved,
+    Denied,
+    Expired,
+}
+
+/// Settles one request with its events: `approval.granted` and
+/// `capability.granted`; or `approval.denied`/`.expired` and
+/// `capability.denied` with the operation's denial.
+fn settle(
+    store: &Store,
+    approval: &ApprovalRow,
+    verdict: Verdict,
+    by: Option<&str>,
+    reason: Option<&str>,
+    via: &str,
+    now: i64,
+) -> Result<Settled, StoreError> {
+    let run = approval.run_id.as_str();
+    let op = store.op(&approval.org_id, run, &approval.op_id)?;
+    let correlation = op
+        .as_ref()
+        .and_then(|o| o.envelope["correlationId"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| approval.op_id.clone());
+    let base = json!({
+        "approvalId": approval.id, "rule": approval.rule, "risk": approval.risk,
+        "by": by, "via": via, "reason": reason,
+    });
+    let with_op = |mut e: moat_core::Event| {
+        e.op_id = Some(approval.op_id.clone());
+        e.correlation_id = Some(correlation.clone());
+        e
+    };
+    let (state, events, op_result) = match verdict {
+        Verdict::Approved => {
+            // The grant reads like any other: the decision it completes
+            // (policy, manifest, resource, sandbox), then the approval.
+            let mut granted = op.map(|o| o.decision).unwrap_or_else(|| json!({}));
+            if let (Some(g), Some(b)) = (granted.as_object_mut(), base.as_object()) {
+                g.extend(b.clone());
+            }
+            granted["decision"] = "allow".into();
+            granted["policies"] = json!([approval.rule]);
+            (
+                ApprovalState::Approved,
+                vec![
+                    with_op(event(EventType::ApprovalGranted, run, now, base.clone())),
+                    with_op(event(EventType::CapabilityGranted, run, now, granted)),
+                ],
+                None,
+            )
+        }
+        Verdict::Denied | Verdict::Expired => {
+            let (kind, denial, message, state) = if verdict == Verdict::Denied {
+                (
+                    EventType::ApprovalDenied,
+                    DenialReason::ApprovalDenied,
+                    format!(
+                        "denied by the approver: {}",
+                        reason.unwrap_or("no reason given")
+                    ),
+                    ApprovalState::Denied,
+                )
+            } else {
+                (
+                    EventType::ApprovalExpired,
+                    DenialReason::ApprovalExpired,
+                    format!(
+                        "nobody approved it by {}: failed closed",
+                        stamp(approval.expires_ms)
+                    ),
+                    ApprovalState::Expired,
+                )
+            };
+            let mut denied = base.clone();
+            denied["decision"] = "deny".into();
+            denied["reason"] = denial.as_str().into();
+            denied["message"] = message.clone().into();
+            (
+                state,
+                vec![
+                    with_op(event(kind, run, now, base.clone())),
+                    with_op(event(EventType::CapabilityDenied, run, now, denied)),
+                ],
+                Some(denied_result(&approval.op_id, denial, message)),
+            )
+        }
+    };
+    store.settle_approval(
+        &approval.org_id,
+        &approval.id,
+        &Settlement {
+            state,
+            by,
+            reason,
+            op_result: op_result.as_ref(),
+            events: &events,
+        },
+        now,
+    )
+}
+
+/// Expires the requests whose time is up (the sweep); how many.
+pub fn expire_due(store: &Store, now: i64) -> Result<usize, StoreError> {
+    let mut expired = 0;
+    for approval in store.due_approvals(now, 100)? {
+        if let Settled::Done(_) = settle(
+            store,
+            &approval,
+            Verdict::Expired,
+            None,
+            None,
+            "expiry",
+            now,
+        )? {
+            expired += 1;
+        }
+    }
+    Ok(expired)
+}

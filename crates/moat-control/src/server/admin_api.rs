@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use moat_core::hash::sha256_hex;
 use moat_core::{EventType, SignedManifest};
 use moat_store::{ManifestRow, RunnerRow, TokenKind, event, stamp};
@@ -27,10 +27,9 @@ pub struct NewOrg {
 
 pub async fn create_org(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    _: auth::Admin,
     JsonObject(body): JsonObject<NewOrg>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    auth::admin(&state, &headers)?;
     let name = body.name.trim().to_owned();
     if name.is_empty()
         || name.len() > 100
@@ -70,10 +69,9 @@ const MAX_BOOTSTRAP_TTL: u64 = 3600;
 
 pub async fn create_bootstrap_token(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<NewBootstrap>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org_admin(&state, &headers).await?;
     if body.ttl_seconds == 0 || body.ttl_seconds > MAX_BOOTSTRAP_TTL {
         return Err(ApiError::bad_request(format!(
             "ttlSeconds: 1 to {MAX_BOOTSTRAP_TTL}"
@@ -94,9 +92,8 @@ pub async fn create_bootstrap_token(
 /// A token for an agent of the org: runs, operations, events, artifacts.
 pub async fn create_agent_token(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org_admin(&state, &headers).await?;
     let token = new_token();
     let hash = sha256_hex(token.as_bytes());
     state
@@ -107,9 +104,8 @@ pub async fn create_agent_token(
 
 pub async fn list_builds(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let builds = state.db(move |s| s.runner_builds(&org)).await?;
     let builds: Vec<Value> = builds
         .into_iter()
@@ -128,10 +124,9 @@ pub struct NewBuild {
 
 pub async fn allow_build(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<NewBuild>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org_admin(&state, &headers).await?;
     if !is_sha256(&body.sha256) {
         return Err(ApiError::bad_request(
             "sha256: 64 lower-case hex digits (`moat runner inspect` prints it)",
@@ -150,10 +145,9 @@ pub async fn allow_build(
 
 pub async fn revoke_build(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     Path(sha): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let lookup = sha.clone();
     if !state
         .db(move |s| s.revoke_runner_build(&org, &lookup))
@@ -167,10 +161,9 @@ pub async fn revoke_build(
 
 pub async fn publish_manifest(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(signed): JsonObject<SignedManifest>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org_admin(&state, &headers).await?;
     check_manifest(&state, &signed).map_err(|(reason, message)| {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, reason, message)
     })?;
@@ -218,10 +211,9 @@ pub struct EnvQuery {
 
 pub async fn current_manifest(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     Query(q): Query<EnvQuery>,
 ) -> ApiResult<Json<moat_api::ManifestView>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let env = q
         .environment
         .unwrap_or_else(|| state.config.environment.clone());
@@ -235,10 +227,9 @@ pub async fn current_manifest(
 
 pub async fn revoke_manifest(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     Path(hash): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let now = state.now();
     let h = hash.clone();
     let found = state
@@ -273,10 +264,9 @@ pub struct RevokeKey {
 
 pub async fn revoke_key(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<RevokeKey>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let now = state.now();
     let key = body.public_key.clone();
     state
@@ -308,9 +298,8 @@ pub fn runner_json(r: &RunnerRow) -> Value {
 
 pub async fn list_runners(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let runners = state.db(move |s| s.runners(&org)).await?;
     Ok(Json(
         json!({"runners": runners.iter().map(runner_json).collect::<Vec<_>>()}),
@@ -319,9 +308,8 @@ pub async fn list_runners(
 
 pub async fn verify_ledger(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    _: auth::Admin,
 ) -> ApiResult<Json<Value>> {
-    auth::admin(&state, &headers)?;
     match state.db(|s| s.verify_ledger()).await? {
         Ok(v) => Ok(Json(
             json!({"ok": true, "events": v.events, "head": v.head}),

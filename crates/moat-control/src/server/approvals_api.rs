@@ -8,7 +8,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use moat_store::{ApprovalRow, ApprovalState, stamp};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -35,10 +34,9 @@ pub struct ListQuery {
 
 pub async fn list(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     let filter = match q.state.as_deref() {
         None | Some("all") => None,
         Some(text) => Some(ApprovalState::parse(text).ok_or_else(|| {
@@ -56,10 +54,9 @@ pub async fn list(
 
 pub async fn show(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     let lookup = id.clone();
     let row = state
         .db(move |s| s.approval(&org, &lookup))
@@ -77,31 +74,30 @@ pub struct Resolution {
 
 pub async fn approve(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    operator: auth::Operator,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    by_api(&state, &headers, &id, body, true).await
+    by_api(&state, &operator, &id, body, true).await
 }
 
 pub async fn deny(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    operator: auth::Operator,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    by_api(&state, &headers, &id, body, false).await
+    by_api(&state, &operator, &id, body, false).await
 }
 
 async fn by_api(
     state: &Arc<AppState>,
-    headers: &HeaderMap,
+    operator: &auth::Operator,
     id: &str,
     body: Bytes,
     approve: bool,
 ) -> ApiResult<Json<Value>> {
-    let operator = auth::operator(state, headers).await?;
     let reason = super::body::parse_optional::<Resolution>(&body)?.reason;
-    let row = resolve(state, &operator, id, approve, reason, "api").await?;
+    let row = resolve(state, operator, id, approve, reason, "api").await?;
     Ok(Json(approval_json(&row)))
 }

@@ -1,10 +1,13 @@
 //! Who is calling: the admin, an org (API token) or a registered runner
-//! (signed request). Tokens are compared by their SHA-256; the store holds
+//! (signed request), as extractors a handler names in its signature
+//! ([`Admin`], [`Agent`], [`OrgAdmin`], [`SignedRunner`]). Tokens are compared by their SHA-256; the store holds
 //! nothing else of them.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Uri};
 use moat_core::EventType;
 use moat_core::hash::sha256_hex;
@@ -15,6 +18,48 @@ use serde_json::json;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
+
+/// The admin (the `moat serve --admin-token-file` token), as an extractor:
+/// checked before anything of the request's body is read.
+pub struct Admin;
+
+/// The org whose token (its admin's or an agent's) the request carries.
+pub struct Agent(pub String);
+
+/// The org whose admin token the request carries (an agent's is refused).
+pub struct OrgAdmin(pub String);
+
+impl FromRequestParts<Arc<AppState>> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> ApiResult<Admin> {
+        admin(state, &parts.headers).map(|()| Admin)
+    }
+}
+
+impl FromRequestParts<Arc<AppState>> for Agent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> ApiResult<Agent> {
+        agent(state, &parts.headers).await.map(Agent)
+    }
+}
+
+impl FromRequestParts<Arc<AppState>> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> ApiResult<Operator> {
+        operator(state, &parts.headers).await
+    }
+}
+
+impl FromRequestParts<Arc<AppState>> for OrgAdmin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> ApiResult<OrgAdmin> {
+        org_admin(state, &parts.headers).await.map(OrgAdmin)
+    }
+}
 
 /// A fresh secret token: `moat_` and 32 random bytes in hex.
 pub fn new_token() -> String {

@@ -64,10 +64,9 @@ pub struct NewRunBody {
 
 pub async fn create_run(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     JsonObject(body): JsonObject<NewRunBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::agent(&state, &headers).await?;
     let id = body.id.unwrap_or_else(|| moat_core::random::new_id("run_"));
     if !moat_core::op::is_plain_id(&id) {
         return Err(ApiError::bad_request(
@@ -180,10 +179,9 @@ pub struct RunsQuery {
 
 pub async fn list_runs(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Query(q): Query<RunsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     let filter = match q.state.as_deref() {
         None => None,
         Some(text) => Some(
@@ -208,19 +206,17 @@ async fn the_run(state: &Arc<AppState>, org: &str, run: &str) -> ApiResult<RunRo
 
 pub async fn get_run(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     Ok(Json(run_json(&the_run(&state, &org, &run).await?)?))
 }
 
 pub async fn finish_run(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     let now = state.now();
     let id = run.clone();
     let row = state
@@ -288,12 +284,11 @@ fn approval_summary(envelope: &Envelope, described: Option<&crate::describe::Des
 
 pub async fn post_op(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(run_id): Path<String>,
     Query(q): Query<WaitQuery>,
     JsonObject(body): JsonObject<Value>,
 ) -> ApiResult<Response> {
-    let org = auth::agent(&state, &headers).await?;
     let now = state.now();
     // One trip to the store: the run's context, the org's sealed secrets
     // and, for a tool call, the tool.
@@ -509,10 +504,9 @@ async fn wait_final(
 
 pub async fn list_ops(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let ops = state.db(move |s| s.ops(&org, &run)).await?;
     Ok(Json(
@@ -522,11 +516,10 @@ pub async fn list_ops(
 
 pub async fn get_op(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path((run, op)): Path<(String, String)>,
     Query(q): Query<WaitQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     if let Some(wait) = q.wait_ms.filter(|w| *w > 0)
         && let Some(done) = wait_final(&state, &org, &run, &op, Duration::from_millis(wait)).await?
     {
@@ -548,11 +541,10 @@ pub struct EventsQuery {
 
 pub async fn events(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let (after, limit) = (
         q.after.unwrap_or(0),
@@ -588,10 +580,9 @@ pub async fn event_stream(
 
 pub async fn list_artifacts(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     the_run(&state, &org, &run).await?;
     let artifacts = state.db(move |s| s.artifacts(&org, &run)).await?;
     Ok(Json(

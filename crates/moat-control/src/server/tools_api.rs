@@ -40,11 +40,10 @@ pub struct SecretBody {
 
 pub async fn put_secret(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     Path(name): Path<String>,
     JsonObject(body): JsonObject<SecretBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org_admin(&state, &headers).await?;
     if !tools::plain_name(&name) {
         return Err(ApiError::bad_request(
             "secret name: 1 to 64 of [A-Za-z0-9_.-]",
@@ -74,9 +73,8 @@ pub async fn put_secret(
 /// Names and times only: a secret is never read back.
 pub async fn list_secrets(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::org_admin(&state, &headers).await?;
     let rows = state.db(move |s| s.secrets(&org)).await?;
     Ok(Json(json!({"secrets": rows.iter().map(|r| json!({
         "name": r.name, "updatedAt": stamp(r.updated_ms),
@@ -85,10 +83,9 @@ pub async fn list_secrets(
 
 pub async fn put_tool(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<Value>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let org = auth::org_admin(&state, &headers).await?;
     let def = ToolDef::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let stored = serde_json::to_value(&def).map_err(|e| ApiError::internal(e.to_string()))?;
     let now = state.now();
@@ -101,9 +98,8 @@ pub async fn put_tool(
 
 pub async fn list_tools(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
+    auth::Agent(org): auth::Agent,
 ) -> ApiResult<Json<Value>> {
-    let org = auth::agent(&state, &headers).await?;
     let rows = state.db(move |s| s.tools(&org)).await?;
     Ok(Json(
         json!({"tools": rows.iter().map(|r| &r.definition).collect::<Vec<_>>()}),

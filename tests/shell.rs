@@ -1,5 +1,6 @@
-//! `moat shell` against the real binary: the deck's list of escapes and
-//! denials, each checked on the host and in the ledger, plus bad input.
+//! `moat shell` against the real binary: the escapes and denials of
+//! docs/protocol.md and docs/sandbox.md, each checked on the host and in
+//! the ledger, plus bad input.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;

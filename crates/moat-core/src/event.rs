@@ -1,4 +1,5 @@
-//! Events: the record of every decision. Names follow the architecture deck.
+//! Events: the record of every decision. The names are the protocol's
+//! (docs/architecture.md, "Protocol and events"; schema in docs/schema/).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -113,16 +114,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_names_are_the_decks() {
+    fn event_names_are_the_protocols() {
         let names: Vec<_> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-        for deck in [
+        for name in [
             "runner.manifest.refresh_failed",
             "capability.denied",
             "sandbox.exec.finished",
             "process.timeout",
             "path.denied",
         ] {
-            assert!(names.contains(&deck), "{deck}");
+            assert!(names.contains(&name), "{name}");
         }
         let json = serde_json::to_string(&EventType::SandboxExecStarted).unwrap_or_default();
         assert_eq!(json, "\"sandbox.exec.started\"");

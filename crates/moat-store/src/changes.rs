@@ -197,32 +197,37 @@ fn drain(
 }
 
 /// Sends what this replica publishes, batched: everything queued while the
-/// previous batch went out goes in one transaction (PostgreSQL delivers a
-/// transaction's notifications at its commit, duplicates folded).
+/// previous batch went out goes in one round trip (one simple-query string
+/// of `pg_notify` calls, which PostgreSQL runs as one transaction and
+/// delivers at its commit), duplicates dropped.
 fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Change>) {
     let mut client: Option<postgres::Client> = None;
     let mut failures = 0;
     while let Ok(first) = inbox.recv() {
-        let mut batch = vec![first];
-        batch.extend(inbox.try_iter());
+        let mut batch = vec![plain(first)];
+        for change in inbox.try_iter().map(plain) {
+            if !batch.contains(&change) {
+                batch.push(change);
+            }
+        }
         if batch.contains(&Change::All) {
             batch = vec![Change::All];
         }
+        let sql: String = batch
+            .iter()
+            .map(|change| {
+                format!(
+                    "SELECT pg_notify('{CHANNEL}', {});",
+                    literal(&change.payload(replica))
+                )
+            })
+            .collect();
         let sent = (|| -> Result<(), postgres::Error> {
-            if client.as_ref().is_none_or(postgres::Client::is_closed) {
-                client = Some(config.connect(postgres::NoTls)?);
-            }
-            let Some(c) = client.as_mut() else {
-                return Ok(());
+            let c = match client.as_mut() {
+                Some(c) if !c.is_closed() => c,
+                _ => client.insert(config.connect(postgres::NoTls)?),
             };
-            let mut tx = c.transaction()?;
-            for change in &batch {
-                tx.execute(
-                    "SELECT pg_notify($1, $2)",
-                    &[&CHANNEL, &change.payload(replica)],
-                )?;
-            }
-            tx.commit()
+            c.batch_execute(&sql)
         })();
         match sent {
             Ok(()) => failures = 0,
@@ -240,9 +245,40 @@ fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Change>
     }
 }
 
+/// A run whose id is not plain (`[A-Za-z0-9._-]`) is announced as a change
+/// of everything: payloads go into SQL text, and only plain ones do.
+fn plain(change: Change) -> Change {
+    match change {
+        Change::Run(run)
+            if !run.is_empty()
+                && run
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+        {
+            Change::Run(run)
+        }
+        Change::Run(_) | Change::All => Change::All,
+    }
+}
+
+/// `text` (a replica's hex name and a plain run id) as an SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::Change;
+
+    #[test]
+    fn only_plain_run_ids_reach_the_sql_text() {
+        use super::{literal, plain};
+        assert_eq!(literal("ab12 run r-1.x_y"), "'ab12 run r-1.x_y'");
+        assert_eq!(plain(Change::Run("r-1".into())), Change::Run("r-1".into()));
+        for odd in ["", "a'b", "a\\b", "a b", "a;b"] {
+            assert_eq!(plain(Change::Run(odd.into())), Change::All, "{odd:?}");
+        }
+    }
 
     #[test]
     fn payloads_round_trip_and_our_own_are_ignored() {

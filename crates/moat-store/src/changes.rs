@@ -1,8 +1,13 @@
 //! Cross-replica wake-ups over PostgreSQL `LISTEN`/`NOTIFY`: a replica
 //! that changed a run (or anything else a waiting request may care about)
-//! publishes it on the `moat_changes` channel; every other replica hears it
+//! announces it on the `moat_changes` channel; every other replica hears it
 //! at once and wakes its waiting requests, instead of re-querying the
 //! database on a timer. SQLite has no other replica to tell.
+//!
+//! Replicas say `hello` on the channel when they start and every
+//! [`HELLO_EVERY`], and answer a hello from a replica they had not heard
+//! from; a replica announces changes only while another one has been
+//! heard within [`PRESENCE`], so a lone control plane sends nothing.
 //!
 //! Each feed keeps two connections of its own (one listens, one sends),
 //! outside the pool. A listener that loses its connection reconnects with
@@ -10,16 +15,23 @@
 //! have missed some); meanwhile [`ChangeFeed::listening`] is false, and
 //! waiters fall back to polling.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use postgres::fallible_iterator::FallibleIterator as _;
 
 use crate::{Backend, Store, StoreError};
 
 const CHANNEL: &str = "moat_changes";
+
+/// How often a replica says it is there.
+pub const HELLO_EVERY: Duration = Duration::from_secs(10);
+
+/// How long another replica counts as there after it was last heard.
+pub const PRESENCE: Duration = Duration::from_secs(30);
 
 /// Something that changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,55 +42,102 @@ pub enum Change {
     Run(String),
 }
 
-impl Change {
+/// What goes out on the channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outgoing {
+    Change(Change),
+    Hello,
+}
+
+/// What came in from another replica.
+#[derive(Debug, PartialEq, Eq)]
+enum Heard {
+    Change(Change),
+    Hello,
+}
+
+impl Outgoing {
     fn payload(&self, replica: &str) -> String {
         match self {
-            Change::All => format!("{replica} *"),
-            Change::Run(run) => format!("{replica} run {run}"),
+            Outgoing::Change(Change::All) => format!("{replica} *"),
+            Outgoing::Change(Change::Run(run)) => format!("{replica} run {run}"),
+            Outgoing::Hello => format!("{replica} hello"),
         }
     }
+}
 
-    /// `None` for another replica's malformed payload, or for our own.
-    fn parse(payload: &str, replica: &str) -> Option<Change> {
-        let (from, rest) = payload.split_once(' ')?;
-        if from == replica {
-            return None;
-        }
-        match rest {
-            "*" => Some(Change::All),
-            _ => rest
-                .strip_prefix("run ")
-                .filter(|run| !run.is_empty())
-                .map(|run| Change::Run(run.to_owned())),
-        }
+/// The sender and what it said; `None` for a malformed payload or our own.
+fn parse<'a>(payload: &'a str, replica: &str) -> Option<(&'a str, Heard)> {
+    let (from, rest) = payload.split_once(' ')?;
+    if from == replica || from.is_empty() {
+        return None;
+    }
+    let heard = match rest {
+        "*" => Heard::Change(Change::All),
+        "hello" => Heard::Hello,
+        _ => rest
+            .strip_prefix("run ")
+            .filter(|run| !run.is_empty())
+            .map(|run| Heard::Change(Change::Run(run.to_owned())))?,
+    };
+    Some((from, heard))
+}
+
+fn now_ms() -> i64 {
+    moat_core::time::ms(SystemTime::now())
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What the feed's threads share.
+struct Shared {
+    listening: AtomicBool,
+    /// Set when the feed is dropped: the listener ends within a second
+    /// (the sender ends when the outbox goes).
+    stop: AtomicBool,
+    /// When another replica was last heard (ms since the epoch; 0: never).
+    others_heard: AtomicI64,
+}
+
+impl Shared {
+    fn others_present(&self) -> bool {
+        let heard = self.others_heard.load(Ordering::Acquire);
+        heard > 0 && now_ms().saturating_sub(heard) < ms(PRESENCE)
     }
 }
 
 /// A replica's end of the change channel.
 pub struct ChangeFeed {
     replica: String,
-    outbox: mpsc::Sender<Change>,
-    listening: Arc<AtomicBool>,
-    /// Set when the feed is dropped: the listener ends within a second
-    /// (the sender ends when `outbox` goes).
-    stop: Arc<AtomicBool>,
+    outbox: mpsc::Sender<Outgoing>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for ChangeFeed {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::Release);
     }
 }
 
 impl ChangeFeed {
-    /// Tells the other replicas (at once, in the background).
+    /// Tells the other replicas (at once, in the background); nothing is
+    /// sent while no other replica is there.
     pub fn publish(&self, change: Change) {
-        let _ = self.outbox.send(change);
+        if self.shared.others_present() {
+            let _ = self.outbox.send(Outgoing::Change(change));
+        }
     }
 
     /// Whether other replicas' changes reach this one now.
     pub fn listening(&self) -> bool {
-        self.listening.load(Ordering::Acquire)
+        self.shared.listening.load(Ordering::Acquire)
+    }
+
+    /// Whether another replica has been heard within [`PRESENCE`].
+    pub fn others_present(&self) -> bool {
+        self.shared.others_present()
     }
 
     /// This replica's name on the channel.
@@ -89,7 +148,7 @@ impl ChangeFeed {
 
 impl Store {
     /// On PostgreSQL, a feed that calls `on_change` for every change
-    /// another replica publishes; `None` on SQLite.
+    /// another replica announces; `None` on SQLite.
     pub fn change_feed(
         &self,
         on_change: impl Fn(Change) + Send + 'static,
@@ -98,15 +157,18 @@ impl Store {
             return Ok(None);
         };
         let replica = moat_core::random::hex(8);
-        let listening = Arc::new(AtomicBool::new(false));
-        let (outbox, inbox) = mpsc::channel::<Change>();
+        let shared = Arc::new(Shared {
+            listening: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            others_heard: AtomicI64::new(0),
+        });
+        let (outbox, inbox) = mpsc::channel::<Outgoing>();
 
-        let stop = Arc::new(AtomicBool::new(false));
         let config = pool.config.clone();
-        let (me, flag, stopped) = (replica.clone(), Arc::clone(&listening), Arc::clone(&stop));
+        let (me, state, replies) = (replica.clone(), Arc::clone(&shared), outbox.clone());
         std::thread::Builder::new()
             .name("moat-listen".into())
-            .spawn(move || listen(&config, &me, &flag, &stopped, &on_change))
+            .spawn(move || listen(&config, &me, &state, &replies, &on_change))
             .map_err(|e| StoreError::Corrupt(format!("starting the change listener: {e}")))?;
 
         let config = pool.config.clone();
@@ -118,8 +180,7 @@ impl Store {
         Ok(Some(ChangeFeed {
             replica,
             outbox,
-            listening,
-            stop,
+            shared,
         }))
     }
 }
@@ -135,14 +196,16 @@ const STOP_CHECK: Duration = Duration::from_secs(1);
 fn listen(
     config: &postgres::Config,
     replica: &str,
-    listening: &AtomicBool,
-    stop: &AtomicBool,
+    shared: &Shared,
+    replies: &mpsc::Sender<Outgoing>,
     on_change: &dyn Fn(Change),
 ) {
     let mut failures = 0;
     // Whether changes may have gone unheard since the last connection.
     let mut missed = false;
-    while !stop.load(Ordering::Acquire) {
+    // When each other replica was last heard.
+    let mut replicas: HashMap<String, i64> = HashMap::new();
+    while !shared.stop.load(Ordering::Acquire) {
         let connected = config.connect(postgres::NoTls).and_then(|mut client| {
             client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
             Ok(client)
@@ -159,66 +222,93 @@ fn listen(
             }
         };
         failures = 0;
-        listening.store(true, Ordering::Release);
+        shared.listening.store(true, Ordering::Release);
         if missed {
             on_change(Change::All);
         }
-        // Until the feed is dropped, or the connection ends or fails.
-        while !stop.load(Ordering::Acquire) && !client.is_closed() {
+        while !shared.stop.load(Ordering::Acquire) && !client.is_closed() {
             let mut notifications = client.notifications();
             let mut heard = notifications.timeout_iter(STOP_CHECK);
             // Quiet for a while (or closed: checked above), or failed.
-            if drain(&mut heard, replica, stop, on_change).is_err() {
+            let drained = drain(
+                &mut heard,
+                |payload| {
+                    let Some((from, heard)) = parse(payload, replica) else {
+                        return;
+                    };
+                    let now = now_ms();
+                    shared.others_heard.store(now, Ordering::Release);
+                    let last = replicas.insert(from.to_owned(), now);
+                    match heard {
+                        Heard::Change(change) => on_change(change),
+                        // A replica we had not heard from: tell it we are here,
+                        // so it announces its changes to us from now on.
+                        Heard::Hello if last.is_none_or(|t| now - t >= ms(PRESENCE)) => {
+                            let _ = replies.send(Outgoing::Hello);
+                        }
+                        Heard::Hello => {}
+                    }
+                },
+                &shared.stop,
+            );
+            if drained.is_err() {
                 break;
             }
         }
-        listening.store(false, Ordering::Release);
+        shared.listening.store(false, Ordering::Release);
         missed = true;
     }
 }
 
-/// Hands what `heard` brings to `on_change` until it is quiet, or fails;
+/// Hands what `heard` brings to `each` until it is quiet, or fails;
 /// nothing once the feed is dropped.
 fn drain(
     heard: &mut postgres::notifications::TimeoutIter<'_>,
-    replica: &str,
+    mut each: impl FnMut(&str),
     stop: &AtomicBool,
-    on_change: &dyn Fn(Change),
 ) -> Result<(), postgres::Error> {
     while let Some(n) = heard.next()? {
         if stop.load(Ordering::Acquire) {
             return Ok(());
         }
-        if let Some(change) = Change::parse(n.payload(), replica) {
-            on_change(change);
-        }
+        each(n.payload());
     }
     Ok(())
 }
 
-/// Sends what this replica publishes, batched: everything queued while the
+/// Sends what this replica announces, batched: everything queued while the
 /// previous batch went out goes in one round trip (one simple-query string
 /// of `pg_notify` calls, which PostgreSQL runs as one transaction and
-/// delivers at its commit), duplicates dropped.
-fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Change>) {
+/// delivers at its commit), duplicates dropped; and a hello at start and
+/// every [`HELLO_EVERY`].
+fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Outgoing>) {
     let mut client: Option<postgres::Client> = None;
     let mut failures = 0;
-    while let Ok(first) = inbox.recv() {
-        let mut batch = vec![plain(first)];
-        for change in inbox.try_iter().map(plain) {
-            if !batch.contains(&change) {
-                batch.push(change);
+    let mut first = Some(Outgoing::Hello);
+    loop {
+        let next = match first.take() {
+            Some(hello) => hello,
+            None => match inbox.recv_timeout(HELLO_EVERY) {
+                Ok(outgoing) => outgoing,
+                Err(mpsc::RecvTimeoutError::Timeout) => Outgoing::Hello,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+        };
+        let mut batch = vec![plain(next)];
+        for outgoing in inbox.try_iter().map(plain) {
+            if !batch.contains(&outgoing) {
+                batch.push(outgoing);
             }
         }
-        if batch.contains(&Change::All) {
-            batch = vec![Change::All];
+        if batch.contains(&Outgoing::Change(Change::All)) {
+            batch.retain(|o| matches!(o, Outgoing::Hello | Outgoing::Change(Change::All)));
         }
         let sql: String = batch
             .iter()
-            .map(|change| {
+            .map(|outgoing| {
                 format!(
                     "SELECT pg_notify('{CHANNEL}', {});",
-                    literal(&change.payload(replica))
+                    literal(&outgoing.payload(replica))
                 )
             })
             .collect();
@@ -247,17 +337,17 @@ fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Change>
 
 /// A run whose id is not plain (`[A-Za-z0-9._-]`) is announced as a change
 /// of everything: payloads go into SQL text, and only plain ones do.
-fn plain(change: Change) -> Change {
-    match change {
-        Change::Run(run)
-            if !run.is_empty()
-                && run
+fn plain(outgoing: Outgoing) -> Outgoing {
+    match outgoing {
+        Outgoing::Change(Change::Run(run))
+            if run.is_empty()
+                || !run
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
         {
-            Change::Run(run)
+            Outgoing::Change(Change::All)
         }
-        Change::Run(_) | Change::All => Change::All,
+        other => other,
     }
 }
 
@@ -268,29 +358,37 @@ fn literal(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::Change;
+    use super::{Change, Heard, Outgoing, literal, parse, plain};
 
     #[test]
-    fn only_plain_run_ids_reach_the_sql_text() {
-        use super::{literal, plain};
-        assert_eq!(literal("ab12 run r-1.x_y"), "'ab12 run r-1.x_y'");
-        assert_eq!(plain(Change::Run("r-1".into())), Change::Run("r-1".into()));
-        for odd in ["", "a'b", "a\\b", "a b", "a;b"] {
-            assert_eq!(plain(Change::Run(odd.into())), Change::All, "{odd:?}");
+    fn payloads_round_trip_and_our_own_are_ignored() {
+        let run = Outgoing::Change(Change::Run("run-1".into()));
+        assert_eq!(
+            parse(&run.payload("a"), "b"),
+            Some(("a", Heard::Change(Change::Run("run-1".into()))))
+        );
+        assert_eq!(
+            parse(&Outgoing::Change(Change::All).payload("a"), "b"),
+            Some(("a", Heard::Change(Change::All)))
+        );
+        assert_eq!(
+            parse(&Outgoing::Hello.payload("a"), "b"),
+            Some(("a", Heard::Hello))
+        );
+        assert_eq!(parse(&run.payload("a"), "a"), None);
+        for bad in ["", "a", "a run ", "a walk x", " *"] {
+            assert_eq!(parse(bad, "b"), None, "{bad:?}");
         }
     }
 
     #[test]
-    fn payloads_round_trip_and_our_own_are_ignored() {
-        let run = Change::Run("run-1".into());
-        assert_eq!(Change::parse(&run.payload("a"), "b"), Some(run.clone()));
-        assert_eq!(
-            Change::parse(&Change::All.payload("a"), "b"),
-            Some(Change::All)
-        );
-        assert_eq!(Change::parse(&run.payload("a"), "a"), None);
-        for bad in ["", "a", "a run ", "a walk x"] {
-            assert_eq!(Change::parse(bad, "b"), None, "{bad:?}");
+    fn only_plain_run_ids_reach_the_sql_text() {
+        assert_eq!(literal("ab12 run r-1.x_y"), "'ab12 run r-1.x_y'");
+        let run = |id: &str| Outgoing::Change(Change::Run(id.into()));
+        assert_eq!(plain(run("r-1")), run("r-1"));
+        assert_eq!(plain(Outgoing::Hello), Outgoing::Hello);
+        for odd in ["", "a'b", "a\\b", "a b", "a;b"] {
+            assert_eq!(plain(run(odd)), Outgoing::Change(Change::All), "{odd:?}");
         }
     }
 }

@@ -395,6 +395,16 @@ mod tests {
         }
     }
 
+    /// What a case is about, the manifest, the envelope, the org's tool,
+    /// and what it should come to.
+    type Case<'a> = (
+        &'static str,
+        Option<SignedManifest>,
+        Envelope,
+        Option<&'a ToolDef>,
+        Outcome,
+    );
+
     #[test]
     fn decisions_over_manifest_and_policy() {
         use OpKind::*;
@@ -404,13 +414,7 @@ mod tests {
         let billing = tool("billing", true);
         let write = |path: &str| json!({"path": path, "content": "x", "maxBytes": 10});
         let call = |name: &str| json!({"profile": crate::tools::PROFILE, "tool": name});
-        let cases: Vec<(
-            &str,
-            Option<SignedManifest>,
-            Envelope,
-            Option<&ToolDef>,
-            Outcome,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "a read the policy permits",
                 Some(manifest(&all, &[])),

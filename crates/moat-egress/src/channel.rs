@@ -8,7 +8,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use rustix::io::Errno;
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, recvmsg, sendmsg,
 };
 
@@ -58,11 +58,21 @@ pub fn recv_with_fds(
             other => break other?,
         }
     };
+    let mut passed_any = Vec::new();
     for message in control.drain() {
         if let RecvAncillaryMessage::ScmRights(passed) = message {
-            fds.extend(passed);
+            passed_any.extend(passed);
         }
     }
+    // Descriptors the kernel could not hand over (none free here, or more
+    // than fit) were dropped: refuse the message rather than serve a later
+    // line with the wrong listener.
+    if received.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(io::Error::other(
+            "a passed descriptor was dropped (control data truncated)",
+        ));
+    }
+    fds.extend(passed_any);
     Ok(received.bytes)
 }
 

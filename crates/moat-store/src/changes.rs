@@ -164,7 +164,11 @@ impl Store {
         });
         let (outbox, inbox) = mpsc::channel::<Outgoing>();
 
-        let config = pool.config.clone();
+        let mut config = pool.config.clone();
+        // A half-open connection must not pass for a listening one.
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(15));
         let (me, state, replies) = (replica.clone(), Arc::clone(&shared), outbox.clone());
         std::thread::Builder::new()
             .name("moat-listen".into())
@@ -173,10 +177,15 @@ impl Store {
 
         let config = pool.config.clone();
         let me = replica.clone();
-        std::thread::Builder::new()
+        if let Err(e) = std::thread::Builder::new()
             .name("moat-notify".into())
             .spawn(move || send(&config, &me, &inbox))
-            .map_err(|e| StoreError::Corrupt(format!("starting the change sender: {e}")))?;
+        {
+            shared.stop.store(true, Ordering::Release);
+            return Err(StoreError::Corrupt(format!(
+                "starting the change sender: {e}"
+            )));
+        }
         Ok(Some(ChangeFeed {
             replica,
             outbox,
@@ -238,6 +247,9 @@ fn listen(
                     };
                     let now = now_ms();
                     shared.others_heard.store(now, Ordering::Release);
+                    // Replicas not heard for a while are forgotten (each
+                    // restart is a new name).
+                    replicas.retain(|_, t| now - *t < ms(PRESENCE));
                     let last = replicas.insert(from.to_owned(), now);
                     match heard {
                         Heard::Change(change) => on_change(change),
@@ -296,12 +308,20 @@ fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Outgoin
         };
         let mut batch = vec![plain(next)];
         for outgoing in inbox.try_iter().map(plain) {
-            if !batch.contains(&outgoing) {
+            // A long backlog (the sender was backing off) becomes one
+            // change of everything, below.
+            if batch.len() > MAX_BATCH {
+                batch.push(Outgoing::Change(Change::All));
+            } else if !batch.contains(&outgoing) {
                 batch.push(outgoing);
             }
         }
         if batch.contains(&Outgoing::Change(Change::All)) {
-            batch.retain(|o| matches!(o, Outgoing::Hello | Outgoing::Change(Change::All)));
+            let hello = batch.contains(&Outgoing::Hello);
+            batch = vec![Outgoing::Change(Change::All)];
+            if hello {
+                batch.push(Outgoing::Hello);
+            }
         }
         let sql: String = batch
             .iter()
@@ -334,6 +354,9 @@ fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Outgoin
         }
     }
 }
+
+/// The most announcements sent one by one in a batch.
+const MAX_BATCH: usize = 64;
 
 /// A run whose id is not plain (`[A-Za-z0-9._-]`) is announced as a change
 /// of everything: payloads go into SQL text, and only plain ones do.

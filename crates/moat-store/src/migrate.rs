@@ -55,9 +55,16 @@ pub(crate) fn sqlite(conn: &mut rusqlite::Connection) -> Result<(), StoreError> 
         prepare(&mut tx, latest(&sqlite_migrations::migrations::runner()))?;
         tx.commit()?;
     }
-    runner(sqlite_migrations::migrations::runner())
+    // Two processes opening a fresh file together may both try V1; the
+    // loser finds it recorded on a second look.
+    if runner(sqlite_migrations::migrations::runner())
         .run(conn)
-        .map_err(|e| StoreError::Migration(e.to_string()))?;
+        .is_err()
+    {
+        runner(sqlite_migrations::migrations::runner())
+            .run(conn)
+            .map_err(|e| StoreError::Migration(e.to_string()))?;
+    }
     Ok(())
 }
 

@@ -35,7 +35,8 @@ const MAX_SECRET: usize = 64 << 10;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SecretBody {
-    value: String,
+    /// Wiped when the body is dropped, once sealed.
+    value: crate::vault::Secret,
 }
 
 pub async fn put_secret(
@@ -379,7 +380,9 @@ pub(crate) async fn make_call(
             c.name.as_deref().unwrap_or(""),
             v.as_str()
         ));
-        let b64 = base64::engine::general_purpose::STANDARD.encode(pair.as_bytes());
+        let b64 = crate::vault::Secret::new(
+            base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()),
+        );
         scrubber.also(
             &c.secret,
             crate::vault::Secret::new(b64.trim_end_matches('=').to_owned()),

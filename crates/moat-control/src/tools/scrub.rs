@@ -43,14 +43,16 @@ impl Scrubber {
     pub fn new(secrets: Vec<(String, Secret)>) -> Scrubber {
         let mut all = Vec::new();
         for (name, value) in secrets {
-            let encoded = moat_core::url::encode_component(&value);
-            let b64 = base64::engine::general_purpose::STANDARD.encode(value.as_bytes());
+            // Every form is a secret too, wiped when dropped.
+            let encoded = Secret::new(moat_core::url::encode_component(&value));
+            let b64 =
+                Secret::new(base64::engine::general_purpose::STANDARD.encode(value.as_bytes()));
             all.push((
                 name.clone(),
                 Secret::new(b64.trim_end_matches('=').to_owned()),
             ));
-            if encoded != *value {
-                all.push((name.clone(), Secret::new(encoded)));
+            if *encoded != *value {
+                all.push((name.clone(), encoded));
             }
             all.push((name, value));
         }

@@ -74,8 +74,9 @@ struct Reply {
 pub struct Served(u64);
 
 /// The process a proxy runs in, as its starter keeps it: dropping it
-/// must end the process.
-pub trait ProxyProcess {
+/// must end the process. `Send`, so a shell holding one can move between
+/// threads (the MCP server's, the fuzz target's).
+pub trait ProxyProcess: Send {
     fn pid(&self) -> u32;
 }
 

@@ -78,6 +78,13 @@ pub enum ShellError {
     ControlPlaneKey(moat_core::sign::SignError),
 }
 
+// A shell is moved to and shared between threads (the MCP server, the fuzz
+// target): whatever it holds must be Send.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Shell>();
+};
+
 pub struct Shell {
     config: ShellConfig,
     workspace: Workspace,

@@ -102,9 +102,7 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
 }
 
 /// RFC 3339 (milliseconds, UTC) of `ms` since the epoch.
-pub fn stamp(ms: i64) -> String {
-    moat_core::time::stamp_ms(ms)
-}
+pub use moat_core::time::stamp_ms as stamp;
 
 /// An event about `run` at `now`.
 pub fn event(kind: EventType, run: &str, now: i64, data: serde_json::Value) -> Event {

@@ -79,11 +79,12 @@ struct Case {
     _pg: Option<TempPostgres>,
 }
 
-fn sqlite_case() -> Case {
+/// A database loaded from `fixture` (empty: a fresh one).
+fn sqlite_case(fixture: &str) -> Case {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("moat.db");
     let mut raw = Sqlite(rusqlite::Connection::open(&path).expect("sqlite"));
-    raw.batch(SQLITE_FIXTURE);
+    raw.batch(fixture);
     Case {
         url: format!("sqlite:{}", path.display()),
         raw: Box::new(raw),
@@ -92,7 +93,7 @@ fn sqlite_case() -> Case {
     }
 }
 
-fn postgres_case() -> Case {
+fn postgres_case(fixture: &str) -> Case {
     let pg = TempPostgres::create().expect(
         "PostgreSQL is needed for the upgrade tests: bash tests/suite.sh starts a throwaway one \
          (set MOAT_TEST_POSTGRES to a libpq key=value string to use another server)",
@@ -104,7 +105,7 @@ fn postgres_case() -> Case {
             .connect(postgres::NoTls)
             .expect("connect"),
     );
-    raw.batch(POSTGRES_FIXTURE);
+    raw.batch(fixture);
     Case {
         url: pg.url.clone(),
         raw: Box::new(raw),
@@ -114,7 +115,10 @@ fn postgres_case() -> Case {
 }
 
 fn cases() -> Vec<(&'static str, Case)> {
-    vec![("sqlite", sqlite_case()), ("postgres", postgres_case())]
+    vec![
+        ("sqlite", sqlite_case(SQLITE_FIXTURE)),
+        ("postgres", postgres_case(POSTGRES_FIXTURE)),
+    ]
 }
 
 fn history(raw: &mut dyn Raw) -> i64 {
@@ -243,33 +247,7 @@ fn a_database_newer_than_this_build_is_refused() {
 
 #[test]
 fn a_fresh_database_starts_at_the_newest_version() {
-    for (backend, mut case) in [
-        ("sqlite", {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let path = dir.path().join("fresh.db");
-            Case {
-                url: format!("sqlite:{}", path.display()),
-                raw: Box::new(Sqlite(rusqlite::Connection::open(&path).expect("sqlite"))),
-                _dir: Some(dir),
-                _pg: None,
-            }
-        }),
-        ("postgres", {
-            let pg = TempPostgres::create().expect("postgres");
-            Case {
-                url: pg.url.clone(),
-                raw: Box::new(Postgres(
-                    pg.url
-                        .parse::<postgres::Config>()
-                        .expect("url")
-                        .connect(postgres::NoTls)
-                        .expect("connect"),
-                )),
-                _dir: None,
-                _pg: Some(pg),
-            }
-        }),
-    ] {
+    for (backend, mut case) in [("sqlite", sqlite_case("")), ("postgres", postgres_case(""))] {
         let store = Store::open(&case.url).expect("open");
         assert_eq!(history(case.raw.as_mut()), 1, "{backend}");
         assert_eq!(

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod org;
 pub mod runner;
 pub mod views;
 

@@ -38,7 +38,7 @@ pub enum ToolError {
     Params(String),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToolDef {
     pub name: String,
@@ -62,7 +62,7 @@ pub struct ToolDef {
     pub max_response_bytes: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ParamType {
     String,
@@ -70,7 +70,7 @@ pub enum ParamType {
     Boolean,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParamDef {
     #[serde(rename = "type")]
@@ -83,14 +83,14 @@ pub struct ParamDef {
     pub placement: Option<Placement>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     Query,
     Body,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Credential {
     /// The org's secret (its name).
@@ -107,7 +107,7 @@ pub struct Credential {
     pub prefix: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CredentialPlace {
     Header,
@@ -115,7 +115,7 @@ pub enum CredentialPlace {
     Basic,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Redact {
     /// JSON pointers (`/account/ssn`) removed from a JSON response.
@@ -163,6 +163,12 @@ fn template_uri(template: &str) -> Option<Uri> {
     }
     filled.push_str(rest);
     parse_url(&filled)
+}
+
+/// `GET /v1/tools`: the org's tools.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct ToolList {
+    pub tools: Vec<ToolDef>,
 }
 
 impl ToolDef {

@@ -350,6 +350,42 @@ fn every_documented_route_is_served() {
     let paths = doc["paths"].as_object().unwrap();
     let documented: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
     assert_eq!(documented, ROUTES.len());
+    // A schema for every body: each route's success says what it carries
+    // (`plane::contract` then holds every answer of these tests to it).
+    assert_eq!(
+        server::openapi_undocumented(),
+        Vec::<(&str, &str)>::new(),
+        "routes the document has no bodies for"
+    );
+    for (path, operations) in paths {
+        for (method, operation) in operations.as_object().unwrap() {
+            let success = operation["responses"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(status, _)| status.starts_with('2'))
+                .all(|(status, r)| status == "204" || r["content"].is_object());
+            let any = operation["responses"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .any(|s| s.starts_with('2'));
+            assert!(success && any, "{method} {path}: no schema for its answer");
+            if method != "get" && operation.get("requestBody").is_none() {
+                // Bodiless by design: the path and the token say it all.
+                assert!(
+                    path.ends_with("/revoke")
+                        || path.ends_with("/finish")
+                        || path.ends_with("/next")
+                        || path.ends_with("/heartbeat")
+                        || path.ends_with("/claim")
+                        || path.ends_with("/tool")
+                        || path == "/v1/agent-tokens",
+                    "{method} {path}: no request schema"
+                );
+            }
+        }
+    }
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
     if std::env::var_os("MOAT_BLESS").is_some() {
         std::fs::write(file, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();

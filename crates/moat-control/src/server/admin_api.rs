@@ -6,11 +6,15 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use moat_api::org::{
+    IssuedToken, LedgerCheck, ManifestPublished, NewBootstrapToken, NewOrg, NewRunnerBuild,
+    OrgCreated, RevokeKey, Revoked, RunnerBuild, RunnerBuilds, RunnerView, Runners,
+};
 use moat_core::hash::sha256_hex;
 use moat_core::{EventType, SignedManifest};
 use moat_store::{ManifestRow, RunnerRow, TokenKind, event, stamp};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::AppState;
 use super::auth::{self, new_token};
@@ -19,17 +23,11 @@ use super::error::{ApiError, ApiResult};
 use super::manifests::{check_manifest, is_sha256, manifest_expiry};
 use super::views::manifest_view;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewOrg {
-    name: String,
-}
-
 pub async fn create_org(
     State(state): State<Arc<AppState>>,
     _: auth::Admin,
     JsonObject(body): JsonObject<NewOrg>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<OrgCreated>)> {
     let name = body.name.trim().to_owned();
     if name.is_empty()
         || name.len() > 100
@@ -47,22 +45,11 @@ pub async fn create_org(
     let (id, name) = state
         .db(move |s| s.create_org(&name, &hash, now).map(|id| (id, name)))
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"id": id, "name": name, "token": token})),
-    ))
+    Ok((StatusCode::CREATED, Json(OrgCreated { id, name, token })))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct NewBootstrap {
-    #[serde(default = "default_bootstrap_ttl")]
-    ttl_seconds: u64,
-}
-
-fn default_bootstrap_ttl() -> u64 {
-    600
-}
+/// A bootstrap token lives this long unless asked otherwise.
+const DEFAULT_BOOTSTRAP_TTL: u64 = 600;
 
 /// A bootstrap token lives at most this long.
 const MAX_BOOTSTRAP_TTL: u64 = 3600;
@@ -70,22 +57,26 @@ const MAX_BOOTSTRAP_TTL: u64 = 3600;
 pub async fn create_bootstrap_token(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
-    JsonObject(body): JsonObject<NewBootstrap>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    if body.ttl_seconds == 0 || body.ttl_seconds > MAX_BOOTSTRAP_TTL {
+    JsonObject(body): JsonObject<NewBootstrapToken>,
+) -> ApiResult<(StatusCode, Json<IssuedToken>)> {
+    let ttl_seconds = body.ttl_seconds.unwrap_or(DEFAULT_BOOTSTRAP_TTL);
+    if ttl_seconds == 0 || ttl_seconds > MAX_BOOTSTRAP_TTL {
         return Err(ApiError::bad_request(format!(
             "ttlSeconds: 1 to {MAX_BOOTSTRAP_TTL}"
         )));
     }
     let token = new_token();
     let hash = sha256_hex(token.as_bytes());
-    let expires = state.now() + i64::try_from(body.ttl_seconds * 1000).unwrap_or(0);
+    let expires = state.now() + i64::try_from(ttl_seconds * 1000).unwrap_or(0);
     state
         .db(move |s| s.add_token(&org, &hash, TokenKind::Bootstrap, expires))
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"token": token, "expiresAt": stamp(expires)})),
+        Json(IssuedToken {
+            token,
+            expires_at: Some(stamp(expires)),
+        }),
     ))
 }
 
@@ -93,40 +84,42 @@ pub async fn create_bootstrap_token(
 pub async fn create_agent_token(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<IssuedToken>)> {
     let token = new_token();
     let hash = sha256_hex(token.as_bytes());
     state
         .db(move |s| s.add_token(&org, &hash, TokenKind::Agent, 0))
         .await?;
-    Ok((StatusCode::CREATED, Json(json!({"token": token}))))
+    Ok((
+        StatusCode::CREATED,
+        Json(IssuedToken {
+            token,
+            expires_at: None,
+        }),
+    ))
 }
 
 pub async fn list_builds(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<RunnerBuilds>> {
     let builds = state.db(move |s| s.runner_builds(&org)).await?;
-    let builds: Vec<Value> = builds
+    let runner_builds = builds
         .into_iter()
-        .map(|(sha, label, revoked)| json!({"sha256": sha, "label": label, "revoked": revoked}))
+        .map(|(sha256, label, revoked)| RunnerBuild {
+            sha256,
+            label,
+            revoked,
+        })
         .collect();
-    Ok(Json(json!({"runnerBuilds": builds})))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewBuild {
-    sha256: String,
-    #[serde(default)]
-    label: String,
+    Ok(Json(RunnerBuilds { runner_builds }))
 }
 
 pub async fn allow_build(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
-    JsonObject(body): JsonObject<NewBuild>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+    JsonObject(body): JsonObject<NewRunnerBuild>,
+) -> ApiResult<(StatusCode, Json<RunnerBuild>)> {
     if !is_sha256(&body.sha256) {
         return Err(ApiError::bad_request(
             "sha256: 64 lower-case hex digits (`moat runner inspect` prints it)",
@@ -139,7 +132,11 @@ pub async fn allow_build(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"sha256": body.sha256, "label": body.label, "revoked": false})),
+        Json(RunnerBuild {
+            sha256: body.sha256,
+            label: body.label,
+            revoked: false,
+        }),
     ))
 }
 
@@ -147,7 +144,7 @@ pub async fn revoke_build(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
     Path(sha): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Revoked>> {
     let lookup = sha.clone();
     if !state
         .db(move |s| s.revoke_runner_build(&org, &lookup))
@@ -156,14 +153,19 @@ pub async fn revoke_build(
         return Err(ApiError::not_found(format_args!("runner build {sha}")));
     }
     state.notify();
-    Ok(Json(json!({"sha256": sha, "revoked": true})))
+    Ok(Json(Revoked {
+        sha256: Some(sha),
+        manifest_hash: None,
+        public_key: None,
+        revoked: true,
+    }))
 }
 
 pub async fn publish_manifest(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(signed): JsonObject<SignedManifest>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<ManifestPublished>)> {
     check_manifest(&state, &signed).map_err(|(reason, message)| {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, reason, message)
     })?;
@@ -201,7 +203,12 @@ pub async fn publish_manifest(
         })
         .await?;
     state.notify();
-    Ok((StatusCode::CREATED, Json(json!({"manifestHash": hash}))))
+    Ok((
+        StatusCode::CREATED,
+        Json(ManifestPublished {
+            manifest_hash: hash,
+        }),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -229,7 +236,7 @@ pub async fn revoke_manifest(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
     Path(hash): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Revoked>> {
     let now = state.now();
     let h = hash.clone();
     let found = state
@@ -253,20 +260,19 @@ pub async fn revoke_manifest(
         return Err(ApiError::not_found(format_args!("manifest {hash}")));
     }
     state.notify();
-    Ok(Json(json!({"manifestHash": hash, "revoked": true})))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RevokeKey {
-    public_key: String,
+    Ok(Json(Revoked {
+        sha256: None,
+        manifest_hash: Some(hash),
+        public_key: None,
+        revoked: true,
+    }))
 }
 
 pub async fn revoke_key(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<RevokeKey>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Revoked>> {
     let now = state.now();
     let key = body.public_key.clone();
     state
@@ -284,36 +290,59 @@ pub async fn revoke_key(
         })
         .await?;
     state.notify();
-    Ok(Json(json!({"publicKey": body.public_key, "revoked": true})))
+    Ok(Json(Revoked {
+        sha256: None,
+        manifest_hash: None,
+        public_key: Some(body.public_key),
+        revoked: true,
+    }))
 }
 
-pub fn runner_json(r: &RunnerRow) -> Value {
-    json!({
-        "id": r.id, "runnerHash": r.runner_hash, "manifestHash": r.manifest_hash, "policyHash": r.policy_hash,
-        "version": r.version, "environment": r.environment, "ops": r.ops, "sandboxMode": r.sandbox_mode,
-        "bootTime": r.boot_time, "registeredAt": stamp(r.registered_ms), "lastSeenAt": stamp(r.seen_ms),
-        "slots": r.slots, "slotsUsed": r.slots_used, "slotsFree": (r.slots - r.slots_used).max(0),
-    })
+pub fn runner_view(r: &RunnerRow) -> RunnerView {
+    RunnerView {
+        id: r.id.clone(),
+        runner_hash: r.runner_hash.clone(),
+        manifest_hash: r.manifest_hash.clone(),
+        policy_hash: r.policy_hash.clone(),
+        version: r.version.clone(),
+        environment: r.environment.clone(),
+        ops: r.ops.clone(),
+        sandbox_mode: r.sandbox_mode.clone(),
+        boot_time: r.boot_time.clone(),
+        registered_at: stamp(r.registered_ms),
+        last_seen_at: stamp(r.seen_ms),
+        slots: r.slots,
+        slots_used: r.slots_used,
+        slots_free: (r.slots - r.slots_used).max(0),
+    }
 }
 
 pub async fn list_runners(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Runners>> {
     let runners = state.db(move |s| s.runners(&org)).await?;
-    Ok(Json(
-        json!({"runners": runners.iter().map(runner_json).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(Runners {
+        runners: runners.iter().map(runner_view).collect(),
+    }))
 }
 
 pub async fn verify_ledger(
     State(state): State<Arc<AppState>>,
     _: auth::Admin,
-) -> ApiResult<Json<Value>> {
-    match state.db(|s| s.verify_ledger()).await? {
-        Ok(v) => Ok(Json(
-            json!({"ok": true, "events": v.events, "head": v.head}),
-        )),
-        Err(broken) => Ok(Json(json!({"ok": false, "error": broken.to_string()}))),
-    }
+) -> ApiResult<Json<LedgerCheck>> {
+    Ok(Json(match state.db(|s| s.verify_ledger()).await? {
+        Ok(v) => LedgerCheck {
+            ok: true,
+            events: Some(v.events),
+            head: Some(v.head),
+            error: None,
+        },
+        Err(broken) => LedgerCheck {
+            ok: false,
+            events: None,
+            head: None,
+            error: Some(broken.to_string()),
+        },
+    }))
 }

@@ -8,22 +8,30 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
+use moat_api::org::{ApprovalList, ApprovalView, Resolution};
 use moat_store::{ApprovalRow, ApprovalState, stamp};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::AppState;
 use super::approvals::resolve;
 use super::auth;
 use super::error::{ApiError, ApiResult};
 
-pub fn approval_json(a: &ApprovalRow) -> Value {
-    json!({
-        "id": a.id, "runId": a.run_id, "opId": a.op_id, "state": a.state.as_str(),
-        "rule": a.rule, "risk": a.risk, "summary": a.summary,
-        "requestedAt": stamp(a.requested_ms), "expiresAt": stamp(a.expires_ms),
-        "resolvedAt": a.resolved_ms.map(stamp), "resolvedBy": a.resolved_by, "reason": a.reason,
-    })
+pub fn approval_view(a: &ApprovalRow) -> ApprovalView {
+    ApprovalView {
+        id: a.id.clone(),
+        run_id: a.run_id.clone(),
+        op_id: a.op_id.clone(),
+        state: a.state.as_str().to_owned(),
+        rule: a.rule.clone(),
+        risk: a.risk.clone(),
+        summary: a.summary.clone(),
+        requested_at: stamp(a.requested_ms),
+        expires_at: stamp(a.expires_ms),
+        resolved_at: a.resolved_ms.map(stamp),
+        resolved_by: a.resolved_by.clone(),
+        reason: a.reason.clone(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -36,7 +44,7 @@ pub async fn list(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ApprovalList>> {
     let filter = match q.state.as_deref() {
         None | Some("all") => None,
         Some(text) => Some(ApprovalState::parse(text).ok_or_else(|| {
@@ -47,29 +55,22 @@ pub async fn list(
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = state.db(move |s| s.approvals(&org, filter, limit)).await?;
-    Ok(Json(
-        json!({"approvals": rows.iter().map(approval_json).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(ApprovalList {
+        approvals: rows.iter().map(approval_view).collect(),
+    }))
 }
 
 pub async fn show(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ApprovalView>> {
     let lookup = id.clone();
     let row = state
         .db(move |s| s.approval(&org, &lookup))
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("approval {id}")))?;
-    Ok(Json(approval_json(&row)))
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct Resolution {
-    #[serde(default)]
-    reason: Option<String>,
+    Ok(Json(approval_view(&row)))
 }
 
 pub async fn approve(
@@ -77,7 +78,7 @@ pub async fn approve(
     operator: auth::Operator,
     Path(id): Path<String>,
     body: Bytes,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ApprovalView>> {
     by_api(&state, &operator, &id, body, true).await
 }
 
@@ -86,7 +87,7 @@ pub async fn deny(
     operator: auth::Operator,
     Path(id): Path<String>,
     body: Bytes,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ApprovalView>> {
     by_api(&state, &operator, &id, body, false).await
 }
 
@@ -96,8 +97,8 @@ async fn by_api(
     id: &str,
     body: Bytes,
     approve: bool,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ApprovalView>> {
     let reason = super::body::parse_optional::<Resolution>(&body)?.reason;
     let row = resolve(state, operator, id, approve, reason, "api").await?;
-    Ok(Json(approval_json(&row)))
+    Ok(Json(approval_view(&row)))
 }

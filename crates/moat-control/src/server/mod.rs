@@ -46,7 +46,7 @@ use crate::clock::Clock;
 use crate::policy::PolicyEngine;
 
 pub use error::ApiError;
-pub use openapi::{ROUTES, document as openapi_document};
+pub use openapi::{ROUTES, document as openapi_document, undocumented as openapi_undocumented};
 pub use sweep::once as sweep_once;
 
 /// What the server is configured with.

@@ -1,15 +1,24 @@
 //! The OpenAPI document of the API, served at `/openapi.json`. Every route
 //! of the router is listed in [`ROUTES`]; a test checks the two agree in
 //! both directions (against `super::routes()`, which builds the router).
-//! Bodies with a `moat-api` type carry its JSON Schema (generated, under
-//! `components/schemas`).
+//! Every request and answer body carries its JSON Schema, generated from
+//! the `moat-api` types under `components/schemas`.
 
 use axum::Json;
+use moat_api::org::{
+    ApprovalList, ApprovalView, ArtifactCheck, ArtifactList, EventPage, IssuedToken, LedgerCheck,
+    ManifestPublished, NewBootstrapToken, NewOrg, NewRun, NewRunnerBuild, NewSecret, OpList,
+    OpRefused, OpSubmission, OpView, OrgCreated, Resolution, RevokeKey, Revoked, RunList,
+    RunnerBuild, RunnerBuilds, Runners, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult,
+};
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
     Registered, Registration, ResultBody,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
+use moat_core::SignedManifest;
+
+use crate::tools::{ToolDef, ToolList};
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::{JsonSchema, Schema};
 use serde_json::{Value, json};
@@ -292,46 +301,181 @@ fn schema<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<T>()
 }
 
-/// The typed request body (if any) and the success status and answer of
-/// `method path`, where the protocol has types for them.
-fn typed(method: &str, path: &str) -> (Option<SchemaOf>, Option<(&'static str, SchemaOf)>) {
-    match (method, path) {
-        ("post", "/v1/runner/register") => (
-            Some(schema::<Registration>),
-            Some(("201", schema::<Registered>)),
-        ),
-        ("post", "/v1/runner/events") => (
-            Some(schema::<EventsBody>),
-            Some(("200", schema::<EventsRecorded>)),
-        ),
-        ("post", "/v1/runner/claim") => (None, Some(("200", schema::<Claim>))),
-        ("get", "/v1/runner/manifest") | ("get", "/v1/manifests/current") => {
-            (None, Some(("200", schema::<ManifestView>)))
-        }
-        ("post", "/v1/runner/manifest") => (
-            Some(schema::<ManifestRefreshed>),
-            Some(("200", schema::<ManifestRefreshed>)),
-        ),
-        ("post", "/v1/runner/runs/{run}/next") => (None, Some(("200", schema::<Next>))),
-        ("post", "/v1/runner/runs/{run}/heartbeat") => (None, Some(("200", schema::<Heartbeat>))),
-        ("post", "/v1/runner/runs/{run}/ops/{op}/result") => (
-            Some(schema::<ResultBody>),
-            Some(("200", schema::<Recorded>)),
-        ),
-        ("post", "/v1/runner/runs/{run}/finish") => (
-            Some(schema::<FinishBody>),
-            Some(("200", schema::<Recorded>)),
-        ),
-        ("post", "/v1/runs") => (None, Some(("201", schema::<RunView>))),
-        ("get", "/v1/runs/{run}") | ("post", "/v1/runs/{run}/finish") => {
-            (None, Some(("200", schema::<RunView>)))
-        }
-        _ => (None, None),
+/// What an answer carries.
+#[derive(Clone, Copy)]
+enum Answer {
+    Json(SchemaOf),
+    /// Another media type, with a plain schema and what it holds.
+    Other(&'static str, &'static str),
+}
+
+/// The request body and the answers of one route.
+struct Bodies {
+    /// The request body's schema, and whether one must be sent.
+    request: Option<(SchemaOf, bool)>,
+    /// `(status, answer)`, success first.
+    answers: Vec<(&'static str, Answer)>,
+}
+
+fn answers(status: &'static str, answer: SchemaOf) -> Bodies {
+    Bodies {
+        request: None,
+        answers: vec![(status, Answer::Json(answer))],
     }
+}
+
+fn takes(request: SchemaOf, status: &'static str, answer: SchemaOf) -> Bodies {
+    Bodies {
+        request: Some((request, true)),
+        answers: vec![(status, Answer::Json(answer))],
+    }
+}
+
+/// The request body and the answers of `method path`; `None` for a route
+/// the document does not know (the router test refuses that).
+fn bodies(method: &str, path: &str) -> Option<Bodies> {
+    Some(match (method, path) {
+        ("get", "/healthz") => Bodies {
+            request: None,
+            answers: vec![("200", Answer::Other("text/plain", "`ok`"))],
+        },
+        ("get", "/openapi.json") => Bodies {
+            request: None,
+            answers: vec![(
+                "200",
+                Answer::Other("application/json", "An OpenAPI 3.1 document"),
+            )],
+        },
+        ("post", "/v1/orgs") => takes(schema::<NewOrg>, "201", schema::<OrgCreated>),
+        ("post", "/v1/bootstrap-tokens") => {
+            takes(schema::<NewBootstrapToken>, "201", schema::<IssuedToken>)
+        }
+        ("post", "/v1/agent-tokens") => answers("201", schema::<IssuedToken>),
+        ("get", "/v1/runner-builds") => answers("200", schema::<RunnerBuilds>),
+        ("post", "/v1/runner-builds") => {
+            takes(schema::<NewRunnerBuild>, "201", schema::<RunnerBuild>)
+        }
+        ("post", "/v1/runner-builds/{sha256}/revoke") | ("post", "/v1/manifests/{hash}/revoke") => {
+            answers("200", schema::<Revoked>)
+        }
+        ("post", "/v1/signing-keys/revoke") => takes(schema::<RevokeKey>, "200", schema::<Revoked>),
+        ("post", "/v1/manifests") => {
+            takes(schema::<SignedManifest>, "201", schema::<ManifestPublished>)
+        }
+        ("get", "/v1/runner/manifest") | ("get", "/v1/manifests/current") => {
+            answers("200", schema::<ManifestView>)
+        }
+        ("get", "/v1/runners") => answers("200", schema::<Runners>),
+        ("get", "/v1/ledger/verify") => answers("200", schema::<LedgerCheck>),
+        ("get", "/v1/runs") => answers("200", schema::<RunList>),
+        ("post", "/v1/runs") => takes(schema::<NewRun>, "201", schema::<RunView>),
+        ("get", "/v1/runs/{run}") | ("post", "/v1/runs/{run}/finish") => {
+            answers("200", schema::<RunView>)
+        }
+        ("get", "/v1/runs/{run}/ops") => answers("200", schema::<OpList>),
+        ("post", "/v1/runs/{run}/ops") => Bodies {
+            request: Some((schema::<OpSubmission>, true)),
+            answers: vec![
+                ("201", Answer::Json(schema::<OpView>)),
+                ("200", Answer::Json(schema::<OpView>)),
+                ("202", Answer::Json(schema::<OpView>)),
+                ("403", Answer::Json(schema::<OpRefused>)),
+            ],
+        },
+        ("get", "/v1/runs/{run}/ops/{op}") => answers("200", schema::<OpView>),
+        ("get", "/v1/approvals") => answers("200", schema::<ApprovalList>),
+        ("get", "/v1/approvals/{id}") => answers("200", schema::<ApprovalView>),
+        ("post", "/v1/approvals/{id}/approve") | ("post", "/v1/approvals/{id}/deny") => Bodies {
+            request: Some((schema::<Resolution>, false)),
+            answers: vec![("200", Answer::Json(schema::<ApprovalView>))],
+        },
+        ("get", "/v1/secrets") => answers("200", schema::<SecretList>),
+        ("put", "/v1/secrets/{name}") => takes(schema::<NewSecret>, "201", schema::<SecretView>),
+        ("get", "/v1/tools") => answers("200", schema::<ToolList>),
+        ("post", "/v1/tools") => takes(schema::<ToolDef>, "201", schema::<ToolDef>),
+        ("get", "/v1/runs/{run}/events") => answers("200", schema::<EventPage>),
+        ("get", "/v1/runs/{run}/events/stream") => Bodies {
+            request: None,
+            answers: vec![(
+                "200",
+                Answer::Other(
+                    "text/event-stream",
+                    "Server-sent events: `id` is the event's `seq`, `data` one `EventView` as JSON",
+                ),
+            )],
+        },
+        ("get", "/v1/runs/{run}/artifacts") => answers("200", schema::<ArtifactList>),
+        ("get", "/v1/artifacts/{sha256}") => Bodies {
+            request: None,
+            answers: vec![(
+                "200",
+                Answer::Other("application/octet-stream", "The artifact's bytes"),
+            )],
+        },
+        ("get", "/v1/artifacts/{sha256}/verify") => answers("200", schema::<ArtifactCheck>),
+        ("post", "/v1/tool-tokens/call") => takes(schema::<TokenCall>, "200", schema::<ToolAnswer>),
+        ("post", "/v1/runner/register") => {
+            takes(schema::<Registration>, "201", schema::<Registered>)
+        }
+        ("post", "/v1/runner/events") => {
+            takes(schema::<EventsBody>, "200", schema::<EventsRecorded>)
+        }
+        ("post", "/v1/runner/claim") => Bodies {
+            request: None,
+            answers: vec![
+                ("200", Answer::Json(schema::<Claim>)),
+                ("204", Answer::Other("", "No run is waiting")),
+            ],
+        },
+        ("post", "/v1/runner/manifest") => takes(
+            schema::<ManifestRefreshed>,
+            "200",
+            schema::<ManifestRefreshed>,
+        ),
+        ("post", "/v1/runner/runs/{run}/next") => Bodies {
+            request: None,
+            answers: vec![
+                ("200", Answer::Json(schema::<Next>)),
+                ("204", Answer::Other("", "Nothing to do yet: ask again")),
+            ],
+        },
+        ("post", "/v1/runner/runs/{run}/heartbeat") => answers("200", schema::<Heartbeat>),
+        ("post", "/v1/runner/runs/{run}/ops/{op}/result") => {
+            takes(schema::<ResultBody>, "200", schema::<Recorded>)
+        }
+        ("post", "/v1/runner/runs/{run}/ops/{op}/tool") => answers("200", schema::<ToolResult>),
+        ("post", "/v1/runner/runs/{run}/finish") => {
+            takes(schema::<FinishBody>, "200", schema::<Recorded>)
+        }
+        _ => return None,
+    })
 }
 
 fn json_body(schema: Schema) -> Value {
     json!({"content": {"application/json": {"schema": schema}}})
+}
+
+fn answer_body(answer: Answer, generator: &mut SchemaGenerator) -> Value {
+    match answer {
+        Answer::Json(schema) => {
+            let mut body = json_body(schema(generator));
+            body["description"] = "Success".into();
+            body
+        }
+        // No body at all (204).
+        Answer::Other("", what) => json!({"description": what}),
+        Answer::Other(media, what) => {
+            let kind = if media == "application/json" {
+                "object"
+            } else {
+                "string"
+            };
+            json!({
+                "description": what,
+                "content": {media: {"schema": {"type": kind, "description": what}}},
+            })
+        }
+    }
 }
 
 /// The document.
@@ -347,17 +491,13 @@ pub fn document() -> Value {
             .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
             .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
-        let (request, answer) = typed(method, path);
+        let Bodies { request, answers } = bodies(method, path).unwrap_or(Bodies {
+            request: None,
+            answers: Vec::new(),
+        });
         let mut responses = serde_json::Map::new();
-        match answer {
-            Some((status, answer)) => {
-                let mut ok = json_body(answer(&mut generator));
-                ok["description"] = "Success".into();
-                responses.insert(status.into(), ok);
-            }
-            None => {
-                responses.insert("200".into(), json!({"description": "OK"}));
-            }
+        for (status, answer) in answers {
+            responses.insert(status.into(), answer_body(answer, &mut generator));
         }
         let mut refused = json_body(error.clone());
         refused["description"] = "A refusal: a stable reason and a message".into();
@@ -368,9 +508,9 @@ pub fn document() -> Value {
             "security": security(auth),
             "responses": responses,
         });
-        if let Some(request) = request {
+        if let Some((request, required)) = request {
             let mut body = json_body(request(&mut generator));
-            body["required"] = true.into();
+            body["required"] = required.into();
             operation["requestBody"] = body;
         }
         let entry = paths.entry((*path).to_owned()).or_insert_with(|| json!({}));
@@ -395,6 +535,15 @@ pub fn document() -> Value {
             "schemas": generator.take_definitions(true),
         },
     })
+}
+
+/// Routes the document has no bodies for (the test wants none).
+pub fn undocumented() -> Vec<(&'static str, &'static str)> {
+    ROUTES
+        .iter()
+        .filter(|(method, path, _, _)| bodies(method, path).is_none())
+        .map(|(method, path, _, _)| (*method, *path))
+        .collect()
 }
 
 pub async fn serve() -> Json<Value> {

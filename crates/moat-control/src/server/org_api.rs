@@ -9,6 +9,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use moat_api::RunView;
+use moat_api::org::{
+    ArtifactCheck, ArtifactList, EventPage, EventView, NewRun as NewRunBody, OpList, OpRefused,
+    OpSubmission, OpView, PendingApproval, RunList,
+};
 use moat_core::hash::sha256_hex;
 use moat_core::{Envelope, EventType, SignedManifest};
 use moat_store::{NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, event, stamp};
@@ -20,7 +25,7 @@ use super::auth;
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 use super::event_stream::run_events_sse;
-use super::views::{artifact_json, op_json, run_json};
+use super::views::{artifact_view, op_view, run_view};
 use crate::decide::{decide, decide_token_tools, denied_result};
 use crate::tools::ToolDef;
 
@@ -36,37 +41,11 @@ pub fn plain_relative(path: &str) -> bool {
             .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct NewInput {
-    path: String,
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    content_base64: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct NewRunBody {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    environment: Option<String>,
-    #[serde(default)]
-    inputs: Vec<NewInput>,
-    #[serde(default)]
-    max_attempts: Option<i64>,
-    /// Pin the run to a published manifest: only runners under it claim it.
-    #[serde(default)]
-    manifest_hash: Option<String>,
-}
-
 pub async fn create_run(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     JsonObject(body): JsonObject<NewRunBody>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<RunView>)> {
     let id = body.id.unwrap_or_else(|| moat_core::random::new_id("run_"));
     if !moat_core::op::is_plain_id(&id) {
         return Err(ApiError::bad_request(
@@ -168,7 +147,7 @@ pub async fn create_run(
         })
         .await?;
     state.notify();
-    Ok((StatusCode::CREATED, Json(run_json(&run)?)))
+    Ok((StatusCode::CREATED, Json(run_view(&run)?)))
 }
 
 #[derive(Deserialize)]
@@ -181,7 +160,7 @@ pub async fn list_runs(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Query(q): Query<RunsQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<RunList>> {
     let filter = match q.state.as_deref() {
         None => None,
         Some(text) => Some(
@@ -191,9 +170,9 @@ pub async fn list_runs(
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let runs = state.db(move |s| s.runs(&org, filter, limit)).await?;
-    Ok(Json(
-        json!({"runs": runs.iter().map(run_json).collect::<ApiResult<Vec<_>>>()?}),
-    ))
+    Ok(Json(RunList {
+        runs: runs.iter().map(run_view).collect::<ApiResult<_>>()?,
+    }))
 }
 
 async fn the_run(state: &Arc<AppState>, org: &str, run: &str) -> ApiResult<RunRow> {
@@ -208,15 +187,15 @@ pub async fn get_run(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
-) -> ApiResult<Json<Value>> {
-    Ok(Json(run_json(&the_run(&state, &org, &run).await?)?))
+) -> ApiResult<Json<RunView>> {
+    Ok(Json(run_view(&the_run(&state, &org, &run).await?)?))
 }
 
 pub async fn finish_run(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<RunView>> {
     let now = state.now();
     let id = run.clone();
     let row = state
@@ -224,7 +203,7 @@ pub async fn finish_run(
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))?;
     state.notify();
-    Ok(Json(run_json(&row)?))
+    Ok(Json(run_view(&row)?))
 }
 
 #[derive(Deserialize)]
@@ -233,9 +212,9 @@ pub struct WaitQuery {
 }
 
 /// The envelope as posted, completed: its run, a correlation id and a time.
-fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
+fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
     let map = body
-        .as_object_mut()
+        .as_object()
         .ok_or_else(|| ApiError::bad_request("the operation must be a JSON object"))?;
     if map.contains_key("toolToken") {
         return Err(ApiError::bad_request(
@@ -247,28 +226,37 @@ fn complete_envelope(mut body: Value, run: &str, now: i64) -> ApiResult<Envelope
             "capabilities are issued by the control plane, not sent to it",
         ));
     }
-    match map.get("runId") {
-        Some(Value::String(given)) if given != run => {
-            return Err(ApiError::bad_request(format!(
-                "runId {given:?} is not this run"
-            )));
-        }
-        _ => {
-            map.insert("runId".into(), run.into());
-        }
+    if !map
+        .get("id")
+        .and_then(Value::as_str)
+        .is_some_and(moat_core::op::is_plain_id)
+    {
+        return Err(ApiError::bad_request(
+            "id: the operation's id, 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
+        ));
     }
-    let id = match map.get("id") {
-        Some(Value::String(id)) if moat_core::op::is_plain_id(id) => id.clone(),
-        _ => {
-            return Err(ApiError::bad_request(
-                "id: the operation's id, 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
-            ));
-        }
-    };
-    map.entry("correlationId").or_insert_with(|| id.into());
-    map.entry("createdAt").or_insert_with(|| stamp(now).into());
-    serde_json::from_value(body)
-        .map_err(|e| ApiError::bad_request(format!("the operation envelope: {e}")))
+    let posted: OpSubmission = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("the operation envelope: {e}")))?;
+    if let Some(given) = posted.run_id.as_deref().filter(|given| *given != run) {
+        return Err(ApiError::bad_request(format!(
+            "runId {given:?} is not this run"
+        )));
+    }
+    Ok(Envelope {
+        correlation_id: posted.correlation_id.unwrap_or_else(|| posted.id.clone()),
+        id: posted.id,
+        run_id: run.to_owned(),
+        op: posted.op,
+        args: posted.args,
+        timeout_ms: posted.timeout_ms,
+        max_output_bytes: posted.max_output_bytes,
+        network: posted.network,
+        cwd: posted.cwd,
+        capability: None,
+        policy_decision_ref: posted.policy_decision_ref,
+        tool_token: None,
+        created_at: posted.created_at.unwrap_or_else(|| stamp(now)),
+    })
 }
 
 /// What an approver reads about an operation.
@@ -422,9 +410,10 @@ pub async fn post_op(
     let envelope_json =
         serde_json::to_value(&envelope).map_err(|e| ApiError::internal(e.to_string()))?;
     let approval = decided.approval.clone();
-    let pending = approval
-        .is_some()
-        .then(|| json!({"id": approval_id, "expiresAt": stamp(approval_expires)}));
+    let pending = approval.is_some().then(|| PendingApproval {
+        id: approval_id.clone(),
+        expires_at: stamp(approval_expires),
+    });
     let (o, r, op_id, kind) = (
         org.clone(),
         run_id.clone(),
@@ -465,23 +454,30 @@ pub async fn post_op(
         })?;
     state.notify_run(&run_id);
     if let Some((reason, message)) = denial {
-        let body =
-            json!({"error": {"reason": reason.as_str(), "message": message}, "op": op_json(&row)});
+        let body = OpRefused {
+            error: moat_api::ErrorDetail {
+                reason: reason.as_str().to_owned(),
+                message,
+            },
+            op: op_view(&row),
+        };
         return Ok((StatusCode::FORBIDDEN, Json(body)).into_response());
     }
     match q.wait_ms {
         Some(wait) if wait > 0 => {
             let done =
                 wait_final(&state, &org, &run_id, &row.id, Duration::from_millis(wait)).await?;
-            Ok((StatusCode::OK, Json(op_json(done.as_ref().unwrap_or(&row)))).into_response())
+            Ok((StatusCode::OK, Json(op_view(done.as_ref().unwrap_or(&row)))).into_response())
         }
         _ => match pending {
             Some(approval) => {
-                let mut body = op_json(&row);
-                body["approval"] = approval;
+                let body = OpView {
+                    approval: Some(approval),
+                    ..op_view(&row)
+                };
                 Ok((StatusCode::ACCEPTED, Json(body)).into_response())
             }
-            None => Ok((StatusCode::CREATED, Json(op_json(&row))).into_response()),
+            None => Ok((StatusCode::CREATED, Json(op_view(&row))).into_response()),
         },
     }
 }
@@ -506,12 +502,12 @@ pub async fn list_ops(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<OpList>> {
     the_run(&state, &org, &run).await?;
     let ops = state.db(move |s| s.ops(&org, &run)).await?;
-    Ok(Json(
-        json!({"ops": ops.iter().map(op_json).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(OpList {
+        ops: ops.iter().map(op_view).collect(),
+    }))
 }
 
 pub async fn get_op(
@@ -519,18 +515,18 @@ pub async fn get_op(
     auth::Agent(org): auth::Agent,
     Path((run, op)): Path<(String, String)>,
     Query(q): Query<WaitQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<OpView>> {
     if let Some(wait) = q.wait_ms.filter(|w| *w > 0)
         && let Some(done) = wait_final(&state, &org, &run, &op, Duration::from_millis(wait)).await?
     {
-        return Ok(Json(op_json(&done)));
+        return Ok(Json(op_view(&done)));
     }
     let (r, o) = (run.clone(), op.clone());
     let row = state
         .db(move |s| s.op(&org, &r, &o))
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("operation {op} of run {run}")))?;
-    Ok(Json(op_json(&row)))
+    Ok(Json(op_view(&row)))
 }
 
 #[derive(Deserialize)]
@@ -544,7 +540,7 @@ pub async fn events(
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
     Query(q): Query<EventsQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EventPage>> {
     the_run(&state, &org, &run).await?;
     let (after, limit) = (
         q.after.unwrap_or(0),
@@ -553,10 +549,19 @@ pub async fn events(
     let page = state
         .db(move |s| s.events(&org, Some(&run), after, limit))
         .await?;
-    Ok(Json(json!({
-        "events": page.events.iter().map(|e| e.to_json()).collect::<Vec<_>>(),
-        "last": page.last_seq,
-    })))
+    Ok(Json(EventPage {
+        events: page
+            .events
+            .into_iter()
+            .map(|e| EventView {
+                event: e.event,
+                seq: e.seq,
+                prev_hash: e.prev_hash,
+                hash: e.hash,
+            })
+            .collect(),
+        last: page.last_seq,
+    }))
 }
 
 /// Server-sent events of one run: every event so far (or after
@@ -582,12 +587,12 @@ pub async fn list_artifacts(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ArtifactList>> {
     the_run(&state, &org, &run).await?;
     let artifacts = state.db(move |s| s.artifacts(&org, &run)).await?;
-    Ok(Json(
-        json!({"artifacts": artifacts.iter().map(artifact_json).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(ArtifactList {
+        artifacts: artifacts.iter().map(artifact_view).collect(),
+    }))
 }
 
 async fn artifact_bytes(
@@ -623,10 +628,13 @@ pub async fn verify_artifact(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(sha): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ArtifactCheck>> {
     let bytes = artifact_bytes(&state, &headers, &sha).await?;
-    let actual = sha256_hex(&bytes);
-    Ok(Json(
-        json!({"sha256": sha, "size": bytes.len(), "computed": actual, "ok": actual == sha}),
-    ))
+    let computed = sha256_hex(&bytes);
+    Ok(Json(ArtifactCheck {
+        ok: computed == sha,
+        size: u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+        sha256: sha,
+        computed,
+    }))
 }

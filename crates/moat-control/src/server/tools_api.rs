@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use moat_api::org::{NewSecret, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult};
 use moat_core::{EventType, OpStatus};
 use moat_egress::addr::AddressPolicy;
 use moat_egress::outbound::{self, Gate, HttpRequest, HttpResponse, OutboundError, TlsConfig};
 use moat_store::{OpResult as StoreOpResult, OpState, event, stamp};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -27,24 +27,18 @@ use super::error::{ApiError, ApiResult};
 use super::secrets::{no_vault, open_secrets};
 use base64::Engine as _;
 
-use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolCallArgs, ToolDef};
+use crate::tools::{self, MIN_SECRET, PROFILE, Scrubber, ToolCallArgs, ToolDef, ToolList};
 
 /// The largest secret value.
 const MAX_SECRET: usize = 64 << 10;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SecretBody {
-    /// Wiped when the body is dropped, once sealed.
-    value: crate::vault::Secret,
-}
 
 pub async fn put_secret(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
     Path(name): Path<String>,
-    JsonObject(body): JsonObject<SecretBody>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+    // Its value is wiped when the body is dropped, once sealed.
+    JsonObject(body): JsonObject<NewSecret>,
+) -> ApiResult<(StatusCode, Json<SecretView>)> {
     if !tools::plain_name(&name) {
         return Err(ApiError::bad_request(
             "secret name: 1 to 64 of [A-Za-z0-9_.-]",
@@ -67,7 +61,10 @@ pub async fn put_secret(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"name": name, "updatedAt": stamp(now)})),
+        Json(SecretView {
+            name,
+            updated_at: stamp(now),
+        }),
     ))
 }
 
@@ -75,36 +72,47 @@ pub async fn put_secret(
 pub async fn list_secrets(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<SecretList>> {
     let rows = state.db(move |s| s.secrets(&org)).await?;
-    Ok(Json(json!({"secrets": rows.iter().map(|r| json!({
-        "name": r.name, "updatedAt": stamp(r.updated_ms),
-    })).collect::<Vec<_>>()})))
+    Ok(Json(SecretList {
+        secrets: rows
+            .iter()
+            .map(|r| SecretView {
+                name: r.name.clone(),
+                updated_at: stamp(r.updated_ms),
+            })
+            .collect(),
+    }))
 }
 
 pub async fn put_tool(
     State(state): State<Arc<AppState>>,
     auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<Value>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<ToolDef>)> {
     let def = ToolDef::parse(&body).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let stored = serde_json::to_value(&def).map_err(|e| ApiError::internal(e.to_string()))?;
     let now = state.now();
-    let (name, value) = (def.name.clone(), stored.clone());
+    let (name, value) = (def.name.clone(), stored);
     state
         .db(move |s| s.put_tool(&org, &name, &value, now))
         .await?;
-    Ok((StatusCode::CREATED, Json(stored)))
+    Ok((StatusCode::CREATED, Json(def)))
 }
 
 pub async fn list_tools(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ToolList>> {
     let rows = state.db(move |s| s.tools(&org)).await?;
-    Ok(Json(
-        json!({"tools": rows.iter().map(|r| &r.definition).collect::<Vec<_>>()}),
-    ))
+    let tools = rows
+        .into_iter()
+        .map(|r| {
+            serde_json::from_value(r.definition)
+                .map_err(|e| ApiError::internal(format!("stored tool {}: {e}", r.name)))
+        })
+        .collect::<ApiResult<_>>()?;
+    Ok(Json(ToolList { tools }))
 }
 
 /// The runner's `control-plane-tool-proxy` operation, made here: checked
@@ -114,7 +122,7 @@ pub async fn call(
     State(state): State<Arc<AppState>>,
     Path((run_id, op_id)): Path<(String, String)>,
     SignedRunner { runner, .. }: SignedRunner,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ToolResult>> {
     let (org, r, o) = (runner.org_id.clone(), run_id.clone(), op_id.clone());
     let (run, op) = state
         .db(move |s| Ok((s.run(&org, &r)?, s.op(&org, &r, &o)?)))
@@ -253,15 +261,9 @@ pub async fn call(
         })
         .await?;
     state.notify();
-    Ok(Json(json!({"result": result_json})))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenCallBody {
-    tool: String,
-    #[serde(default)]
-    params: serde_json::Map<String, Value>,
+    let result = serde_json::from_value(result_json)
+        .map_err(|e| ApiError::internal(format!("the scrubbed result: {e}")))?;
+    Ok(Json(ToolResult { result }))
 }
 
 /// A program's call with its one-operation token (the fallback path: for a
@@ -272,8 +274,8 @@ pub struct TokenCallBody {
 pub async fn token_call(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    JsonObject(body): JsonObject<TokenCallBody>,
-) -> ApiResult<Json<Value>> {
+    JsonObject(body): JsonObject<TokenCall>,
+) -> ApiResult<Json<ToolAnswer>> {
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -334,12 +336,21 @@ pub async fn token_call(
     let org = grant.org_id.clone();
     state.db(move |s| s.append_events(&org, &[request])).await?;
     state.notify();
-    let mut answer = match outcome {
-        Ok((status, body)) => json!({"status": status, "body": body}),
-        Err(message) => json!({"error": message}),
-    };
-    scrubber.json(&mut answer);
-    Ok(Json(answer))
+    Ok(Json(match outcome {
+        Ok((status, mut body)) => {
+            scrubber.json(&mut body);
+            ToolAnswer {
+                status: Some(status),
+                body: Some(body),
+                error: None,
+            }
+        }
+        Err(message) => ToolAnswer {
+            status: None,
+            body: None,
+            error: Some(scrubber.text(&message)),
+        },
+    }))
 }
 
 fn failed(op_id: &str, message: &str) -> moat_core::OpResult {

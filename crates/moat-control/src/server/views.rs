@@ -2,9 +2,9 @@
 //! has them), shared by the handler files so none imports another.
 
 use base64::Engine as _;
+use moat_api::org::{ArtifactView, OpView};
 use moat_api::{ManifestView, RunInput, RunView};
 use moat_store::{ArtifactRow, ManifestRow, OpRow, RunRow, stamp};
-use serde_json::{Value, json};
 
 use super::error::{ApiError, ApiResult};
 
@@ -34,24 +34,31 @@ pub fn run_view(r: &RunRow) -> ApiResult<RunView> {
     })
 }
 
-/// [`run_view`] as JSON, for answers that list runs.
-pub fn run_json(r: &RunRow) -> ApiResult<Value> {
-    serde_json::to_value(run_view(r)?).map_err(|e| ApiError::internal(e.to_string()))
+pub fn op_view(o: &OpRow) -> OpView {
+    OpView {
+        id: o.id.clone(),
+        run_id: o.run_id.clone(),
+        n: o.n,
+        op: o.op.clone(),
+        state: o.state.as_str().to_owned(),
+        decision: o.decision.clone(),
+        result: o.result.clone(),
+        created_at: stamp(o.created_ms),
+        updated_at: stamp(o.updated_ms),
+        approval: None,
+    }
 }
 
-pub fn op_json(o: &OpRow) -> Value {
-    json!({
-        "id": o.id, "runId": o.run_id, "n": o.n, "op": o.op, "state": o.state.as_str(),
-        "decision": o.decision, "result": o.result,
-        "createdAt": stamp(o.created_ms), "updatedAt": stamp(o.updated_ms),
-    })
-}
-
-pub fn artifact_json(a: &ArtifactRow) -> Value {
-    json!({
-        "runId": a.run_id, "opId": a.op_id, "sha256": a.sha256, "size": a.size, "kind": a.kind,
-        "label": a.label, "createdAt": stamp(a.created_ms),
-    })
+pub fn artifact_view(a: &ArtifactRow) -> ArtifactView {
+    ArtifactView {
+        run_id: a.run_id.clone(),
+        op_id: a.op_id.clone(),
+        sha256: a.sha256.clone(),
+        size: a.size,
+        kind: a.kind.clone(),
+        label: a.label.clone(),
+        created_at: stamp(a.created_ms),
+    }
 }
 
 pub fn manifest_view(row: &ManifestRow) -> ApiResult<ManifestView> {

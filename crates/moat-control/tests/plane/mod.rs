@@ -4,6 +4,8 @@
 //! share.
 #![allow(dead_code)]
 
+mod contract;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,10 +184,9 @@ pub fn call(method: &str, url: &str, headers: &[(&str, String)], body: &[u8]) ->
     let mut all = headers.to_vec();
     all.push(("content-type", "application/json".to_owned()));
     let (status, _, bytes) = raw(method, url, &all, Some(body));
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let answer = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    contract::exchange(method, url, body, status, &answer);
+    (status, answer)
 }
 
 pub fn bearer(token: &str) -> Vec<(&'static str, String)> {

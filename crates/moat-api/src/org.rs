@@ -1,0 +1,381 @@
+//! The org-facing API: what an operator (org admin) and an agent send and
+//! get back. The control plane's admin endpoints (orgs, the ledger check)
+//! are here too.
+
+use moat_core::OpResult;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::ErrorDetail;
+use crate::views::RunView;
+
+/// `POST /v1/orgs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewOrg {
+    /// 1 to 100 of `[A-Za-z0-9_-]`.
+    pub name: String,
+}
+
+/// A new org and its admin token (shown once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OrgCreated {
+    pub id: String,
+    pub name: String,
+    pub token: String,
+}
+
+/// `POST /v1/bootstrap-tokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewBootstrapToken {
+    /// 1 to 3600; 600 when left out.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A token, shown once (bootstrap tokens expire; agent tokens do not).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuedToken {
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+/// One entry of the runner-build allowlist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewRunnerBuild {
+    /// SHA-256 of the sealed runner (`moat runner inspect`).
+    pub sha256: String,
+    #[serde(default)]
+    pub label: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RunnerBuild {
+    pub sha256: String,
+    pub label: String,
+    pub revoked: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerBuilds {
+    pub runner_builds: Vec<RunnerBuild>,
+}
+
+/// What a revocation revoked: one of the three keys is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revoked {
+    /// A runner build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+    /// A manifest-signing key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    pub revoked: bool,
+}
+
+/// `POST /v1/signing-keys/revoke`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevokeKey {
+    pub public_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestPublished {
+    pub manifest_hash: String,
+}
+
+/// A registered runner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerView {
+    pub id: String,
+    pub runner_hash: String,
+    pub manifest_hash: String,
+    pub policy_hash: String,
+    pub version: String,
+    pub environment: String,
+    /// The operations it serves.
+    #[schemars(with = "Vec<String>")]
+    pub ops: Value,
+    pub sandbox_mode: String,
+    pub boot_time: String,
+    pub registered_at: String,
+    pub last_seen_at: String,
+    pub slots: i64,
+    pub slots_used: i64,
+    pub slots_free: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Runners {
+    pub runners: Vec<RunnerView>,
+}
+
+/// The hash chain recomputed: `ok` with its length and head, or the first
+/// break.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LedgerCheck {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One input of a new run: its workspace-relative path and its bytes, as
+/// text or base64 (exactly one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewInput {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
+}
+
+/// `POST /v1/runs`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewRun {
+    /// 1 to 128 of `[A-Za-z0-9._-]`, starting with a letter or digit; one
+    /// is made up when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+    #[serde(default)]
+    pub inputs: Vec<NewInput>,
+    /// 1 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i64>,
+    /// Pin the run to a published manifest: only runners under it claim it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RunList {
+    pub runs: Vec<RunView>,
+}
+
+/// An operation as an agent submits it: the envelope without what the
+/// control plane fills in (`runId`, `correlationId` and `createdAt` may be
+/// given; a capability or a tool token may not).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OpSubmission {
+    /// 1 to 128 of `[A-Za-z0-9._-]`, starting with a letter or digit.
+    pub id: String,
+    /// `artifact_read`, `artifact_write`, `artifact_list`, `exec_argv`,
+    /// `http_request`, `browser_step`.
+    pub op: String,
+    /// The operation's arguments (docs/schema/args-*.schema.json).
+    pub args: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<moat_core::NetworkMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_decision_ref: Option<String>,
+}
+
+/// The approval an operation waits for (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingApproval {
+    pub id: String,
+    pub expires_at: String,
+}
+
+/// An operation with its decision and, once final, its result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpView {
+    pub id: String,
+    pub run_id: String,
+    /// Its place in the run (1, 2, ...).
+    pub n: i64,
+    pub op: String,
+    /// `pending_approval`, `queued`, `dispatched`, `succeeded`, `failed`,
+    /// `denied`.
+    pub state: String,
+    /// The policy's decision record (policy and manifest hashes, rules,
+    /// resource, sandbox).
+    pub decision: Value,
+    /// As the runner reported it (or the denial).
+    #[schemars(with = "Option<OpResult>")]
+    pub result: Option<Value>,
+    pub created_at: String,
+    pub updated_at: String,
+    /// Only in the 202 answer to a submission that waits for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<PendingApproval>,
+}
+
+/// The 403 answer to a denied submission: the denial, and the operation
+/// as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpRefused {
+    pub error: ErrorDetail,
+    pub op: OpView,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpList {
+    pub ops: Vec<OpView>,
+}
+
+/// One recorded event with its place in the hash chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventView {
+    #[serde(flatten)]
+    pub event: moat_core::Event,
+    pub seq: i64,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EventPage {
+    pub events: Vec<EventView>,
+    /// The `seq` of the last event on this page (the `after` asked for
+    /// when it is empty); pass it as `?after=` for the next.
+    pub last: i64,
+}
+
+/// An artifact of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactView {
+    pub run_id: String,
+    /// The operation that made it (empty for a run's inputs).
+    pub op_id: String,
+    pub sha256: String,
+    pub size: i64,
+    /// `input`, `output`, `stdout`, `stderr`, `request`...
+    pub kind: String,
+    pub label: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ArtifactList {
+    pub artifacts: Vec<ArtifactView>,
+}
+
+/// An artifact's stored bytes, hashed again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ArtifactCheck {
+    pub sha256: String,
+    pub size: u64,
+    pub computed: String,
+    pub ok: bool,
+}
+
+/// An approval request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalView {
+    pub id: String,
+    pub run_id: String,
+    pub op_id: String,
+    /// `pending`, `approved`, `denied`, `expired`.
+    pub state: String,
+    /// The policy rule that asked for a person.
+    pub rule: String,
+    pub risk: String,
+    /// What the operation does: op, resource, size, network, args.
+    pub summary: Value,
+    pub requested_at: String,
+    pub expires_at: String,
+    pub resolved_at: Option<String>,
+    pub resolved_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalList {
+    pub approvals: Vec<ApprovalView>,
+}
+
+/// The optional body of approve and deny (a denial needs the reason).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resolution {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `PUT /v1/secrets/{name}`: the value, 8 bytes to 64 KiB. Wiped from
+/// memory when dropped.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSecret {
+    #[schemars(with = "String")]
+    pub value: zeroize::Zeroizing<String>,
+}
+
+/// A secret's name and when it was set; never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretView {
+    pub name: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SecretList {
+    pub secrets: Vec<SecretView>,
+}
+
+/// `POST /v1/tool-tokens/call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCall {
+    pub tool: String,
+    #[serde(default)]
+    pub params: serde_json::Map<String, Value>,
+}
+
+/// A tool's answer, redacted and scrubbed: the upstream status and body,
+/// or why there was none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolAnswer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The recorded result of a runner's tool-proxy operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolResult {
+    pub result: OpResult,
+}

@@ -8,6 +8,7 @@
 pub mod capability;
 pub mod denial;
 pub mod event;
+pub mod event_data;
 pub mod hash;
 pub mod lifecycle;
 pub mod limits;
@@ -26,6 +27,7 @@ pub mod url;
 
 pub use denial::DenialReason;
 pub use event::{Event, EventSink, EventType};
+pub use event_data::EventData;
 pub use limits::Limits;
 pub use manifest::{Manifest, ManifestError, NetworkPolicy, NetworkProfile, SignedManifest};
 pub use mode::{NetworkMode, RootView, SandboxMode};

@@ -1,0 +1,258 @@
+//! The control plane's record of runs, operations, manifests, approvals
+//! and the requests it refused.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::denial::DenialReason;
+use crate::mode::NetworkMode;
+use crate::op::OpStatus;
+
+/// One input of a run, stored with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunInput {
+    /// Relative to the workspace.
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// A run was queued.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunCreated {
+    pub environment: String,
+    pub inputs: Vec<RunInput>,
+    pub max_attempts: i64,
+}
+
+/// Reserved: nothing emits `run.started` (a claimed run is running).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunStarted {}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalRunState {
+    Succeeded,
+    Failed,
+    DeadLettered,
+}
+
+/// A run ended, succeeded or failed (by its runner, an operator, or idle).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunFinished {
+    pub state: FinalRunState,
+    /// Why (`idle_timeout`, a runner's error...); `null` when none was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `null` when no runner ever claimed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    pub attempts: i64,
+}
+
+/// A run ended without success and needs an operator (its last lease
+/// expired with no attempt left).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunDeadLettered {
+    /// `dead_lettered`.
+    pub state: FinalRunState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    pub attempts: i64,
+}
+
+/// A runner claimed the run under a lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunClaimed {
+    pub runner_id: String,
+    pub manifest_hash: String,
+    /// 1 for the first claim.
+    pub attempt: i64,
+    /// RFC 3339.
+    pub lease_until: String,
+}
+
+/// The runner holding the run stopped renewing its lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunLeaseExpired {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    pub attempt: i64,
+    pub max_attempts: i64,
+}
+
+/// The run was queued again after a lost lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunRetried {
+    /// The attempt it is queued for.
+    pub attempt: i64,
+}
+
+/// An operator published a signed manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ManifestPublished {
+    pub manifest_hash: String,
+    pub environment: String,
+    /// RFC 3339.
+    pub expires_at: String,
+}
+
+/// An operator revoked a manifest (`manifestHash`) or a signing key
+/// (`signingKey`, base64): one of the two.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ManifestRevoked {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_key: Option<String>,
+}
+
+/// An operation's result came back: from a runner (with its artifacts) or
+/// from the control plane's own tool call (`profile`, `message`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OpFinished {
+    pub status: OpStatus,
+    pub runner_id: String,
+    /// The denial reason; `null` unless denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<DenialReason>,
+    /// SHA-256 of each artifact the result names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<Vec<String>>,
+    /// `control-plane-tool-proxy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Why a tool call did not succeed; `null` when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What an approver is shown of the operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalSummary {
+    pub op: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
+    /// The operation's arguments, secrets scrubbed: open, as each
+    /// operation's arguments have a schema of their own.
+    pub args: serde_json::Value,
+}
+
+/// A policy rule asked for a person to approve the operation first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalRequested {
+    pub approval_id: String,
+    pub rule: String,
+    /// `low`, `medium`, `high` or `critical`.
+    pub risk: String,
+    /// RFC 3339: it fails closed then.
+    pub expires_at: String,
+    pub summary: ApprovalSummary,
+    pub policy_hash: String,
+    pub manifest_hash: String,
+}
+
+/// An approver allowed the operation; `capability.granted` follows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalGranted {
+    pub approval_id: String,
+    pub rule: String,
+    pub risk: String,
+    /// `api` or `inspector`.
+    pub via: String,
+    /// Who (a token's fingerprint).
+    pub by: String,
+    /// The approver's note; `null` without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// An approver refused the operation; `capability.denied` follows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalDenied {
+    pub approval_id: String,
+    pub rule: String,
+    pub risk: String,
+    /// `api` or `inspector`.
+    pub via: String,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Nobody approved in time (then `capability.denied` follows), or the run
+/// ended first (`reason`: `the run ended`, without the rule).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalExpired {
+    pub approval_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk: Option<String>,
+    /// `expiry`, or where a late answer came from (`api`, `inspector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Why the control plane refused a request it keeps a record of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalReason {
+    /// A new run's id, environment or inputs carry one of the org's secrets.
+    SecretInInput,
+    /// An Inspector form posted from another site.
+    CrossSiteRequest,
+}
+
+/// The control plane refused a request: a run whose inputs carry a secret
+/// (`secret`, `field`), a cross-site Inspector form (`method`, `by`,
+/// `origin`, `referer`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestRefused {
+    pub reason: RefusalReason,
+    pub message: String,
+    /// The request's path.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub referer: Option<String>,
+    /// The secret's name (never its value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Where it was found, e.g. `inputs[0]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}

@@ -1,0 +1,161 @@
+//! Runner provenance and the control plane's view of runners.
+//!
+//! A runner reports the first five types itself (`runner.selected` to
+//! `runner.manifest.refresh_failed`); the control plane then stamps its own
+//! record of the runner on them (`runnerId`, `runnerHash`, `manifestHash`),
+//! which is why those keys are optional there.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::mode::SandboxMode;
+use crate::op::OpKind;
+
+/// The runner started from this sealed binary (reported once per boot).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerSelected {
+    /// SHA-256 of the sealed runner binary.
+    pub runner_hash: String,
+    /// Path of the binary on the runner's host.
+    pub binary: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// The runner booted (reported once per boot, after registering).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerStarted {
+    /// RFC 3339.
+    pub boot_time: String,
+    pub version: String,
+    /// The sealed manifest's first sandbox mode.
+    pub sandbox_mode: SandboxMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// The policy the sealed manifest names (reported once per boot).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerPolicyLoaded {
+    pub policy_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// The sealed manifest the runner booted with (reported once per boot).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerManifestLoaded {
+    pub manifest_hash: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+}
+
+/// The control plane accepted a runner's swap to a refreshed manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerManifestRefreshed {
+    pub runner_id: String,
+    /// The manifest hash the runner ran under until now.
+    pub from: String,
+    pub manifest_hash: String,
+    /// RFC 3339: when the new manifest expires.
+    pub expires_at: String,
+}
+
+/// A runner could not fetch a newer manifest (reported by the runner, best
+/// effort: the control plane may be why it failed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerManifestRefreshFailed {
+    /// Failures in a row.
+    pub failures: u32,
+    /// RFC 3339: the next attempt.
+    pub retry_at: String,
+    pub reason: String,
+    /// RFC 3339: when the manifest in use expires.
+    pub expires_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// Why the control plane turned a runner away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunnerRejection {
+    /// The build, the manifest or its signing key was revoked.
+    Revoked,
+    UnknownRunnerHash,
+    WrongEnvironment,
+    WrongVersion,
+    ManifestExpired,
+    ManifestExpiredWithGraceExceeded,
+    /// The manifest's signature, expiry or the runner's key is unreadable or wrong.
+    BadSignature,
+    StalePolicy,
+    StaleManifest,
+    OpsBeyondManifest,
+    BadRequest,
+    BadRequestSignature,
+    StaleRequest,
+    ReplayedRequest,
+}
+
+/// The control plane refused a runner's registration, claim or signed
+/// request. At registration there is no runner id yet, but what the runner
+/// claimed to be (`policyHash`, `environment`, `version`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerRejected {
+    pub reason: RunnerRejection,
+    pub message: String,
+    pub runner_hash: String,
+    pub manifest_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// A runner registered with the control plane (with its bootstrap token).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerRegistered {
+    pub runner_id: String,
+    pub runner_hash: String,
+    pub manifest_hash: String,
+    pub policy_hash: String,
+    pub environment: String,
+    pub version: String,
+    pub ops: Vec<OpKind>,
+    pub sandbox_mode: SandboxMode,
+    /// RFC 3339.
+    pub boot_time: String,
+    /// Runs it serves at once.
+    pub slots: i64,
+}

@@ -455,7 +455,8 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
     assert!(
         events.iter().any(|e| e["type"] == "network.request"
             && e["opId"] == "look"
-            && e["data"]["decision"] == "error"
+            && e["data"]["decision"] == "denied"
+            && e["data"]["reason"] == "address_not_allowed"
             && e["data"]["message"]
                 .as_str()
                 .is_some_and(|m| m.contains("non-public") || m.contains("refused"))),

@@ -137,6 +137,9 @@ pub fn setup_with(dir: &Path, edit: impl FnOnce(&mut Value)) -> Setup {
 pub struct Serve {
     pub child: Child,
     pub url: String,
+    /// Its database: every event in it is checked against its schema when
+    /// the test is done with it.
+    db: String,
 }
 
 impl Serve {
@@ -183,7 +186,11 @@ impl Serve {
                 eprintln!("[serve] {line}");
             }
         });
-        Serve { child, url }
+        Serve {
+            child,
+            url,
+            db: db.to_owned(),
+        }
     }
 
     pub fn port(&self) -> &str {
@@ -203,6 +210,25 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if !std::thread::panicking() {
+            check_ledger(&self.db);
+        }
+    }
+}
+
+/// Every event a control plane recorded is of its type's schema.
+fn check_ledger(db: &str) {
+    let store = moat_store::Store::open(db).expect("reopening the control plane's database");
+    let mut after = 0;
+    loop {
+        let page = store.all_events(after, 1000).expect("reading the ledger");
+        let Some(last) = page.last() else {
+            return;
+        };
+        after = last.seq;
+        for stored in &page {
+            super::check_event(&stored.to_json(), &format!("the ledger of {db}"));
+        }
     }
 }
 
@@ -422,7 +448,11 @@ pub fn run_events(serve: &Serve, token: &str, run: &str) -> Vec<Value> {
         None,
     );
     assert_eq!(status, 200, "{body}");
-    body["events"].as_array().unwrap().clone()
+    let events = body["events"].as_array().unwrap().clone();
+    for event in &events {
+        super::check_event(event, "GET /v1/runs/{run}/events");
+    }
+    events
 }
 
 pub fn count(events: &[Value], kind: &str) -> usize {

@@ -75,6 +75,19 @@ impl Run {
     }
 }
 
+/// Holds an event to its type's schema (`moat_core::EventData`): every
+/// event the end-to-end tests see passes through here.
+pub fn check_event(event: &Value, whence: &str) {
+    let kind: moat_core::EventType = serde_json::from_value(event["type"].clone())
+        .unwrap_or_else(|e| panic!("{whence}: not an event type ({e}): {event}"));
+    if let Err(e) = moat_core::EventData::parse(kind, &event["data"]) {
+        panic!(
+            "{whence}: a {} event not of its schema ({e}): {event}",
+            kind.as_str()
+        );
+    }
+}
+
 /// Runs `moat exec ARGS -- PROGRAM...` with report and events captured.
 pub fn exec(args: &[&str], program: &[&str]) -> Run {
     exec_as(MOAT, args, program, None)
@@ -108,7 +121,10 @@ pub fn exec_as(moat: &str, args: &[&str], program: &[&str], uid: Option<u32>) ->
         .unwrap_or_default()
         .lines()
         .map(|line| serde_json::from_str(line).expect("event is JSON"))
-        .collect();
+        .collect::<Vec<Value>>();
+    for event in &events {
+        check_event(event, "moat exec --events");
+    }
     Run {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -205,9 +205,10 @@ fn a_tool_host_answering_differently_the_second_time_is_dialled_only_where_check
     assert!(
         events.iter().any(|e| e["type"] == "network.request"
             && e["opId"] == "look"
-            && e["data"]["decision"] == "allow"
+            && e["data"]["decision"] == "allowed"
             && e["data"]["address"] == VENDOR_ADDRESS
-            && e["data"]["host"] == format!("http://{HOST}:{}", vendor.port)),
+            && e["data"]["host"] == HOST
+            && e["data"]["port"] == vendor.port),
         "{events:#?}"
     );
     drop(runner);

@@ -226,14 +226,34 @@ pub struct OpView {
     /// The policy's decision record (policy and manifest hashes, rules,
     /// resource, sandbox).
     pub decision: Value,
-    /// As the runner reported it (or the denial).
-    #[schemars(with = "Option<OpResult>")]
+    /// As the runner reported it, the denial, or why it never ran.
+    #[schemars(with = "Option<OpOutcome>")]
     pub result: Option<Value>,
     pub created_at: String,
     pub updated_at: String,
     /// Only in the 202 answer to a submission that waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<PendingApproval>,
+}
+
+/// What an operation's `result` holds: its result, or (an operation that
+/// never finished: its run ended, its runner's lease ran out) why not.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum OpOutcome {
+    Result(OpResult),
+    Stopped(OpStopped),
+}
+
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct OpStopped {
+    /// `error`.
+    status: String,
+    /// `reason`: `run_ended` or `lease_expired`.
+    error: ErrorDetail,
 }
 
 /// The 403 answer to a denied submission: the denial, and the operation
@@ -250,7 +270,7 @@ pub struct OpList {
 }
 
 /// One recorded event with its place in the hash chain.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EventView {
     #[serde(flatten)]
@@ -258,6 +278,38 @@ pub struct EventView {
     pub seq: i64,
     pub prev_hash: String,
     pub hash: String,
+}
+
+/// How [`EventView`] is documented: `type` with its `data` of one shape
+/// per type ([`moat_core::EventData`]), where the stored event keeps the
+/// bytes it was chained with.
+#[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct EventViewShape {
+    #[serde(flatten)]
+    body: moat_core::EventData,
+    /// RFC 3339 UTC.
+    at: String,
+    /// Empty for an event about no run (a runner's, a manifest's).
+    run_id: String,
+    #[serde(default)]
+    op_id: Option<String>,
+    #[serde(default)]
+    correlation_id: Option<String>,
+    seq: i64,
+    prev_hash: String,
+    hash: String,
+}
+
+impl JsonSchema for EventView {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "EventView".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        EventViewShape::json_schema(generator)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -35,7 +35,7 @@ fn fill(store: &Store) -> String {
                     org: &org,
                     id: &format!("run-{i:05}"),
                     environment: "prod",
-                    inputs: json!([]),
+                    inputs: &[],
                     blobs: &[],
                     max_attempts: 3,
                     manifest_hash: None,

@@ -466,6 +466,65 @@ fn agents_and_runners_stay_in_their_lane() {
             let (s, b) = send(result(forged));
             assert_eq!(s, 400, "{forged} accepted: {b}");
         }
+        // Nor anything but its type's shape: no free-form data reaches the
+        // org's chain, and a refused report leaves no trace of itself.
+        let before = plane.store.all_events(0, 100_000).unwrap().len();
+        let shaped = |kind: &str, data: Value| {
+            json!({
+                "result": {"id": "o1", "status": "ok"},
+                "events": [{"type": kind, "at": "2030-01-01T00:00:00Z", "runId": "r", "data": data}],
+            })
+            .to_string()
+        };
+        for (kind, data) in [
+            ("capability.granted", json!("a string")),
+            (
+                "capability.granted",
+                json!({"op": "artifact_read", "note": "free text"}),
+            ),
+            ("sandbox.exec.started", json!({"program": "/bin/sh"})),
+            (
+                "network.request",
+                json!({"host": "x", "port": 443, "method": "GET", "decision": "allow"}),
+            ),
+            (
+                "path.denied",
+                json!({"reason": "no_such_reason", "message": "m"}),
+            ),
+        ] {
+            let (s, b) = send(shaped(kind, data.clone()));
+            assert_eq!(
+                (s, b["error"]["reason"].as_str()),
+                (400, Some("bad_request")),
+                "{kind} {data} accepted: {b}"
+            );
+            assert!(
+                b["error"]["message"].as_str().unwrap().contains(kind),
+                "{b}"
+            );
+        }
+        let provenance = json!({"events": [{"type": "runner.started", "at": "2030-01-01T00:00:00Z",
+            "runId": "", "data": {"bootTime": "t", "version": "v", "sandboxMode": "root"}}]})
+        .to_string();
+        let headers = signed_headers(
+            &runner,
+            "POST",
+            "/v1/runner/events",
+            provenance.as_bytes(),
+            plane.clock.now_ms(),
+        );
+        let (s, b) = call(
+            "POST",
+            &format!("{}/v1/runner/events", plane.url),
+            &headers,
+            provenance.as_bytes(),
+        );
+        assert_eq!(s, 400, "{b}");
+        assert_eq!(
+            plane.store.all_events(0, 100_000).unwrap().len(),
+            before,
+            "a refused report was recorded"
+        );
         let (s, b) = send(result("capability.granted"));
         assert_eq!((s, b["recorded"].as_bool()), (200, Some(true)), "{b}");
         let events = plane.store.all_events(0, 100_000).unwrap();

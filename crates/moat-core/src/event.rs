@@ -82,7 +82,9 @@ event_types! {
 }
 
 /// One event. `data` holds the type-specific payload: ids, hashes, decisions,
-/// denial reasons, enforcement reports — never secrets or large output.
+/// denial reasons, enforcement reports — never secrets or large output. Its
+/// shape for each type is [`crate::EventData`]'s (built with [`Event::of`]);
+/// it stays JSON here so a stored event keeps the bytes it was chained with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {

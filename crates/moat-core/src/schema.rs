@@ -7,6 +7,7 @@ pub fn all() -> Vec<(&'static str, String)> {
     let schemas = [
         ("sandbox-report", schema_for!(crate::SandboxReport)),
         ("event", schema_for!(crate::Event)),
+        ("event-data", schema_for!(crate::EventData)),
         ("limits", schema_for!(crate::Limits)),
         ("sandbox-mode", schema_for!(crate::SandboxMode)),
         ("network-mode", schema_for!(crate::NetworkMode)),

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use moat_core::{DenialReason, Event, EventType};
-use serde_json::{Value, json};
+use moat_core::event_data::{NetworkDecision, NetworkDenied, NetworkRequest};
+use moat_core::{DenialReason, Event, EventData};
 use tokio::net::TcpStream;
 
 use crate::outbound::{Gate, OutboundError};
@@ -159,6 +159,34 @@ pub(crate) struct Access<'a> {
     pub(crate) started: Instant,
 }
 
+impl Access<'_> {
+    /// Its `network.denied` event: refused or cut, and why.
+    fn denied(&self, refused: &Refused) -> EventData {
+        EventData::NetworkDenied(NetworkDenied {
+            host: Some(self.host.to_owned()),
+            port: Some(self.port),
+            method: Some(self.method.to_owned()),
+            reason: Some(refused.reason),
+            detail: Some(refused.detail.clone()),
+            ..NetworkDenied::default()
+        })
+    }
+
+    /// Its `network.request` event with `decision`, the rest to fill in.
+    fn request(&self, decision: NetworkDecision) -> NetworkRequest {
+        NetworkRequest::new(
+            self.host.to_owned(),
+            self.port,
+            self.method.to_owned(),
+            decision,
+        )
+    }
+}
+
+fn millis(took: std::time::Duration) -> u64 {
+    u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Scope {
     pub(crate) fn new(run: Arc<Run>, policy: CompiledPolicy, op_id: Option<String>) -> Self {
         Scope {
@@ -176,33 +204,34 @@ impl Scope {
         let log = std::mem::take(&mut *log);
         let mut events = log.kept;
         if log.dropped > 0 {
-            events.push(self.event(
-                EventType::NetworkDenied,
-                json!({
-                    "reason": DenialReason::EgressLimit,
-                    "detail": format!("{} more events were dropped past the cap of {MAX_EVENTS}", log.dropped),
-                    "dropped": log.dropped,
-                }),
-            ));
+            events.push(self.event(EventData::NetworkDenied(NetworkDenied {
+                reason: Some(DenialReason::EgressLimit),
+                detail: Some(format!(
+                    "{} more events were dropped past the cap of {MAX_EVENTS}",
+                    log.dropped
+                )),
+                dropped: Some(log.dropped),
+                ..NetworkDenied::default()
+            })));
         }
         events
     }
 
-    fn event(&self, event_type: EventType, data: Value) -> Event {
+    fn event(&self, data: EventData) -> Event {
         Event {
-            event_type,
-            at: moat_core::time::now_stamp(),
-            run_id: self.run.config.run_id.clone(),
             op_id: self.op_id.clone(),
-            correlation_id: None,
-            data,
+            ..Event::of(
+                data,
+                moat_core::time::now_stamp(),
+                self.run.config.run_id.clone(),
+            )
         }
     }
 
-    fn emit(&self, event_type: EventType, data: Value) {
+    fn emit(&self, data: EventData) {
         if let Ok(mut log) = self.events.lock() {
             if log.kept.len() < MAX_EVENTS {
-                let event = self.event(event_type, data);
+                let event = self.event(data);
                 log.kept.push(event);
             } else {
                 log.dropped += 1;
@@ -227,24 +256,21 @@ impl Scope {
             detail,
         };
         if refused.is_denial() {
-            self.emit(
-                EventType::NetworkDenied,
-                json!({
-                    "host": access.host, "port": access.port, "method": access.method,
-                    "reason": refused.reason, "detail": refused.detail,
-                }),
-            );
+            self.emit(access.denied(refused));
         }
-        self.emit(
-            EventType::NetworkRequest,
-            json!({
-                "host": access.host, "port": access.port, "method": access.method,
-                "decision": if refused.is_denial() { "denied" } else { "failed" },
-                "reason": refused.reason, "detail": refused.detail,
-                "bytesOut": 0, "bytesIn": 0,
-                "durationMs": access.started.elapsed().as_millis() as u64,
-            }),
-        );
+        let decision = if refused.is_denial() {
+            NetworkDecision::Denied
+        } else {
+            NetworkDecision::Failed
+        };
+        self.emit(EventData::NetworkRequest(NetworkRequest {
+            reason: Some(refused.reason),
+            detail: Some(refused.detail.clone()),
+            bytes_out: Some(0),
+            bytes_in: Some(0),
+            duration_ms: Some(millis(access.started.elapsed())),
+            ..access.request(decision)
+        }));
     }
 
     /// Records a request that went through.
@@ -257,24 +283,17 @@ impl Scope {
         cut: Option<&Refused>,
     ) {
         if let Some(refused) = cut {
-            self.emit(
-                EventType::NetworkDenied,
-                json!({
-                    "host": access.host, "port": access.port, "method": access.method,
-                    "reason": refused.reason, "detail": refused.detail,
-                }),
-            );
+            self.emit(access.denied(refused));
         }
-        self.emit(
-            EventType::NetworkRequest,
-            json!({
-                "host": access.host, "port": access.port, "method": access.method,
-                "decision": "allowed", "address": address.ip().to_string(),
-                "status": status, "bytesOut": bytes_out, "bytesIn": bytes_in,
-                "cut": cut.map(|c| c.reason),
-                "durationMs": access.started.elapsed().as_millis() as u64,
-            }),
-        );
+        self.emit(EventData::NetworkRequest(NetworkRequest {
+            address: Some(address.ip().to_string()),
+            status,
+            bytes_out: Some(bytes_out),
+            bytes_in: Some(bytes_in),
+            cut: cut.map(|c| c.reason),
+            duration_ms: Some(millis(access.started.elapsed())),
+            ..access.request(NetworkDecision::Allowed)
+        }));
     }
 
     /// Decides on `host:port` and, if allowed, connects.

@@ -24,11 +24,13 @@ use std::time::{Duration, SystemTime};
 
 use moat_api::runner::Registration;
 use moat_client::{Retry, RunnerClient};
+use moat_core::event_data::{
+    RunnerManifestLoaded, RunnerPolicyLoaded, RunnerSelected, RunnerStarted,
+};
 use moat_core::sign::PrivateKey;
 use moat_core::time::stamp;
-use moat_core::{Event, EventType};
+use moat_core::{Event, EventData, SandboxMode};
 use moat_sandbox::hostid::IdRange;
-use serde_json::json;
 use zeroize::Zeroizing;
 
 pub use error::RunnerError;
@@ -74,15 +76,9 @@ fn read_token(path: &Path) -> Result<Zeroizing<String>, RunnerError> {
     Ok(token)
 }
 
-fn provenance(kind: EventType, at: &str, data: serde_json::Value) -> Event {
-    Event {
-        event_type: kind,
-        at: at.to_owned(),
-        run_id: String::new(),
-        op_id: None,
-        correlation_id: None,
-        data,
-    }
+/// An event about the runner itself, about no run.
+fn provenance(data: EventData, at: &str) -> Event {
+    Event::of(data, at.to_owned(), String::new())
 }
 
 /// Registers and serves runs until `max_runs` were served (or forever).
@@ -123,12 +119,13 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         key,
         Box::new(|error, delay| eprintln!("moat runner: {error}; retrying in {delay:?}")),
     );
-    let sandbox_mode = signed
+    let mode = signed
         .manifest
         .sandbox_modes
         .first()
-        .map_or("workspace-write", |m| m.as_str())
-        .to_owned();
+        .copied()
+        .unwrap_or(SandboxMode::WorkspaceWrite);
+    let sandbox_mode = mode.as_str().to_owned();
     let slots = config
         .slots
         .unwrap_or_else(|| default_slots(signed.manifest.limits.memory_bytes));
@@ -154,26 +151,45 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         registered.runner_id
     );
     let at = moat_core::time::now_stamp();
+    // The control plane stamps the runner's id, hash and manifest on each.
     let events = vec![
         provenance(
-            EventType::RunnerSelected,
+            EventData::RunnerSelected(RunnerSelected {
+                runner_hash: runner_hash.clone(),
+                binary: me.display().to_string(),
+                runner_id: None,
+                manifest_hash: None,
+            }),
             &at,
-            json!({"runnerHash": runner_hash, "binary": me.display().to_string()}),
         ),
         provenance(
-            EventType::RunnerStarted,
+            EventData::RunnerStarted(RunnerStarted {
+                boot_time: stamp(boot),
+                version: signed.manifest.runner_version.clone(),
+                sandbox_mode: mode,
+                runner_id: None,
+                runner_hash: None,
+                manifest_hash: None,
+            }),
             &at,
-            json!({"bootTime": stamp(boot), "version": signed.manifest.runner_version, "sandboxMode": sandbox_mode}),
         ),
         provenance(
-            EventType::RunnerPolicyLoaded,
+            EventData::RunnerPolicyLoaded(RunnerPolicyLoaded {
+                policy_hash: signed.manifest.policy_hash.clone(),
+                runner_id: None,
+                runner_hash: None,
+                manifest_hash: None,
+            }),
             &at,
-            json!({"policyHash": signed.manifest.policy_hash}),
         ),
         provenance(
-            EventType::RunnerManifestLoaded,
+            EventData::RunnerManifestLoaded(RunnerManifestLoaded {
+                manifest_hash: signed.manifest_hash.clone(),
+                expires_at: signed.manifest.expires_at.clone(),
+                runner_id: None,
+                runner_hash: None,
+            }),
             &at,
-            json!({"manifestHash": signed.manifest_hash, "expiresAt": signed.manifest.expires_at}),
         ),
     ];
     client.report_events(events, Retry::WhileUnavailable)?;

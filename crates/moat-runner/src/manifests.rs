@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use moat_client::{Retry, RunnerClient};
+use moat_core::event_data::RunnerManifestRefreshFailed;
 use moat_core::lifecycle::{Lifetime, Next, Refresher, Report};
 use moat_core::sign::PublicKey;
 use moat_core::time::stamp;
-use moat_core::{Event, EventType, SignedManifest};
-use serde_json::json;
+use moat_core::{Event, EventData, SignedManifest};
 
 use crate::error::{IoContext as _, RunnerError};
 
@@ -110,15 +110,20 @@ impl Manifests {
             return;
         };
         eprintln!("moat runner: manifest refresh failed ({failures}): {reason}");
-        let event = Event {
-            event_type: EventType::RunnerManifestRefreshFailed,
-            at: moat_core::time::now_stamp(),
-            run_id: String::new(),
-            op_id: None,
-            correlation_id: None,
-            data: json!({"failures": failures, "retryAt": stamp(retry_at), "reason": reason,
-                         "expiresAt": self.current().manifest.expires_at}),
+        let failed = RunnerManifestRefreshFailed {
+            failures,
+            retry_at: stamp(retry_at),
+            reason: reason.to_owned(),
+            expires_at: self.current().manifest.expires_at.clone(),
+            runner_id: None,
+            runner_hash: None,
+            manifest_hash: None,
         };
+        let event = Event::of(
+            EventData::RunnerManifestRefreshFailed(failed),
+            moat_core::time::now_stamp(),
+            String::new(),
+        );
         // Best effort: the control plane may be the reason the fetch failed.
         let _ = client.report_events(vec![event], Retry::Once);
     }

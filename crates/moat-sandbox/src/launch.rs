@@ -5,11 +5,14 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
+use moat_core::event_data::{
+    NetworkDenied, ProcessTimeout, SandboxDangerFullAccess, SandboxExecDenied, SandboxExecFinished,
+    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied,
+};
 use moat_core::{
-    Enforcement, Event, EventSink, EventType, ExitStatus, LayerReport, NetworkMode, OutputReport,
+    Enforcement, Event, EventData, EventSink, ExitStatus, LayerReport, NetworkMode, OutputReport,
     SandboxMode, SandboxReport, SyscallDenial,
 };
-use serde_json::json;
 
 use crate::cgroup::{self, RunCgroup};
 use crate::child::{self, ChildFds, ChildPlan, Message};
@@ -82,18 +85,30 @@ pub fn run_with_egress(
         sink,
         run_id: spec.run_id.clone(),
     };
-    events.emit(EventType::SandboxExecStarted, started_data(&spec));
+    events.emit(EventData::SandboxExecStarted(started_data(&spec)));
     if spec.mode == SandboxMode::DangerFullAccess {
-        events.emit(
-            EventType::SandboxDangerFullAccess,
-            json!({"mode": spec.mode, "warning": "the host root is writable from the sandbox"}),
-        );
+        events.emit(EventData::SandboxDangerFullAccess(
+            SandboxDangerFullAccess {
+                warning: "the host root is writable from the sandbox".into(),
+                mode: Some(spec.mode),
+                network: None,
+                sandbox_run_id: None,
+                runner_id: None,
+                runner_hash: None,
+                manifest_hash: None,
+            },
+        ));
     }
     if spec.network == NetworkMode::Full {
-        events.emit(
-            EventType::SandboxDangerFullAccess,
-            json!({"network": spec.network, "warning": "the sandbox shares the host's network: no proxy, no allowlist, no record of connections"}),
-        );
+        events.emit(EventData::SandboxDangerFullAccess(SandboxDangerFullAccess {
+            warning: "the sandbox shares the host's network: no proxy, no allowlist, no record of connections".into(),
+            mode: None,
+            network: Some(spec.network),
+            sandbox_run_id: None,
+            runner_id: None,
+            runner_hash: None,
+            manifest_hash: None,
+        }));
     }
     let mut state = RunState::new(&spec);
     let mut stdout = Vec::new();
@@ -112,26 +127,39 @@ pub fn run_with_egress(
     if let Some(hook) = egress {
         match hook.finish() {
             Ok(recorded) => recorded.into_iter().for_each(|e| events.sink.emit(e)),
-            Err(e) => events.emit(
-                EventType::NetworkDenied,
-                json!({"detail": format!("the egress proxy's records were lost: {e}")}),
-            ),
+            Err(e) => events.emit(EventData::NetworkDenied(NetworkDenied {
+                detail: Some(format!("the egress proxy's records were lost: {e}")),
+                ..NetworkDenied::default()
+            })),
         }
     }
     let report = state.into_report(&spec, result, started);
     if let Some(error) = &report.setup_error {
-        events.emit(EventType::SandboxExecDenied, json!({"reason": error}));
+        events.emit(EventData::SandboxExecDenied(SandboxExecDenied {
+            reason: error.clone(),
+            sandbox_run_id: None,
+            runner_id: None,
+            runner_hash: None,
+            manifest_hash: None,
+        }));
     }
     if report.timed_out {
-        events.emit(
-            EventType::ProcessTimeout,
-            json!({"timeoutMs": spec.limits.timeout_ms, "killed": "process tree"}),
-        );
+        events.emit(EventData::ProcessTimeout(ProcessTimeout {
+            timeout_ms: spec.limits.timeout_ms,
+            killed: "process tree".into(),
+            sandbox_run_id: None,
+            runner_id: None,
+            runner_hash: None,
+            manifest_hash: None,
+        }));
     }
-    events.emit(
-        EventType::SandboxExecFinished,
-        serde_json::to_value(&report).unwrap_or_default(),
-    );
+    events.emit(EventData::SandboxExecFinished(SandboxExecFinished {
+        report: report.clone(),
+        sandbox_run_id: None,
+        runner_id: None,
+        runner_hash: None,
+        manifest_hash: None,
+    }));
     Ok(RunOutcome {
         report,
         stdout,
@@ -145,34 +173,39 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    fn emit(&mut self, event_type: EventType, data: serde_json::Value) {
-        self.sink.emit(Event {
-            event_type,
-            at: moat_core::time::now_stamp(),
-            run_id: self.run_id.clone(),
-            op_id: None,
-            correlation_id: None,
+    fn emit(&mut self, data: EventData) {
+        self.sink.emit(Event::of(
             data,
-        });
+            moat_core::time::now_stamp(),
+            self.run_id.clone(),
+        ));
     }
 }
 
 /// Arguments are not recorded: they may carry data the caller considers secret.
-fn started_data(spec: &SandboxSpec) -> serde_json::Value {
-    let roots: Vec<_> = spec
+fn started_data(spec: &SandboxSpec) -> SandboxExecStarted {
+    let roots = spec
         .mounts
         .iter()
-        .map(|m| json!({"inside": m.inside, "writable": spec.is_writable(m)}))
+        .map(|m| SandboxRoot {
+            // Lossy: a path that is not UTF-8 is still recorded, readably.
+            inside: m.inside.to_string_lossy().into_owned(),
+            writable: spec.is_writable(m),
+        })
         .collect();
-    json!({
-        "program": spec.argv.first(),
-        "argc": spec.argv.len(),
-        "mode": spec.mode,
-        "network": spec.network,
-        "rootView": spec.root_view,
-        "roots": roots,
-        "limits": spec.limits,
-    })
+    SandboxExecStarted {
+        program: spec.argv.first().cloned().unwrap_or_default(),
+        argc: u64::try_from(spec.argv.len()).unwrap_or(u64::MAX),
+        mode: spec.mode,
+        network: spec.network,
+        root_view: spec.root_view,
+        roots,
+        limits: spec.limits.clone(),
+        sandbox_run_id: None,
+        runner_id: None,
+        runner_hash: None,
+        manifest_hash: None,
+    }
 }
 
 /// What the run learned, layer by layer, as it went.
@@ -795,26 +828,27 @@ fn setup_and_supervise(
             deadline,
         },
         &mut |denial| match denial {
-            Denial::Syscall { name, arch, nr } => events.emit(
-                EventType::SandboxSyscallDenied,
-                json!({
-                    "syscall": name,
-                    "arch": format!("0x{arch:x}"),
-                    "nr": nr,
-                    "layer": "seccomp",
-                    "errno": "EPERM",
-                }),
-            ),
-            Denial::Connect { address } => events.emit(
-                EventType::NetworkDenied,
-                json!({
-                    "address": address,
-                    "reason": moat_core::DenialReason::DirectConnection,
-                    "detail": "a TCP connection that bypasses the egress proxy",
-                    "layer": "seccomp",
-                    "errno": "EACCES",
-                }),
-            ),
+            Denial::Syscall { name, arch, nr } => {
+                events.emit(EventData::SandboxSyscallDenied(SandboxSyscallDenied {
+                    syscall: name.to_string(),
+                    arch: format!("0x{arch:x}"),
+                    nr,
+                    layer: "seccomp".into(),
+                    errno: "EPERM".into(),
+                    sandbox_run_id: None,
+                    runner_id: None,
+                    runner_hash: None,
+                    manifest_hash: None,
+                }))
+            }
+            Denial::Connect { address } => events.emit(EventData::NetworkDenied(NetworkDenied {
+                address: Some(address),
+                reason: Some(moat_core::DenialReason::DirectConnection),
+                detail: Some("a TCP connection that bypasses the egress proxy".into()),
+                layer: Some("seccomp".into()),
+                errno: Some("EACCES".into()),
+                ..NetworkDenied::default()
+            })),
         },
     );
     drop(sync);

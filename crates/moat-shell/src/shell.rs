@@ -9,13 +9,17 @@ use std::time::SystemTime;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use moat_core::capability::{CapabilityClaims, CapabilityError};
+use moat_core::event_data::{
+    ArtifactCreated, CapabilityDenied, CapabilityGranted, CapabilityRequested, GrantedCapability,
+    NetworkDenied, PathDenied,
+};
 use moat_core::op::{
     ArtifactListArgs, ArtifactReadArgs, ArtifactRef, ArtifactWriteArgs, ExecArgvArgs,
     HttpRequestArgs,
 };
 use moat_core::sign::PublicKey;
 use moat_core::{
-    DenialReason, Envelope, Event, EventSink, EventType, Manifest, NetworkMode, OpKind, OpResult,
+    DenialReason, Envelope, Event, EventData, EventSink, Manifest, NetworkMode, OpKind, OpResult,
     OpStatus, SandboxMode,
 };
 use moat_egress::{Egress, EgressConfig, FetchError};
@@ -129,14 +133,11 @@ struct Processed {
 }
 
 impl Op {
-    fn event(&mut self, event_type: EventType, data: Value) {
+    fn event(&mut self, data: EventData) {
         self.events.push(Event {
-            event_type,
-            at: now(),
-            run_id: self.run_id.clone(),
             op_id: (!self.id.is_empty()).then(|| self.id.clone()),
             correlation_id: (!self.correlation_id.is_empty()).then(|| self.correlation_id.clone()),
-            data,
+            ..Event::of(data, now(), self.run_id.clone())
         });
     }
 }
@@ -370,17 +371,19 @@ impl Shell {
         for (position, message) in std::mem::take(&mut self.failed) {
             if let Some(processed) = batch.get_mut(position) {
                 let message = format!("the write could not be published: {message}");
+                let run_id = processed
+                    .events
+                    .first()
+                    .map(|e| e.run_id.clone())
+                    .unwrap_or_default();
+                let denied = CapabilityDenied {
+                    op: Some(OpKind::ArtifactWrite.as_str().into()),
+                    error: Some(message.clone()),
+                    ..CapabilityDenied::default()
+                };
                 processed.events.push(Event {
-                    event_type: EventType::CapabilityDenied,
-                    at: now(),
-                    run_id: processed
-                        .events
-                        .first()
-                        .map(|e| e.run_id.clone())
-                        .unwrap_or_default(),
                     op_id: Some(processed.result.id.clone()),
-                    correlation_id: None,
-                    data: json!({"op": "artifact_write", "error": message}),
+                    ..Event::of(EventData::CapabilityDenied(denied), now(), run_id)
                 });
                 processed.result = OpResult::error(&processed.result.id, message);
             }
@@ -438,16 +441,14 @@ impl Shell {
             op.kind = OpKind::parse(&envelope.op);
         }
         let args_hash = parsed.as_ref().ok().map(moat_core::capability::args_hash);
-        op.event(
-            EventType::CapabilityRequested,
-            json!({
-                "op": parsed.as_ref().map(|e| e.op.clone()).ok(),
-                "argsHash": args_hash,
-                "manifestHash": self.config.manifest_hash,
-                "policyHash": self.config.manifest.policy_hash,
-                "mode": self.config.mode,
-            }),
-        );
+        op.event(EventData::CapabilityRequested(CapabilityRequested {
+            op: parsed.as_ref().map(|e| e.op.clone()).ok(),
+            args_hash,
+            manifest_hash: Some(self.config.manifest_hash.clone()),
+            policy_hash: Some(self.config.manifest.policy_hash.clone()),
+            mode: Some(self.config.mode),
+            ..CapabilityRequested::default()
+        }));
         let outcome = match &parsed {
             Err(refusal) => Outcome::Denied(refusal.clone()),
             Ok(envelope) => self.authorize_and_run(envelope, &mut op),
@@ -476,10 +477,14 @@ impl Shell {
         }
         let granted = match &envelope.capability {
             Some(token) => match self.check_capability(token, envelope, kind) {
-                Ok(claims) => json!({
-                    "op": kind.as_str(),
-                    "capability": {"nonce": claims.nonce, "expiresAt": claims.expires_at},
-                }),
+                Ok(claims) => CapabilityGranted {
+                    op: Some(kind.as_str().into()),
+                    capability: Some(GrantedCapability {
+                        nonce: claims.nonce,
+                        expires_at: claims.expires_at,
+                    }),
+                    ..CapabilityGranted::default()
+                },
                 Err(e) => {
                     return Refusal::new(DenialReason::CapabilityInvalid, e.to_string()).into();
                 }
@@ -491,9 +496,12 @@ impl Shell {
                 )
                 .into();
             }
-            None => json!({"op": kind.as_str()}),
+            None => CapabilityGranted {
+                op: Some(kind.as_str().into()),
+                ..CapabilityGranted::default()
+            },
         };
-        op.event(EventType::CapabilityGranted, granted);
+        op.event(EventData::CapabilityGranted(granted));
         // Earlier writes of this batch become visible before anything else
         // looks at the workspace.
         if kind != OpKind::ArtifactWrite
@@ -766,10 +774,15 @@ impl Shell {
             created_at: now(),
         };
         op.artifacts.push(record);
-        op.event(
-            EventType::ArtifactCreated,
-            json!({"sha256": sha256, "size": bytes.len(), "kind": kind, "label": label}),
-        );
+        op.event(EventData::ArtifactCreated(ArtifactCreated {
+            sha256: sha256.clone(),
+            size: bytes.len() as u64,
+            kind: kind.to_owned(),
+            label: label.to_owned(),
+            runner_id: None,
+            runner_hash: None,
+            manifest_hash: None,
+        }));
         Ok(ArtifactRef {
             sha256,
             size: bytes.len() as u64,
@@ -804,21 +817,27 @@ impl Shell {
                         | DenialReason::WriteOutsideOutput
                 );
                 if path_reason {
-                    op.event(
-                        EventType::PathDenied,
-                        json!({"reason": refusal.reason, "message": refusal.message}),
-                    );
+                    op.event(EventData::PathDenied(PathDenied {
+                        reason: refusal.reason,
+                        message: refusal.message.clone(),
+                        runner_id: None,
+                        runner_hash: None,
+                        manifest_hash: None,
+                    }));
                 }
                 if refusal.reason == DenialReason::NetworkNotAllowed {
-                    op.event(
-                        EventType::NetworkDenied,
-                        json!({"reason": refusal.reason, "message": refusal.message}),
-                    );
+                    op.event(EventData::NetworkDenied(NetworkDenied {
+                        reason: Some(refusal.reason),
+                        message: Some(refusal.message.clone()),
+                        ..NetworkDenied::default()
+                    }));
                 }
-                op.event(
-                    EventType::CapabilityDenied,
-                    json!({"op": op.kind.map(OpKind::as_str), "reason": refusal.reason, "message": refusal.message}),
-                );
+                op.event(EventData::CapabilityDenied(CapabilityDenied {
+                    op: op.kind.map(|k| k.as_str().to_owned()),
+                    reason: Some(refusal.reason),
+                    message: Some(refusal.message.clone()),
+                    ..CapabilityDenied::default()
+                }));
                 OpResult::denied(&op.id, refusal.reason, refusal.message)
             }
             Outcome::Failed(message) => OpResult::error(&op.id, message),

@@ -2,7 +2,11 @@
 //! finished once. Every state change writes its event in the same
 //! transaction, so the ledger and the run table never disagree.
 
-use moat_core::{Event, EventType};
+use moat_core::event_data::{
+    ApprovalExpired, FinalRunState, RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput,
+    RunLeaseExpired, RunRetried,
+};
+use moat_core::{Event, EventData, EventType};
 use serde_json::json;
 
 use crate::{Row, Store, StoreError, Tx, events};
@@ -105,6 +109,11 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
 pub use moat_core::time::stamp_ms as stamp;
 
 /// An event about `run` at `now`.
+/// An event of `data`'s type about `run` (empty: about none), at `now`.
+pub fn typed_event(data: moat_core::EventData, run: &str, now: i64) -> Event {
+    Event::of(data, stamp(now), run.to_owned())
+}
+
 pub fn event(kind: EventType, run: &str, now: i64, data: serde_json::Value) -> Event {
     Event {
         event_type: kind,
@@ -176,29 +185,46 @@ fn end(
         )?;
         let mut expired = Vec::new();
         for row in &pending {
-            let mut e = event(
-                EventType::ApprovalExpired,
-                &run.id,
-                now,
-                json!({"approvalId": row.text("id")?, "reason": "the run ended"}),
-            );
+            let expired_one = ApprovalExpired {
+                approval_id: row.text("id")?,
+                reason: Some("the run ended".into()),
+                rule: None,
+                risk: None,
+                via: None,
+                by: None,
+            };
+            let mut e = typed_event(EventData::ApprovalExpired(expired_one), &run.id, now);
             e.op_id = Some(row.text("op_id")?);
             expired.push(e);
         }
         events::append(tx, &run.org_id, &expired)?;
     }
-    let kind = if state == RunState::DeadLettered {
-        EventType::RunDeadLettered
-    } else {
-        EventType::RunFinished
+    let (reason, runner_id, attempts) = (
+        reason.map(str::to_owned),
+        run.runner_id.clone(),
+        run.attempts,
+    );
+    let data = match state {
+        RunState::DeadLettered => EventData::RunDeadLettered(RunDeadLettered {
+            state: FinalRunState::DeadLettered,
+            reason,
+            runner_id,
+            attempts,
+        }),
+        RunState::Succeeded => EventData::RunFinished(RunFinished {
+            state: FinalRunState::Succeeded,
+            reason,
+            runner_id,
+            attempts,
+        }),
+        _ => EventData::RunFinished(RunFinished {
+            state: FinalRunState::Failed,
+            reason,
+            runner_id,
+            attempts,
+        }),
     };
-    let data = json!({
-        "state": state.as_str(),
-        "reason": reason,
-        "runnerId": run.runner_id,
-        "attempts": run.attempts,
-    });
-    events::append(tx, &run.org_id, &[event(kind, &run.id, now, data)])?;
+    events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
     Ok(())
 }
 
@@ -207,7 +233,7 @@ pub struct NewRun<'a> {
     pub org: &'a str,
     pub id: &'a str,
     pub environment: &'a str,
-    pub inputs: serde_json::Value,
+    pub inputs: &'a [RunInput],
     /// The inputs' bytes, stored with the run (a run is never claimable
     /// before its inputs exist).
     pub blobs: &'a [crate::NewArtifact],
@@ -229,7 +255,9 @@ impl Store {
                     run.org.into(),
                     run.environment.into(),
                     run.max_attempts.into(),
-                    run.inputs.to_string().into(),
+                    serde_json::to_string(run.inputs)
+                        .map_err(|e| StoreError::Encode(e.to_string()))?
+                        .into(),
                     now.into(),
                     now.into(),
                     run.manifest_hash.map(str::to_owned).into(),
@@ -241,8 +269,12 @@ impl Store {
             for blob in run.blobs {
                 crate::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
             }
-            let data = json!({"environment": run.environment, "inputs": run.inputs, "maxAttempts": run.max_attempts});
-            events::append(tx, run.org, &[event(EventType::RunCreated, run.id, now, data)])?;
+            let data = EventData::RunCreated(RunCreated {
+                environment: run.environment.to_owned(),
+                inputs: run.inputs.to_vec(),
+                max_attempts: run.max_attempts,
+            });
+            events::append(tx, run.org, &[typed_event(data, run.id, now)])?;
             get(tx, run.org, run.id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))
         })
     }
@@ -341,7 +373,11 @@ impl Store {
                  ORDER BY created_ms, id LIMIT 1{}",
                 tx.skip_locked()
             );
-            let Some(row) = tx.query_one(&sql, &[org.into(), environment.into(), manifest_hash.into()])? else {
+            let Some(row) = tx.query_one(
+                &sql,
+                &[org.into(), environment.into(), manifest_hash.into()],
+            )?
+            else {
                 return Ok(None);
             };
             let id = row.text("id")?;
@@ -358,9 +394,15 @@ impl Store {
                     id.as_str().into(),
                 ],
             )?;
-            let run = get(tx, org, &id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
-            let data = json!({"runnerId": runner, "manifestHash": manifest_hash, "attempt": run.attempts, "leaseUntil": stamp(run.lease_until_ms)});
-            events::append(tx, org, &[event(EventType::RunClaimed, &id, now, data)])?;
+            let run =
+                get(tx, org, &id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
+            let data = EventData::RunClaimed(RunClaimed {
+                runner_id: runner.to_owned(),
+                manifest_hash: manifest_hash.to_owned(),
+                attempt: run.attempts,
+                lease_until: stamp(run.lease_until_ms),
+            });
+            events::append(tx, org, &[typed_event(data, &id, now)])?;
             Ok(Some(run))
         })
     }
@@ -495,15 +537,21 @@ impl Store {
                         run.id.as_str().into(),
                     ],
                 )?;
-                let data = json!({"runnerId": run.runner_id, "attempt": run.attempts, "maxAttempts": run.max_attempts});
-                events::append(tx, &run.org_id, &[event(EventType::RunLeaseExpired, &run.id, now, data)])?;
+                let data = EventData::RunLeaseExpired(RunLeaseExpired {
+                    runner_id: run.runner_id.clone(),
+                    attempt: run.attempts,
+                    max_attempts: run.max_attempts,
+                });
+                events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
                 if run.attempts < run.max_attempts {
                     tx.execute(
                         "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0, updated_ms = ? WHERE id = ?",
                         &[now.into(), run.id.as_str().into()],
                     )?;
-                    let data = json!({"attempt": run.attempts + 1});
-                    events::append(tx, &run.org_id, &[event(EventType::RunRetried, &run.id, now, data)])?;
+                    let data = EventData::RunRetried(RunRetried {
+                        attempt: run.attempts + 1,
+                    });
+                    events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
                     handled.push((run.id, RunState::Queued));
                 } else {
                     end(tx, &run, RunState::DeadLettered, Some("lease_expired"), now)?;

@@ -54,7 +54,7 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
                 org,
                 id,
                 environment: "test",
-                inputs: json!([]),
+                inputs: &[],
                 blobs: &[],
                 manifest_hash: None,
                 max_attempts,

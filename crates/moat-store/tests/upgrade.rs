@@ -7,7 +7,6 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use moat_store::{ApprovalState, NewRun, OpState, RunState, Store, TempPostgres};
-use serde_json::json;
 
 const SQLITE_FIXTURE: &str = include_str!("fixtures/unversioned.sqlite.sql");
 const POSTGRES_FIXTURE: &str = include_str!("fixtures/unversioned.postgres.sql");
@@ -188,7 +187,7 @@ fn a_database_from_before_versioning_upgrades_in_place() {
                     org: ORG,
                     id: "after-upgrade",
                     environment: "local",
-                    inputs: json!([]),
+                    inputs: &[],
                     blobs: &[],
                     manifest_hash: None,
                     max_attempts: 1,

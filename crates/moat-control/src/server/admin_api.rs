@@ -10,11 +10,11 @@ use moat_api::org::{
     IssuedToken, LedgerCheck, ManifestPublished, NewBootstrapToken, NewOrg, NewRunnerBuild,
     OrgCreated, RevokeKey, Revoked, RunnerBuild, RunnerBuilds, RunnerView, Runners,
 };
+use moat_core::event_data::{ManifestPublished as ManifestPublishedEvent, ManifestRevoked};
 use moat_core::hash::sha256_hex;
-use moat_core::{EventType, SignedManifest};
-use moat_store::{ManifestRow, RunnerRow, TokenKind, event, stamp};
+use moat_core::{EventData, SignedManifest};
+use moat_store::{ManifestRow, RunnerRow, TokenKind, stamp, typed_event};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::AppState;
 use super::auth::{self, new_token};
@@ -194,12 +194,16 @@ pub async fn publish_manifest(
         published_ms: now,
         revoked: false,
     };
-    let data = json!({"manifestHash": row.hash, "environment": row.environment, "expiresAt": signed.manifest.expires_at});
+    let data = EventData::ManifestPublished(ManifestPublishedEvent {
+        manifest_hash: row.hash.clone(),
+        environment: row.environment.clone(),
+        expires_at: signed.manifest.expires_at.clone(),
+    });
     let hash = row.hash.clone();
     state
         .db(move |s| {
             s.publish_manifest(&org, &row)?;
-            s.append_events(&org, &[event(EventType::ManifestPublished, "", now, data)])
+            s.append_events(&org, &[typed_event(data, "", now)])
         })
         .await?;
     state.notify();
@@ -243,14 +247,13 @@ pub async fn revoke_manifest(
         .db(move |s| {
             let found = s.revoke_manifest(&org, &h)?;
             if found {
+                let revoked = ManifestRevoked {
+                    manifest_hash: Some(h.clone()),
+                    signing_key: None,
+                };
                 s.append_events(
                     &org,
-                    &[event(
-                        EventType::ManifestRevoked,
-                        "",
-                        now,
-                        json!({"manifestHash": h}),
-                    )],
+                    &[typed_event(EventData::ManifestRevoked(revoked), "", now)],
                 )?;
             }
             Ok(found)
@@ -278,14 +281,13 @@ pub async fn revoke_key(
     state
         .db(move |s| {
             s.revoke_signing_key(&org, &key)?;
+            let revoked = ManifestRevoked {
+                manifest_hash: None,
+                signing_key: Some(key.clone()),
+            };
             s.append_events(
                 &org,
-                &[event(
-                    EventType::ManifestRevoked,
-                    "",
-                    now,
-                    json!({"signingKey": key}),
-                )],
+                &[typed_event(EventData::ManifestRevoked(revoked), "", now)],
             )
         })
         .await?;

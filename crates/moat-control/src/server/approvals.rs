@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use moat_core::{DenialReason, EventType};
+use moat_core::event_data::{ApprovalDenied, ApprovalExpired, ApprovalGranted};
+use moat_core::{DenialReason, EventData, EventType};
 use moat_store::{
-    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, event, stamp,
+    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, event, stamp, typed_event,
 };
 use serde_json::json;
 
@@ -140,16 +141,45 @@ fn settle(
             (
                 ApprovalState::Approved,
                 vec![
-                    with_op(event(EventType::ApprovalGranted, run, now, base.clone())),
+                    with_op(typed_event(
+                        EventData::ApprovalGranted(ApprovalGranted {
+                            approval_id: approval.id.clone(),
+                            rule: approval.rule.clone(),
+                            risk: approval.risk.clone(),
+                            via: via.to_owned(),
+                            by: by.unwrap_or_default().to_owned(),
+                            reason: reason.map(str::to_owned),
+                        }),
+                        run,
+                        now,
+                    )),
                     with_op(event(EventType::CapabilityGranted, run, now, granted)),
                 ],
                 None,
             )
         }
         Verdict::Denied | Verdict::Expired => {
-            let (kind, denial, message, state) = if verdict == Verdict::Denied {
+            let settled = if verdict == Verdict::Denied {
+                EventData::ApprovalDenied(ApprovalDenied {
+                    approval_id: approval.id.clone(),
+                    rule: approval.rule.clone(),
+                    risk: approval.risk.clone(),
+                    via: via.to_owned(),
+                    by: by.unwrap_or_default().to_owned(),
+                    reason: reason.map(str::to_owned),
+                })
+            } else {
+                EventData::ApprovalExpired(ApprovalExpired {
+                    approval_id: approval.id.clone(),
+                    rule: Some(approval.rule.clone()),
+                    risk: Some(approval.risk.clone()),
+                    via: Some(via.to_owned()),
+                    by: by.map(str::to_owned),
+                    reason: reason.map(str::to_owned),
+                })
+            };
+            let (denial, message, state) = if verdict == Verdict::Denied {
                 (
-                    EventType::ApprovalDenied,
                     DenialReason::ApprovalDenied,
                     format!(
                         "denied by the approver: {}",
@@ -159,7 +189,6 @@ fn settle(
                 )
             } else {
                 (
-                    EventType::ApprovalExpired,
                     DenialReason::ApprovalExpired,
                     format!(
                         "nobody approved it by {}: failed closed",
@@ -175,7 +204,7 @@ fn settle(
             (
                 state,
                 vec![
-                    with_op(event(kind, run, now, base.clone())),
+                    with_op(typed_event(settled, run, now)),
                     with_op(event(EventType::CapabilityDenied, run, now, denied)),
                 ],
                 Some(denied_result(&approval.op_id, denial, message)),

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use moat_core::EventType;
-use moat_store::event;
-use serde_json::json;
+use moat_core::EventData;
+use moat_core::event_data::{RefusalReason, RequestRefused};
+use moat_store::typed_event;
 
 use super::AppState;
 use super::error::ApiError;
@@ -47,13 +47,20 @@ pub(super) async fn refuse(state: &Arc<AppState>, org: &str, found: Found) -> Ap
          (a program gets a credential through a tool)",
         found.field, found.secret
     );
-    let data = json!({
-        "reason": "secret_in_input", "message": message, "secret": found.secret,
-        "field": found.field, "path": "/v1/runs",
+    let data = EventData::RequestRefused(RequestRefused {
+        reason: RefusalReason::SecretInInput,
+        message: message.clone(),
+        path: "/v1/runs".into(),
+        secret: Some(found.secret.clone()),
+        field: Some(found.field.clone()),
+        method: None,
+        by: None,
+        origin: None,
+        referer: None,
     });
     let (org, now) = (org.to_owned(), state.now());
     let recorded = state
-        .db(move |s| s.append_events(&org, &[event(EventType::RequestRefused, "", now, data)]))
+        .db(move |s| s.append_events(&org, &[typed_event(data, "", now)]))
         .await;
     if let Err(e) = recorded {
         return e;

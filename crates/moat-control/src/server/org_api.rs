@@ -14,11 +14,14 @@ use moat_api::org::{
     ArtifactCheck, ArtifactList, EventPage, EventView, NewRun as NewRunBody, OpList, OpRefused,
     OpSubmission, OpView, PendingApproval, RunList,
 };
+use moat_core::event_data::{ApprovalRequested, ApprovalSummary, CapabilityRequested};
 use moat_core::hash::sha256_hex;
-use moat_core::{Envelope, EventType, SignedManifest};
-use moat_store::{NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, event, stamp};
+use moat_core::{Envelope, EventData, EventType, SignedManifest};
+use moat_store::{
+    NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, event, stamp, typed_event,
+};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::AppState;
 use super::auth;
@@ -78,7 +81,11 @@ pub async fn create_run(
             }
         };
         let sha = sha256_hex(&data);
-        listed.push(json!({"path": input.path, "sha256": sha, "size": data.len()}));
+        listed.push(moat_core::event_data::RunInput {
+            path: input.path.clone(),
+            sha256: sha.clone(),
+            size: u64::try_from(data.len()).unwrap_or(u64::MAX),
+        });
         inputs.push(NewArtifact {
             sha256: sha,
             kind: "input".into(),
@@ -137,7 +144,7 @@ pub async fn create_run(
                     org: &org,
                     id: &id,
                     environment: &environment,
-                    inputs: Value::Array(listed.clone()),
+                    inputs: &listed,
                     blobs: &inputs,
                     max_attempts,
                     manifest_hash: manifest_hash.as_deref(),
@@ -259,15 +266,23 @@ fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
     })
 }
 
+/// A text field of a decision record (empty if it has none).
+fn text_of(record: &Value, key: &str) -> String {
+    record[key].as_str().unwrap_or_default().to_owned()
+}
+
 /// What an approver reads about an operation.
-fn approval_summary(envelope: &Envelope, described: Option<&crate::describe::Described>) -> Value {
-    json!({
-        "op": envelope.op,
-        "resource": described.map(|d| d.resource.to_string()),
-        "size": described.map(|d| d.size),
-        "network": described.map(|d| d.network.as_str()),
-        "args": envelope.args,
-    })
+fn approval_summary(
+    envelope: &Envelope,
+    described: Option<&crate::describe::Described>,
+) -> ApprovalSummary {
+    ApprovalSummary {
+        op: envelope.op.clone(),
+        resource: described.map(|d| d.resource.to_string()),
+        size: described.map(|d| d.size),
+        network: described.map(|d| d.network),
+        args: envelope.args.clone(),
+    }
 }
 
 pub async fn post_op(
@@ -369,11 +384,13 @@ pub async fn post_op(
         decided.record.clone(),
         decided.denial.clone(),
     );
-    let mut requested = event(
-        EventType::CapabilityRequested,
+    let mut requested = typed_event(
+        EventData::CapabilityRequested(CapabilityRequested {
+            op: Some(envelope.op.clone()),
+            ..CapabilityRequested::default()
+        }),
         &run_id,
         now,
-        json!({"op": envelope.op}),
     );
     requested.op_id = Some(envelope.id.clone());
     requested.correlation_id = Some(envelope.correlation_id.clone());
@@ -381,6 +398,8 @@ pub async fn post_op(
     let approval_ttl = i64::try_from(state.config.approval_ttl.as_millis()).unwrap_or(i64::MAX);
     let approval_expires = now.saturating_add(approval_ttl);
     let summary = approval_summary(&envelope, decided.described.as_ref());
+    let summary_json =
+        serde_json::to_value(&summary).map_err(|e| ApiError::internal(e.to_string()))?;
     let mut outcome = match (&denial, &decided.approval) {
         (Some((reason, message)), _) => {
             let mut data = decision.clone();
@@ -390,15 +409,18 @@ pub async fn post_op(
             }
             event(EventType::CapabilityDenied, &run_id, now, data)
         }
-        (None, Some((rule, risk))) => event(
-            EventType::ApprovalRequested,
+        (None, Some((rule, risk))) => typed_event(
+            EventData::ApprovalRequested(ApprovalRequested {
+                approval_id: approval_id.clone(),
+                rule: rule.clone(),
+                risk: risk.clone(),
+                expires_at: stamp(approval_expires),
+                summary: summary.clone(),
+                policy_hash: text_of(&decision, "policyHash"),
+                manifest_hash: text_of(&decision, "manifestHash"),
+            }),
             &run_id,
             now,
-            json!({
-                "approvalId": approval_id, "rule": rule, "risk": risk,
-                "expiresAt": stamp(approval_expires), "summary": summary,
-                "policyHash": decision["policyHash"], "manifestHash": decision["manifestHash"],
-            }),
         ),
         (None, None) => event(EventType::CapabilityGranted, &run_id, now, decision.clone()),
     };
@@ -437,7 +459,7 @@ pub async fn post_op(
                         id: &approval_id,
                         rule,
                         risk,
-                        summary: &summary,
+                        summary: &summary_json,
                         expires_ms: approval_expires,
                     }),
                 },

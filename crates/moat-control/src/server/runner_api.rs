@@ -11,8 +11,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use moat_core::{Envelope, Event, EventType, OpKind, SignedManifest};
-use moat_store::{NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, event, stamp};
+use moat_core::event_data::{OpFinished, RunnerManifestRefreshed, RunnerRegistered};
+use moat_core::{Envelope, Event, EventData, EventType, OpKind, SandboxMode, SignedManifest};
+use moat_store::{NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp, typed_event};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -203,19 +204,27 @@ pub async fn register(
         slots: reg.slots,
         slots_used: 0,
     };
-    let mut data = subject;
-    if let Some(map) = data.as_object_mut() {
-        map.insert("runnerId".into(), runner.id.clone().into());
-        map.insert("ops".into(), runner.ops.clone());
-        map.insert("sandboxMode".into(), runner.sandbox_mode.clone().into());
-        map.insert("bootTime".into(), runner.boot_time.clone().into());
-        map.insert("slots".into(), runner.slots.into());
-    }
+    let sandbox_mode: SandboxMode = reg
+        .sandbox_mode
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("sandboxMode: {e}")))?;
+    let data = EventData::RunnerRegistered(RunnerRegistered {
+        runner_id: runner.id.clone(),
+        runner_hash: reg.runner_hash.clone(),
+        manifest_hash: reg.signed_manifest.manifest_hash.clone(),
+        policy_hash: reg.signed_manifest.manifest.policy_hash.clone(),
+        environment: reg.environment.clone(),
+        version: reg.version.clone(),
+        ops: reg.ops.clone(),
+        sandbox_mode,
+        boot_time: reg.boot_time.clone(),
+        slots: reg.slots,
+    });
     let stored = runner.clone();
     state
         .db(move |s| {
             s.register_runner(&stored)?;
-            s.append_events(&org, &[event(EventType::RunnerRegistered, "", now, data)])
+            s.append_events(&org, &[typed_event(data, "", now)])
         })
         .await?;
     let body = Registered {
@@ -254,7 +263,7 @@ pub async fn events(
         e.run_id = String::new();
         e.op_id = None;
         e.correlation_id = None;
-        attribute(e, &runner);
+        attribute(e, &runner)?;
     }
     let n = events.len();
     state
@@ -263,16 +272,26 @@ pub async fn events(
     Ok(Json(EventsRecorded { recorded: n as u64 }))
 }
 
-/// Stamps the runner's identity into an event it reports.
-fn attribute(e: &mut Event, runner: &RunnerRow) {
-    if !e.data.is_object() {
-        e.data = json!({"value": e.data.take()});
-    }
-    if let Some(map) = e.data.as_object_mut() {
-        map.insert("runnerId".into(), runner.id.clone().into());
-        map.insert("runnerHash".into(), runner.runner_hash.clone().into());
-        map.insert("manifestHash".into(), runner.manifest_hash.clone().into());
-    }
+/// Stamps the runner's identity into an event it reports, which must be
+/// of its type's shape (`moat_core::EventData`): a runner cannot put
+/// free-form data into the org's ledger.
+fn attribute(e: &mut Event, runner: &RunnerRow) -> ApiResult<()> {
+    let Some(map) = e.data.as_object_mut() else {
+        return Err(ApiError::bad_request(format!(
+            "{} event: data must be an object",
+            e.event_type.as_str()
+        )));
+    };
+    map.insert("runnerId".into(), runner.id.clone().into());
+    map.insert("runnerHash".into(), runner.runner_hash.clone().into());
+    map.insert("manifestHash".into(), runner.manifest_hash.clone().into());
+    EventData::parse(e.event_type, &e.data).map_err(|err| {
+        ApiError::bad_request(format!(
+            "{} event: not of its type's shape: {err}",
+            e.event_type.as_str()
+        ))
+    })?;
+    Ok(())
 }
 
 /// The runner's manifest lifetime and grace, from the published record.
@@ -576,7 +595,7 @@ pub async fn result(
         // A runner speaks only for the run and operation it reports on.
         e.run_id = run_id.clone();
         e.op_id = Some(op_id.clone());
-        attribute(e, &runner);
+        attribute(e, &runner)?;
     }
     let succeeded = result.status == moat_core::OpStatus::Ok;
     let mut result_json =
@@ -598,15 +617,23 @@ pub async fn result(
                 &mut events,
                 &mut blobs,
             );
-            let mut finished = event(
-                EventType::OpFinished,
-                &run_id,
-                now,
-                json!({
-                    "status": result.status, "reason": result.reason, "runnerId": runner.id,
-                    "artifacts": result_json["artifacts"].as_array().map(|a| a.iter().map(|x| x["sha256"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
-                }),
-            );
+            let artifacts = result_json["artifacts"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x["sha256"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let data = EventData::OpFinished(OpFinished {
+                status: result.status,
+                runner_id: runner.id.clone(),
+                reason: result.reason,
+                artifacts: Some(artifacts),
+                profile: None,
+                message: None,
+            });
+            let mut finished = typed_event(data, &run_id, now);
             finished.op_id = Some(op_id.clone());
             events.push(finished);
             s.finish_op(
@@ -721,18 +748,17 @@ pub async fn refreshed(
         ));
     }
     let now = state.now();
-    let data = json!({
-        "runnerId": runner.id, "from": runner.manifest_hash, "manifestHash": current.hash,
-        "expiresAt": stamp(current.expires_ms),
+    let data = EventData::RunnerManifestRefreshed(RunnerManifestRefreshed {
+        runner_id: runner.id.clone(),
+        from: runner.manifest_hash.clone(),
+        manifest_hash: current.hash.clone(),
+        expires_at: stamp(current.expires_ms),
     });
     let policy = signed_manifest.manifest.policy_hash.clone();
     state
         .db(move |s| {
             s.set_runner_manifest(&runner.id, &current.hash, &policy)?;
-            s.append_events(
-                &runner.org_id,
-                &[event(EventType::RunnerManifestRefreshed, "", now, data)],
-            )
+            s.append_events(&runner.org_id, &[typed_event(data, "", now)])
         })
         .await?;
     Ok(Json(ManifestRefreshed { manifest_hash }))

@@ -13,10 +13,11 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use moat_api::org::{NewSecret, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult};
-use moat_core::{EventType, OpStatus};
+use moat_core::event_data::{NetworkDecision, NetworkDenied, NetworkRequest, OpFinished};
+use moat_core::{DenialReason, EventData, OpStatus};
 use moat_egress::addr::AddressPolicy;
 use moat_egress::outbound::{self, Gate, HttpRequest, HttpResponse, OutboundError, TlsConfig};
-use moat_store::{OpResult as StoreOpResult, OpState, event, stamp};
+use moat_store::{OpResult as StoreOpResult, OpState, stamp, typed_event};
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -224,12 +225,15 @@ pub async fn call(
     let mut result_json =
         serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
     scrubber.json(&mut result_json);
-    let mut finished = event(
-        EventType::OpFinished,
-        &run_id,
-        now,
-        json!({"status": result.status, "runnerId": runner.id, "profile": PROFILE, "message": result.message}),
-    );
+    let data = EventData::OpFinished(OpFinished {
+        status: result.status,
+        runner_id: runner.id.clone(),
+        reason: None,
+        artifacts: None,
+        profile: Some(PROFILE.into()),
+        message: result.message.clone(),
+    });
+    let mut finished = typed_event(data, &run_id, now);
     finished.op_id = Some(op_id.clone());
     events.push(finished);
     for e in &mut events {
@@ -408,11 +412,16 @@ pub(crate) async fn make_call(
     let call = match def.call(params, secret.as_ref().map(|s| s.as_str())) {
         Ok(call) => call,
         Err(e) => {
-            let refused = event(
-                EventType::NetworkDenied,
+            let refused = typed_event(
+                EventData::NetworkDenied(NetworkDenied {
+                    profile: Some(PROFILE.into()),
+                    tool: Some(def.name.clone()),
+                    reason: Some(DenialReason::InvalidArgs),
+                    message: Some(e.to_string()),
+                    ..NetworkDenied::default()
+                }),
                 run_id,
                 now,
-                json!({"profile": PROFILE, "tool": def.name, "reason": "invalid_args", "message": e.to_string()}),
             );
             return Ok((Err(e.to_string()), refused));
         }
@@ -426,18 +435,25 @@ pub(crate) async fn make_call(
                 timeout.as_secs()
             )))
         });
-    let mut data = json!({
-        "profile": PROFILE, "tool": def.name, "method": call.method,
-        // Without the query, where a credential may be.
-        "host": tools::origin(&call.uri), "path": call.uri.path(),
+    // The host and port as the egress proxy records them; the path
+    // without the query, where a credential may be.
+    let port = call.uri.port_u16().unwrap_or(match call.uri.scheme_str() {
+        Some("http") => 80,
+        _ => 443,
     });
+    let host = call.uri.host().unwrap_or_default().to_owned();
+    let mut request = NetworkRequest {
+        profile: Some(PROFILE.into()),
+        tool: Some(def.name.clone()),
+        path: Some(call.uri.path().to_owned()),
+        ..NetworkRequest::new(host, port, call.method.clone(), NetworkDecision::Allowed)
+    };
     let outcome = match answer {
         Ok((response, address, took)) => {
-            data["status"] = response.status.into();
-            data["address"] = address.ip().to_string().into();
-            data["bytesIn"] = response.body.len().into();
-            data["durationMs"] = (took.as_millis() as u64).into();
-            data["decision"] = "allow".into();
+            request.status = Some(response.status);
+            request.address = Some(address.ip().to_string());
+            request.bytes_in = Some(u64::try_from(response.body.len()).unwrap_or(u64::MAX));
+            request.duration_ms = Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
             let body = String::from_utf8_lossy(&response.body);
             Ok((response.status, def.redact(&body)))
         }
@@ -448,13 +464,19 @@ pub(crate) async fn make_call(
                 }
                 _ => e.to_string(),
             };
-            data["decision"] = "error".into();
-            data["reason"] = json!(e.reason());
-            data["message"] = message.clone().into();
+            request.decision = match e.reason() {
+                DenialReason::UpstreamUnreachable => NetworkDecision::Failed,
+                _ => NetworkDecision::Denied,
+            };
+            request.reason = Some(e.reason());
+            request.message = Some(message.clone());
             Err(message)
         }
     };
-    Ok((outcome, event(EventType::NetworkRequest, run_id, now, data)))
+    Ok((
+        outcome,
+        typed_event(EventData::NetworkRequest(request), run_id, now),
+    ))
 }
 
 /// TLS for tool calls: the bundled Mozilla roots.

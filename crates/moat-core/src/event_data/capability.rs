@@ -26,7 +26,7 @@ pub enum PolicyDecision {
 /// An operation arrived: at the control plane (`op` only) or at the shell
 /// (with its hashes and mode; `op` and `argsHash` are `null` when the line
 /// was not an envelope).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CapabilityRequested {
     /// The operation's name as sent (it may be one Moat does not know).
@@ -59,7 +59,7 @@ pub struct GrantedCapability {
 /// An operation may go ahead: the control plane's policy allowed it (at
 /// once, or once approved: then with the approval's keys), or the shell
 /// accepted it under its manifest (with the capability it carried).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CapabilityGranted {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,7 +112,7 @@ pub struct CapabilityGranted {
 /// (with the decision record or the approval), or by the shell (with the
 /// operation). A write the shell could not publish carries `error` instead
 /// of a reason.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CapabilityDenied {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -27,7 +27,7 @@ pub enum NetworkDecision {
 /// reason and its text, each source says what it knows: the egress proxy the
 /// request (`host`, `port`, `method`; `dropped` once past its event cap),
 /// seccomp the `address`, the tool proxy the `tool`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkDenied {
     /// Absent only when the egress proxy's records were lost.
@@ -124,4 +124,33 @@ pub struct NetworkRequest {
     pub runner_hash: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_hash: Option<String>,
+}
+
+impl NetworkRequest {
+    /// A request to `host:port` and what became of it; the rest unknown.
+    pub fn new(host: String, port: u16, method: String, decision: NetworkDecision) -> Self {
+        NetworkRequest {
+            host,
+            method,
+            port,
+            decision,
+            address: None,
+            status: None,
+            bytes_out: None,
+            bytes_in: None,
+            duration_ms: None,
+            reason: None,
+            detail: None,
+            message: None,
+            cut: None,
+            profile: None,
+            tool: None,
+            path: None,
+            via: None,
+            sandbox_run_id: None,
+            runner_id: None,
+            runner_hash: None,
+            manifest_hash: None,
+        }
+    }
 }

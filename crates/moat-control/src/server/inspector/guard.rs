@@ -14,9 +14,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
-use moat_core::EventType;
-use moat_store::event;
-use serde_json::json;
+use moat_core::EventData;
+use moat_core::event_data::{RefusalReason, RequestRefused};
+use moat_store::typed_event;
 
 use super::{cookie_token, pages};
 use crate::server::AppState;
@@ -103,17 +103,20 @@ async fn refuse(state: &Arc<AppState>, request: &Parts, why: &'static str) -> Re
     };
     match operator {
         Some(op) => {
-            let data = json!({
-                "reason": "cross_site_request", "message": message, "path": path,
-                "method": request.method.as_str(), "by": op.who,
-                "origin": header_text(&request.headers, header::ORIGIN),
-                "referer": header_text(&request.headers, header::REFERER),
+            let data = EventData::RequestRefused(RequestRefused {
+                reason: RefusalReason::CrossSiteRequest,
+                message: message.clone(),
+                path: path.clone(),
+                method: Some(request.method.as_str().to_owned()),
+                by: Some(op.who.clone()),
+                origin: header_text(&request.headers, header::ORIGIN),
+                referer: header_text(&request.headers, header::REFERER),
+                secret: None,
+                field: None,
             });
             let now = state.now();
             let recorded = state
-                .db(move |s| {
-                    s.append_events(&op.org, &[event(EventType::RequestRefused, "", now, data)])
-                })
+                .db(move |s| s.append_events(&op.org, &[typed_event(data, "", now)]))
                 .await;
             if let Err(e) = recorded {
                 return (e.status, Html(pages::error(&e.message))).into_response();

@@ -256,6 +256,36 @@ impl Store {
         }
     }
 
+    /// Runs `body`, which writes with ONE statement (an `UPDATE ...
+    /// RETURNING`, an `INSERT ... ON CONFLICT`): on PostgreSQL without a
+    /// transaction around it (a statement is atomic by itself; two round
+    /// trips fewer), on SQLite in an immediate one.
+    pub fn single<T>(
+        &self,
+        mut body: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => self.tx(body),
+            Backend::Postgres(pool) => {
+                let mut attempt = 0;
+                loop {
+                    let mut conn = pool.take()?;
+                    let result = body(&mut conn.autocommit());
+                    pool.give(conn);
+                    match result {
+                        Err(e) if e.retryable() && attempt < 8 => {
+                            attempt += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(
+                                5 << attempt.min(6),
+                            ));
+                        }
+                        other => return other,
+                    }
+                }
+            }
+        }
+    }
+
     fn tx_once<T>(
         &self,
         body: &mut impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,

@@ -142,20 +142,18 @@ impl Store {
             if matches!(run.text("state")?.as_str(), "succeeded" | "failed" | "dead_lettered") {
                 return Ok(None);
             }
-            let n = tx
-                .query_one(
-                    "SELECT COALESCE(MAX(n), 0) + 1 AS next_n FROM ops WHERE run_id = ?",
-                    &[op.run.into()],
-                )?
-                .map_or(Ok(1), |r| r.int("next_n"))?;
-            let inserted = tx.execute(
-                "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, id) DO NOTHING",
+            // Numbered after the run's last op, in the same statement; the
+            // run's row lock above keeps two inserts from taking one number.
+            let inserted = tx.query_one(
+                &format!(
+                    "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
+                     SELECT ?, ?, ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ?, ?, ? FROM ops WHERE run_id = ?
+                     ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
+                ),
                 &[
                     op.run.into(),
                     op.id.into(),
                     op.org.into(),
-                    n.into(),
                     op.op.into(),
                     op.state.as_str().into(),
                     op.envelope.to_string().into(),
@@ -163,16 +161,17 @@ impl Store {
                     op.result.map(|r| r.to_string()).into(),
                     now.into(),
                     now.into(),
+                    op.run.into(),
                 ],
             )?;
-            if inserted == 0 {
+            let Some(inserted) = inserted else {
                 return Err(StoreError::Conflict(format!("operation {}", op.id)));
-            }
+            };
             if let Some(approval) = &op.approval {
                 approvals::insert(tx, op.org, op.run, op.id, approval, now)?;
             }
             events::append(tx, op.org, op.events)?;
-            get(tx, op.run, op.id)
+            decode(&inserted).map(Some)
         })
     }
 
@@ -223,31 +222,33 @@ impl Store {
         run: &str,
         now: i64,
     ) -> Result<Option<OpRow>, StoreError> {
-        self.tx(|tx| {
-            let held = tx
-                .query_one(
-                    "SELECT id FROM runs WHERE org_id = ? AND id = ? AND runner_id = ?
-                     AND state IN ('claimed', 'running')",
-                    &[org.into(), run.into(), runner.into()],
-                )?
-                .is_some();
-            if !held {
-                return Ok(None);
-            }
+        // One statement: the oldest queued op of a run this runner holds,
+        // taken (a concurrent taker skips the row it has locked).
+        self.single(|tx| {
             let sql = format!(
-                "SELECT {COLUMNS} FROM ops WHERE run_id = ? AND state = 'queued' ORDER BY n LIMIT 1{}",
+                "UPDATE ops SET state = 'dispatched', updated_ms = ?
+                 WHERE run_id = ? AND state = 'queued' AND id = (
+                     SELECT q.id FROM ops q WHERE q.run_id = ? AND q.state = 'queued'
+                       AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ?
+                                   AND r.runner_id = ? AND r.state IN ('claimed', 'running'))
+                     ORDER BY q.n LIMIT 1{})
+                 RETURNING {COLUMNS}",
                 tx.skip_locked()
             );
-            let Some(row) = tx.query_one(&sql, &[run.into()])? else {
-                return Ok(None);
-            };
-            let mut op = decode(&row)?;
-            tx.execute(
-                "UPDATE ops SET state = 'dispatched', updated_ms = ? WHERE run_id = ? AND id = ?",
-                &[now.into(), run.into(), op.id.as_str().into()],
-            )?;
-            op.state = OpState::Dispatched;
-            Ok(Some(op))
+            tx.query_one(
+                &sql,
+                &[
+                    now.into(),
+                    run.into(),
+                    run.into(),
+                    org.into(),
+                    run.into(),
+                    runner.into(),
+                ],
+            )?
+            .as_ref()
+            .map(decode)
+            .transpose()
         })
     }
 
@@ -256,29 +257,25 @@ impl Store {
     /// returns `false`.
     pub fn finish_op(&self, result: &OpResult<'_>, now: i64) -> Result<bool, StoreError> {
         self.tx(|tx| {
-            let held = tx
-                .query_one(
-                    "SELECT id FROM runs WHERE org_id = ? AND id = ? AND runner_id = ?",
-                    &[result.org.into(), result.run.into(), result.runner.into()],
-                )?
-                .is_some();
-            if !held {
-                return Ok(false);
-            }
             let state = if result.succeeded {
                 OpState::Succeeded
             } else {
                 OpState::Failed
             };
+            // Only the runner holding the run reports on its ops.
             let updated = tx.execute(
                 "UPDATE ops SET state = ?, result = ?, updated_ms = ?
-                 WHERE run_id = ? AND id = ? AND state = 'dispatched'",
+                 WHERE run_id = ? AND id = ? AND state = 'dispatched'
+                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ? AND r.runner_id = ?)",
                 &[
                     state.as_str().into(),
                     result.result.to_string().into(),
                     now.into(),
                     result.run.into(),
                     result.op.into(),
+                    result.org.into(),
+                    result.run.into(),
+                    result.runner.into(),
                 ],
             )?;
             if updated == 0 {
@@ -296,14 +293,4 @@ impl Store {
             Ok(true)
         })
     }
-}
-
-fn get(tx: &mut dyn crate::Tx, run: &str, id: &str) -> Result<Option<OpRow>, StoreError> {
-    tx.query_one(
-        &format!("SELECT {COLUMNS} FROM ops WHERE run_id = ? AND id = ?"),
-        &[run.into(), id.into()],
-    )?
-    .as_ref()
-    .map(decode)
-    .transpose()
 }

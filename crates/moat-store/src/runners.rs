@@ -1,6 +1,6 @@
 //! Registered runners and the nonces of their signed requests.
 
-use crate::{Row, Store, StoreError};
+use crate::{Dialect, Row, Store, StoreError, Tx};
 
 /// A registered runner: what it said about itself at bootstrap.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,54 +168,84 @@ impl Store {
         nonce_expires_ms: i64,
         mut verify: impl FnMut(&RunnerRow) -> bool,
     ) -> Result<RunnerRequest, StoreError> {
-        self.tx(|tx| {
-            // The hot path of every signed request: no count of held runs.
-            let Some(row) = tx.query_one(
-                &format!("SELECT {COLUMNS}, 0 AS slots_used FROM runners WHERE id = ?"),
+        // The hot path of every signed request, in two round trips: the
+        // runner with its build's and manifest's standing (no count of held
+        // runs), then, once its signature checks out, its nonce spent.
+        let found = self.read(|tx| {
+            tx.query_one(
+                &format!(
+                    "SELECT {COLUMNS}, 0 AS slots_used,
+                       EXISTS (SELECT 1 FROM runner_builds b WHERE b.org_id = r.org_id
+                               AND b.sha256 = r.runner_hash AND b.revoked = 0) AS build_allowed,
+                       EXISTS (SELECT 1 FROM manifests m WHERE m.org_id = r.org_id
+                               AND m.hash = r.manifest_hash AND m.revoked = 0
+                               AND NOT EXISTS (SELECT 1 FROM revoked_keys k
+                                   WHERE k.org_id = m.org_id AND k.public_key = m.signed_by))
+                         AS manifest_standing
+                     FROM runners r WHERE r.id = ?"
+                ),
                 &[id.into()],
-            )?
-            else {
-                return Ok(RunnerRequest::UnknownRunner);
-            };
-            let runner = decode(&row)?;
-            if !verify(&runner) {
-                return Ok(RunnerRequest::Refused(runner));
-            }
-            let fresh_nonce = tx.execute(
+            )
+        })?;
+        let Some(row) = found else {
+            return Ok(RunnerRequest::UnknownRunner);
+        };
+        let runner = decode(&row)?;
+        let (build_allowed, manifest_standing) = (
+            row.int("build_allowed")? == 1,
+            row.int("manifest_standing")? == 1,
+        );
+        if !verify(&runner) {
+            return Ok(RunnerRequest::Refused(runner));
+        }
+        let fresh_nonce = self.single(|tx| spend_nonce(tx, id, nonce, nonce_expires_ms, now))?;
+        Ok(RunnerRequest::Checked(Standing {
+            runner,
+            fresh_nonce,
+            build_allowed,
+            manifest_standing,
+        }))
+    }
+}
+
+/// Records a request's nonce (`false`: seen before, a replay) and that its
+/// runner was seen `now`: one statement on PostgreSQL.
+fn spend_nonce(
+    tx: &mut dyn Tx,
+    runner: &str,
+    nonce: &str,
+    expires_ms: i64,
+    now: i64,
+) -> Result<bool, StoreError> {
+    match tx.dialect() {
+        Dialect::Postgres => {
+            let row = tx.query_one(
+                "WITH fresh AS (
+                     INSERT INTO request_nonces (runner_id, nonce, expires_ms) VALUES (?, ?, ?)
+                     ON CONFLICT (runner_id, nonce) DO NOTHING RETURNING 1)
+                 UPDATE runners SET seen_ms = ? FROM (SELECT COUNT(*) AS n FROM fresh) f
+                 WHERE id = ? RETURNING f.n AS fresh",
+                &[
+                    runner.into(),
+                    nonce.into(),
+                    expires_ms.into(),
+                    now.into(),
+                    runner.into(),
+                ],
+            )?;
+            Ok(row.map_or(Ok(0), |r| r.int("fresh"))? == 1)
+        }
+        Dialect::Sqlite => {
+            let fresh = tx.execute(
                 "INSERT INTO request_nonces (runner_id, nonce, expires_ms) VALUES (?, ?, ?)
                  ON CONFLICT (runner_id, nonce) DO NOTHING",
-                &[id.into(), nonce.into(), nonce_expires_ms.into()],
+                &[runner.into(), nonce.into(), expires_ms.into()],
             )? == 1;
             tx.execute(
                 "UPDATE runners SET seen_ms = ? WHERE id = ?",
-                &[now.into(), id.into()],
+                &[now.into(), runner.into()],
             )?;
-            let build_allowed = tx
-                .query_one(
-                    "SELECT 1 FROM runner_builds WHERE org_id = ? AND sha256 = ? AND revoked = 0",
-                    &[
-                        runner.org_id.as_str().into(),
-                        runner.runner_hash.as_str().into(),
-                    ],
-                )?
-                .is_some();
-            let manifest_standing = tx
-                .query_one(
-                    "SELECT 1 FROM manifests m WHERE m.org_id = ? AND m.hash = ? AND m.revoked = 0
-                     AND NOT EXISTS (SELECT 1 FROM revoked_keys k
-                                     WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)",
-                    &[
-                        runner.org_id.as_str().into(),
-                        runner.manifest_hash.as_str().into(),
-                    ],
-                )?
-                .is_some();
-            Ok(RunnerRequest::Checked(Standing {
-                runner,
-                fresh_nonce,
-                build_allowed,
-                manifest_standing,
-            }))
-        })
+            Ok(fresh)
+        }
     }
 }

@@ -287,14 +287,18 @@ impl Store {
         id: &str,
     ) -> Result<Option<(RunRow, String, Option<crate::ManifestRow>)>, StoreError> {
         self.read(|tx| {
-            let Some(run) = get(tx, org, id)? else {
+            let Some(row) = tx.query_one(
+                &format!(
+                    "SELECT {COLUMNS}, (SELECT name FROM orgs o WHERE o.id = runs.org_id) AS org_name
+                     FROM runs WHERE org_id = ? AND id = ?"
+                ),
+                &[org.into(), id.into()],
+            )?
+            else {
                 return Ok(None);
             };
-            let name = tx
-                .query_one("SELECT name FROM orgs WHERE id = ?", &[org.into()])?
-                .map(|r| r.text("name"))
-                .transpose()?
-                .unwrap_or_default();
+            let run = decode(&row)?;
+            let name = row.opt_text("org_name")?.unwrap_or_default();
             // A run pinned or claimed decides under its own manifest;
             // otherwise under the environment's current one.
             let manifest = match &run.manifest_hash {
@@ -359,43 +363,42 @@ impl Store {
         lease_ms: i64,
     ) -> Result<Option<RunRow>, StoreError> {
         self.tx(|tx| {
-            let full = tx.query_one(
-                "SELECT 1 FROM runners WHERE id = ? AND slots <= (SELECT COUNT(*) FROM runs
-                     WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused'))",
-                &[runner.into(), runner.into()],
-            )?;
-            if full.is_some() {
-                return Ok(None);
-            }
+            // One statement: the oldest queued run this runner may take (a
+            // concurrent claimer skips the row it has locked), unless every
+            // slot of the runner is in use.
             let sql = format!(
-                "SELECT id FROM runs WHERE org_id = ? AND environment = ? AND state = 'queued'
-                 AND (manifest_hash IS NULL OR manifest_hash = ?)
-                 ORDER BY created_ms, id LIMIT 1{}",
+                "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
+                     lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?
+                 WHERE state = 'queued' AND id = (
+                     SELECT q.id FROM runs q WHERE q.org_id = ? AND q.environment = ?
+                       AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
+                       AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ?
+                           AND w.slots <= (SELECT COUNT(*) FROM runs h WHERE h.runner_id = ?
+                               AND h.state IN ('claimed', 'running', 'paused')))
+                     ORDER BY q.created_ms, q.id LIMIT 1{})
+                 RETURNING {COLUMNS}",
                 tx.skip_locked()
             );
             let Some(row) = tx.query_one(
                 &sql,
-                &[org.into(), environment.into(), manifest_hash.into()],
-            )?
-            else {
-                return Ok(None);
-            };
-            let id = row.text("id")?;
-            tx.execute(
-                "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
-                     lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?
-                 WHERE id = ?",
                 &[
                     runner.into(),
                     manifest_hash.into(),
                     (now + lease_ms).into(),
                     now.into(),
                     now.into(),
-                    id.as_str().into(),
+                    org.into(),
+                    environment.into(),
+                    manifest_hash.into(),
+                    runner.into(),
+                    runner.into(),
                 ],
-            )?;
-            let run =
-                get(tx, org, &id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
+            )?
+            else {
+                return Ok(None);
+            };
+            let run = decode(&row)?;
+            let id = run.id.clone();
             let data = EventData::RunClaimed(RunClaimed {
                 runner_id: runner.to_owned(),
                 manifest_hash: manifest_hash.to_owned(),
@@ -417,11 +420,15 @@ impl Store {
         now: i64,
         lease_ms: i64,
     ) -> Result<Option<RunRow>, StoreError> {
-        self.tx(|tx| {
-            let updated = tx.execute(
-                "UPDATE runs SET lease_until_ms = ?, updated_ms = ?,
-                     state = CASE WHEN state = 'claimed' THEN 'running' ELSE state END
-                 WHERE org_id = ? AND id = ? AND runner_id = ? AND state IN ('claimed', 'running', 'paused')",
+        self.single(|tx| {
+            tx.query_one(
+                &format!(
+                    "UPDATE runs SET lease_until_ms = ?, updated_ms = ?,
+                         state = CASE WHEN state = 'claimed' THEN 'running' ELSE state END
+                     WHERE org_id = ? AND id = ? AND runner_id = ?
+                       AND state IN ('claimed', 'running', 'paused')
+                     RETURNING {COLUMNS}"
+                ),
                 &[
                     (now + lease_ms).into(),
                     now.into(),
@@ -429,11 +436,10 @@ impl Store {
                     run.into(),
                     runner.into(),
                 ],
-            )?;
-            if updated == 0 {
-                return Ok(None);
-            }
-            get(tx, org, run)
+            )?
+            .as_ref()
+            .map(decode)
+            .transpose()
         })
     }
 
@@ -445,15 +451,17 @@ impl Store {
         run: &str,
         now: i64,
     ) -> Result<Option<RunRow>, StoreError> {
-        self.tx(|tx| {
-            let Some(row) = get(tx, org, run)? else {
-                return Ok(None);
-            };
-            tx.execute(
-                "UPDATE runs SET finish_wanted = 1, updated_ms = ? WHERE id = ?",
-                &[now.into(), run.into()],
-            )?;
-            get(tx, org, &row.id)
+        self.single(|tx| {
+            tx.query_one(
+                &format!(
+                    "UPDATE runs SET finish_wanted = 1, updated_ms = ? WHERE org_id = ? AND id = ?
+                     RETURNING {COLUMNS}"
+                ),
+                &[now.into(), org.into(), run.into()],
+            )?
+            .as_ref()
+            .map(decode)
+            .transpose()
         })
     }
 

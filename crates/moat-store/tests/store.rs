@@ -64,6 +64,22 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
         .expect("run");
 }
 
+/// A queued op `id` of run `r` with an empty envelope and decision.
+fn queued<'a>(org: &'a str, id: &'a str, empty: &'a serde_json::Value) -> NewOp<'a> {
+    NewOp {
+        org,
+        run: "r",
+        id,
+        op: "artifact_read",
+        state: OpState::Queued,
+        envelope: empty,
+        decision: empty,
+        result: None,
+        events: &[],
+        approval: None,
+    }
+}
+
 fn event_types(store: &Store, run: &str) -> Vec<String> {
     store
         .all_events(0, 100_000)
@@ -246,23 +262,8 @@ fn a_lost_lease_retries_then_dead_letters() {
         s.claim_run(&a, "test", "runner-1", "m", 100, 50)
             .unwrap()
             .expect("claim");
-        let envelope = json!({});
-        s.insert_op(
-            &NewOp {
-                org: &a,
-                run: "r",
-                id: "o",
-                op: "exec_argv",
-                state: OpState::Queued,
-                envelope: &envelope,
-                decision: &envelope,
-                result: None,
-                events: &[],
-                approval: None,
-            },
-            101,
-        )
-        .unwrap();
+        let empty = json!({});
+        s.insert_op(&queued(&a, "o", &empty), 101).unwrap();
         s.dispatch_op(&a, "runner-1", "r", 102)
             .unwrap()
             .expect("dispatch");
@@ -381,6 +382,56 @@ fn concurrent_claims_take_each_run_once() {
             "{}: chain forked",
             s.backend()
         );
+    }
+}
+
+#[test]
+fn concurrent_dispatches_hand_each_op_out_once_in_order() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        run(s, &a, "r", 1);
+        s.claim_run(&a, "test", "runner-1", "m", 20, 60_000)
+            .unwrap()
+            .expect("claim");
+        let empty = json!({});
+        for i in 0..60 {
+            let id = format!("op-{i:02}");
+            let row = s
+                .insert_op(&queued(&a, &id, &empty), 21)
+                .unwrap()
+                .expect("op");
+            assert_eq!(row.n, i + 1, "{}: numbered in order", s.backend());
+        }
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (s, a) = (Arc::clone(&b.store), a.clone());
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    while let Some(op) = s.dispatch_op(&a, "runner-1", "r", 22).expect("dispatch") {
+                        assert_eq!(op.state, OpState::Dispatched);
+                        mine.push(op.n);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            let mine = h.join().expect("dispatcher");
+            assert!(
+                mine.windows(2).all(|w| w[0] < w[1]),
+                "out of order: {mine:?}"
+            );
+            all.extend(mine);
+        }
+        all.sort_unstable();
+        assert_eq!(all, (1..=60).collect::<Vec<i64>>(), "{}", s.backend());
+        // Another runner's dispatch takes nothing, even with ops queued.
+        s.insert_op(&queued(&a, "late", &empty), 23)
+            .unwrap()
+            .expect("op");
+        assert!(s.dispatch_op(&a, "runner-2", "r", 24).unwrap().is_none());
     }
 }
 

@@ -110,14 +110,6 @@ fn random_token() -> String {
     moat_core::random::new_id("moat_")
 }
 
-fn http() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into()
-}
-
 /// `path` of the control plane at `base` with `token`: the status and the
 /// body (`null` if it is not JSON, kept for the error message).
 fn call(base: &str, path: &str, token: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
@@ -361,10 +353,10 @@ fn listen_free(listen: &str) -> anyhow::Result<()> {
 
 fn wait_healthy(url: &str, children: &mut Children, log: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
+    // No token: /healthz asks for none.
+    let client = OrgClient::new(url, "", Duration::from_secs(5));
     loop {
-        if let Ok(response) = http().get(&format!("{url}/healthz")).call()
-            && response.status() == 200
-        {
+        if client.get_answer("/healthz").is_ok_and(|a| a.status == 200) {
             return Ok(());
         }
         check_alive(children, log)?;

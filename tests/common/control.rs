@@ -232,8 +232,7 @@ fn check_ledger(db: &str) {
     }
 }
 
-/// An HTTP call: status and JSON body.
-/// One client for all calls, keeping its connections (as an agent would).
+/// For event streams and downloads, which the typed client does not read.
 static AGENT: std::sync::LazyLock<ureq::Agent> = std::sync::LazyLock::new(|| {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -242,29 +241,43 @@ static AGENT: std::sync::LazyLock<ureq::Agent> = std::sync::LazyLock::new(|| {
         .into()
 });
 
+/// The API's own client (`moat-client`, as the operator commands and
+/// `moat up` use it): one per control plane and token, keeping its
+/// connections as an agent would.
+fn client(base: &str, token: &str) -> std::sync::Arc<moat_client::OrgClient> {
+    type Clients =
+        std::collections::HashMap<(String, String), std::sync::Arc<moat_client::OrgClient>>;
+    static CLIENTS: std::sync::LazyLock<std::sync::Mutex<Clients>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut clients = CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (base.to_owned(), token.to_owned());
+    std::sync::Arc::clone(clients.entry(key).or_insert_with(|| {
+        std::sync::Arc::new(moat_client::OrgClient::new(
+            base,
+            token,
+            Duration::from_secs(60),
+        ))
+    }))
+}
+
+/// An HTTP call: status and JSON body (`Null` if it has none).
 pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, Value) {
-    let agent = &*AGENT;
-    let auth = format!("Bearer {token}");
-    let response = match (method, body) {
-        ("GET", _) => agent.get(url).header("authorization", &auth).call(),
-        ("PUT", Some(body)) => agent
-            .put(url)
-            .header("authorization", &auth)
-            .header("content-type", "application/json")
-            .send(body.to_string().as_bytes()),
-        (_, Some(body)) => agent
-            .post(url)
-            .header("authorization", &auth)
-            .header("content-type", "application/json")
-            .send(body.to_string().as_bytes()),
-        (_, None) => agent.post(url).header("authorization", &auth).send_empty(),
-    };
-    let mut response = response.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    let status = response.status().as_u16();
-    let bytes = response.body_mut().read_to_vec().unwrap();
+    let split = url
+        .find("://")
+        .and_then(|scheme| url[scheme + 3..].find('/').map(|path| scheme + 3 + path))
+        .unwrap_or(url.len());
+    let (base, path) = url.split_at(split);
+    let client = client(base, token);
+    let answer = match (method, &body) {
+        ("GET", _) => client.get_answer(path),
+        ("PUT", Some(body)) => client.put_answer(path, body),
+        (_, Some(body)) => client.post_answer(path, body),
+        (_, None) => client.post_empty_answer(path),
+    }
+    .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
     (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        answer.status,
+        serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
     )
 }
 

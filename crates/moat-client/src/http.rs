@@ -75,7 +75,8 @@ impl Http {
         &self.base
     }
 
-    /// `GET` (no body) or `POST` (with `body`, JSON) of `path_and_query`.
+    /// `GET` (no body), `PUT` or `POST` (with `body`, JSON; `POST` without
+    /// one is empty) of `path_and_query`.
     pub fn send(
         &self,
         method: &str,
@@ -93,10 +94,12 @@ impl Http {
                 request.call()
             }
             _ => {
-                let mut request = self
-                    .agent
-                    .post(&url)
-                    .header("content-type", "application/json");
+                let request = if method == "PUT" {
+                    self.agent.put(&url)
+                } else {
+                    self.agent.post(&url)
+                };
+                let mut request = request.header("content-type", "application/json");
                 for (name, value) in headers {
                     request = request.header(*name, value);
                 }

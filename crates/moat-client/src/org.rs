@@ -44,15 +44,44 @@ impl OrgClient {
         path: &str,
         body: &B,
     ) -> Result<Answer, ClientError> {
+        self.send_json("POST", path, body)
+    }
+
+    /// `PUT path` with `body` as its raw answer, whatever its status.
+    pub fn put_answer<B: Serialize + ?Sized>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<Answer, ClientError> {
+        self.send_json("PUT", path, body)
+    }
+
+    fn send_json<B: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        path: &str,
+        body: &B,
+    ) -> Result<Answer, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Encode {
-            what: format!("POST {path}"),
+            what: format!("{method} {path}"),
             message: e.to_string(),
         })?;
+        self.http.send(
+            method,
+            path,
+            &[("authorization", self.authorization.clone())],
+            Some(&bytes),
+        )
+    }
+
+    /// `POST path` without a body (`/finish`, `/revoke`...), as its raw
+    /// answer, whatever its status.
+    pub fn post_empty_answer(&self, path: &str) -> Result<Answer, ClientError> {
         self.http.send(
             "POST",
             path,
             &[("authorization", self.authorization.clone())],
-            Some(&bytes),
+            None,
         )
     }
 

@@ -1,9 +1,9 @@
-//! The Inspector's HTML. Every value from the database goes through
-//! [`esc`]; ids and selectors follow what `tests/inspector/walkthrough.mjs`
-//! drives.
+//! The Inspector's HTML, as `maud` templates: every value put into a page
+//! is escaped by construction (only [`PreEscaped`] could opt out, and
+//! nothing here uses it). Ids and selectors follow what
+//! `tests/inspector/walkthrough.mjs` drives.
 
-use std::fmt::Write as _;
-
+use maud::{DOCTYPE, Markup, html};
 use moat_core::url::encode_component as seg;
 use moat_ledger::StoredEvent;
 use moat_store::{
@@ -14,126 +14,116 @@ use serde_json::Value;
 /// Events rendered with a run page (later ones arrive live).
 pub const EVENTS_SHOWN: i64 = 1000;
 
-/// HTML-escaped text.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+const NAV: [(&str, &str, &str); 4] = [
+    ("runs", "/ui/runs", "Runs"),
+    ("approvals", "/ui/approvals", "Approvals"),
+    ("runners", "/ui/runners", "Runners"),
+    ("ledger", "/ui/ledger", "Ledger"),
+];
+
+fn layout(title: &str, here: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Moat Inspector" }
+                link rel="stylesheet" href="/ui/assets/style.css";
+            }
+            body {
+                header {
+                    span.brand { "MOAT" }
+                    @if !here.is_empty() {
+                        @for (key, href, label) in NAV {
+                            a href=(href) class=[(key == here).then_some("here")] { (label) }
+                        }
+                        form method="post" action="/ui/logout" {
+                            button type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main { (body) }
+                script src="/ui/assets/live.js" {}
+            }
         }
     }
-    out
+    .into_string()
 }
 
-fn layout(title: &str, here: &str, body: &str) -> String {
-    let nav = [
-        ("runs", "/ui/runs", "Runs"),
-        ("approvals", "/ui/approvals", "Approvals"),
-        ("runners", "/ui/runners", "Runners"),
-        ("ledger", "/ui/ledger", "Ledger"),
-    ]
-    .iter()
-    .map(|(key, href, label)| {
-        let class = if *key == here { " class=\"here\"" } else { "" };
-        format!("<a href=\"{href}\"{class}>{label}</a>")
-    })
-    .collect::<String>();
-    let nav = if here.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "{nav}<form method=\"post\" action=\"/ui/logout\"><button type=\"submit\">Sign out</button></form>"
-        )
-    };
-    format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · Moat Inspector</title><link rel=\"stylesheet\" href=\"/ui/assets/style.css\"></head>\
-         <body><header><span class=\"brand\">MOAT</span>{nav}</header><main>{body}</main>\
-         <script src=\"/ui/assets/live.js\"></script></body></html>",
-        esc(title)
-    )
-}
-
-fn state_badge(state: &str) -> String {
-    format!("<span class=\"state {0}\">{0}</span>", esc(state))
+fn state_badge(state: &str) -> Markup {
+    html! { span class={ "state " (state) } { (state) } }
 }
 
 pub fn error(message: &str) -> String {
     layout(
         "Error",
         "runs",
-        &format!(
-            "<h1>Not possible</h1><p class=\"error\">{}</p>",
-            esc(message)
-        ),
+        html! {
+            h1 { "Not possible" }
+            p.error { (message) }
+        },
     )
 }
 
 pub fn login(problem: Option<&str>) -> String {
-    let problem = problem
-        .map(|p| format!("<p class=\"error\">{}</p>", esc(p)))
-        .unwrap_or_default();
     layout(
         "Sign in",
         "",
-        &format!(
-            "<form id=\"login\" class=\"login\" method=\"post\" action=\"/ui/login\">\
-             <h1>Moat Inspector</h1>{problem}\
-             <label for=\"token\">Org admin token</label>\
-             <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"off\" required>\
-             <button type=\"submit\">Sign in</button>\
-             <p class=\"muted\">The token stays in an HttpOnly cookie for this site only.</p></form>"
-        ),
+        html! {
+            form #login .login method="post" action="/ui/login" {
+                h1 { "Moat Inspector" }
+                @if let Some(problem) = problem {
+                    p.error { (problem) }
+                }
+                label for="token" { "Org admin token" }
+                input #token name="token" type="password" autocomplete="off" required;
+                button type="submit" { "Sign in" }
+                p.muted { "The token stays in an HttpOnly cookie for this site only." }
+            }
+        },
     )
 }
 
 pub fn runs(rows: &[RunRow], filter: Option<RunState>) -> String {
-    let mut options = String::from("<option value=\"all\">all states</option>");
-    for state in RunState::ALL {
-        let selected = if filter == Some(state) {
-            " selected"
-        } else {
-            ""
-        };
-        let _ = write!(
-            options,
-            "<option value=\"{0}\"{selected}>{0}</option>",
-            state.as_str()
-        );
-    }
-    let mut body = format!(
-        "<h1>Runs</h1><form id=\"run-filter\" method=\"get\" action=\"/ui/runs\" class=\"inline\">\
-         <select name=\"state\">{options}</select><button type=\"submit\">Filter</button></form>\
-         <p class=\"muted\">{} shown, newest first.</p>\
-         <table id=\"runs\"><thead><tr><th>Run</th><th>State</th><th>Runner</th><th>Manifest</th>\
-         <th>Attempts</th><th>Created</th><th>Updated</th></tr></thead><tbody>",
-        rows.len()
-    );
-    for r in rows {
-        let _ = write!(
-            body,
-            "<tr data-run-id=\"{id}\"><td><a class=\"run-link\" href=\"/ui/runs/{link}\">{id}</a></td>\
-             <td>{state}</td><td><code>{runner}</code></td><td><code>{manifest}</code></td>\
-             <td>{attempts}/{max}</td><td>{created}</td><td>{updated}</td></tr>",
-            id = esc(&r.id),
-            link = seg(&r.id),
-            state = state_badge(r.state.as_str()),
-            runner = esc(r.runner_id.as_deref().unwrap_or("-")),
-            manifest = esc(short(r.manifest_hash.as_deref().unwrap_or("-"))),
-            attempts = r.attempts,
-            max = r.max_attempts,
-            created = stamp(r.created_ms),
-            updated = stamp(r.updated_ms),
-        );
-    }
-    body.push_str("</tbody></table>");
-    layout("Runs", "runs", &body)
+    layout(
+        "Runs",
+        "runs",
+        html! {
+            h1 { "Runs" }
+            form #run-filter .inline method="get" action="/ui/runs" {
+                select name="state" {
+                    option value="all" { "all states" }
+                    @for state in RunState::ALL {
+                        option value=(state.as_str()) selected[filter == Some(state)] {
+                            (state.as_str())
+                        }
+                    }
+                }
+                button type="submit" { "Filter" }
+            }
+            p.muted { (rows.len()) " shown, newest first." }
+            table #runs {
+                thead { tr {
+                    th { "Run" } th { "State" } th { "Runner" } th { "Manifest" }
+                    th { "Attempts" } th { "Created" } th { "Updated" }
+                } }
+                tbody {
+                    @for r in rows {
+                        tr data-run-id=(r.id) {
+                            td { a.run-link href={ "/ui/runs/" (seg(&r.id)) } { (r.id) } }
+                            td { (state_badge(r.state.as_str())) }
+                            td { code { (r.runner_id.as_deref().unwrap_or("-")) } }
+                            td { code { (short(r.manifest_hash.as_deref().unwrap_or("-"))) } }
+                            td { (r.attempts) "/" (r.max_attempts) }
+                            td { (stamp(r.created_ms)) }
+                            td { (stamp(r.updated_ms)) }
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 fn short(hash: &str) -> &str {
@@ -148,194 +138,196 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn op_item(o: &OpRow) -> String {
-    let denied = matches!(o.state, OpState::Denied | OpState::Failed)
-        || o.result.as_ref().is_some_and(|r| r["status"] == "denied");
-    let mut class = format!("op {}", o.state.as_str());
-    if denied {
-        class.push_str(" denied");
-    }
-    let decision = &o.decision;
-    let mut detail = format!(
-        "<strong>{}</strong> <code>{}</code> · decision {}",
-        esc(&o.op),
-        esc(&text(&decision["resource"])),
-        esc(&text(&decision["decision"])),
-    );
-    if let Some(policies) = decision["policies"].as_array().filter(|p| !p.is_empty()) {
-        let names: Vec<String> = policies.iter().map(text).collect();
-        let _ = write!(detail, " by <code>{}</code>", esc(&names.join(", ")));
-    }
-    if let Some(result) = &o.result {
-        let reason = text(&result["reason"]);
-        let reason = if reason.is_empty() {
-            text(&result["error"]["reason"])
-        } else {
-            reason
-        };
-        let message = text(&result["message"]);
-        let message = if message.is_empty() {
-            text(&result["error"]["message"])
-        } else {
-            message
-        };
-        if !reason.is_empty() {
-            let _ = write!(
-                detail,
-                "<div class=\"reason\">{}</div><div class=\"muted\">{}</div>",
-                esc(&reason),
-                esc(&message)
-            );
-        } else if let Some(code) = result["result"]["exitCode"].as_i64() {
-            let _ = write!(detail, " · exit {code}");
-        }
-    }
-    if o.state == OpState::PendingApproval {
-        detail.push_str(" · <a href=\"/ui/approvals\">waiting for an approval</a>");
-    }
-    format!(
-        "<li class=\"{class}\" data-op-id=\"{id}\" data-state=\"{state}\">\
-         <span class=\"muted\">#{n} {id}</span> {badge} {detail}</li>",
-        id = esc(&o.id),
-        state = o.state.as_str(),
-        n = o.n,
-        badge = state_badge(o.state.as_str()),
-    )
+/// The first of `values` that is not empty.
+fn first_text(values: [&Value; 2]) -> String {
+    values
+        .into_iter()
+        .map(text)
+        .find(|t| !t.is_empty())
+        .unwrap_or_default()
 }
 
-fn event_item(e: &StoredEvent) -> String {
+fn op_item(o: &OpRow) -> Markup {
+    let denied = matches!(o.state, OpState::Denied | OpState::Failed)
+        || o.result.as_ref().is_some_and(|r| r["status"] == "denied");
+    let decision = &o.decision;
+    let policies: Vec<String> = decision["policies"]
+        .as_array()
+        .map(|p| p.iter().map(text).collect())
+        .unwrap_or_default();
+    let (reason, message) = o.result.as_ref().map_or_else(Default::default, |r| {
+        (
+            first_text([&r["reason"], &r["error"]["reason"]]),
+            first_text([&r["message"], &r["error"]["message"]]),
+        )
+    });
+    let exit = o
+        .result
+        .as_ref()
+        .and_then(|r| r["result"]["exitCode"].as_i64());
+    let class = if denied {
+        format!("op {} denied", o.state.as_str())
+    } else {
+        format!("op {}", o.state.as_str())
+    };
+    html! {
+        li class=(class) data-op-id=(o.id) data-state=(o.state.as_str()) {
+            span.muted { "#" (o.n) " " (o.id) }
+            " " (state_badge(o.state.as_str())) " "
+            strong { (o.op) } " " code { (text(&decision["resource"])) }
+            " · decision " (text(&decision["decision"]))
+            @if !policies.is_empty() {
+                " by " code { (policies.join(", ")) }
+            }
+            @if !reason.is_empty() {
+                div.reason { (reason) }
+                div.muted { (message) }
+            } @else if let Some(code) = exit {
+                " · exit " (code)
+            }
+            @if o.state == OpState::PendingApproval {
+                " · " a href="/ui/approvals" { "waiting for an approval" }
+            }
+        }
+    }
+}
+
+fn event_item(e: &StoredEvent) -> Markup {
     let reason = text(&e.event.data["reason"]);
     let mut line = format!("{}  {}", e.event.at, e.event.event_type.as_str());
     if let Some(op) = &e.event.op_id {
-        let _ = write!(line, "  op {op}");
+        line.push_str(&format!("  op {op}"));
     }
     if !reason.is_empty() {
-        let _ = write!(line, "  reason {reason}");
+        line.push_str(&format!("  reason {reason}"));
     }
-    format!(
-        "<li class=\"event\" data-type=\"{}\" data-seq=\"{}\">{}</li>",
-        e.event.event_type.as_str(),
-        e.seq,
-        esc(&line)
-    )
+    html! {
+        li.event data-type=(e.event.event_type.as_str()) data-seq=(e.seq) { (line) }
+    }
 }
 
 pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]) -> String {
-    let mut body = format!(
-        "<h1>Run <code>{id}</code> <span id=\"run-state\" class=\"state {state}\">{state}</span></h1>\
-         <dl><dt>Environment</dt><dd>{env}</dd><dt>Runner</dt><dd><code>{runner}</code></dd>\
-         <dt>Manifest</dt><dd><code>{manifest}</code></dd><dt>Attempts</dt><dd>{a}/{m}</dd>\
-         <dt>Created</dt><dd>{created}</dd><dt>Error</dt><dd>{error}</dd></dl>\
-         <div class=\"grid\"><section><h2>Timeline</h2><ol id=\"timeline\">",
-        id = esc(&run.id),
-        state = run.state.as_str(),
-        env = esc(&run.environment),
-        runner = esc(run.runner_id.as_deref().unwrap_or("-")),
-        manifest = esc(run.manifest_hash.as_deref().unwrap_or("-")),
-        a = run.attempts,
-        m = run.max_attempts,
-        created = stamp(run.created_ms),
-        error = esc(run.error.as_deref().unwrap_or("-")),
-    );
-    if ops.is_empty() {
-        body.push_str("<li class=\"muted\">no operations yet</li>");
-    }
-    for o in ops {
-        body.push_str(&op_item(o));
-    }
-    let _ = write!(
-        body,
-        "</ol></section><section><h2>Events <span class=\"muted\">(live)</span></h2>\
-         <ul id=\"events\" data-stream=\"/ui/runs/{}/events\" data-last=\"{}\">",
-        seg(&run.id),
-        events.last_seq
-    );
-    for e in &events.events {
-        body.push_str(&event_item(e));
-    }
-    body.push_str(
-        "</ul></section></div><h2>Artifacts</h2><table id=\"artifacts\"><thead><tr><th>Kind</th>\
-         <th>Label</th><th>Op</th><th>Size</th><th>SHA-256</th><th></th></tr></thead><tbody>",
-    );
-    for a in artifacts {
-        let _ = write!(
-            body,
-            "<tr class=\"artifact\"><td>{kind}</td><td>{label}</td><td>{op}</td><td>{size}</td>\
-             <td><code class=\"sha256\">{sha}</code></td>\
-             <td><a class=\"download\" download href=\"/ui/artifacts/{sha}\">download</a></td></tr>",
-            kind = esc(&a.kind),
-            label = esc(&a.label),
-            op = esc(&a.op_id),
-            size = a.size,
-            sha = esc(&a.sha256),
-        );
-    }
-    body.push_str("</tbody></table>");
-    layout(&format!("Run {}", run.id), "runs", &body)
+    layout(
+        &format!("Run {}", run.id),
+        "runs",
+        html! {
+            h1 {
+                "Run " code { (run.id) } " "
+                span #run-state class={ "state " (run.state.as_str()) } { (run.state.as_str()) }
+            }
+            dl {
+                dt { "Environment" } dd { (run.environment) }
+                dt { "Runner" } dd { code { (run.runner_id.as_deref().unwrap_or("-")) } }
+                dt { "Manifest" } dd { code { (run.manifest_hash.as_deref().unwrap_or("-")) } }
+                dt { "Attempts" } dd { (run.attempts) "/" (run.max_attempts) }
+                dt { "Created" } dd { (stamp(run.created_ms)) }
+                dt { "Error" } dd { (run.error.as_deref().unwrap_or("-")) }
+            }
+            div.grid {
+                section {
+                    h2 { "Timeline" }
+                    ol #timeline {
+                        @if ops.is_empty() {
+                            li.muted { "no operations yet" }
+                        }
+                        @for o in ops { (op_item(o)) }
+                    }
+                }
+                section {
+                    h2 { "Events " span.muted { "(live)" } }
+                    ul #events data-stream={ "/ui/runs/" (seg(&run.id)) "/events" }
+                        data-last=(events.last_seq) {
+                        @for e in &events.events { (event_item(e)) }
+                    }
+                }
+            }
+            h2 { "Artifacts" }
+            table #artifacts {
+                thead { tr {
+                    th { "Kind" } th { "Label" } th { "Op" } th { "Size" } th { "SHA-256" } th {}
+                } }
+                tbody {
+                    @for a in artifacts {
+                        tr.artifact {
+                            td { (a.kind) } td { (a.label) } td { (a.op_id) } td { (a.size) }
+                            td { code.sha256 { (a.sha256) } }
+                            td { a.download download href={ "/ui/artifacts/" (a.sha256) } { "download" } }
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 pub fn approvals(pending: &[ApprovalRow], recent: &[ApprovalRow], problem: Option<&str>) -> String {
-    let mut body = String::from("<h1>Approvals</h1>");
-    if let Some(p) = problem {
-        let _ = write!(body, "<p class=\"error\">{}</p>", esc(p));
-    }
-    let _ = write!(
-        body,
-        "<p class=\"muted\">{} waiting. Approving runs the operation at once; denying refuses it \
-         with your reason. Unanswered requests expire and fail closed.</p>\
-         <table id=\"approvals\"><thead><tr><th>Request</th><th>Run / op</th><th>Operation</th>\
-         <th>Rule</th><th>Risk</th><th>Expires</th><th>Decide</th></tr></thead><tbody>",
-        pending.len()
-    );
-    for a in pending {
-        let id = seg(&a.id);
-        let _ = write!(
-            body,
-            "<tr data-approval-id=\"{eid}\" data-op-id=\"{op}\" data-state=\"pending\">\
-             <td><code>{eid}</code><div class=\"muted\">{requested}</div></td>\
-             <td><a href=\"/ui/runs/{run_link}\">{run}</a> / {op}</td>\
-             <td><strong>{kind}</strong> <code>{resource}</code><div class=\"muted\"><code>{args}</code></div></td>\
-             <td><code>{rule}</code></td><td>{risk}</td><td>{expires}</td><td>\
-             <form class=\"approve inline\" method=\"post\" action=\"/ui/approvals/{id}/approve\">\
-             <input name=\"reason\" placeholder=\"reason (optional)\"><button type=\"submit\">Approve</button></form>\
-             <form class=\"deny inline\" method=\"post\" action=\"/ui/approvals/{id}/deny\">\
-             <input name=\"reason\" placeholder=\"reason (required)\" required><button type=\"submit\">Deny</button></form>\
-             </td></tr>",
-            eid = esc(&a.id),
-            op = esc(&a.op_id),
-            run = esc(&a.run_id),
-            run_link = seg(&a.run_id),
-            requested = stamp(a.requested_ms),
-            kind = esc(&text(&a.summary["op"])),
-            resource = esc(&text(&a.summary["resource"])),
-            args = esc(&truncate(&a.summary["args"].to_string(), 300)),
-            rule = esc(&a.rule),
-            risk = state_badge(&a.risk),
-            expires = stamp(a.expires_ms),
-        );
-    }
-    body.push_str(
-        "</tbody></table><h2>Recently</h2><table id=\"approval-history\"><thead><tr><th>Request</th>\
-         <th>Run / op</th><th>State</th><th>By</th><th>Reason</th><th>When</th></tr></thead><tbody>",
-    );
-    for a in recent.iter().filter(|a| a.resolved_ms.is_some()) {
-        let _ = write!(
-            body,
-            "<tr data-approval-id=\"{}\" data-state=\"{}\"><td><code>{}</code></td><td>{} / {}</td>\
-             <td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-            esc(&a.id),
-            a.state.as_str(),
-            esc(&a.id),
-            esc(&a.run_id),
-            esc(&a.op_id),
-            state_badge(a.state.as_str()),
-            esc(a.resolved_by.as_deref().unwrap_or("expiry")),
-            esc(a.reason.as_deref().unwrap_or("")),
-            a.resolved_ms.map(stamp).unwrap_or_default(),
-        );
-    }
-    body.push_str("</tbody></table>");
-    layout("Approvals", "approvals", &body)
+    layout(
+        "Approvals",
+        "approvals",
+        html! {
+            h1 { "Approvals" }
+            @if let Some(problem) = problem {
+                p.error { (problem) }
+            }
+            p.muted {
+                (pending.len()) " waiting. Approving runs the operation at once; denying refuses it \
+                 with your reason. Unanswered requests expire and fail closed."
+            }
+            table #approvals {
+                thead { tr {
+                    th { "Request" } th { "Run / op" } th { "Operation" } th { "Rule" }
+                    th { "Risk" } th { "Expires" } th { "Decide" }
+                } }
+                tbody {
+                    @for a in pending {
+                        tr data-approval-id=(a.id) data-op-id=(a.op_id) data-state="pending" {
+                            td { code { (a.id) } div.muted { (stamp(a.requested_ms)) } }
+                            td { a href={ "/ui/runs/" (seg(&a.run_id)) } { (a.run_id) } " / " (a.op_id) }
+                            td {
+                                strong { (text(&a.summary["op"])) } " "
+                                code { (text(&a.summary["resource"])) }
+                                div.muted { code { (truncate(&a.summary["args"].to_string(), 300)) } }
+                            }
+                            td { code { (a.rule) } }
+                            td { (state_badge(&a.risk)) }
+                            td { (stamp(a.expires_ms)) }
+                            td {
+                                form.approve.inline method="post"
+                                    action={ "/ui/approvals/" (seg(&a.id)) "/approve" } {
+                                    input name="reason" placeholder="reason (optional)";
+                                    button type="submit" { "Approve" }
+                                }
+                                form.deny.inline method="post"
+                                    action={ "/ui/approvals/" (seg(&a.id)) "/deny" } {
+                                    input name="reason" placeholder="reason (required)" required;
+                                    button type="submit" { "Deny" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Recently" }
+            table #approval-history {
+                thead { tr {
+                    th { "Request" } th { "Run / op" } th { "State" } th { "By" }
+                    th { "Reason" } th { "When" }
+                } }
+                tbody {
+                    @for a in recent.iter().filter(|a| a.resolved_ms.is_some()) {
+                        tr data-approval-id=(a.id) data-state=(a.state.as_str()) {
+                            td { code { (a.id) } }
+                            td { (a.run_id) " / " (a.op_id) }
+                            td { (state_badge(a.state.as_str())) }
+                            td { code { (a.resolved_by.as_deref().unwrap_or("expiry")) } }
+                            td { (a.reason.as_deref().unwrap_or("")) }
+                            td { (a.resolved_ms.map(stamp).unwrap_or_default()) }
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 fn truncate(text: &str, max: usize) -> String {
@@ -350,50 +342,51 @@ fn truncate(text: &str, max: usize) -> String {
 }
 
 pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
-    let mut body = String::from(
-        "<h1>Runners</h1><table id=\"runners\"><thead><tr><th>Runner</th><th>Build (SHA-256)</th>\
-         <th>Manifest</th><th>Policy</th><th>Environment</th><th>Manifest expires in</th><th>Status</th>\
-         <th>Slots used / free</th><th>Last seen</th></tr></thead><tbody>",
-    );
-    for (r, manifest) in rows {
-        let status = match manifest {
-            Some(m) if m.revoked => "revoked",
-            Some(m) if m.expires_ms <= now => "expired",
-            None => "unknown manifest",
-            _ if now - r.seen_ms < 60_000 => "active",
-            _ => "silent",
-        };
-        let expiry = manifest.as_ref().map_or_else(
-            || "-".to_owned(),
-            |m| {
-                format!(
-                    "<span class=\"state\" data-expires-ms=\"{}\">{}</span>",
-                    m.expires_ms,
-                    stamp(m.expires_ms)
-                )
-            },
-        );
-        let _ = write!(
-            body,
-            "<tr data-runner-id=\"{id}\"><td><code>{id}</code><div class=\"muted\">{version}, {sandbox}</div></td>\
-             <td><code>{hash}</code></td><td><code>{manifest}</code></td><td><code>{policy}</code></td>\
-             <td>{env}</td><td>{expiry}</td><td>{status}</td>\
-             <td class=\"slots\">{used} / {free}</td><td>{seen}</td></tr>",
-            id = esc(&r.id),
-            version = esc(&r.version),
-            sandbox = esc(&r.sandbox_mode),
-            hash = esc(short(&r.runner_hash)),
-            manifest = esc(short(&r.manifest_hash)),
-            policy = esc(short(&r.policy_hash)),
-            env = esc(&r.environment),
-            status = state_badge(status),
-            used = r.slots_used,
-            free = (r.slots - r.slots_used).max(0),
-            seen = stamp(r.seen_ms),
-        );
+    layout(
+        "Runners",
+        "runners",
+        html! {
+            h1 { "Runners" }
+            table #runners {
+                thead { tr {
+                    th { "Runner" } th { "Build (SHA-256)" } th { "Manifest" } th { "Policy" }
+                    th { "Environment" } th { "Manifest expires in" } th { "Status" }
+                    th { "Slots used / free" } th { "Last seen" }
+                } }
+                tbody {
+                    @for (r, manifest) in rows {
+                        tr data-runner-id=(r.id) {
+                            td { code { (r.id) } div.muted { (r.version) ", " (r.sandbox_mode) } }
+                            td { code { (short(&r.runner_hash)) } }
+                            td { code { (short(&r.manifest_hash)) } }
+                            td { code { (short(&r.policy_hash)) } }
+                            td { (r.environment) }
+                            td {
+                                @if let Some(m) = manifest {
+                                    span.state data-expires-ms=(m.expires_ms) { (stamp(m.expires_ms)) }
+                                } @else {
+                                    "-"
+                                }
+                            }
+                            td { (state_badge(runner_status(r, manifest.as_ref(), now))) }
+                            td.slots { (r.slots_used) " / " ((r.slots - r.slots_used).max(0)) }
+                            td { (stamp(r.seen_ms)) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+fn runner_status(r: &RunnerRow, manifest: Option<&ManifestRow>, now: i64) -> &'static str {
+    match manifest {
+        Some(m) if m.revoked => "revoked",
+        Some(m) if m.expires_ms <= now => "expired",
+        None => "unknown manifest",
+        _ if now - r.seen_ms < 60_000 => "active",
+        _ => "silent",
     }
-    body.push_str("</tbody></table>");
-    layout("Runners", "runners", &body)
 }
 
 pub fn ledger(head: (i64, String), check: Option<super::LedgerCheck>) -> String {
@@ -406,37 +399,60 @@ pub fn ledger(head: (i64, String), check: Option<super::LedgerCheck>) -> String 
         ),
     };
     let status = match &check {
-        None => "<span id=\"ledger-status\" class=\"state\">not checked yet</span>".to_owned(),
+        None => html! { span #ledger-status .state { "not checked yet" } },
         Some(
             c @ super::LedgerCheck {
                 verdict: Ok(events),
                 ..
             },
-        ) => format!(
-            "<span id=\"ledger-status\" class=\"state intact\">intact: {events} events re-hashed, chain unbroken{}</span>",
-            when(c)
-        ),
+        ) => html! {
+            span #ledger-status .state.intact {
+                "intact: " (events) " events re-hashed, chain unbroken" (when(c))
+            }
+        },
         Some(
             c @ super::LedgerCheck {
                 verdict: Err(broken),
                 ..
             },
-        ) => format!(
-            "<span id=\"ledger-status\" class=\"state broken\">broken: {}{}</span>",
-            esc(broken),
-            when(c)
-        ),
+        ) => html! {
+            span #ledger-status .state.broken { "broken: " (broken) (when(c)) }
+        },
     };
     layout(
         "Ledger",
         "ledger",
-        &format!(
-            "<h1>Ledger integrity</h1><p>Every event is hash-chained to the one before it; \
-             verifying re-hashes the whole chain up to its head and compares.</p>\
-             <dl><dt>Head</dt><dd>#{} <code>{}</code></dd><dt>Status</dt><dd>{status}</dd></dl>\
-             <form id=\"verify\" method=\"get\" action=\"/ui/ledger\"><input type=\"hidden\" name=\"verify\" value=\"1\"><button type=\"submit\">Verify now</button></form>",
-            head.0,
-            esc(&head.1)
-        ),
+        html! {
+            h1 { "Ledger integrity" }
+            p {
+                "Every event is hash-chained to the one before it; verifying re-hashes the \
+                 whole chain up to its head and compares."
+            }
+            dl {
+                dt { "Head" } dd { "#" (head.0) " " code { (head.1) } }
+                dt { "Status" } dd { (status) }
+            }
+            form #verify method="get" action="/ui/ledger" {
+                input type="hidden" name="verify" value="1";
+                button type="submit" { "Verify now" }
+            }
+        },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_page_shows_is_escaped() {
+        let page = error("<script>alert(1)</script> & \"quotes\"");
+        assert!(!page.contains("<script>alert"), "{page}");
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quotes&quot;"),
+            "{page}"
+        );
+        let page = login(Some("\"><img src=x onerror=alert(1)>"));
+        assert!(!page.contains("<img"), "{page}");
+    }
 }

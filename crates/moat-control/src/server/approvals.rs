@@ -243,3 +243,219 @@ pub fn expire_due(store: &Store, now: i64) -> Result<usize, StoreError> {
     }
     Ok(expired)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+    use moat_core::{EventData, OpStatus};
+    use moat_store::{NewApproval, NewOp, NewRun, OpState};
+    use serde_json::Value;
+
+    use super::*;
+
+    const EXPIRES: i64 = 10_000;
+
+    /// A store with one op waiting for approval `apr` (expiring at
+    /// [`EXPIRES`]); the org's id.
+    fn waiting(dir: &std::path::Path) -> (Store, String) {
+        let store = Store::open(&format!("sqlite:{}", dir.join("c.db").display())).unwrap();
+        let org = store.create_org("acme", "token-hash", 1).unwrap();
+        store
+            .create_run(
+                &NewRun {
+                    org: &org,
+                    id: "r",
+                    environment: "test",
+                    inputs: &[],
+                    blobs: &[],
+                    max_attempts: 1,
+                    manifest_hash: None,
+                },
+                1,
+            )
+            .unwrap();
+        let (envelope, decision, summary) = (
+            json!({"id": "o", "correlationId": "c-o"}),
+            json!({"decision": "require_approval", "policyHash": "p", "rule": "sensitive"}),
+            json!({"op": "artifact_read", "args": {}}),
+        );
+        store
+            .insert_op(
+                &NewOp {
+                    org: &org,
+                    run: "r",
+                    id: "o",
+                    op: "artifact_read",
+                    state: OpState::PendingApproval,
+                    envelope: &envelope,
+                    decision: &decision,
+                    result: None,
+                    events: &[],
+                    approval: Some(NewApproval {
+                        id: "apr",
+                        rule: "sensitive",
+                        risk: "high",
+                        summary: &summary,
+                        expires_ms: EXPIRES,
+                    }),
+                },
+                2,
+            )
+            .unwrap()
+            .expect("op");
+        (store, org)
+    }
+
+    struct Case {
+        name: &'static str,
+        /// Settled once before (approved), or not.
+        settled_before: bool,
+        verdict: Verdict,
+        now: i64,
+        /// `Done`, `Already` or `Late`.
+        outcome: &'static str,
+        approval: ApprovalState,
+        op: OpState,
+        /// The events of the run, in order, after the settlement.
+        events: &'static [&'static str],
+        denial: Option<DenialReason>,
+    }
+
+    #[test]
+    fn settling_a_request() {
+        let cases = [
+            Case {
+                name: "approved in time",
+                settled_before: false,
+                verdict: Verdict::Approved,
+                now: 5_000,
+                outcome: "Done",
+                approval: ApprovalState::Approved,
+                op: OpState::Queued,
+                events: &["approval.granted", "capability.granted"],
+                denial: None,
+            },
+            Case {
+                name: "denied in time",
+                settled_before: false,
+                verdict: Verdict::Denied,
+                now: 5_000,
+                outcome: "Done",
+                approval: ApprovalState::Denied,
+                op: OpState::Denied,
+                events: &["approval.denied", "capability.denied"],
+                denial: Some(DenialReason::ApprovalDenied),
+            },
+            Case {
+                name: "expired by the sweep",
+                settled_before: false,
+                verdict: Verdict::Expired,
+                now: EXPIRES,
+                outcome: "Done",
+                approval: ApprovalState::Expired,
+                op: OpState::Denied,
+                events: &["approval.expired", "capability.denied"],
+                denial: Some(DenialReason::ApprovalExpired),
+            },
+            Case {
+                name: "approved too late: nothing changes here",
+                settled_before: false,
+                verdict: Verdict::Approved,
+                now: EXPIRES,
+                outcome: "Late",
+                approval: ApprovalState::Pending,
+                op: OpState::PendingApproval,
+                events: &[],
+                denial: None,
+            },
+            Case {
+                name: "denied after an approval: the first answer stands",
+                settled_before: true,
+                verdict: Verdict::Denied,
+                now: 6_000,
+                outcome: "Already",
+                approval: ApprovalState::Approved,
+                op: OpState::Queued,
+                events: &["approval.granted", "capability.granted"],
+                denial: None,
+            },
+        ];
+        for case in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, org) = waiting(dir.path());
+            let current = |store: &Store| store.approval(&org, "apr").unwrap().expect("approval");
+            if case.settled_before {
+                let first = settle(
+                    &store,
+                    &current(&store),
+                    Verdict::Approved,
+                    Some("alice"),
+                    None,
+                    "api",
+                    4_000,
+                )
+                .unwrap();
+                assert!(matches!(first, Settled::Done(_)), "{}", case.name);
+            }
+            let reason = (case.verdict == Verdict::Denied).then_some("not today");
+            let by = (case.verdict != Verdict::Expired).then_some("bob");
+            let outcome = settle(
+                &store,
+                &current(&store),
+                case.verdict,
+                by,
+                reason,
+                "api",
+                case.now,
+            )
+            .unwrap();
+            let outcome = match outcome {
+                Settled::Done(_) => "Done",
+                Settled::Already(_) => "Already",
+                Settled::Late(_) => "Late",
+                Settled::Missing => "Missing",
+            };
+            assert_eq!(outcome, case.outcome, "{}", case.name);
+            assert_eq!(current(&store).state, case.approval, "{}", case.name);
+            let op = store.op(&org, "r", "o").unwrap().expect("op");
+            assert_eq!(op.state, case.op, "{}", case.name);
+            let result: Option<moat_core::OpResult> = op
+                .result
+                .map(|r| serde_json::from_value(r).expect("an op result"));
+            assert_eq!(
+                result.as_ref().and_then(|r| r.reason),
+                case.denial,
+                "{}",
+                case.name
+            );
+            if case.denial.is_some() {
+                assert_eq!(result.map(|r| r.status), Some(OpStatus::Denied));
+            }
+            let events = store.events_of_run("r").unwrap();
+            let kinds: Vec<&str> = events
+                .iter()
+                .map(|e| e.event.event_type.as_str())
+                .filter(|t| *t != "run.created")
+                .collect();
+            assert_eq!(kinds, case.events, "{}", case.name);
+            for e in &events {
+                EventData::parse(e.event.event_type, &e.event.data)
+                    .unwrap_or_else(|err| panic!("{}: {err}: {:?}", case.name, e.event));
+                if e.event.event_type != moat_core::EventType::RunCreated {
+                    assert_eq!(e.event.op_id.as_deref(), Some("o"), "{}", case.name);
+                    assert_eq!(
+                        e.event.correlation_id.as_deref(),
+                        Some("c-o"),
+                        "{}",
+                        case.name
+                    );
+                    let by_seen = e.event.data.get("by").and_then(Value::as_str);
+                    if case.verdict != Verdict::Expired && !case.settled_before {
+                        assert_eq!(by_seen, Some("bob"), "{}", case.name);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! are here too.
 
 use moat_core::OpResult;
+use moat_core::ids::{OpId, RelPath, RunId, Sha256};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -49,7 +50,7 @@ pub struct IssuedToken {
 #[serde(deny_unknown_fields)]
 pub struct NewRunnerBuild {
     /// SHA-256 of the sealed runner (`moat runner inspect`).
-    pub sha256: String,
+    pub sha256: Sha256,
     #[serde(default)]
     pub label: String,
 }
@@ -140,7 +141,7 @@ pub struct LedgerCheck {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewInput {
-    pub path: String,
+    pub path: RelPath,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,10 +152,9 @@ pub struct NewInput {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewRun {
-    /// 1 to 128 of `[A-Za-z0-9._-]`, starting with a letter or digit; one
-    /// is made up when left out.
+    /// Made up when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<RunId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
     #[serde(default)]
@@ -178,8 +178,7 @@ pub struct RunList {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct OpSubmission {
-    /// 1 to 128 of `[A-Za-z0-9._-]`, starting with a letter or digit.
-    pub id: String,
+    pub id: OpId,
     /// `artifact_read`, `artifact_write`, `artifact_list`, `exec_argv`,
     /// `http_request`, `browser_step`.
     pub op: String,

@@ -10,6 +10,7 @@ pub mod denial;
 pub mod event;
 pub mod event_data;
 pub mod hash;
+pub mod ids;
 pub mod lifecycle;
 pub mod limits;
 pub mod manifest;

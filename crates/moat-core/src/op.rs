@@ -274,42 +274,6 @@ impl OpResult {
     }
 }
 
-/// An identifier safe as a path component and a URL path segment: 1 to
-/// 128 of `[A-Za-z0-9._-]`, starting with a letter or digit (so never `.`
-/// or `..`). Run and operation ids in managed mode are of this form.
-pub fn is_plain_id(text: &str) -> bool {
-    text.len() <= 128
-        && text
-            .as_bytes()
-            .first()
-            .is_some_and(u8::is_ascii_alphanumeric)
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-#[cfg(test)]
-mod plain_id_tests {
-    use super::is_plain_id;
-
-    #[test]
-    fn plain_ids_cannot_climb_or_break_urls() {
-        for good in ["run-1", "a", "R_2.x", "0"] {
-            assert!(is_plain_id(good), "{good}");
-        }
-        for bad in [
-            "",
-            ".",
-            "..",
-            ".hidden",
-            "-x",
-            "a/b",
-            "a b",
-            "a?b",
-            "é",
-            &"a".repeat(129),
-        ] {
-            assert!(!is_plain_id(bad), "{bad}");
-        }
-    }
-}
+/// Run and operation ids in managed mode are of this form (see
+/// [`crate::ids::RunId`]).
+pub use crate::ids::is_plain_id;

@@ -20,7 +20,7 @@ use super::AppState;
 use super::auth::{self, new_token};
 use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
-use super::manifests::{check_manifest, is_sha256, manifest_expiry};
+use super::manifests::{check_manifest, manifest_expiry};
 use super::views::manifest_view;
 
 pub async fn create_org(
@@ -120,20 +120,15 @@ pub async fn allow_build(
     auth::OrgAdmin(org): auth::OrgAdmin,
     JsonObject(body): JsonObject<NewRunnerBuild>,
 ) -> ApiResult<(StatusCode, Json<RunnerBuild>)> {
-    if !is_sha256(&body.sha256) {
-        return Err(ApiError::bad_request(
-            "sha256: 64 lower-case hex digits (`moat runner inspect` prints it)",
-        ));
-    }
     let now = state.now();
-    let (sha, label) = (body.sha256.clone(), body.label.clone());
+    let (sha, label) = (body.sha256.to_string(), body.label.clone());
     state
         .db(move |s| s.allow_runner_build(&org, &sha, &label, now))
         .await?;
     Ok((
         StatusCode::CREATED,
         Json(RunnerBuild {
-            sha256: body.sha256,
+            sha256: body.sha256.into_string(),
             label: body.label,
             revoked: false,
         }),

@@ -6,11 +6,9 @@ use moat_core::SignedManifest;
 use super::AppState;
 use super::error::ApiError;
 
+/// `text` is a SHA-256 (the rule of [`moat_core::ids::Sha256`]).
 pub fn is_sha256(text: &str) -> bool {
-    text.len() == 64
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    text.parse::<moat_core::ids::Sha256>().is_ok()
 }
 
 /// Checks a signed manifest against this control plane: signed with its

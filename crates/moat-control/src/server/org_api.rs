@@ -16,6 +16,7 @@ use moat_api::org::{
 };
 use moat_core::event_data::{ApprovalRequested, ApprovalSummary, CapabilityRequested};
 use moat_core::hash::sha256_hex;
+use moat_core::ids::RunId;
 use moat_core::{Envelope, EventData, EventType, SignedManifest};
 use moat_store::{
     NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, event, stamp, typed_event,
@@ -34,27 +35,12 @@ use crate::tools::ToolDef;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// A workspace-relative path: no root, no `..`, nothing odd.
-pub fn plain_relative(path: &str) -> bool {
-    !path.is_empty()
-        && path.len() <= 4096
-        && !path.starts_with('/')
-        && path
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
-}
-
 pub async fn create_run(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
     JsonObject(body): JsonObject<NewRunBody>,
 ) -> ApiResult<(StatusCode, Json<RunView>)> {
-    let id = body.id.unwrap_or_else(|| moat_core::random::new_id("run_"));
-    if !moat_core::op::is_plain_id(&id) {
-        return Err(ApiError::bad_request(
-            "run id: 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
-        ));
-    }
+    let id = body.id.unwrap_or_else(RunId::random).into_string();
     let max_attempts = body.max_attempts.unwrap_or(state.config.max_attempts);
     if !(1..=100).contains(&max_attempts) {
         return Err(ApiError::bad_request("maxAttempts: 1 to 100"));
@@ -62,12 +48,6 @@ pub async fn create_run(
     let mut inputs = Vec::new();
     let mut listed = Vec::new();
     for input in body.inputs {
-        if !plain_relative(&input.path) {
-            return Err(ApiError::bad_request(format!(
-                "input path {:?}: relative, without . or ..",
-                input.path
-            )));
-        }
         let data = match (input.content, input.content_base64) {
             (Some(text), None) => text.into_bytes(),
             (None, Some(b64)) => B64.decode(b64.as_bytes()).map_err(|_| {
@@ -82,14 +62,14 @@ pub async fn create_run(
         };
         let sha = sha256_hex(&data);
         listed.push(moat_core::event_data::RunInput {
-            path: input.path.clone(),
+            path: input.path.to_string(),
             sha256: sha.clone(),
             size: u64::try_from(data.len()).unwrap_or(u64::MAX),
         });
         inputs.push(NewArtifact {
             sha256: sha,
             kind: "input".into(),
-            label: input.path,
+            label: input.path.into_string(),
             data,
         });
     }
@@ -233,15 +213,6 @@ fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
             "capabilities are issued by the control plane, not sent to it",
         ));
     }
-    if !map
-        .get("id")
-        .and_then(Value::as_str)
-        .is_some_and(moat_core::op::is_plain_id)
-    {
-        return Err(ApiError::bad_request(
-            "id: the operation's id, 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit",
-        ));
-    }
     let posted: OpSubmission = serde_json::from_value(body)
         .map_err(|e| ApiError::bad_request(format!("the operation envelope: {e}")))?;
     if let Some(given) = posted.run_id.as_deref().filter(|given| *given != run) {
@@ -249,9 +220,10 @@ fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
             "runId {given:?} is not this run"
         )));
     }
+    let id = posted.id.into_string();
     Ok(Envelope {
-        correlation_id: posted.correlation_id.unwrap_or_else(|| posted.id.clone()),
-        id: posted.id,
+        correlation_id: posted.correlation_id.unwrap_or_else(|| id.clone()),
+        id,
         run_id: run.to_owned(),
         op: posted.op,
         args: posted.args,

@@ -194,7 +194,15 @@ pub fn decide_token_tools(
         return;
     }
     let Some(manifest) = manifest else { return };
-    let deny_record = decided.record.clone();
+    // The record of a refusal: what was decided about the operation, as a
+    // denial (no approval it would have waited for, no policy that allowed it).
+    let mut deny_record = decided.record.clone();
+    if let Some(record) = deny_record.as_object_mut() {
+        record.insert("decision".into(), "deny".into());
+        for key in ["rule", "risk", "policies"] {
+            record.remove(key);
+        }
+    }
     let sandbox = sandbox_of(manifest);
     let mut hashes = serde_json::Map::new();
     let mut approval: Option<(String, String)> = None;
@@ -239,6 +247,8 @@ pub fn decide_token_tools(
                 approval.get_or_insert((rule, risk));
             }
             Ok(Decision::Deny { policies }) => {
+                let mut deny_record = deny_record;
+                deny_record["policies"] = policies.clone().into();
                 *decided = Decided::denied(
                     deny_record,
                     DenialReason::PolicyDenied,
@@ -565,5 +575,11 @@ mod tests {
             outcome(&unlisted),
             Outcome::Denied(DenialReason::OpNotInManifest)
         );
+        // A refusal reads as one, whatever the operation alone would have
+        // been (it is recorded as `capability.denied`).
+        for refused in [&undefined, &unlisted] {
+            assert_eq!(refused.record["decision"], "deny", "{}", refused.record);
+            assert!(refused.record.get("rule").is_none(), "{}", refused.record);
+        }
     }
 }

@@ -174,7 +174,7 @@ fn end(
     )?;
     // Approvals still asked for have nothing left to approve.
     let pending = tx.query(
-        "SELECT id, op_id FROM approvals WHERE run_id = ? AND state = 'pending'",
+        "SELECT id, op_id, rule, risk FROM approvals WHERE run_id = ? AND state = 'pending'",
         &[run.id.as_str().into()],
     )?;
     if !pending.is_empty() {
@@ -188,9 +188,9 @@ fn end(
             let expired_one = ApprovalExpired {
                 approval_id: row.text("id")?,
                 reason: Some("the run ended".into()),
-                rule: None,
-                risk: None,
-                via: None,
+                rule: Some(row.text("rule")?),
+                risk: Some(row.text("risk")?),
+                via: Some("run_end".into()),
                 by: None,
             };
             let mut e = typed_event(EventData::ApprovalExpired(expired_one), &run.id, now);

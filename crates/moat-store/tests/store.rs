@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use moat_core::EventType;
 use moat_store::{
-    NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest, RunnerRow, Store,
-    TempPostgres, TokenKind,
+    NewApproval, NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest, RunnerRow,
+    Store, TempPostgres, TokenKind,
 };
 use serde_json::json;
 
@@ -432,6 +432,60 @@ fn concurrent_dispatches_hand_each_op_out_once_in_order() {
             .unwrap()
             .expect("op");
         assert!(s.dispatch_op(&a, "runner-2", "r", 24).unwrap().is_none());
+    }
+}
+
+#[test]
+fn a_run_that_ends_expires_its_open_approvals() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        run(s, &a, "r", 1);
+        s.claim_run(&a, "test", "runner-1", "m", 20, 60_000)
+            .unwrap()
+            .expect("claim");
+        let (empty, summary) = (json!({}), json!({"op": "artifact_read", "args": {}}));
+        let waiting = NewOp {
+            state: OpState::PendingApproval,
+            approval: Some(NewApproval {
+                id: "apr",
+                rule: "sensitive",
+                risk: "high",
+                summary: &summary,
+                expires_ms: 1_000_000,
+            }),
+            ..queued(&a, "o", &empty)
+        };
+        s.insert_op(&waiting, 21).unwrap().expect("op");
+        assert!(
+            s.force_end_run(&a, "r", RunState::Failed, "operator", 22)
+                .unwrap()
+        );
+        let approval = s.approval(&a, "apr").unwrap().expect("approval");
+        assert_eq!(approval.state, moat_store::ApprovalState::Expired);
+        let op = s.op(&a, "r", "o").unwrap().expect("op");
+        assert_eq!(op.state, OpState::Failed, "{}", s.backend());
+        let events = s.events_of_run("r").unwrap();
+        let expired = events
+            .iter()
+            .find(|e| e.event.event_type == EventType::ApprovalExpired)
+            .expect("approval.expired");
+        let data = moat_core::EventData::parse(expired.event.event_type, &expired.event.data)
+            .expect("of its schema");
+        let moat_core::EventData::ApprovalExpired(data) = data else {
+            panic!("{data:?}");
+        };
+        assert_eq!(
+            (
+                data.rule.as_deref(),
+                data.risk.as_deref(),
+                data.via.as_deref()
+            ),
+            (Some("sensitive"), Some("high"), Some("run_end")),
+            "{}",
+            s.backend()
+        );
+        assert_eq!(expired.event.op_id.as_deref(), Some("o"));
     }
 }
 

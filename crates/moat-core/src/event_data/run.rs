@@ -203,7 +203,8 @@ pub struct ApprovalDenied {
 }
 
 /// Nobody approved in time (then `capability.denied` follows), or the run
-/// ended first (`reason`: `the run ended`, without the rule).
+/// ended first (`via`: `run_end`, `reason`: `the run ended`; the operation
+/// failed with its run).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApprovalExpired {
@@ -212,7 +213,8 @@ pub struct ApprovalExpired {
     pub rule: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub risk: Option<String>,
-    /// `expiry`, or where a late answer came from (`api`, `inspector`).
+    /// `expiry`, `run_end`, or where a late answer came from (`api`,
+    /// `inspector`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,21 +4,119 @@
 //! stored with the op. Plain functions of the policy, the run, the
 //! manifest and the envelope: no store, no HTTP.
 
+use std::collections::BTreeMap;
+
+use moat_core::event_data::{CapabilityDenied, CapabilityGranted, PolicyDecision};
 use moat_core::{
     DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
 };
 use moat_store::{OpState, RunRow};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::describe::describe;
 use crate::policy::{Decision, OpRequest, PolicyEngine, Resource};
 use crate::tools::ToolDef;
 
+/// The record of a decision: stored with the op (`decision`), and the
+/// substance of its `capability.granted` or `.denied` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionRecord {
+    pub decision: PolicyDecision,
+    pub policy_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+    /// The Cedar resource the operation acts on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
+    /// The policies that decided (for a denial by policy, those that
+    /// forbade it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<String>>,
+    /// The rule that asks for a person, and its risk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk: Option<String>,
+    /// Why the policy could not decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The hash of each tool definition a program's token is good for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_token: Option<BTreeMap<String, String>>,
+    /// The hash of the tool definition a tool call was decided under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_hash: Option<String>,
+}
+
+impl DecisionRecord {
+    fn denial(policy_hash: &str, manifest_hash: Option<&str>) -> DecisionRecord {
+        DecisionRecord {
+            decision: PolicyDecision::Deny,
+            policy_hash: policy_hash.to_owned(),
+            manifest_hash: manifest_hash.map(str::to_owned),
+            resource: None,
+            sandbox: None,
+            policies: None,
+            rule: None,
+            risk: None,
+            error: None,
+            tool_token: None,
+            tool_hash: None,
+        }
+    }
+
+    /// The record as stored with the op.
+    pub fn to_json(&self) -> Value {
+        // Plain strings, maps and enums: serialising cannot fail.
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// Its `capability.granted` payload.
+    pub fn granted(&self) -> CapabilityGranted {
+        CapabilityGranted {
+            decision: Some(self.decision),
+            policy_hash: Some(self.policy_hash.clone()),
+            manifest_hash: self.manifest_hash.clone(),
+            resource: self.resource.clone(),
+            sandbox: self.sandbox,
+            policies: self.policies.clone(),
+            rule: self.rule.clone(),
+            risk: self.risk.clone(),
+            tool_token: self.tool_token.clone(),
+            tool_hash: self.tool_hash.clone(),
+            ..CapabilityGranted::default()
+        }
+    }
+
+    /// Its `capability.denied` payload, with the denial.
+    pub fn denied(&self, reason: DenialReason, message: String) -> CapabilityDenied {
+        CapabilityDenied {
+            reason: Some(reason),
+            message: Some(message),
+            error: self.error.clone(),
+            decision: Some(self.decision),
+            policy_hash: Some(self.policy_hash.clone()),
+            manifest_hash: self.manifest_hash.clone(),
+            resource: self.resource.clone(),
+            sandbox: self.sandbox,
+            policies: self.policies.clone(),
+            rule: self.rule.clone(),
+            risk: self.risk.clone(),
+            tool_hash: self.tool_hash.clone(),
+            ..CapabilityDenied::default()
+        }
+    }
+}
+
 /// What the control plane decided for one envelope.
 pub struct Decided {
     pub state: OpState,
     /// The decision record (stored with the op, and in its events).
-    pub record: Value,
+    pub record: DecisionRecord,
     pub denial: Option<(DenialReason, String)>,
     /// `(rule, risk)` when a person must approve first.
     pub approval: Option<(String, String)>,
@@ -27,7 +125,7 @@ pub struct Decided {
 }
 
 impl Decided {
-    fn denied(record: Value, reason: DenialReason, message: String) -> Decided {
+    fn denied(record: DecisionRecord, reason: DenialReason, message: String) -> Decided {
         Decided {
             state: OpState::Denied,
             record,
@@ -56,7 +154,7 @@ pub fn decide(
                 DenialReason::InvalidArgs
             };
             return Decided::denied(
-                json!({"decision": "deny", "policyHash": policy_hash}),
+                DecisionRecord::denial(&policy_hash, None),
                 reason,
                 e.to_string(),
             );
@@ -64,14 +162,14 @@ pub fn decide(
     };
     let Some(manifest) = manifest else {
         return Decided::denied(
-            json!({"decision": "deny", "policyHash": policy_hash}),
+            DecisionRecord::denial(&policy_hash, None),
             DenialReason::OpNotInManifest,
             format!("no manifest is published for {:?}", run.environment),
         );
     };
     if !manifest.manifest.allowed_ops.contains(&described.op) {
         return Decided::denied(
-            json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash}),
+            DecisionRecord::denial(&policy_hash, Some(&manifest.manifest_hash)),
             DenialReason::OpNotInManifest,
             format!(
                 "{} is not in the manifest's allowedOps",
@@ -85,7 +183,7 @@ pub fn decide(
         &described.resource,
         envelope.args["profile"] == crate::tools::PROFILE,
     ) {
-        let record = json!({"decision": "deny", "policyHash": policy_hash, "manifestHash": manifest.manifest_hash});
+        let record = DecisionRecord::denial(&policy_hash, Some(&manifest.manifest_hash));
         let Some(def) = tool else {
             return Decided::denied(
                 record,
@@ -118,24 +216,24 @@ pub fn decide(
         method: &method,
         action: &described.action,
     };
-    let base = json!({"policyHash": policy_hash, "manifestHash": manifest.manifest_hash, "resource": described.resource.to_string(), "sandbox": sandbox.as_str()});
-    let with = |decision: &str, extra: Value| {
-        let mut record = base.clone();
-        if let (Some(r), Some(e)) = (record.as_object_mut(), extra.as_object()) {
-            r.insert("decision".into(), decision.into());
-            r.extend(e.clone());
-        }
-        record
+    let with = |decision: PolicyDecision, policies: Vec<String>| DecisionRecord {
+        decision,
+        manifest_hash: Some(manifest.manifest_hash.clone()),
+        resource: Some(described.resource.to_string()),
+        sandbox: Some(sandbox),
+        policies: Some(policies),
+        ..DecisionRecord::denial(&policy_hash, None)
     };
     match policy.decide(&request) {
         Ok(Decision::Allow { policies }) if tool_approval.is_some() => {
             let rule = tool_approval.unwrap_or_default();
             Decided {
                 state: OpState::PendingApproval,
-                record: with(
-                    "require_approval",
-                    json!({"rule": rule, "risk": "high", "policies": policies}),
-                ),
+                record: DecisionRecord {
+                    rule: Some(rule.clone()),
+                    risk: Some("high".into()),
+                    ..with(PolicyDecision::RequireApproval, policies)
+                },
                 denial: None,
                 approval: Some((rule, "high".to_owned())),
                 described: Some(described),
@@ -143,7 +241,7 @@ pub fn decide(
         }
         Ok(Decision::Allow { policies }) => Decided {
             state: OpState::Queued,
-            record: with("allow", json!({"policies": policies})),
+            record: with(PolicyDecision::Allow, policies),
             denial: None,
             approval: None,
             described: Some(described),
@@ -155,23 +253,28 @@ pub fn decide(
                 format!("forbidden by {}", policies.join(", "))
             };
             Decided::denied(
-                with("deny", json!({"policies": policies})),
+                with(PolicyDecision::Deny, policies),
                 DenialReason::PolicyDenied,
                 message,
             )
         }
         Ok(Decision::RequireApproval { rule, risk }) => Decided {
             state: OpState::PendingApproval,
-            record: with(
-                "require_approval",
-                json!({"rule": rule, "risk": risk, "policies": [rule]}),
-            ),
+            record: DecisionRecord {
+                rule: Some(rule.clone()),
+                risk: Some(risk.clone()),
+                ..with(PolicyDecision::RequireApproval, vec![rule.clone()])
+            },
             denial: None,
             approval: Some((rule, risk)),
             described: Some(described),
         },
         Err(e) => Decided::denied(
-            with("deny", json!({"error": e.to_string()})),
+            DecisionRecord {
+                policies: None,
+                error: Some(e.to_string()),
+                ..with(PolicyDecision::Deny, Vec::new())
+            },
             DenialReason::PolicyDenied,
             format!("the policy could not decide: {e}"),
         ),
@@ -196,15 +299,15 @@ pub fn decide_token_tools(
     let Some(manifest) = manifest else { return };
     // The record of a refusal: what was decided about the operation, as a
     // denial (no approval it would have waited for, no policy that allowed it).
-    let mut deny_record = decided.record.clone();
-    if let Some(record) = deny_record.as_object_mut() {
-        record.insert("decision".into(), "deny".into());
-        for key in ["rule", "risk", "policies"] {
-            record.remove(key);
-        }
-    }
+    let deny_record = DecisionRecord {
+        decision: PolicyDecision::Deny,
+        rule: None,
+        risk: None,
+        policies: None,
+        ..decided.record.clone()
+    };
     let sandbox = sandbox_of(manifest);
-    let mut hashes = serde_json::Map::new();
+    let mut hashes = BTreeMap::new();
     let mut approval: Option<(String, String)> = None;
     for (name, row) in tools {
         let Some(def) = row
@@ -247,10 +350,11 @@ pub fn decide_token_tools(
                 approval.get_or_insert((rule, risk));
             }
             Ok(Decision::Deny { policies }) => {
-                let mut deny_record = deny_record;
-                deny_record["policies"] = policies.clone().into();
                 *decided = Decided::denied(
-                    deny_record,
+                    DecisionRecord {
+                        policies: Some(policies.clone()),
+                        ..deny_record
+                    },
                     DenialReason::PolicyDenied,
                     format!(
                         "toolToken: calling {name} is not permitted ({})",
@@ -268,14 +372,14 @@ pub fn decide_token_tools(
                 return;
             }
         }
-        hashes.insert(name.clone(), def.hash().into());
+        hashes.insert(name.clone(), def.hash());
     }
-    decided.record["toolToken"] = Value::Object(hashes);
+    decided.record.tool_token = Some(hashes);
     if let (Some((rule, risk)), OpState::Queued) = (approval, decided.state) {
         decided.state = OpState::PendingApproval;
-        decided.record["decision"] = "require_approval".into();
-        decided.record["rule"] = rule.clone().into();
-        decided.record["risk"] = risk.clone().into();
+        decided.record.decision = PolicyDecision::RequireApproval;
+        decided.record.rule = Some(rule.clone());
+        decided.record.risk = Some(risk.clone());
         decided.approval = Some((rule, risk));
     }
 }
@@ -312,6 +416,7 @@ mod tests {
     use moat_core::sign::PrivateKey;
     use moat_core::{Manifest, OpKind};
     use moat_store::RunState;
+    use serde_json::json;
 
     const POLICY: &str = r#"
         @id("read") permit(principal, action == Moat::Action::"artifact_read", resource);
@@ -527,13 +632,17 @@ mod tests {
         for (what, manifest, envelope, tool, expected) in cases {
             let decided = decide(&policy, "org", &run(), manifest.as_ref(), &envelope, tool);
             assert_eq!(outcome(&decided), expected, "{what}: {:?}", decided.record);
-            assert_eq!(decided.record["policyHash"], policy.hash(), "{what}");
+            assert_eq!(
+                decided.record.to_json()["policyHash"],
+                policy.hash(),
+                "{what}"
+            );
             let word = match &expected {
                 Outcome::Queued => "allow",
                 Outcome::Denied(_) => "deny",
                 Outcome::Approval(..) => "require_approval",
             };
-            assert_eq!(decided.record["decision"], word, "{what}");
+            assert_eq!(decided.record.to_json()["decision"], word, "{what}");
         }
     }
 
@@ -559,8 +668,8 @@ mod tests {
         let granted = token(&[("crm".into(), Some(row("crm", false)))]);
         assert_eq!(outcome(&granted), Outcome::Queued);
         assert!(
-            granted.record["toolToken"]["crm"].is_string(),
-            "{}",
+            granted.record.to_json()["toolToken"]["crm"].is_string(),
+            "{:?}",
             granted.record
         );
         let asks = token(&[("billing".into(), Some(row("billing", true)))]);
@@ -578,8 +687,17 @@ mod tests {
         // A refusal reads as one, whatever the operation alone would have
         // been (it is recorded as `capability.denied`).
         for refused in [&undefined, &unlisted] {
-            assert_eq!(refused.record["decision"], "deny", "{}", refused.record);
-            assert!(refused.record.get("rule").is_none(), "{}", refused.record);
+            assert_eq!(
+                refused.record.to_json()["decision"],
+                "deny",
+                "{:?}",
+                refused.record
+            );
+            assert!(
+                refused.record.to_json().get("rule").is_none(),
+                "{:?}",
+                refused.record
+            );
         }
     }
 }

@@ -4,17 +4,19 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use moat_core::event_data::{ApprovalDenied, ApprovalExpired, ApprovalGranted};
-use moat_core::{DenialReason, EventData, EventType};
-use moat_store::{
-    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, event, stamp, typed_event,
+use moat_core::event_data::{
+    ApprovalDenied, ApprovalExpired, ApprovalGranted, CapabilityDenied, CapabilityGranted,
+    PolicyDecision,
 };
-use serde_json::json;
+use moat_core::{DenialReason, EventData};
+use moat_store::{
+    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, stamp, typed_event,
+};
 
 use super::AppState;
 use super::auth::Operator;
 use super::error::{ApiError, ApiResult};
-use crate::decide::denied_result;
+use crate::decide::{DecisionRecord, denied_result};
 
 /// The longest reason an approver may give.
 const MAX_REASON: usize = 2000;
@@ -119,10 +121,6 @@ fn settle(
         .as_ref()
         .and_then(|o| o.envelope["correlationId"].as_str().map(str::to_owned))
         .unwrap_or_else(|| approval.op_id.clone());
-    let base = json!({
-        "approvalId": approval.id, "rule": approval.rule, "risk": approval.risk,
-        "by": by, "via": via, "reason": reason,
-    });
     let with_op = |mut e: moat_core::Event| {
         e.op_id = Some(approval.op_id.clone());
         e.correlation_id = Some(correlation.clone());
@@ -132,12 +130,21 @@ fn settle(
         Verdict::Approved => {
             // The grant reads like any other: the decision it completes
             // (policy, manifest, resource, sandbox), then the approval.
-            let mut granted = op.map(|o| o.decision).unwrap_or_else(|| json!({}));
-            if let (Some(g), Some(b)) = (granted.as_object_mut(), base.as_object()) {
-                g.extend(b.clone());
-            }
-            granted["decision"] = "allow".into();
-            granted["policies"] = json!([approval.rule]);
+            let decided = op
+                .and_then(|o| serde_json::from_value::<DecisionRecord>(o.decision).ok())
+                .map(|record| record.granted())
+                .unwrap_or_default();
+            let granted = CapabilityGranted {
+                decision: Some(PolicyDecision::Allow),
+                policies: Some(vec![approval.rule.clone()]),
+                rule: Some(approval.rule.clone()),
+                risk: Some(approval.risk.clone()),
+                approval_id: Some(approval.id.clone()),
+                by: by.map(str::to_owned),
+                via: Some(via.to_owned()),
+                reason: reason.map(str::to_owned),
+                ..decided
+            };
             (
                 ApprovalState::Approved,
                 vec![
@@ -153,7 +160,7 @@ fn settle(
                         run,
                         now,
                     )),
-                    with_op(event(EventType::CapabilityGranted, run, now, granted)),
+                    with_op(typed_event(EventData::CapabilityGranted(granted), run, now)),
                 ],
                 None,
             )
@@ -197,15 +204,22 @@ fn settle(
                     ApprovalState::Expired,
                 )
             };
-            let mut denied = base.clone();
-            denied["decision"] = "deny".into();
-            denied["reason"] = denial.as_str().into();
-            denied["message"] = message.clone().into();
+            let denied = CapabilityDenied {
+                decision: Some(PolicyDecision::Deny),
+                reason: Some(denial),
+                message: Some(message.clone()),
+                rule: Some(approval.rule.clone()),
+                risk: Some(approval.risk.clone()),
+                approval_id: Some(approval.id.clone()),
+                by: by.map(str::to_owned),
+                via: Some(via.to_owned()),
+                ..CapabilityDenied::default()
+            };
             (
                 state,
                 vec![
                     with_op(typed_event(settled, run, now)),
-                    with_op(event(EventType::CapabilityDenied, run, now, denied)),
+                    with_op(typed_event(EventData::CapabilityDenied(denied), run, now)),
                 ],
                 Some(denied_result(&approval.op_id, denial, message)),
             )
@@ -250,7 +264,7 @@ mod tests {
 
     use moat_core::{EventData, OpStatus};
     use moat_store::{NewApproval, NewOp, NewRun, OpState};
-    use serde_json::Value;
+    use serde_json::{Value, json};
 
     use super::*;
 

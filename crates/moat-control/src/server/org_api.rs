@@ -17,9 +17,9 @@ use moat_api::org::{
 use moat_core::event_data::{ApprovalRequested, ApprovalSummary, CapabilityRequested};
 use moat_core::hash::sha256_hex;
 use moat_core::ids::RunId;
-use moat_core::{Envelope, EventData, EventType, SignedManifest};
+use moat_core::{Envelope, EventData, SignedManifest};
 use moat_store::{
-    NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, event, stamp, typed_event,
+    NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, stamp, typed_event,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -238,11 +238,6 @@ fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
     })
 }
 
-/// A text field of a decision record (empty if it has none).
-fn text_of(record: &Value, key: &str) -> String {
-    record[key].as_str().unwrap_or_default().to_owned()
-}
-
 /// What an approver reads about an operation.
 fn approval_summary(
     envelope: &Envelope,
@@ -338,8 +333,8 @@ pub async fn post_op(
         &envelope,
         tool.as_ref(),
     );
-    if let (Some(def), Some(record)) = (&tool, decided.record.as_object_mut()) {
-        record.insert("toolHash".into(), def.hash().into());
+    if let Some(def) = &tool {
+        decided.record.tool_hash = Some(def.hash());
     }
     if !token_tools.is_empty() {
         decide_token_tools(
@@ -373,14 +368,11 @@ pub async fn post_op(
     let summary_json =
         serde_json::to_value(&summary).map_err(|e| ApiError::internal(e.to_string()))?;
     let mut outcome = match (&denial, &decided.approval) {
-        (Some((reason, message)), _) => {
-            let mut data = decision.clone();
-            if let Some(map) = data.as_object_mut() {
-                map.insert("reason".into(), reason.as_str().into());
-                map.insert("message".into(), message.clone().into());
-            }
-            event(EventType::CapabilityDenied, &run_id, now, data)
-        }
+        (Some((reason, message)), _) => typed_event(
+            EventData::CapabilityDenied(decision.denied(*reason, message.clone())),
+            &run_id,
+            now,
+        ),
         (None, Some((rule, risk))) => typed_event(
             EventData::ApprovalRequested(ApprovalRequested {
                 approval_id: approval_id.clone(),
@@ -388,13 +380,17 @@ pub async fn post_op(
                 risk: risk.clone(),
                 expires_at: stamp(approval_expires),
                 summary: summary.clone(),
-                policy_hash: text_of(&decision, "policyHash"),
-                manifest_hash: text_of(&decision, "manifestHash"),
+                policy_hash: decision.policy_hash.clone(),
+                manifest_hash: decision.manifest_hash.clone().unwrap_or_default(),
             }),
             &run_id,
             now,
         ),
-        (None, None) => event(EventType::CapabilityGranted, &run_id, now, decision.clone()),
+        (None, None) => typed_event(
+            EventData::CapabilityGranted(decision.granted()),
+            &run_id,
+            now,
+        ),
     };
     outcome.op_id = requested.op_id.clone();
     outcome.correlation_id = requested.correlation_id.clone();
@@ -403,6 +399,7 @@ pub async fn post_op(
         .map(|(reason, message)| denied_result(&envelope.id, *reason, message.clone()));
     let envelope_json =
         serde_json::to_value(&envelope).map_err(|e| ApiError::internal(e.to_string()))?;
+    let decision = decision.to_json();
     let approval = decided.approval.clone();
     let pending = approval.is_some().then(|| PendingApproval {
         id: approval_id.clone(),

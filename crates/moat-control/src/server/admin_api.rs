@@ -162,7 +162,7 @@ pub async fn publish_manifest(
     JsonObject(signed): JsonObject<SignedManifest>,
 ) -> ApiResult<(StatusCode, Json<ManifestPublished>)> {
     check_manifest(&state, &signed).map_err(|(reason, message)| {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, reason, message)
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, reason.as_str(), message)
     })?;
     if signed.manifest.policy_hash != state.config.policy.hash() {
         return Err(ApiError::new(

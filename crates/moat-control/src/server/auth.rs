@@ -9,12 +9,12 @@ use axum::body::Bytes;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Uri};
-use moat_core::EventType;
+use moat_core::EventData;
+use moat_core::event_data::{RunnerRejected, RunnerRejection};
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_store::{RunnerRequest, RunnerRow, TokenKind, event};
-use serde_json::json;
+use moat_store::{RunnerRequest, RunnerRow, TokenKind, typed_event};
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
@@ -194,28 +194,58 @@ pub fn precheck(headers: &HeaderMap, now: i64) -> ApiResult<()> {
     Ok(())
 }
 
+/// Who a refusal is about: what the runner is, or (at registration) what it
+/// claimed to be.
+pub struct Rejected {
+    pub runner_id: Option<String>,
+    pub runner_hash: String,
+    pub manifest_hash: String,
+    pub policy_hash: Option<String>,
+    pub environment: Option<String>,
+    pub version: Option<String>,
+}
+
+impl Rejected {
+    /// A registered runner.
+    pub fn runner(runner: &RunnerRow) -> Rejected {
+        Rejected {
+            runner_id: Some(runner.id.clone()),
+            runner_hash: runner.runner_hash.clone(),
+            manifest_hash: runner.manifest_hash.clone(),
+            policy_hash: None,
+            environment: None,
+            version: None,
+        }
+    }
+}
+
 /// Records `runner.rejected` for `org` with `reason` and answers 403.
 pub async fn reject(
     state: &Arc<AppState>,
     org: &str,
-    reason: &'static str,
+    reason: RunnerRejection,
     message: String,
-    data: serde_json::Value,
+    who: Rejected,
 ) -> ApiError {
     let now = state.now();
-    let mut data = data;
-    if let Some(map) = data.as_object_mut() {
-        map.insert("reason".into(), reason.into());
-        map.insert("message".into(), message.clone().into());
-    }
+    let data = EventData::RunnerRejected(RunnerRejected {
+        reason,
+        message: message.clone(),
+        runner_hash: who.runner_hash,
+        manifest_hash: who.manifest_hash,
+        runner_id: who.runner_id,
+        policy_hash: who.policy_hash,
+        environment: who.environment,
+        version: who.version,
+    });
     let org = org.to_owned();
     let recorded = state
-        .db(move |s| s.append_events(&org, &[event(EventType::RunnerRejected, "", now, data)]))
+        .db(move |s| s.append_events(&org, &[typed_event(data, "", now)]))
         .await;
     if let Err(e) = recorded {
         return e;
     }
-    ApiError::forbidden(reason, message)
+    ApiError::forbidden(reason.as_str(), message)
 }
 
 /// The runner that signed this request, once its signature, timestamp and
@@ -269,47 +299,52 @@ pub async fn runner(
     let standing = match checked {
         RunnerRequest::UnknownRunner => return Err(ApiError::unauthorized("unknown runner")),
         RunnerRequest::Refused(runner) => {
-            let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
             return Err(reject(
                 state,
                 &runner.org_id,
-                "bad_request_signature",
+                RunnerRejection::BadRequestSignature,
                 "the request signature does not verify".into(),
-                subject,
+                Rejected::runner(&runner),
             )
             .await);
         }
         RunnerRequest::Checked(standing) => standing,
     };
     let runner = standing.runner;
-    let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
     // A stale request spends its nonce too: harmless, and it is refused.
     let skew = now.abs_diff(timestamp);
     let refusal = if skew > request_sig::MAX_SKEW_MS.unsigned_abs() {
         Some((
-            "stale_request",
+            RunnerRejection::StaleRequest,
             format!("request time is {skew} ms from the control plane's"),
         ))
     } else if !standing.fresh_nonce {
         Some((
-            "replayed_request",
+            RunnerRejection::ReplayedRequest,
             "this request nonce was already used".to_owned(),
         ))
     } else if !standing.build_allowed {
         Some((
-            "revoked",
+            RunnerRejection::Revoked,
             "the runner build is not (or no longer) allowed".to_owned(),
         ))
     } else if !standing.manifest_standing {
         Some((
-            "revoked",
+            RunnerRejection::Revoked,
             "the runner's manifest or its signing key was revoked".to_owned(),
         ))
     } else {
         None
     };
     if let Some((reason, message)) = refusal {
-        return Err(reject(state, &runner.org_id, reason, message, subject).await);
+        return Err(reject(
+            state,
+            &runner.org_id,
+            reason,
+            message,
+            Rejected::runner(&runner),
+        )
+        .await);
     }
     Ok(runner)
 }

@@ -2,6 +2,7 @@
 //! (admin API) and registration (runner API).
 
 use moat_core::SignedManifest;
+use moat_core::event_data::RunnerRejection;
 
 use super::AppState;
 use super::error::ApiError;
@@ -16,24 +17,24 @@ pub fn is_sha256(text: &str) -> bool {
 pub fn check_manifest(
     state: &AppState,
     signed: &SignedManifest,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), (RunnerRejection, String)> {
     let public = state.config.key.public();
     signed.verify(&public).map_err(|e| {
         (
-            "bad_signature",
+            RunnerRejection::BadSignature,
             format!("the manifest does not verify with the control plane's key: {e}"),
         )
     })?;
     let m = &signed.manifest;
     if m.control_plane_public_key != public.to_base64() {
         return Err((
-            "bad_signature",
+            RunnerRejection::BadSignature,
             "the manifest names another control plane's key".into(),
         ));
     }
     if m.environment != state.config.environment {
         return Err((
-            "wrong_environment",
+            RunnerRejection::WrongEnvironment,
             format!(
                 "manifest for {:?}, this control plane serves {:?}",
                 m.environment, state.config.environment

@@ -11,11 +11,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use moat_core::event_data::{OpFinished, RunnerManifestRefreshed, RunnerRegistered};
+use moat_core::event_data::{
+    OpFinished, RunnerManifestRefreshed, RunnerRegistered, RunnerRejection,
+};
 use moat_core::{Envelope, Event, EventData, EventType, OpKind, SandboxMode, SignedManifest};
 use moat_store::{NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp, typed_event};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::AppState;
 use super::auth;
@@ -45,23 +47,26 @@ fn registration_problem(
     build_allowed: bool,
     key_revoked: bool,
     current: Option<&str>,
-) -> Option<(&'static str, String)> {
+) -> Option<(RunnerRejection, String)> {
     let m = &reg.signed_manifest.manifest;
     if let Err(problem) = check_manifest(state, &reg.signed_manifest) {
         return Some(problem);
     }
     if key_revoked {
-        return Some(("revoked", "the manifest's signing key was revoked".into()));
+        return Some((
+            RunnerRejection::Revoked,
+            "the manifest's signing key was revoked".into(),
+        ));
     }
     if !build_allowed {
         return Some((
-            "unknown_runner_hash",
+            RunnerRejection::UnknownRunnerHash,
             format!("runner build {} is not on the allowlist", reg.runner_hash),
         ));
     }
     if reg.environment != m.environment {
         return Some((
-            "wrong_environment",
+            RunnerRejection::WrongEnvironment,
             format!(
                 "the runner says {:?}, its manifest {:?}",
                 reg.environment, m.environment
@@ -70,7 +75,7 @@ fn registration_problem(
     }
     if reg.version != m.runner_version {
         return Some((
-            "wrong_version",
+            RunnerRejection::WrongVersion,
             format!(
                 "runner version {:?}, manifest {:?}",
                 reg.version, m.runner_version
@@ -80,27 +85,27 @@ fn registration_problem(
     match manifest_expiry(&reg.signed_manifest) {
         Ok(expires) if expires <= now => {
             return Some((
-                "manifest_expired",
+                RunnerRejection::ManifestExpired,
                 format!("the manifest expired at {}", m.expires_at),
             ));
         }
         Ok(_) => {}
         Err(_) => {
             return Some((
-                "bad_signature",
+                RunnerRejection::BadSignature,
                 "the manifest's expiresAt is unreadable".into(),
             ));
         }
     }
     if m.policy_hash != state.config.policy.hash() {
         return Some((
-            "stale_policy",
+            RunnerRejection::StalePolicy,
             "the manifest names a policy this control plane no longer serves".into(),
         ));
     }
     if current != Some(reg.signed_manifest.manifest_hash.as_str()) {
         return Some((
-            "stale_manifest",
+            RunnerRejection::StaleManifest,
             match current {
                 Some(c) => format!("the current manifest is {c}"),
                 None => "no manifest is published for this environment".into(),
@@ -109,7 +114,7 @@ fn registration_problem(
     }
     if let Some(extra) = reg.ops.iter().find(|op| !m.allowed_ops.contains(op)) {
         return Some((
-            "ops_beyond_manifest",
+            RunnerRejection::OpsBeyondManifest,
             format!("{} is not in the manifest's allowedOps", extra.as_str()),
         ));
     }
@@ -119,19 +124,19 @@ fn registration_problem(
         .any(|mode| mode.as_str() == reg.sandbox_mode)
     {
         return Some((
-            "ops_beyond_manifest",
+            RunnerRejection::OpsBeyondManifest,
             format!("sandbox mode {} is not in the manifest", reg.sandbox_mode),
         ));
     }
     if !(1..=MAX_SLOTS).contains(&reg.slots) {
         return Some((
-            "bad_request",
+            RunnerRejection::BadRequest,
             format!("slots: from 1 to {MAX_SLOTS}, not {}", reg.slots),
         ));
     }
     if moat_core::sign::PublicKey::from_base64(&reg.public_key).is_err() {
         return Some((
-            "bad_signature",
+            RunnerRejection::BadSignature,
             "publicKey is not a base64 Ed25519 key".into(),
         ));
     }
@@ -173,10 +178,14 @@ pub async fn register(
             ))
         })
         .await?;
-    let subject = json!({
-        "runnerHash": reg.runner_hash, "manifestHash": reg.signed_manifest.manifest_hash,
-        "policyHash": reg.signed_manifest.manifest.policy_hash, "environment": reg.environment, "version": reg.version,
-    });
+    let subject = auth::Rejected {
+        runner_id: None,
+        runner_hash: reg.runner_hash.clone(),
+        manifest_hash: reg.signed_manifest.manifest_hash.clone(),
+        policy_hash: Some(reg.signed_manifest.manifest.policy_hash.clone()),
+        environment: Some(reg.environment.clone()),
+        version: Some(reg.version.clone()),
+    };
     if let Some((reason, message)) = registration_problem(
         &state,
         &reg,
@@ -329,13 +338,12 @@ pub async fn claim(
     let deadline = match lifecycle::claim(state.config.clock.now(), &life, grace, false) {
         Ok(deadline) => deadline,
         Err(stop) => {
-            let subject = json!({"runnerId": runner.id, "runnerHash": runner.runner_hash, "manifestHash": runner.manifest_hash});
             return Err(auth::reject(
                 &state,
                 &runner.org_id,
-                stop.as_str(),
+                stop.into(),
                 "no new claims on an expired manifest".into(),
-                subject,
+                auth::Rejected::runner(&runner),
             )
             .await);
         }

@@ -122,6 +122,42 @@ pub enum RunnerRejection {
     ReplayedRequest,
 }
 
+impl RunnerRejection {
+    /// The reason as the API answers it (and as it is recorded).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunnerRejection::Revoked => "revoked",
+            RunnerRejection::UnknownRunnerHash => "unknown_runner_hash",
+            RunnerRejection::WrongEnvironment => "wrong_environment",
+            RunnerRejection::WrongVersion => "wrong_version",
+            RunnerRejection::ManifestExpired => "manifest_expired",
+            RunnerRejection::ManifestExpiredWithGraceExceeded => {
+                "manifest_expired_with_grace_exceeded"
+            }
+            RunnerRejection::BadSignature => "bad_signature",
+            RunnerRejection::StalePolicy => "stale_policy",
+            RunnerRejection::StaleManifest => "stale_manifest",
+            RunnerRejection::OpsBeyondManifest => "ops_beyond_manifest",
+            RunnerRejection::BadRequest => "bad_request",
+            RunnerRejection::BadRequestSignature => "bad_request_signature",
+            RunnerRejection::StaleRequest => "stale_request",
+            RunnerRejection::ReplayedRequest => "replayed_request",
+        }
+    }
+}
+
+impl From<crate::lifecycle::Stop> for RunnerRejection {
+    fn from(stop: crate::lifecycle::Stop) -> Self {
+        match stop {
+            crate::lifecycle::Stop::ManifestExpired => RunnerRejection::ManifestExpired,
+            crate::lifecycle::Stop::GraceExceeded => {
+                RunnerRejection::ManifestExpiredWithGraceExceeded
+            }
+            crate::lifecycle::Stop::Revoked => RunnerRejection::Revoked,
+        }
+    }
+}
+
 /// The control plane refused a runner's registration, claim or signed
 /// request. At registration there is no runner id yet, but what the runner
 /// claimed to be (`policyHash`, `environment`, `version`).
@@ -158,4 +194,41 @@ pub struct RunnerRegistered {
     pub boot_time: String,
     /// Runs it serves at once.
     pub slots: i64,
+}
+
+#[cfg(test)]
+mod rejection_tests {
+    use super::*;
+
+    #[test]
+    fn a_rejection_answers_with_the_name_it_is_recorded_under() {
+        for reason in [
+            RunnerRejection::Revoked,
+            RunnerRejection::UnknownRunnerHash,
+            RunnerRejection::WrongEnvironment,
+            RunnerRejection::WrongVersion,
+            RunnerRejection::ManifestExpired,
+            RunnerRejection::ManifestExpiredWithGraceExceeded,
+            RunnerRejection::BadSignature,
+            RunnerRejection::StalePolicy,
+            RunnerRejection::StaleManifest,
+            RunnerRejection::OpsBeyondManifest,
+            RunnerRejection::BadRequest,
+            RunnerRejection::BadRequestSignature,
+            RunnerRejection::StaleRequest,
+            RunnerRejection::ReplayedRequest,
+        ] {
+            assert_eq!(
+                serde_json::to_value(reason).ok(),
+                Some(serde_json::Value::from(reason.as_str()))
+            );
+        }
+        for stop in [
+            crate::lifecycle::Stop::ManifestExpired,
+            crate::lifecycle::Stop::GraceExceeded,
+            crate::lifecycle::Stop::Revoked,
+        ] {
+            assert_eq!(RunnerRejection::from(stop).as_str(), stop.as_str());
+        }
+    }
 }

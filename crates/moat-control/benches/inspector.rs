@@ -13,10 +13,11 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use moat_control::PolicyEngine;
 use moat_control::clock::SystemClock;
 use moat_control::server::{self, AppState, Config};
+use moat_core::Event;
+use moat_core::EventData;
+use moat_core::event_data::{CapabilityGranted, CapabilityRequested, PolicyDecision};
 use moat_core::sign::PrivateKey;
-use moat_core::{Event, EventType};
-use moat_store::{NewRun, Store, TempPostgres, event};
-use serde_json::json;
+use moat_store::{NewRun, Store, TempPostgres, typed_event};
 
 const RUNS: usize = 10_000;
 const EVENTS: usize = 1_000_000;
@@ -50,17 +51,22 @@ fn fill(store: &Store) -> String {
     for i in 0..RUNS {
         let run = format!("run-{i:05}");
         for n in 0..per_run {
-            let mut e = event(
-                if n % 2 == 0 {
-                    EventType::CapabilityRequested
-                } else {
-                    EventType::CapabilityGranted
-                },
-                &run,
-                now,
-                json!({"op": "artifact_read", "decision": "allow", "policies": ["read-workspace"],
-                       "resource": "Moat::Path::\"input/data.csv\""}),
-            );
+            let op = Some("artifact_read".to_owned());
+            let data = if n % 2 == 0 {
+                EventData::CapabilityRequested(CapabilityRequested {
+                    op,
+                    ..CapabilityRequested::default()
+                })
+            } else {
+                EventData::CapabilityGranted(CapabilityGranted {
+                    op,
+                    decision: Some(PolicyDecision::Allow),
+                    policies: Some(vec!["read-workspace".into()]),
+                    resource: Some("Moat::Path::\"input/data.csv\"".into()),
+                    ..CapabilityGranted::default()
+                })
+            };
+            let mut e = typed_event(data, &run, now);
             e.op_id = Some(format!("op-{}", n / 2));
             batch.push(e);
         }

@@ -6,7 +6,7 @@ use moat_core::event_data::{
     ApprovalExpired, FinalRunState, RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput,
     RunLeaseExpired, RunRetried,
 };
-use moat_core::{Event, EventData, EventType};
+use moat_core::{Event, EventData};
 use serde_json::json;
 
 use crate::{Row, Store, StoreError, Tx, events};
@@ -108,21 +108,9 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
 /// RFC 3339 (milliseconds, UTC) of `ms` since the epoch.
 pub use moat_core::time::stamp_ms as stamp;
 
-/// An event about `run` at `now`.
 /// An event of `data`'s type about `run` (empty: about none), at `now`.
 pub fn typed_event(data: moat_core::EventData, run: &str, now: i64) -> Event {
     Event::of(data, stamp(now), run.to_owned())
-}
-
-pub fn event(kind: EventType, run: &str, now: i64, data: serde_json::Value) -> Event {
-    Event {
-        event_type: kind,
-        at: stamp(now),
-        run_id: run.to_owned(),
-        op_id: None,
-        correlation_id: None,
-        data,
-    }
 }
 
 pub(super) fn get(tx: &mut dyn Tx, org: &str, id: &str) -> Result<Option<RunRow>, StoreError> {

@@ -199,7 +199,18 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             label: "out.txt".into(),
             data,
         };
-        let ev = moat_store::event(EventType::OpFinished, "r", 24, json!({}));
+        let ev = moat_store::typed_event(
+            moat_core::EventData::OpFinished(moat_core::event_data::OpFinished {
+                status: moat_core::OpStatus::Ok,
+                runner_id: "runner-1".into(),
+                reason: None,
+                artifacts: None,
+                profile: None,
+                message: None,
+            }),
+            "r",
+            24,
+        );
         let result = json!({"status": "ok"});
         let report = OpResult {
             org: &a,

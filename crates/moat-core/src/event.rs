@@ -4,6 +4,11 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::event_data;
+
+// One list drives both enums (the type's name, its payload) and the
+// functions between them, so they cannot drift apart. Each variant's
+// payload is the `event_data` struct of the same name.
 macro_rules! event_types {
     ($($(#[$meta:meta])* $variant:ident => $text:literal),+ $(,)?) => {
         /// Every event type Moat emits.
@@ -17,6 +22,45 @@ macro_rules! event_types {
 
             pub fn as_str(self) -> &'static str {
                 match self { $(EventType::$variant => $text),+ }
+            }
+        }
+
+        /// An event's type with its payload: serialised as
+        /// `{"type": "<name>", "data": {...}}`, the two keys of [`Event`]
+        /// they stand for.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(tag = "type", content = "data", deny_unknown_fields)]
+        pub enum EventData {
+            $(#[serde(rename = $text)] $variant(event_data::$variant)),+
+        }
+
+        impl EventData {
+            pub fn event_type(&self) -> EventType {
+                match self {
+                    $(EventData::$variant(_) => EventType::$variant),+
+                }
+            }
+
+            /// The `data` object alone.
+            pub fn into_data(self) -> serde_json::Value {
+                // These types serialise to JSON without fail: string keys
+                // only, no floats, no fallible `Serialize` of their own.
+                match self {
+                    $(EventData::$variant(d) => serde_json::to_value(d).unwrap_or_default()),+
+                }
+            }
+
+            /// `data` read as the payload of `event_type`; an unknown key, a
+            /// missing one or a wrong type is an error.
+            pub fn parse(
+                event_type: EventType,
+                data: &serde_json::Value,
+            ) -> Result<EventData, serde_json::Error> {
+                match event_type {
+                    $(EventType::$variant => {
+                        event_data::$variant::deserialize(data).map(EventData::$variant)
+                    }),+
+                }
             }
         }
     };

@@ -27,8 +27,7 @@ pub mod time;
 pub mod url;
 
 pub use denial::DenialReason;
-pub use event::{Event, EventSink, EventType};
-pub use event_data::EventData;
+pub use event::{Event, EventData, EventSink, EventType};
 pub use limits::Limits;
 pub use manifest::{Manifest, ManifestError, NetworkPolicy, NetworkProfile, SignedManifest};
 pub use mode::{NetworkMode, RootView, SandboxMode};

@@ -223,17 +223,7 @@ impl Store {
         &self,
         mut body: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut attempt = 0;
-        loop {
-            let result = self.tx_once(&mut body);
-            match result {
-                Err(e) if e.retryable() && attempt < 8 => {
-                    attempt += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(5 << attempt.min(6)));
-                }
-                other => return other,
-            }
-        }
+        retrying(|| self.tx_once(&mut body))
     }
 
     /// Runs read-only `body`: on PostgreSQL without a transaction (each
@@ -266,23 +256,12 @@ impl Store {
     ) -> Result<T, StoreError> {
         match &self.backend {
             Backend::Sqlite(_) => self.tx(body),
-            Backend::Postgres(pool) => {
-                let mut attempt = 0;
-                loop {
-                    let mut conn = pool.take()?;
-                    let result = body(&mut conn.autocommit());
-                    pool.give(conn);
-                    match result {
-                        Err(e) if e.retryable() && attempt < 8 => {
-                            attempt += 1;
-                            std::thread::sleep(std::time::Duration::from_millis(
-                                5 << attempt.min(6),
-                            ));
-                        }
-                        other => return other,
-                    }
-                }
-            }
+            Backend::Postgres(pool) => retrying(|| {
+                let mut conn = pool.take()?;
+                let result = body(&mut conn.autocommit());
+                pool.give(conn);
+                result
+            }),
         }
     }
 
@@ -305,6 +284,21 @@ impl Store {
                 pool.give(conn);
                 result
             }
+        }
+    }
+}
+
+/// `attempt` again (up to 8 times, backing off) while it fails with a
+/// deadlock, a serialisation failure or a busy database.
+fn retrying<T>(mut attempt: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    let mut retries = 0;
+    loop {
+        match attempt() {
+            Err(e) if e.retryable() && retries < 8 => {
+                retries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5 << retries.min(6)));
+            }
+            other => return other,
         }
     }
 }

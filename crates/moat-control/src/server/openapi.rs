@@ -307,6 +307,8 @@ enum Answer {
     Json(SchemaOf),
     /// Another media type, with a plain schema and what it holds.
     Other(&'static str, &'static str),
+    /// No body at all (204), and what that means.
+    Empty(&'static str),
 }
 
 /// The request body and the answers of one route.
@@ -424,7 +426,7 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
             request: None,
             answers: vec![
                 ("200", Answer::Json(schema::<Claim>)),
-                ("204", Answer::Other("", "No run is waiting")),
+                ("204", Answer::Empty("No run is waiting")),
             ],
         },
         ("post", "/v1/runner/manifest") => takes(
@@ -436,7 +438,7 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
             request: None,
             answers: vec![
                 ("200", Answer::Json(schema::<Next>)),
-                ("204", Answer::Other("", "Nothing to do yet: ask again")),
+                ("204", Answer::Empty("Nothing to do yet: ask again")),
             ],
         },
         ("post", "/v1/runner/runs/{run}/heartbeat") => answers("200", schema::<Heartbeat>),
@@ -462,8 +464,7 @@ fn answer_body(answer: Answer, generator: &mut SchemaGenerator) -> Value {
             body["description"] = "Success".into();
             body
         }
-        // No body at all (204).
-        Answer::Other("", what) => json!({"description": what}),
+        Answer::Empty(what) => json!({"description": what}),
         Answer::Other(media, what) => {
             let kind = if media == "application/json" {
                 "object"

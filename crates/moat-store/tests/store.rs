@@ -64,6 +64,18 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
         .expect("run");
 }
 
+/// Org `a` with run `r` (up to `attempts`), claimed by `runner-1` at
+/// `now` for `lease` ms; the org's id.
+fn held_run(store: &Store, attempts: i64, now: i64, lease: i64) -> String {
+    let a = org(store, "a");
+    run(store, &a, "r", attempts);
+    store
+        .claim_run(&a, "test", "runner-1", "m", now, lease)
+        .unwrap()
+        .expect("claim");
+    a
+}
+
 /// A queued op `id` of run `r` with an empty envelope and decision.
 fn queued<'a>(org: &'a str, id: &'a str, empty: &'a serde_json::Value) -> NewOp<'a> {
     NewOp {
@@ -268,11 +280,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
 fn a_lost_lease_retries_then_dead_letters() {
     for b in backends() {
         let s = &b.store;
-        let a = org(s, "a");
-        run(s, &a, "r", 2);
-        s.claim_run(&a, "test", "runner-1", "m", 100, 50)
-            .unwrap()
-            .expect("claim");
+        let a = held_run(s, 2, 100, 50);
         let empty = json!({});
         s.insert_op(&queued(&a, "o", &empty), 101).unwrap();
         s.dispatch_op(&a, "runner-1", "r", 102)
@@ -400,11 +408,7 @@ fn concurrent_claims_take_each_run_once() {
 fn concurrent_dispatches_hand_each_op_out_once_in_order() {
     for b in backends() {
         let s = &b.store;
-        let a = org(s, "a");
-        run(s, &a, "r", 1);
-        s.claim_run(&a, "test", "runner-1", "m", 20, 60_000)
-            .unwrap()
-            .expect("claim");
+        let a = held_run(s, 1, 20, 60_000);
         let empty = json!({});
         for i in 0..60 {
             let id = format!("op-{i:02}");
@@ -450,11 +454,7 @@ fn concurrent_dispatches_hand_each_op_out_once_in_order() {
 fn a_run_that_ends_expires_its_open_approvals() {
     for b in backends() {
         let s = &b.store;
-        let a = org(s, "a");
-        run(s, &a, "r", 1);
-        s.claim_run(&a, "test", "runner-1", "m", 20, 60_000)
-            .unwrap()
-            .expect("claim");
+        let a = held_run(s, 1, 20, 60_000);
         let (empty, summary) = (json!({}), json!({"op": "artifact_read", "args": {}}));
         let waiting = NewOp {
             state: OpState::PendingApproval,

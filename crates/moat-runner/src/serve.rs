@@ -113,25 +113,16 @@ impl Runner {
         }
         let runs = self.config.state_dir.join("runs");
         let workspace = runs.join(run_id);
+        // An earlier attempt's files never meet this one.
         if workspace.exists() {
             std::fs::remove_dir_all(&workspace).io(|| workspace.display().to_string())?;
         }
-        // The runner's alone: another run's sandbox runs as another host
-        // uid, which must find nothing here even if it got out.
-        private_dir(&runs)?;
-        private_dir(&workspace)?;
-        for dir in ["output", "input"] {
-            std::fs::create_dir_all(workspace.join(dir))
-                .io(|| format!("{}/{dir}", workspace.display()))?;
-        }
-        write_inputs(&workspace, &claim.inputs)?;
-        // Started at the first operation: a run without any costs no process.
+        // Made at the first operation, with the shell: a run without any
+        // costs no process and no files.
+        let mut prepared: Option<(Ledger, i64)> = None;
         // The manifest generation it serves under: a refresh (by any slot)
         // takes over at this run's next operation boundary, in a new shell.
         let mut shell: Option<(ShellChild, u64)> = None;
-        // Read alongside the shell, which writes it (WAL: readers see each commit).
-        let ledger = Ledger::open(&self.shell_state.join("ledger.db"))?;
-        let mut ledger_seq = ledger.summary()?.0;
         loop {
             // An operation boundary: a refreshed manifest takes over here,
             // in a new shell.
@@ -166,6 +157,10 @@ impl Runner {
                         self.client.tool_call(run_id, &op_id)?;
                         continue;
                     }
+                    let (ledger, ledger_seq) = match &mut prepared {
+                        Some(prepared) => prepared,
+                        None => prepared.insert(self.prepare_workspace(&workspace, claim)?),
+                    };
                     let shell = match &mut shell {
                         Some((shell, _)) => shell,
                         None => {
@@ -176,9 +171,9 @@ impl Runner {
                     let result = self.run_op(shell, run_id, &envelope, tool_token.as_deref())?;
                     let mut events = Vec::new();
                     loop {
-                        let page = ledger.events(Some(run_id), ledger_seq, 1000)?;
+                        let page = ledger.events(Some(run_id), *ledger_seq, 1000)?;
                         let Some(last) = page.last() else { break };
-                        ledger_seq = last.seq;
+                        *ledger_seq = last.seq;
                         events.extend(page.into_iter().map(|e| e.event));
                     }
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
@@ -201,6 +196,31 @@ impl Runner {
                 Next::Ended => return Ok(()),
             }
         }
+    }
+
+    /// The run's workspace with its inputs, and the shells' ledger (read
+    /// alongside the shell, which writes it; WAL: readers see each commit)
+    /// with the sequence number it stood at before the run's first
+    /// operation.
+    fn prepare_workspace(
+        &self,
+        workspace: &Path,
+        claim: &Claim,
+    ) -> Result<(Ledger, i64), RunnerError> {
+        // The runner's alone: another run's sandbox runs as another host
+        // uid, which must find nothing here even if it got out.
+        if let Some(runs) = workspace.parent() {
+            private_dir(runs)?;
+        }
+        private_dir(workspace)?;
+        for dir in ["output", "input"] {
+            std::fs::create_dir_all(workspace.join(dir))
+                .io(|| format!("{}/{dir}", workspace.display()))?;
+        }
+        write_inputs(workspace, &claim.inputs)?;
+        let ledger = Ledger::open(&self.shell_state.join("ledger.db"))?;
+        let seq = ledger.summary()?.0;
+        Ok((ledger, seq))
     }
 
     /// One operation through the shell, with the run's lease kept alive by

@@ -40,6 +40,9 @@ pub enum Change {
     All,
     /// One run (an operation queued, dispatched or answered).
     Run(String),
+    /// An org has a run to claim in an environment (created, or queued
+    /// again): one of its runners' claims there looks again.
+    Queue { org: String, environment: String },
 }
 
 /// What goes out on the channel.
@@ -61,6 +64,9 @@ impl Outgoing {
         match self {
             Outgoing::Change(Change::All) => format!("{replica} *"),
             Outgoing::Change(Change::Run(run)) => format!("{replica} run {run}"),
+            Outgoing::Change(Change::Queue { org, environment }) => {
+                format!("{replica} queue {org} {environment}")
+            }
             Outgoing::Hello => format!("{replica} hello"),
         }
     }
@@ -75,10 +81,22 @@ fn parse<'a>(payload: &'a str, replica: &str) -> Option<(&'a str, Heard)> {
     let heard = match rest {
         "*" => Heard::Change(Change::All),
         "hello" => Heard::Hello,
-        _ => rest
-            .strip_prefix("run ")
-            .filter(|run| !run.is_empty())
-            .map(|run| Heard::Change(Change::Run(run.to_owned())))?,
+        _ => {
+            let (kind, id) = rest.split_once(' ').filter(|(_, id)| !id.is_empty())?;
+            match kind {
+                "run" => Heard::Change(Change::Run(id.to_owned())),
+                "queue" => {
+                    let (org, environment) = id
+                        .split_once(' ')
+                        .filter(|(o, e)| !o.is_empty() && !e.is_empty())?;
+                    Heard::Change(Change::Queue {
+                        org: org.to_owned(),
+                        environment: environment.to_owned(),
+                    })
+                }
+                _ => return None,
+            }
+        }
     };
     Some((from, heard))
 }
@@ -358,15 +376,19 @@ fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Outgoin
 /// The most announcements sent one by one in a batch.
 const MAX_BATCH: usize = 64;
 
-/// A run whose id is not plain (`[A-Za-z0-9._-]`) is announced as a change
-/// of everything: payloads go into SQL text, and only plain ones do.
+/// A run or org whose id is not plain (`[A-Za-z0-9._-]`) is announced as a
+/// change of everything: payloads go into SQL text, and only plain ones do.
 fn plain(outgoing: Outgoing) -> Outgoing {
+    let is_plain = |id: &str| {
+        !id.is_empty()
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
     match outgoing {
-        Outgoing::Change(Change::Run(run))
-            if run.is_empty()
-                || !run
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+        Outgoing::Change(Change::Run(id)) if !is_plain(&id) => Outgoing::Change(Change::All),
+        Outgoing::Change(Change::Queue { org, environment })
+            if !is_plain(&org) || !is_plain(&environment) =>
         {
             Outgoing::Change(Change::All)
         }
@@ -398,8 +420,25 @@ mod tests {
             parse(&Outgoing::Hello.payload("a"), "b"),
             Some(("a", Heard::Hello))
         );
+        let queue = Change::Queue {
+            org: "org_1".into(),
+            environment: "prod".into(),
+        };
+        assert_eq!(
+            parse(&Outgoing::Change(queue.clone()).payload("a"), "b"),
+            Some(("a", Heard::Change(queue)))
+        );
         assert_eq!(parse(&run.payload("a"), "a"), None);
-        for bad in ["", "a", "a run ", "a walk x", " *"] {
+        for bad in [
+            "",
+            "a",
+            "a run ",
+            "a queue ",
+            "a queue o",
+            "a queue o ",
+            "a walk x",
+            " *",
+        ] {
             assert_eq!(parse(bad, "b"), None, "{bad:?}");
         }
     }
@@ -410,8 +449,17 @@ mod tests {
         let run = |id: &str| Outgoing::Change(Change::Run(id.into()));
         assert_eq!(plain(run("r-1")), run("r-1"));
         assert_eq!(plain(Outgoing::Hello), Outgoing::Hello);
+        let queue = |org: &str, environment: &str| {
+            Outgoing::Change(Change::Queue {
+                org: org.into(),
+                environment: environment.into(),
+            })
+        };
+        assert_eq!(plain(queue("org_1", "prod")), queue("org_1", "prod"));
         for odd in ["", "a'b", "a\\b", "a b", "a;b"] {
             assert_eq!(plain(run(odd)), Outgoing::Change(Change::All), "{odd:?}");
+            assert_eq!(plain(queue(odd, "prod")), Outgoing::Change(Change::All));
+            assert_eq!(plain(queue("org_1", odd)), Outgoing::Change(Change::All));
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use moat_core::Event;
 
+use crate::db::Dialect;
 use crate::{Store, StoreError, Tx, Value};
 use moat_ledger::Walk;
 use moat_ledger::{StoredEvent, Verified, VerifyError, chain_hash};
@@ -32,6 +33,8 @@ pub struct Page {
 }
 
 /// Appends `events` of `org` after the head, in the caller's transaction.
+const MOVE_HEAD: &str = "UPDATE ledger_head SET seq = ?, hash = ? WHERE id = 1";
+
 pub fn append(
     tx: &mut dyn Tx,
     org: &str,
@@ -71,20 +74,24 @@ pub fn append(
             event: event.clone(),
         });
     }
-    // One statement per batch of rows: one round trip instead of one per event.
-    for batch in rows.chunks(7 * INSERT_BATCH) {
+    // One statement per batch of rows: one round trip instead of one per
+    // event. On PostgreSQL the last batch moves the head in the same
+    // statement (a data-modifying WITH): one round trip less per append.
+    let batches: Vec<&[Value]> = rows.chunks(7 * INSERT_BATCH).collect();
+    let head = [Value::from(seq), Value::from(prev)];
+    for (i, batch) in batches.iter().enumerate() {
         let tuples = vec!["(?, ?, ?, ?, ?, ?, ?)"; batch.len() / 7].join(", ");
-        tx.execute(
-            &format!(
-                "INSERT INTO events (seq, org_id, run_id, event_type, body, prev_hash, hash) VALUES {tuples}"
-            ),
-            batch,
-        )?;
+        let insert = format!(
+            "INSERT INTO events (seq, org_id, run_id, event_type, body, prev_hash, hash) VALUES {tuples}"
+        );
+        if i + 1 == batches.len() && tx.dialect() == Dialect::Postgres {
+            let params: Vec<Value> = batch.iter().chain(&head).cloned().collect();
+            tx.execute(&format!("WITH inserted AS ({insert}) {MOVE_HEAD}"), &params)?;
+            return Ok(stored);
+        }
+        tx.execute(&insert, batch)?;
     }
-    tx.execute(
-        "UPDATE ledger_head SET seq = ?, hash = ? WHERE id = 1",
-        &[seq.into(), prev.into()],
-    )?;
+    tx.execute(MOVE_HEAD, &head)?;
     Ok(stored)
 }
 

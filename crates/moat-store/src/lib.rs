@@ -39,7 +39,7 @@ pub use objects::{ArtifactRow, ManifestRow, NewArtifact};
 pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;
 pub use runners::{RunnerRequest, RunnerRow, Standing};
-pub use runs::{NewRun, RunRow, RunState, stamp, typed_event};
+pub use runs::{Claimed, NewRun, RunRow, RunState, stamp, typed_event};
 pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 
 /// Errors of the store.

@@ -201,17 +201,15 @@ impl Store {
         })
     }
 
-    /// How many of the run's operations are waiting for an approval, queued
-    /// or dispatched.
-    pub fn open_ops(&self, org: &str, run: &str) -> Result<i64, StoreError> {
-        self.read(|tx| {
-            tx.query_one(
-                "SELECT COUNT(*) AS n FROM ops WHERE org_id = ? AND run_id = ?
-                 AND state IN ('pending_approval', 'queued', 'dispatched')",
-                &[org.into(), run.into()],
-            )?
-            .map_or(Ok(0), |r| r.int("n"))
-        })
+    /// A run with how many of its operations are still open (waiting for
+    /// approval, queued or dispatched), in one statement: what a runner's
+    /// wait for its run's next step looks at each time it wakes.
+    pub fn run_with_open_ops(
+        &self,
+        org: &str,
+        run: &str,
+    ) -> Result<Option<(crate::RunRow, i64)>, StoreError> {
+        self.read(|tx| crate::runs::get_with_open_ops(tx, org, run))
     }
 
     /// Hands the next queued operation of `run` to `runner`, if it holds the run.

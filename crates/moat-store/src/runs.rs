@@ -121,6 +121,24 @@ pub(super) fn get(tx: &mut dyn Tx, org: &str, id: &str) -> Result<Option<RunRow>
         .transpose()
 }
 
+/// [`get`], with the count of the run's open operations.
+pub(super) fn get_with_open_ops(
+    tx: &mut dyn Tx,
+    org: &str,
+    id: &str,
+) -> Result<Option<(RunRow, i64)>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS}, (SELECT COUNT(*) FROM ops o WHERE o.org_id = runs.org_id
+             AND o.run_id = runs.id AND o.state IN ('pending_approval', 'queued', 'dispatched'))
+             AS open_ops
+         FROM runs WHERE org_id = ? AND id = ?"
+    );
+    tx.query_one(&sql, &[org.into(), id.into()])?
+        .as_ref()
+        .map(|row| Ok((decode(row)?, row.int("open_ops")?)))
+        .transpose()
+}
+
 fn set_state(
     tx: &mut dyn Tx,
     run: &RunRow,
@@ -161,31 +179,24 @@ fn end(
         ],
     )?;
     // Approvals still asked for have nothing left to approve.
-    let pending = tx.query(
-        "SELECT id, op_id, rule, risk FROM approvals WHERE run_id = ? AND state = 'pending'",
-        &[run.id.as_str().into()],
+    let expired = tx.query(
+        "UPDATE approvals SET state = 'expired', resolved_ms = ?, reason = 'the run ended'
+         WHERE run_id = ? AND state = 'pending' RETURNING id, op_id, rule, risk",
+        &[now.into(), run.id.as_str().into()],
     )?;
-    if !pending.is_empty() {
-        tx.execute(
-            "UPDATE approvals SET state = 'expired', resolved_ms = ?, reason = 'the run ended'
-             WHERE run_id = ? AND state = 'pending'",
-            &[now.into(), run.id.as_str().into()],
-        )?;
-        let mut expired = Vec::new();
-        for row in &pending {
-            let expired_one = ApprovalExpired {
-                approval_id: row.text("id")?,
-                reason: Some("the run ended".into()),
-                rule: Some(row.text("rule")?),
-                risk: Some(row.text("risk")?),
-                via: Some("run_end".into()),
-                by: None,
-            };
-            let mut e = typed_event(EventData::ApprovalExpired(expired_one), &run.id, now);
-            e.op_id = Some(row.text("op_id")?);
-            expired.push(e);
-        }
-        events::append(tx, &run.org_id, &expired)?;
+    let mut ended = Vec::with_capacity(expired.len() + 1);
+    for row in &expired {
+        let expired_one = ApprovalExpired {
+            approval_id: row.text("id")?,
+            reason: Some("the run ended".into()),
+            rule: Some(row.text("rule")?),
+            risk: Some(row.text("risk")?),
+            via: Some("run_end".into()),
+            by: None,
+        };
+        let mut e = typed_event(EventData::ApprovalExpired(expired_one), &run.id, now);
+        e.op_id = Some(row.text("op_id")?);
+        ended.push(e);
     }
     let (reason, runner_id, attempts) = (
         reason.map(str::to_owned),
@@ -212,8 +223,18 @@ fn end(
             attempts,
         }),
     };
-    events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
+    ended.push(typed_event(data, &run.id, now));
+    events::append(tx, &run.org_id, &ended)?;
     Ok(())
+}
+
+/// A run a runner claimed.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub run: RunRow,
+    /// Other runs were queued in its org and environment when it was
+    /// claimed.
+    pub more_queued: bool,
 }
 
 /// New run parameters.
@@ -340,7 +361,9 @@ impl Store {
     /// Claims the oldest queued run of `org` in `environment` for `runner`,
     /// leased until `now + lease_ms`, while the runner holds fewer runs than
     /// its slots. Replicas on PostgreSQL skip rows another transaction
-    /// holds, so each run is claimed once.
+    /// holds, so each run is claimed once. The answer says whether other
+    /// runs were queued there too (a hint: another claim may have taken
+    /// them meanwhile), so that only then another waiting claim looks.
     pub fn claim_run(
         &self,
         org: &str,
@@ -349,7 +372,7 @@ impl Store {
         manifest_hash: &str,
         now: i64,
         lease_ms: i64,
-    ) -> Result<Option<RunRow>, StoreError> {
+    ) -> Result<Option<Claimed>, StoreError> {
         self.tx(|tx| {
             // One statement: the oldest queued run this runner may take (a
             // concurrent claimer skips the row it has locked), unless every
@@ -364,7 +387,9 @@ impl Store {
                            AND w.slots <= (SELECT COUNT(*) FROM runs h WHERE h.runner_id = ?
                                AND h.state IN ('claimed', 'running', 'paused')))
                      ORDER BY q.created_ms, q.id LIMIT 1{})
-                 RETURNING {COLUMNS}",
+                 RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
+                     AND m.environment = runs.environment AND m.state = 'queued'
+                     AND m.id <> runs.id) AS more_queued",
                 tx.skip_locked()
             );
             let Some(row) = tx.query_one(
@@ -385,6 +410,7 @@ impl Store {
             else {
                 return Ok(None);
             };
+            let more_queued = row.int("more_queued")? != 0;
             let run = decode(&row)?;
             let id = run.id.clone();
             let data = EventData::RunClaimed(RunClaimed {
@@ -394,7 +420,7 @@ impl Store {
                 lease_until: stamp(run.lease_until_ms),
             });
             events::append(tx, org, &[typed_event(data, &id, now)])?;
-            Ok(Some(run))
+            Ok(Some(Claimed { run, more_queued }))
         })
     }
 

@@ -85,7 +85,13 @@ fn replicas_hear_each_others_changes_and_not_their_own() {
         heard_a.recv_timeout(PATIENCE).expect("a hears b"),
         Change::All
     );
-    // Each has heard exactly the other's one change, nothing of its own.
+    let queued = Change::Queue {
+        org: "org_1".into(),
+        environment: "prod".into(),
+    };
+    feed_a.publish(queued.clone());
+    assert_eq!(heard_b.recv_timeout(PATIENCE).expect("b hears a"), queued);
+    // Each has heard exactly the other's changes, nothing of its own.
     assert!(heard_a.recv_timeout(Duration::from_millis(500)).is_err());
     assert!(heard_b.try_recv().is_err());
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use moat_core::EventType;
 use moat_store::{
-    NewApproval, NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest, RunnerRow,
-    Store, TempPostgres, TokenKind,
+    Claimed, NewApproval, NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest,
+    RunnerRow, Store, TempPostgres, TokenKind,
 };
 use serde_json::json;
 
@@ -170,7 +170,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             .claim_run(&a, "test", "runner-1", "m", 20, 1_000)
             .unwrap()
             .expect("claim");
-        assert_eq!(claimed.state, RunState::Claimed);
+        assert_eq!(claimed.run.state, RunState::Claimed);
         let envelope = json!({"id": "op-1"});
         let decision = json!({"decision": "allow"});
         let new = NewOp {
@@ -345,6 +345,27 @@ fn a_lost_lease_retries_then_dead_letters() {
 }
 
 #[test]
+fn a_claim_says_whether_other_runs_wait_in_its_queue() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        let other = org(s, "b");
+        run(s, &a, "r1", 1);
+        run(s, &a, "r2", 1);
+        // Another org's queued run is not this queue's.
+        run(s, &other, "elsewhere", 1);
+        let claim = |runner: &str| {
+            s.claim_run(&a, "test", runner, "m", 20, 1_000)
+                .unwrap()
+                .map(|c| (c.run.id, c.more_queued))
+        };
+        assert_eq!(claim("w1"), Some(("r1".into(), true)), "{}", s.backend());
+        assert_eq!(claim("w2"), Some(("r2".into(), false)), "{}", s.backend());
+        assert_eq!(claim("w3"), None, "{}", s.backend());
+    }
+}
+
+#[test]
 fn concurrent_claims_take_each_run_once() {
     for b in backends() {
         let s = &b.store;
@@ -358,7 +379,7 @@ fn concurrent_claims_take_each_run_once() {
                 let a = a.clone();
                 std::thread::spawn(move || {
                     let mut mine = Vec::new();
-                    while let Some(r) = s
+                    while let Some(Claimed { run: r, .. }) = s
                         .claim_run(&a, "test", &format!("w{w}"), "m", 1_000, 60_000)
                         .expect("claim")
                     {

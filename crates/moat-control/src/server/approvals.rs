@@ -76,7 +76,7 @@ pub async fn resolve(
         .await?;
     match settled {
         Settled::Done(row) => {
-            state.notify();
+            state.notify_run(&row.run_id);
             Ok(row)
         }
         Settled::Missing => Err(ApiError::not_found(format_args!("approval {id}"))),
@@ -85,8 +85,8 @@ pub async fn resolve(
             "approval_settled",
             format!("approval {id} is already {}", row.state.as_str()),
         )),
-        Settled::Late(_) => {
-            state.notify();
+        Settled::Late(late) => {
+            state.notify_run(&late.run_id);
             Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "approval_expired",

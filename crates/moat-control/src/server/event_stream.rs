@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 
 use super::AppState;
+use super::wake::Topic;
 
 /// The SSE stream of a run's events after `after`. With `named`, each SSE
 /// event carries the event type as its name (API clients filter on it);
@@ -37,7 +38,7 @@ pub(crate) fn run_events_sse(
                 }
                 let (o, r) = (org.clone(), run.clone());
                 let found = state
-                    .wait_for(Duration::from_secs(15), Some(&run), move |s| {
+                    .wait_for(Duration::from_secs(15), Topic::Run(run.clone()), move |s| {
                         let page = s.events(&o, Some(&r), after, 500)?;
                         if !page.events.is_empty() {
                             return Ok(Some((page, false)));

@@ -86,6 +86,13 @@ pub struct AppState {
     feed: Option<moat_store::ChangeFeed>,
     /// The Inspector's last full ledger verification (rate-limited).
     ledger_check: tokio::sync::Mutex<Option<inspector::LedgerCheck>>,
+    /// Manifests' lifetimes and grace by (org, hash), as every claim and
+    /// every next step of a run reads them: what they come from (the
+    /// signed manifest and the expiry it was published with) never changes
+    /// for a hash; revocation is checked with the runner, not here.
+    pub(crate) lifetimes: std::sync::Mutex<
+        std::collections::HashMap<(String, String), (moat_core::lifecycle::Lifetime, Duration)>,
+    >,
 }
 
 impl AppState {
@@ -96,7 +103,10 @@ impl AppState {
             .store
             .change_feed(move |change| match change {
                 moat_store::Change::All => heard.all(),
-                moat_store::Change::Run(run) => heard.run(&run),
+                moat_store::Change::Run(run) => heard.topic(&wake::Topic::Run(run)),
+                moat_store::Change::Queue { org, environment } => {
+                    heard.topic(&wake::Topic::Queue { org, environment })
+                }
             })
             .unwrap_or_else(|e| {
                 eprintln!("moat serve: {e}; other replicas' changes are polled for");
@@ -107,6 +117,7 @@ impl AppState {
             wakes,
             feed,
             ledger_check: tokio::sync::Mutex::new(None),
+            lifetimes: std::sync::Mutex::default(),
         })
     }
 
@@ -125,10 +136,32 @@ impl AppState {
     /// Run `run` changed (an operation queued, dispatched or answered):
     /// only the requests waiting on it look again.
     pub(crate) fn notify_run(&self, run: &str) {
-        self.wakes.run(run);
+        self.wakes.topic(&wake::Topic::Run(run.to_owned()));
         if let Some(feed) = &self.feed {
             feed.publish(moat_store::Change::Run(run.to_owned()));
         }
+    }
+
+    /// Org `org` has a run to claim in `environment` (created, or queued
+    /// again): one claim of its runners there looks again, here and on
+    /// every other replica.
+    pub(crate) fn notify_queue(&self, org: &str, environment: &str) {
+        self.pass_claim_turn(org, environment);
+        if let Some(feed) = &self.feed {
+            feed.publish(moat_store::Change::Queue {
+                org: org.to_owned(),
+                environment: environment.to_owned(),
+            });
+        }
+    }
+
+    /// A claim here got a run: the next waiting claim looks for another
+    /// (runs queued while every claim was busy left one turn only).
+    pub(crate) fn pass_claim_turn(&self, org: &str, environment: &str) {
+        self.wakes.topic(&wake::Topic::Queue {
+            org: org.to_owned(),
+            environment: environment.to_owned(),
+        });
     }
 
     /// Runs a store call off the async threads.
@@ -144,17 +177,17 @@ impl AppState {
     }
 
     /// Calls `probe` until it yields something or `wait` passes; woken by
-    /// changes (of run `run` and general ones, when a run is given) made
-    /// here or announced by another replica, and by a timer in case an
-    /// announcement was lost (see the module's documentation).
+    /// changes (of `topic`, and general ones) made here or announced by
+    /// another replica, and by a timer in case an announcement was lost
+    /// (see the module's documentation).
     async fn wait_for<T: Send + 'static>(
         self: &Arc<Self>,
         wait: Duration,
-        run: Option<&str>,
+        topic: wake::Topic,
         probe: impl Fn(&Store) -> Result<Option<T>, StoreError> + Send + Sync + Clone + 'static,
     ) -> Result<Option<T>, ApiError> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
-        let mut changes = self.wakes.watch(run);
+        let mut changes = self.wakes.watch(topic);
         loop {
             changes.mark_unchanged();
             let found = self.db(probe.clone()).await?;

@@ -30,6 +30,7 @@ use super::body::JsonObject;
 use super::error::{ApiError, ApiResult};
 use super::event_stream::run_events_sse;
 use super::views::{artifact_view, op_view, run_view};
+use super::wake::Topic;
 use crate::decide::{decide, decide_token_tools, denied_result};
 use crate::tools::ToolDef;
 
@@ -133,7 +134,7 @@ pub async fn create_run(
             )
         })
         .await?;
-    state.notify();
+    state.notify_queue(&run.org_id, &run.environment);
     Ok((StatusCode::CREATED, Json(run_view(&run)?)))
 }
 
@@ -189,7 +190,7 @@ pub async fn finish_run(
         .db(move |s| s.request_finish(&org, &id, now))
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))?;
-    state.notify();
+    state.notify_run(&run);
     Ok(Json(run_view(&row)?))
 }
 
@@ -481,9 +482,8 @@ async fn wait_final(
     wait: Duration,
 ) -> ApiResult<Option<OpRow>> {
     let (org, run, op) = (org.to_owned(), run.to_owned(), op.to_owned());
-    let watched = run.clone();
     state
-        .wait_for(wait, Some(&watched), move |s| {
+        .wait_for(wait, Topic::Run(run.clone()), move |s| {
             Ok(s.op(&org, &run, &op)?.filter(|o| o.state.is_final()))
         })
         .await

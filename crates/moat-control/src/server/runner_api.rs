@@ -25,6 +25,7 @@ use super::auth::SignedRunner;
 use super::error::{ApiError, ApiResult};
 use super::manifests::{check_manifest, is_sha256, manifest_expiry};
 use super::views::{inputs_with_content, manifest_view, run_view};
+use super::wake::Topic;
 use moat_api::ManifestView;
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
@@ -305,7 +306,19 @@ fn attribute(e: &mut Event, runner: &RunnerRow) -> ApiResult<()> {
 
 /// The runner's manifest lifetime and grace, from the published record.
 async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifetime, Duration)> {
-    let (org, hash) = (runner.org_id.clone(), runner.manifest_hash.clone());
+    let key = (runner.org_id.clone(), runner.manifest_hash.clone());
+    let known = |state: &AppState| {
+        state
+            .lifetimes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .copied()
+    };
+    if let Some(known) = known(state) {
+        return Ok(known);
+    }
+    let (org, hash) = key.clone();
     let row = state
         .db(move |s| s.manifest(&org, &hash))
         .await?
@@ -315,13 +328,23 @@ async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifet
     let created = moat_core::time::parse_rfc3339(&signed.manifest.created_at)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let at = |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
-    Ok((
+    let found = (
         Lifetime {
             created,
             expires: at(row.expires_ms),
         },
         Duration::from_millis(signed.manifest.limits.timeout_ms),
-    ))
+    );
+    let mut lifetimes = state
+        .lifetimes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Manifests are few; a bound keeps a long-lived replica's memory flat.
+    if lifetimes.len() >= 4096 {
+        lifetimes.clear();
+    }
+    lifetimes.insert(key, found);
+    Ok(found)
 }
 
 #[derive(Deserialize)]
@@ -354,7 +377,10 @@ pub async fn claim(
     let claimed = state
         .wait_for(
             Duration::from_millis(q.wait_ms.unwrap_or(0)),
-            None,
+            Topic::Queue {
+                org: runner.org_id.clone(),
+                environment: runner.environment.clone(),
+            },
             move |s| {
                 s.claim_run(
                     &r.org_id,
@@ -367,10 +393,13 @@ pub async fn claim(
             },
         )
         .await?;
-    let Some(run) = claimed else {
+    let Some(moat_store::Claimed { run, more_queued }) = claimed else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
-    state.notify();
+    state.notify_run(&run.id);
+    if more_queued {
+        state.pass_claim_turn(&runner.org_id, &runner.environment);
+    }
     let (org, run_for_inputs) = (runner.org_id.clone(), run.clone());
     let inputs = state
         .db(move |s| {
@@ -421,7 +450,7 @@ pub async fn next(
         state
             .db(move |s| s.force_end_run(&org, &id, RunState::DeadLettered, stop.as_str(), now))
             .await?;
-        state.notify();
+        state.notify_run(&run_id);
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             stop.as_str(),
@@ -434,17 +463,15 @@ pub async fn next(
     let found = state
         .wait_for(
             Duration::from_millis(q.wait_ms.unwrap_or(0)),
-            Some(&run_id),
+            Topic::Run(run_id.clone()),
             move |s| {
                 let now = st.now();
                 if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
                     return Ok(Some(Ok(op)));
                 }
-                let run = s.run(&r.org_id, &id)?;
-                let idle = s.open_ops(&r.org_id, &id)? == 0;
-                match run {
-                    Some(run) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
-                    Some(run) if run.finish_wanted && idle => Ok(Some(Err(Next::Finish))),
+                match s.run_with_open_ops(&r.org_id, &id)? {
+                    Some((run, _)) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
+                    Some((run, 0)) if run.finish_wanted => Ok(Some(Err(Next::Finish))),
                     None => Ok(Some(Err(Next::Ended))),
                     _ => Ok(None),
                 }
@@ -703,19 +730,11 @@ pub async fn finish(
         RunEnd::Failed => RunState::Failed,
     };
     let now = state.now();
+    let run = run_id.clone();
     let finished = state
-        .db(move |s| {
-            s.finish_run(
-                &runner.org_id,
-                &runner.id,
-                &run_id,
-                end,
-                error.as_deref(),
-                now,
-            )
-        })
+        .db(move |s| s.finish_run(&runner.org_id, &runner.id, &run, end, error.as_deref(), now))
         .await?;
-    state.notify();
+    state.notify_run(&run_id);
     Ok(Json(Recorded { recorded: finished }))
 }
 

@@ -5,6 +5,7 @@
 //! request nonces are forgotten, approval requests past their time expire
 //! (their operations fail closed).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,17 +44,26 @@ pub async fn run(state: Arc<AppState>) {
 pub fn once(store: &Store, now: i64, idle_ms: i64) -> Result<usize, StoreError> {
     let mut changed = store.expire_leases(now)?.len();
     changed += store.finish_idle_runs(now, idle_ms)?.len();
+    // Runs share few manifests: each is read and parsed once per pass.
+    let mut deadlines: HashMap<(String, String), Option<i64>> = HashMap::new();
     for run in store.live_runs()? {
-        let Some(hash) = run.manifest_hash.as_deref() else {
+        let Some(hash) = run.manifest_hash.clone() else {
             continue;
         };
-        let Some(row) = store.manifest(&run.org_id, hash)? else {
-            continue;
+        let key = (run.org_id.clone(), hash);
+        let deadline = match deadlines.get(&key) {
+            Some(known) => *known,
+            None => {
+                let found = store.manifest(&key.0, &key.1)?.map(|row| {
+                    let grace = serde_json::from_str::<SignedManifest>(&row.signed)
+                        .map(|m| i64::try_from(m.manifest.limits.timeout_ms).unwrap_or(i64::MAX))
+                        .unwrap_or(0);
+                    row.expires_ms.saturating_add(grace)
+                });
+                *deadlines.entry(key).or_insert(found)
+            }
         };
-        let grace = serde_json::from_str::<SignedManifest>(&row.signed)
-            .map(|m| i64::try_from(m.manifest.limits.timeout_ms).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        if now > row.expires_ms.saturating_add(grace)
+        if deadline.is_some_and(|deadline| now > deadline)
             && store.force_end_run(
                 &run.org_id,
                 &run.id,

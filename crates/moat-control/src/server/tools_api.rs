@@ -264,7 +264,7 @@ pub async fn call(
             )
         })
         .await?;
-    state.notify();
+    state.notify_run(&run_id);
     let result = serde_json::from_value(result_json)
         .map_err(|e| ApiError::internal(format!("the scrubbed result: {e}")))?;
     Ok(Json(ToolResult { result }))
@@ -339,7 +339,7 @@ pub async fn token_call(
     scrubber.json(&mut request.data);
     let org = grant.org_id.clone();
     state.db(move |s| s.append_events(&org, &[request])).await?;
-    state.notify();
+    state.notify_run(&grant.run_id);
     Ok(Json(match outcome {
         Ok((status, mut body)) => {
             scrubber.json(&mut body);

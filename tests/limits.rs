@@ -46,6 +46,31 @@ fn the_memory_limit_kills_a_large_allocation_and_says_oom() {
     assert!(run.stderr.contains("memory limit"), "{}", run.stderr);
 }
 
+/// The kernel's choice when memory runs out: a sandboxed process before the
+/// runner or the shell, as root and as an ordinary user.
+#[test]
+fn sandboxed_programs_are_the_first_the_kernel_kills_when_memory_runs_out() {
+    let bin = unprivileged_copy();
+    let unprivileged = bin.path().join("moat");
+    for (moat, uid, degraded) in [
+        (MOAT, None, &[][..]),
+        (
+            unprivileged.to_str().unwrap(),
+            Some(65534),
+            &["--allow-degraded"][..],
+        ),
+    ] {
+        let run = exec_as(
+            moat,
+            degraded,
+            &["/bin/cat", "/proc/self/oom_score_adj"],
+            uid,
+        );
+        assert_eq!(run.code, 0, "{uid:?}: {}", run.stderr);
+        assert_eq!(run.stdout.trim(), "1000", "{uid:?}");
+    }
+}
+
 /// Copies the binary and the probe where an unprivileged user can run them.
 fn unprivileged_copy() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;

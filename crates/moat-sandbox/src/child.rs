@@ -294,6 +294,11 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
         // only affects this process.
         unsafe { libc::close(*fd) };
     }
+    // The sandbox is what the kernel kills first when memory runs out, not
+    // the runner or the shell that launched it (the payload inherits it).
+    // Raising one's own score needs no privilege.
+    std::fs::write("/proc/self/oom_score_adj", "1000")
+        .map_err(|e| SetupError::io(Layer::Launcher, "oom_score_adj", e))?;
     // Planning reads host metadata and small /etc files; it needs no ids yet.
     let root = RootPlan::new(plan.spec, (plan.inside_uid, plan.inside_gid), plan.idmapped);
     let mut exec = ExecPlan::from_spec(plan.spec)?;

@@ -25,7 +25,11 @@ registration and signed runner requests. The API is described at
 Storage is one SQLite file by default; with a PostgreSQL URL several
 replicas can serve the same database (runs are claimed with
 FOR UPDATE SKIP LOCKED). The PostgreSQL password, if any, comes from
-PGPASSWORD, never from the command line.
+PGPASSWORD, never from the command line. TLS to PostgreSQL is libpq's
+sslmode and sslrootcert in the URL, e.g.
+postgres://moat@db/moat?sslmode=verify-full&sslrootcert=/etc/moat/db-ca.pem
+(sslrootcert=system: the machine's trust store). GET /healthz is liveness,
+GET /readyz readiness (503 while the database does not answer).
 
   moat manifest keygen --out cp            # cp.key, cp.pub
   head -c 32 /dev/urandom | base64 > admin-token

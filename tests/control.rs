@@ -599,3 +599,49 @@ fn a_runner_refreshes_its_manifest_in_the_window_and_keeps_long_operations_lease
         assert_ledger_intact(&serve);
     }
 }
+
+/// `psql -c SQL` as the test server's administrator.
+fn psql(sql: &str) {
+    let admin = std::env::var("MOAT_TEST_POSTGRES")
+        .unwrap_or_else(|_| "host=/var/run/postgresql dbname=postgres".to_owned());
+    let out = std::process::Command::new("psql")
+        .args([admin.as_str(), "-v", "ON_ERROR_STOP=1", "-qc", sql])
+        .output()
+        .expect("running psql");
+    assert!(
+        out.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn readiness_follows_the_database_and_liveness_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let pg = TempPostgres::create()
+        .expect("PostgreSQL is needed: bash tests/suite.sh starts a throwaway one");
+    let serve = Serve::start(&setup, &pg.url, "127.0.0.1:0");
+    let get = |path: &str| get_text(&format!("{}{path}", serve.url));
+    assert_eq!(get("/readyz"), (200, "ready".to_owned()));
+
+    // The database stops taking connections, and those open are ended.
+    psql(&format!(
+        "ALTER DATABASE {0} ALLOW_CONNECTIONS false; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}'",
+        pg.name
+    ));
+    let (status, body) = get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    let error: Value = serde_json::from_str(&body).expect("a JSON error body");
+    assert!(error["error"]["reason"].is_string(), "{error}");
+    assert_eq!(get("/healthz"), (200, "ok".to_owned()));
+
+    // Back: ready again at once (the pool opens new connections).
+    psql(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+        pg.name
+    ));
+    assert_eq!(get("/readyz"), (200, "ready".to_owned()));
+    drop(serve);
+}

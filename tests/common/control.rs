@@ -281,6 +281,13 @@ pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, 
     )
 }
 
+/// `GET url` without credentials: the status and the body as text.
+pub fn get_text(url: &str) -> (u16, String) {
+    let mut response = AGENT.get(url).call().unwrap();
+    let status = response.status().as_u16();
+    (status, response.body_mut().read_to_string().unwrap())
+}
+
 /// The whole body of a server-sent event stream (read until it ends).
 pub fn stream_text(url: &str, token: &str) -> String {
     stream_text_after(url, token, 0)

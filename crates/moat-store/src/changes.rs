@@ -182,22 +182,23 @@ impl Store {
         });
         let (outbox, inbox) = mpsc::channel::<Outgoing>();
 
-        let mut config = pool.config.clone();
+        let mut connect = pool.connect.clone();
         // A half-open connection must not pass for a listening one.
-        config
+        connect
+            .config
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(15));
         let (me, state, replies) = (replica.clone(), Arc::clone(&shared), outbox.clone());
         std::thread::Builder::new()
             .name("moat-listen".into())
-            .spawn(move || listen(&config, &me, &state, &replies, &on_change))
+            .spawn(move || listen(&connect, &me, &state, &replies, &on_change))
             .map_err(|e| StoreError::Corrupt(format!("starting the change listener: {e}")))?;
 
-        let config = pool.config.clone();
+        let connect = pool.connect.clone();
         let me = replica.clone();
         if let Err(e) = std::thread::Builder::new()
             .name("moat-notify".into())
-            .spawn(move || send(&config, &me, &inbox))
+            .spawn(move || send(&connect, &me, &inbox))
         {
             shared.stop.store(true, Ordering::Release);
             return Err(StoreError::Corrupt(format!(
@@ -221,7 +222,7 @@ const STOP_CHECK: Duration = Duration::from_secs(1);
 
 /// Listens until the feed is dropped, reconnecting when the connection drops.
 fn listen(
-    config: &postgres::Config,
+    connect: &crate::tls::PgConnect,
     replica: &str,
     shared: &Shared,
     replies: &mpsc::Sender<Outgoing>,
@@ -233,7 +234,7 @@ fn listen(
     // When each other replica was last heard.
     let mut replicas: HashMap<String, i64> = HashMap::new();
     while !shared.stop.load(Ordering::Acquire) {
-        let connected = config.connect(postgres::NoTls).and_then(|mut client| {
+        let connected = connect.connect().and_then(|mut client| {
             client.batch_execute(&format!("LISTEN {CHANNEL}"))?;
             Ok(client)
         });
@@ -311,7 +312,7 @@ fn drain(
 /// of `pg_notify` calls, which PostgreSQL runs as one transaction and
 /// delivers at its commit), duplicates dropped; and a hello at start and
 /// every [`HELLO_EVERY`].
-fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Outgoing>) {
+fn send(connect: &crate::tls::PgConnect, replica: &str, inbox: &mpsc::Receiver<Outgoing>) {
     let mut client: Option<postgres::Client> = None;
     let mut failures = 0;
     let mut first = Some(Outgoing::Hello);
@@ -353,7 +354,7 @@ fn send(config: &postgres::Config, replica: &str, inbox: &mpsc::Receiver<Outgoin
         let sent = (|| -> Result<(), postgres::Error> {
             let c = match client.as_mut() {
                 Some(c) if !c.is_closed() => c,
-                _ => client.insert(config.connect(postgres::NoTls)?),
+                _ => client.insert(connect.connect()?),
             };
             c.batch_execute(&sql)
         })();

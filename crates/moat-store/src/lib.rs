@@ -26,6 +26,7 @@ mod orgs;
 mod runners;
 mod runs;
 mod secrets;
+mod tls;
 
 use std::sync::{Condvar, Mutex};
 
@@ -47,10 +48,12 @@ pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("postgresql: {0}")]
+    #[error("postgresql: {}", with_causes(.0))]
     Postgres(#[from] postgres::Error),
     #[error("database URL {0:?}: expected sqlite:PATH or postgres://...")]
     Url(String),
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(String),
     #[error("stored data is not what this version expects: {0}")]
     Corrupt(String),
     #[error("schema migration: {0}")]
@@ -59,6 +62,22 @@ pub enum StoreError {
     Conflict(String),
     #[error("event cannot be serialised: {0}")]
     Encode(String),
+}
+
+/// `error` and what caused it (the PostgreSQL client's own message for a
+/// failed TLS handshake or connection says only that it failed).
+fn with_causes(error: &postgres::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = e.source();
+    }
+    text
 }
 
 impl StoreError {
@@ -99,7 +118,7 @@ enum Backend {
 /// caller beyond that waits for one to come back), so one busy replica
 /// cannot take the server's every connection.
 struct PgPool {
-    config: postgres::Config,
+    connect: tls::PgConnect,
     /// Idle connections, and how many are open in all.
     state: Mutex<(Vec<db::PgConn>, usize)>,
     returned: Condvar,
@@ -126,7 +145,7 @@ impl PgPool {
             if state.1 < POOL_MAX {
                 state.1 += 1;
                 drop(state);
-                return match self.config.connect(postgres::NoTls) {
+                return match self.connect.connect() {
                     Ok(client) => Ok(db::PgConn::new(client)),
                     Err(e) => {
                         self.lock()?.1 -= 1;
@@ -178,16 +197,8 @@ impl Store {
             || url.starts_with("postgresql://")
             || url.contains("host=")
         {
-            let mut config: postgres::Config =
-                url.parse().map_err(|_| StoreError::Url(redact_url(url)))?;
-            if config.get_password().is_none()
-                && let Ok(password) = std::env::var("PGPASSWORD")
-            {
-                config.password(password);
-            }
-            config.application_name("moat");
             Backend::Postgres(Box::new(PgPool {
-                config,
+                connect: tls::PgConnect::parse(url)?,
                 state: Mutex::new((Vec::new(), 0)),
                 returned: Condvar::new(),
             }))
@@ -244,6 +255,12 @@ impl Store {
                 result
             }
         }
+    }
+
+    /// The database answers a statement (a readiness probe): on PostgreSQL
+    /// on a connection from the pool, opened anew if the pooled ones died.
+    pub fn ping(&self) -> Result<(), StoreError> {
+        self.read(|tx| tx.query_one("SELECT 1 AS one", &[]).map(drop))
     }
 
     /// Runs `body`, which writes with ONE statement (an `UPDATE ...

@@ -205,6 +205,14 @@ impl AppState {
     }
 }
 
+/// Readiness (a load balancer's or Kubernetes' probe): the database answers.
+async fn ready(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+) -> error::ApiResult<&'static str> {
+    state.db(|s| s.ping()).await?;
+    Ok("ready")
+}
+
 /// The longest a request may wait for something to happen.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -214,6 +222,7 @@ pub fn routes() -> routes::Routes {
     use routes::{GET, POST, PUT};
     routes::Routes::default()
         .on(GET, "/healthz", || async { "ok" })
+        .on(GET, "/readyz", ready)
         .on(GET, "/openapi.json", openapi::serve)
         .on(POST, "/v1/orgs", admin_api::create_org)
         .on(

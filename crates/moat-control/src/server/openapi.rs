@@ -25,7 +25,18 @@ use serde_json::{Value, json};
 
 /// `(method, path, auth, summary)` of every route.
 pub const ROUTES: &[(&str, &str, &str, &str)] = &[
-    ("get", "/healthz", "none", "Liveness: 200 `ok`."),
+    (
+        "get",
+        "/healthz",
+        "none",
+        "Liveness: 200 `ok` while the process serves (the database is not asked).",
+    ),
+    (
+        "get",
+        "/readyz",
+        "none",
+        "Readiness: 200 `ready` when the database answers a statement, else 503.",
+    ),
     ("get", "/openapi.json", "none", "This document."),
     (
         "post",
@@ -340,6 +351,10 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("get", "/healthz") => Bodies {
             request: None,
             answers: vec![("200", Answer::Other("text/plain", "`ok`"))],
+        },
+        ("get", "/readyz") => Bodies {
+            request: None,
+            answers: vec![("200", Answer::Other("text/plain", "`ready`"))],
         },
         ("get", "/openapi.json") => Bodies {
             request: None,

@@ -25,7 +25,7 @@ registration and signed runner requests. The API is described at
 Storage is one SQLite file by default; with a PostgreSQL URL several
 replicas can serve the same database (runs are claimed with
 FOR UPDATE SKIP LOCKED). The PostgreSQL password, if any, comes from
-PGPASSWORD, never from the command line. TLS to PostgreSQL is libpq's
+--db-password-file or PGPASSWORD, never from the command line. TLS to PostgreSQL is libpq's
 sslmode and sslrootcert in the URL, e.g.
 postgres://moat@db/moat?sslmode=verify-full&sslrootcert=/etc/moat/db-ca.pem
 (sslrootcert=system: the machine's trust store). GET /healthz is liveness,
@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
     listen: String,
+    /// File holding the PostgreSQL password (instead of PGPASSWORD; the
+    /// URL must then hold none). It must not be readable by every user; one
+    /// trailing newline is ignored.
+    #[arg(long, value_name = "FILE")]
+    db_password_file: Option<PathBuf>,
     /// The control plane's private key (`moat manifest keygen`): signs capabilities.
     #[arg(long, value_name = "FILE")]
     key: PathBuf,
@@ -87,6 +92,32 @@ pub struct ServeArgs {
     run_idle_timeout: Duration,
 }
 
+/// A password file's content, without one trailing newline; refused when
+/// every user may read it, when empty, or when it holds a NUL or a line
+/// break inside.
+fn read_password(path: &std::path::Path) -> anyhow::Result<zeroize::Zeroizing<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        bail!("not a regular file");
+    }
+    if meta.mode() & 0o004 != 0 {
+        bail!("every user may read it: chmod o-r it (a Kubernetes Secret: defaultMode 0440)");
+    }
+    let text = zeroize::Zeroizing::new(std::fs::read_to_string(path)?);
+    let password = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(&text);
+    if password.is_empty() {
+        bail!("it is empty");
+    }
+    if password.contains(['\0', '\n', '\r']) {
+        bail!("a password is one line without NUL");
+    }
+    Ok(zeroize::Zeroizing::new(password.to_owned()))
+}
+
 pub fn main(args: ServeArgs) -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,8 +152,16 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
     if admin.len() < 16 {
         bail!("the admin token must be at least 16 characters");
     }
-    let store = Store::open(&args.db)
+    let password = match &args.db_password_file {
+        Some(path) => Some(
+            read_password(path)
+                .with_context(|| format!("--db-password-file {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let store = Store::open_with_password(&args.db, password.as_deref().map(String::as_str))
         .with_context(|| format!("--db {}", moat_store::redact_url(&args.db)))?;
+    drop(password);
     let vault = match &args.secrets_key {
         Some(path) => {
             let text = std::fs::read_to_string(path)

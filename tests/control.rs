@@ -645,3 +645,55 @@ fn readiness_follows_the_database_and_liveness_does_not() {
     assert_eq!(get("/readyz"), (200, "ready".to_owned()));
     drop(serve);
 }
+
+#[test]
+fn the_database_password_comes_from_a_file_only_others_cannot_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let file = dir.path().join("db-password");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let refused = |db: &str, mode: u32| {
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = std::process::Command::new(common::MOAT)
+            .args(["serve", "--db", db, "--listen", "127.0.0.1:0"])
+            .args(["--key", common::path_str(&setup.key)])
+            .args(["--policy", common::path_str(&setup.policy)])
+            .args(["--admin-token-file", common::path_str(&setup.admin)])
+            .args(["--db-password-file", common::path_str(&file)])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{db} {mode:o}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let sqlite = format!("sqlite:{}", dir.path().join("cp.db").display());
+    let e = refused(&sqlite, 0o644);
+    assert!(e.contains("every user may read it"), "{e}");
+    let e = refused(&sqlite, 0o600);
+    assert!(e.contains("a SQLite file takes none"), "{e}");
+    std::fs::write(&file, "\n").unwrap();
+    let e = refused(&sqlite, 0o600);
+    assert!(e.contains("it is empty"), "{e}");
+    assert!(
+        !dir.path().join("cp.db").exists(),
+        "a refused start wrote a database"
+    );
+
+    // On PostgreSQL the file's password is the one used (this server trusts
+    // local connections, so any password opens; the TLS test of moat-store
+    // checks a password login itself).
+    std::fs::write(&file, "s3cret\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let pg = TempPostgres::create()
+        .expect("PostgreSQL is needed: bash tests/suite.sh starts a throwaway one");
+    let serve = Serve::start_with(
+        &setup,
+        &pg.url,
+        "127.0.0.1:0",
+        &["--db-password-file", common::path_str(&file)],
+    );
+    assert_eq!(
+        get_text(&format!("{}/readyz", serve.url)),
+        (200, "ready".to_owned())
+    );
+}

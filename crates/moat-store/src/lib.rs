@@ -54,6 +54,8 @@ pub enum StoreError {
     Url(String),
     #[error("TLS to PostgreSQL: {0}")]
     Tls(String),
+    #[error("database options: {0}")]
+    Options(String),
     #[error("stored data is not what this version expects: {0}")]
     Corrupt(String),
     #[error("schema migration: {0}")]
@@ -183,9 +185,20 @@ impl Store {
     /// or a libpq `key=value` string), bringing its schema to this build's
     /// newest version (see [`migrate`]).
     pub fn open(url: &str) -> Result<Store, StoreError> {
+        Store::open_with_password(url, None)
+    }
+
+    /// [`Store::open`], with PostgreSQL's password given apart from the URL
+    /// (read from a file by the caller) rather than from `PGPASSWORD`.
+    pub fn open_with_password(url: &str, password: Option<&str>) -> Result<Store, StoreError> {
         let mut backend = if let Some(path) = url.strip_prefix("sqlite:") {
             if path.is_empty() {
                 return Err(StoreError::Url(redact_url(url)));
+            }
+            if password.is_some() {
+                return Err(StoreError::Options(
+                    "a password is for PostgreSQL; a SQLite file takes none".into(),
+                ));
             }
             let conn = rusqlite::Connection::open(path)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -198,7 +211,7 @@ impl Store {
             || url.contains("host=")
         {
             Backend::Postgres(Box::new(PgPool {
-                connect: tls::PgConnect::parse(url)?,
+                connect: tls::PgConnect::parse(url, password)?,
                 state: Mutex::new((Vec::new(), 0)),
                 returned: Condvar::new(),
             }))

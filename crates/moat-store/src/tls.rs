@@ -199,13 +199,44 @@ pub(crate) struct PgConnect {
 }
 
 impl PgConnect {
-    /// From a connection string (URL or `key=value`); the password from
-    /// `PGPASSWORD` when the string has none.
-    pub fn parse(url: &str) -> Result<PgConnect, StoreError> {
+    /// From a connection string (URL or `key=value`); the password is
+    /// `password` when given (never also in the string), else the string's,
+    /// else `PGPASSWORD`'s.
+    pub fn parse(url: &str, password: Option<&str>) -> Result<PgConnect, StoreError> {
         let (rest, options) = split_options(url)?;
         let mut config: postgres::Config = rest
             .parse()
             .map_err(|_| StoreError::Url(crate::redact_url(url)))?;
+        match password {
+            Some(_) if config.get_password().is_some() => {
+                return Err(StoreError::Options(
+                    "the URL holds a password and another was given apart: give it once".into(),
+                ));
+            }
+            Some(given) => {
+                config.password(given);
+            }
+            None => {
+                if config.get_password().is_none()
+                    && let Ok(password) = std::env::var("PGPASSWORD")
+                {
+                    config.password(password);
+                }
+            }
+        }
+        config.application_name("moat");
+        // As libpq: sslmode means nothing over a unix socket, where the
+        // server offers no TLS (the client here would refuse `require`).
+        let local = !config.get_hosts().is_empty()
+            && config
+                .get_hosts()
+                .iter()
+                .all(|h| matches!(h, postgres::config::Host::Unix(_)))
+            && config.get_hostaddrs().is_empty();
+        if local {
+            config.ssl_mode(postgres::config::SslMode::Disable);
+            return Ok(PgConnect { config, tls: None });
+        }
         config.ssl_mode(match options.mode {
             SslMode::Disable => postgres::config::SslMode::Disable,
             SslMode::Prefer => postgres::config::SslMode::Prefer,
@@ -213,12 +244,6 @@ impl PgConnect {
                 postgres::config::SslMode::Require
             }
         });
-        if config.get_password().is_none()
-            && let Ok(password) = std::env::var("PGPASSWORD")
-        {
-            config.password(password);
-        }
-        config.application_name("moat");
         let tls = client_config(&options)?.map(tokio_postgres_rustls::MakeRustlsConnect::new);
         Ok(PgConnect { config, tls })
     }

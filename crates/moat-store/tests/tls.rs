@@ -120,6 +120,7 @@ impl TlsServer {
         std::fs::write(
             data.join("pg_hba.conf"),
             "local all all trust\n\
+             hostssl all moat_pw 127.0.0.1/32 scram-sha-256\n\
              hostssl all all 127.0.0.1/32 trust\n\
              hostnossl all all 127.0.0.1/32 reject\n",
         )
@@ -161,6 +162,24 @@ impl TlsServer {
             std::fs::read_to_string(data.join("server.log")).unwrap_or_default()
         );
         TlsServer { dir, port, ca_file }
+    }
+
+    /// `sql` through the server's unix socket, as root.
+    fn psql(&self, sql: &str) {
+        let out = Command::new("psql")
+            .arg(format!(
+                "host={} port={} user=root dbname=postgres",
+                self.dir.path().join("data").display(),
+                self.port
+            ))
+            .args(["-v", "ON_ERROR_STOP=1", "-qc", sql])
+            .output()
+            .expect("running psql");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// A connection string to the server's `postgres` database as root.
@@ -249,6 +268,15 @@ fn each_sslmode_connects_as_libpq_would_and_refuses_what_it_cannot_trust() {
     // require: encrypted, the certificate unchecked (libpq's meaning).
     Store::open(&server.url("localhost", "sslmode=require")).expect("require");
 
+    // Over the server's unix socket there is no TLS, whatever sslmode says
+    // (as with libpq).
+    Store::open(&format!(
+        "host={} port={} user=root dbname=postgres sslmode=require",
+        server.dir.path().join("data").display(),
+        server.port
+    ))
+    .expect("require over a unix socket");
+
     // Without TLS the server refuses (its pg_hba.conf), and says why.
     let e = refused(
         Store::open(&server.url("localhost", "sslmode=disable")),
@@ -265,4 +293,43 @@ fn each_sslmode_connects_as_libpq_would_and_refuses_what_it_cannot_trust() {
         let e = refused(Store::open(&server.url("localhost", bad)), bad);
         assert!(e.starts_with("TLS to PostgreSQL:"), "{bad}: {e}");
     }
+}
+
+#[test]
+fn a_password_given_apart_from_the_url_logs_in_and_is_never_taken_twice() {
+    let server = TlsServer::start();
+    // A role that must give a password (SCRAM), with a database of its own.
+    server.psql("CREATE ROLE moat_pw LOGIN PASSWORD 'p@ss w0rd''s'");
+    server.psql("CREATE DATABASE moat_pw OWNER moat_pw");
+    let url = format!(
+        "host=localhost port={} user=moat_pw dbname=moat_pw sslmode=verify-full sslrootcert={}",
+        server.port,
+        server.ca_file.display()
+    );
+    let store = Store::open_with_password(&url, Some("p@ss w0rd's")).expect("the right password");
+    store.create_org("acme", "hash-acme", 1).expect("an org");
+    drop(store);
+
+    let e = refused(
+        Store::open_with_password(&url, Some("wrong")),
+        "a wrong password",
+    );
+    assert!(e.contains("password authentication failed"), "{e}");
+
+    // Once only: in the URL and apart is refused before connecting.
+    let e = refused(
+        Store::open_with_password(&format!("{url} password=other"), Some("p@ss w0rd's")),
+        "two passwords",
+    );
+    assert!(e.starts_with("database options:"), "{e}");
+    // A SQLite file takes none.
+    let dir = tempfile::tempdir().unwrap();
+    let e = refused(
+        Store::open_with_password(
+            &format!("sqlite:{}", dir.path().join("m.db").display()),
+            Some("x"),
+        ),
+        "sqlite with a password",
+    );
+    assert!(e.contains("SQLite"), "{e}");
 }

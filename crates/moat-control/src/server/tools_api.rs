@@ -185,14 +185,17 @@ pub async fn call(
             def.name
         )),
         Some(Ok(def)) => Ok(make_call(
-            &run_id,
             &def,
             &args.params,
             &secrets,
             &mut scrubber,
-            timeout,
-            allow_private,
-            now,
+            &CallContext {
+                run_id: &run_id,
+                via: None,
+                timeout,
+                allow_private,
+                now,
+            },
         )
         .await?),
     };
@@ -324,18 +327,20 @@ pub async fn token_call(
     let mut scrubber = Scrubber::new(secrets.clone());
     let timeout = Duration::from_secs(30);
     let (outcome, mut request) = make_call(
-        &grant.run_id,
         &def,
         &body.params,
         &secrets,
         &mut scrubber,
-        timeout,
-        state.config.tools_allow_private,
-        now,
+        &CallContext {
+            run_id: &grant.run_id,
+            via: Some("tool-token"),
+            timeout,
+            allow_private: state.config.tools_allow_private,
+            now,
+        },
     )
     .await?;
     request.op_id = Some(grant.op_id.clone());
-    request.data["via"] = "tool-token".into();
     scrubber.json(&mut request.data);
     let org = grant.org_id.clone();
     state.db(move |s| s.append_events(&org, &[request])).await?;
@@ -369,21 +374,30 @@ fn failed(op_id: &str, message: &str) -> moat_core::OpResult {
     }
 }
 
+/// Where and how a tool call is made.
+pub(crate) struct CallContext<'a> {
+    pub run_id: &'a str,
+    /// How the call came (`tool-token` for a program's own call), as its
+    /// event says; `None` for an operation's.
+    pub via: Option<&'static str>,
+    pub timeout: Duration,
+    pub allow_private: bool,
+    pub now: i64,
+}
+
 /// One call of `def` with `params`: the credential put in place, the answer
 /// redacted (`{status, body}`), the `network.request` event; or why not.
 /// The caller scrubs what it keeps or returns (`scrubber` learns the forms
 /// of the secret this call made).
-#[allow(clippy::too_many_arguments)] // one call's whole context, each used once
 pub(crate) async fn make_call(
-    run_id: &str,
     def: &ToolDef,
     params: &serde_json::Map<String, Value>,
     secrets: &[(String, crate::vault::Secret)],
     scrubber: &mut Scrubber,
-    timeout: Duration,
-    allow_private: bool,
-    now: i64,
+    cx: &CallContext<'_>,
 ) -> ApiResult<(Result<(u16, Value), String>, moat_core::Event)> {
+    let (run_id, now, timeout, allow_private) = (cx.run_id, cx.now, cx.timeout, cx.allow_private);
+    let via = cx.via.map(str::to_owned);
     if let Some(c) = def
         .credential
         .as_ref()
@@ -418,6 +432,7 @@ pub(crate) async fn make_call(
                     tool: Some(def.name.clone()),
                     reason: Some(DenialReason::InvalidArgs),
                     message: Some(e.to_string()),
+                    via,
                     ..NetworkDenied::default()
                 }),
                 run_id,
@@ -446,6 +461,7 @@ pub(crate) async fn make_call(
         profile: Some(PROFILE.into()),
         tool: Some(def.name.clone()),
         path: Some(call.uri.path().to_owned()),
+        via,
         ..NetworkRequest::new(host, port, call.method.clone(), NetworkDecision::Allowed)
     };
     let outcome = match answer {

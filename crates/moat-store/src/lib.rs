@@ -350,22 +350,39 @@ fn sqlite_tx<T>(
 
 /// `url` with any password in it masked, for messages and logs.
 pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        if let Some((userinfo, host)) = authority.rsplit_once('@')
-            && let Some((user, _)) = userinfo.split_once(':')
-        {
-            return format!("{scheme}://{user}:***@{host}{path}");
-        }
+    if url.starts_with("sqlite:") {
         return url.to_owned();
     }
-    url.split_whitespace()
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    if tls::is_url(url)
+        && let Some((scheme, rest)) = url.split_once("://")
+    {
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let path = match path.split_once('?') {
+            // A password may also be a query parameter.
+            Some((path, query)) => format!(
+                "{path}?{}",
+                query
+                    .split('&')
+                    .map(|p| match p.split_once('=') {
+                        Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                            format!("{key}=***")
+                        }
+                        _ => p.to_owned(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("&")
+            ),
+            None => path.to_owned(),
+        };
+        return match authority.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+                None => format!("{scheme}://{userinfo}@{host}{path}"),
+            },
+            None => format!("{scheme}://{authority}{path}"),
+        };
+    }
+    tls::redact_pairs(url)
 }
 
 #[cfg(test)]
@@ -385,6 +402,18 @@ mod tests {
         assert_eq!(
             redact_url("sqlite:/var/lib/moat.db"),
             "sqlite:/var/lib/moat.db"
+        );
+        assert_eq!(
+            redact_url("host=db password = 's3 cret' application_name=http://x"),
+            "host=db password=*** application_name=http://x"
+        );
+        assert_eq!(
+            redact_url("host=db password='unterminated s3cret"),
+            "(a connection string that does not parse)"
+        );
+        assert_eq!(
+            redact_url("postgres://moat@db/moat?sslmode=require&password=s3cret"),
+            "postgres://moat@db/moat?sslmode=require&password=***"
         );
     }
 }

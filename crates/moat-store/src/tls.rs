@@ -10,8 +10,9 @@
 //! does; `verify-ca` checks the certificate chains to `sslrootcert`;
 //! `verify-full` also checks that it names the host. `sslrootcert=system`
 //! is the machine's trust store (`SSL_CERT_FILE`, else
-//! `/etc/ssl/certs/ca-certificates.crt`). TLS is used over TCP only: a
-//! server's unix socket never offers it.
+//! `/etc/ssl/certs/ca-certificates.crt`), and, as in libpq 16, it means
+//! `verify-full`: any other mode with it is refused. TLS is used over TCP
+//! only: a server's unix socket never offers it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -84,15 +85,25 @@ pub fn split_options(url: &str) -> Result<(String, TlsOptions), StoreError> {
         }
         Ok(true)
     };
-    let rest = if url.contains("://") {
+    let rest = if is_url(url) {
         split_url(url, &mut take)?
     } else {
         split_pairs(url, &mut take)?
     };
-    let options = TlsOptions {
-        mode: mode.unwrap_or(SslMode::Prefer),
-        root,
+    // As libpq (16 and later): the machine's whole trust store vouches for
+    // any name, so it is only ever used with the name checked.
+    let mode = match (mode, &root) {
+        (None, Some(RootCert::System)) => SslMode::VerifyFull,
+        (Some(m), Some(RootCert::System)) if m != SslMode::VerifyFull => {
+            return Err(StoreError::Tls(
+                "sslrootcert=system is only used with sslmode=verify-full (any certificate a \
+                 public CA issued would pass otherwise)"
+                    .into(),
+            ));
+        }
+        (mode, _) => mode.unwrap_or(SslMode::Prefer),
     };
+    let options = TlsOptions { mode, root };
     if matches!(options.mode, SslMode::VerifyCa | SslMode::VerifyFull) && options.root.is_none() {
         return Err(StoreError::Tls(
             "sslmode=verify-ca and verify-full need sslrootcert=FILE (the CA certificates, PEM) \
@@ -101,6 +112,12 @@ pub fn split_options(url: &str) -> Result<(String, TlsOptions), StoreError> {
         ));
     }
     Ok((rest, options))
+}
+
+/// A URL connection string (the PostgreSQL client's own test), rather than
+/// libpq's `key=value` pairs.
+pub(crate) fn is_url(text: &str) -> bool {
+    text.starts_with("postgres://") || text.starts_with("postgresql://")
 }
 
 type Take<'a> = dyn FnMut(&str, String) -> Result<bool, StoreError> + 'a;
@@ -127,12 +144,18 @@ fn split_url(url: &str, take: &mut Take<'_>) -> Result<String, StoreError> {
     })
 }
 
+/// One `key = value` pair of a libpq string: where it is, and what it says.
+struct Pair<'a> {
+    text: &'a str,
+    key: &'a str,
+    value: String,
+}
+
 /// libpq's `key = value` pairs (a value may be single-quoted, with `\`
-/// escaping the next character): pairs `take` keeps are dropped, the
-/// others kept as written.
-fn split_pairs(text: &str, take: &mut Take<'_>) -> Result<String, StoreError> {
+/// escaping the next character).
+fn pairs(text: &str) -> Result<Vec<Pair<'_>>, StoreError> {
     let bytes = text.as_bytes();
-    let mut kept = Vec::new();
+    let mut found = Vec::new();
     let mut i = 0;
     let skip_space = |mut i: usize| {
         while i < bytes.len() && bytes[i].is_ascii_whitespace() {
@@ -183,11 +206,43 @@ fn split_pairs(text: &str, take: &mut Take<'_>) -> Result<String, StoreError> {
             }
             value.push_str(&text[from..i]);
         }
-        if !take(key, value)? {
-            kept.push(&text[start..i]);
+        found.push(Pair {
+            text: &text[start..i],
+            key,
+            value,
+        });
+    }
+    Ok(found)
+}
+
+/// The pairs `take` keeps are dropped, the others kept as written.
+fn split_pairs(text: &str, take: &mut Take<'_>) -> Result<String, StoreError> {
+    let mut kept = Vec::new();
+    for pair in pairs(text)? {
+        if !take(pair.key, pair.value)? {
+            kept.push(pair.text);
         }
     }
     Ok(kept.join(" "))
+}
+
+/// `text` (libpq pairs) with its password masked; nothing of it when it
+/// does not parse (a password may be anywhere in what did not).
+pub(crate) fn redact_pairs(text: &str) -> String {
+    match pairs(text) {
+        Ok(pairs) => pairs
+            .iter()
+            .map(|p| {
+                if p.key.eq_ignore_ascii_case("password") {
+                    format!("{}=***", p.key)
+                } else {
+                    p.text.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(_) => "(a connection string that does not parse)".into(),
+    }
 }
 
 /// How to open a connection: the client's configuration, and TLS unless
@@ -357,8 +412,8 @@ impl ServerCertVerifier for AnyName {
 }
 
 /// `prefer` and `require` without `sslrootcert`, as libpq: encrypted, the
-/// certificate not checked (the handshake's signatures still are; SCRAM's
-/// channel binding then ties a password login to this very connection).
+/// certificate not checked (the handshake's signatures still are). This
+/// stops a listener, not an impostor: only `verify-full` does.
 #[derive(Debug)]
 struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
 
@@ -441,12 +496,19 @@ mod tests {
         assert_eq!(tls.mode, SslMode::Require);
         assert_eq!(tls.root, Some(RootCert::File("/ca.pem".into())));
 
-        let (rest, tls) = split("postgresql://db/moat?sslmode=verify-ca&sslrootcert=system");
+        // The machine's trust store: verify-full, unless said otherwise
+        // (which is refused below).
+        let (rest, tls) = split("postgresql://db/moat?sslrootcert=system");
         assert_eq!(rest, "postgresql://db/moat");
         assert_eq!(
             (tls.mode, tls.root),
-            (SslMode::VerifyCa, Some(RootCert::System))
+            (SslMode::VerifyFull, Some(RootCert::System))
         );
+
+        // `://` in a value does not make a key=value string a URL.
+        let (rest, tls) = split("host=db sslmode=require application_name=http://x");
+        assert_eq!(rest, "host=db application_name=http://x");
+        assert_eq!(tls.mode, SslMode::Require);
 
         let (rest, tls) = split("host = /run/postgresql dbname=moat");
         assert_eq!(rest, "host = /run/postgresql dbname=moat");
@@ -459,6 +521,8 @@ mod tests {
             "host=db sslmode=verify-full",
             "postgres://db/moat?sslmode=verify-ca",
             "host=db sslmode=sometimes",
+            "postgres://db/moat?sslmode=verify-ca&sslrootcert=system",
+            "host=db sslmode=require sslrootcert=system",
             "host=db sslrootcert='/unterminated",
             "host=db sslmode",
         ] {

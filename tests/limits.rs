@@ -68,6 +68,18 @@ fn sandboxed_programs_are_the_first_the_kernel_kills_when_memory_runs_out() {
         );
         assert_eq!(run.code, 0, "{uid:?}: {}", run.stderr);
         assert_eq!(run.stdout.trim(), "1000", "{uid:?}");
+        // Nor can the program lower it again.
+        let lowered = exec_as(
+            moat,
+            degraded,
+            &[
+                "/bin/sh",
+                "-c",
+                "echo 0 > /proc/self/oom_score_adj; cat /proc/self/oom_score_adj",
+            ],
+            uid,
+        );
+        assert_eq!(lowered.stdout.trim(), "1000", "{uid:?}: {}", lowered.stderr);
     }
 }
 

@@ -32,9 +32,9 @@ pub struct Page {
     pub last_seq: i64,
 }
 
-/// Appends `events` of `org` after the head, in the caller's transaction.
 const MOVE_HEAD: &str = "UPDATE ledger_head SET seq = ?, hash = ? WHERE id = 1";
 
+/// Appends `events` of `org` after the head, in the caller's transaction.
 pub fn append(
     tx: &mut dyn Tx,
     org: &str,

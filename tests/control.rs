@@ -697,3 +697,132 @@ fn the_database_password_comes_from_a_file_only_others_cannot_read() {
         (200, "ready".to_owned())
     );
 }
+
+/// A P-256 key standing in for a cluster's service-account signing key:
+/// its JWKS, and a token for `claims` as the kubelet would project it.
+struct ClusterKey(ring::signature::EcdsaKeyPair);
+
+impl ClusterKey {
+    fn new() -> ClusterKey {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        ClusterKey(
+            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+                .unwrap(),
+        )
+    }
+
+    fn jwks(&self) -> Value {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let point = self.0.public_key().as_ref();
+        json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
+                         "x": b64.encode(&point[1..33]), "y": b64.encode(&point[33..])}]})
+    }
+
+    fn token(&self, claims: &Value) -> String {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let signed = format!(
+            "{}.{}",
+            b64.encode(json!({"alg": "ES256", "kid": "k1"}).to_string()),
+            b64.encode(claims.to_string())
+        );
+        let signature = self
+            .0
+            .sign(&ring::rand::SystemRandom::new(), signed.as_bytes())
+            .unwrap();
+        format!("{signed}.{}", b64.encode(signature.as_ref()))
+    }
+}
+
+#[test]
+fn an_enrolled_runner_restarted_twice_registers_each_time_with_no_new_token_and_serves_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let db = &databases(dir.path())[0];
+    let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let key = ClusterKey::new();
+    let (issuer, audience, subject) = (
+        "https://kubernetes.default.svc.cluster.local",
+        "moat-runner-enrolment",
+        "system:serviceaccount:moat-runner:moat-runner",
+    );
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runner-enrolments", serve.url),
+        &acme,
+        Some(
+            json!({"name": "cluster", "issuer": issuer, "audience": audience,
+                    "subject": subject, "jwks": key.jwks()}),
+        ),
+    );
+    assert_eq!(status, 201, "{body}");
+    // The projected token, written once, as the kubelet would.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token = key.token(&json!({
+        "iss": issuer, "aud": [audience], "sub": subject,
+        "iat": now, "nbf": now, "exp": now + 600,
+        "kubernetes.io": {"namespace": "moat-runner", "node": {"name": "node-a", "uid": "n"},
+                          "pod": {"name": "moat-runner-abcde", "uid": "p"}}
+    }));
+    let token_file = setup.dir.join("enrolment-token");
+    std::fs::write(&token_file, &token).unwrap();
+    let written = std::fs::metadata(&token_file).unwrap().modified().unwrap();
+
+    for start in 0..3 {
+        // The same state directory each time: a container restart.
+        let mut runner = Runner::start_enrolled(&setup, &serve, &token_file, "enrolled");
+        let run = format!("run-{start}");
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/runs", serve.url),
+            &acme,
+            Some(json!({"id": run})),
+        );
+        assert_eq!(status, 201, "{body}");
+        let (status, op) = post_op(
+            &serve,
+            &acme,
+            &run,
+            envelope(
+                "w",
+                "artifact_write",
+                json!({"path": "output/x", "content": "x", "maxBytes": 10}),
+            ),
+        );
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("succeeded")),
+            "start {start}: {op}"
+        );
+        call(
+            "POST",
+            &format!("{}/v1/runs/{run}/finish", serve.url),
+            &acme,
+            None,
+        );
+        wait_state(&serve, &acme, &run, "succeeded");
+        runner.kill();
+    }
+    assert_eq!(
+        std::fs::metadata(&token_file).unwrap().modified().unwrap(),
+        written,
+        "nobody wrote a token between the starts"
+    );
+    let (_, runners) = call("GET", &format!("{}/v1/runners", serve.url), &acme, None);
+    let runners = runners["runners"].as_array().unwrap();
+    assert_eq!(runners.len(), 3, "one registration per start: {runners:?}");
+    assert!(
+        runners.iter().all(|r| r["enrolmentId"] == body["id"]),
+        "each through the enrolment: {runners:?}"
+    );
+    assert_ledger_intact(&serve);
+}

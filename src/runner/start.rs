@@ -6,14 +6,23 @@ use std::process::ExitCode;
 use clap::Args;
 
 #[derive(Args)]
+#[command(group = clap::ArgGroup::new("token").required(true).args(["bootstrap_token_file", "enrolment_token_file"]))]
 pub struct StartArgs {
     /// The control plane's base URL, e.g. http://127.0.0.1:7700.
     #[arg(long, value_name = "URL")]
     control_plane: String,
-    /// File holding the single-use bootstrap token (`POST /v1/bootstrap-tokens`).
-    /// Read once; never passed on to a child.
+    /// File holding a single-use bootstrap token (`POST /v1/bootstrap-tokens`):
+    /// this start spends it, the next needs a new one. Read once; never
+    /// passed on to a child.
     #[arg(long, value_name = "FILE")]
-    bootstrap_token_file: PathBuf,
+    bootstrap_token_file: Option<PathBuf>,
+    /// File holding a token from an identity provider the org enrolled
+    /// (`POST /v1/runner-enrolments`), e.g. a Kubernetes pod's projected
+    /// service-account token: reusable until it expires, so every start
+    /// registers without anyone writing a token. Read once per start;
+    /// never passed on to a child.
+    #[arg(long, value_name = "FILE")]
+    enrolment_token_file: Option<PathBuf>,
     /// Where runs' workspaces, the ledger and artifacts are kept.
     #[arg(long, value_name = "DIR")]
     state_dir: PathBuf,
@@ -45,9 +54,20 @@ pub fn main(args: StartArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let token = match (args.bootstrap_token_file, args.enrolment_token_file) {
+        (Some(file), None) => moat_runner::TokenFile::Bootstrap(file),
+        (None, Some(file)) => moat_runner::TokenFile::Enrolment(file),
+        // clap's group makes exactly one of them present.
+        _ => {
+            eprintln!(
+                "moat runner: error: give exactly one of --bootstrap-token-file and --enrolment-token-file"
+            );
+            return ExitCode::from(2);
+        }
+    };
     let config = moat_runner::Config {
         control_plane: args.control_plane,
-        bootstrap_token_file: args.bootstrap_token_file,
+        token,
         state_dir: args.state_dir,
         max_runs: args.max_runs,
         resolve: args.resolve,

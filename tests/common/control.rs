@@ -396,6 +396,23 @@ impl Runner {
         Runner { child, state }
     }
 
+    /// A sealed runner that registers with the enrolment token in
+    /// `token_file` (nothing is spent: every start may use the same file).
+    pub fn start_enrolled(setup: &Setup, serve: &Serve, token_file: &Path, name: &str) -> Runner {
+        let state = setup.dir.join(name);
+        let child = Command::new(&setup.runner)
+            .args(["runner", "start", "--control-plane", &serve.url])
+            .args([
+                "--enrolment-token-file",
+                path_str(token_file),
+                "--state-dir",
+                path_str(&state),
+            ])
+            .spawn()
+            .unwrap();
+        Runner { child, state }
+    }
+
     /// Kills the runner and the processes it started (found by its state
     /// directory on their command lines), as a crash would.
     pub fn kill(&mut self) {

@@ -116,6 +116,9 @@ pub struct RunnerView {
     pub slots: i64,
     pub slots_used: i64,
     pub slots_free: i64,
+    /// The enrolment it registered through (none: a bootstrap token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrolment_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -429,4 +432,49 @@ pub struct ToolAnswer {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ToolResult {
     pub result: OpResult,
+}
+
+/// `POST /v1/runner-enrolments`: an identity provider whose tokens register
+/// the org's runners (on Kubernetes: the cluster's service-account issuer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewRunnerEnrolment {
+    /// 1 to 100 of `[A-Za-z0-9_.-]`, unique in the org.
+    pub name: String,
+    /// The tokens' `iss`, exactly (`kubectl get --raw
+    /// /.well-known/openid-configuration` shows the cluster's).
+    pub issuer: String,
+    /// An audience the tokens must carry, and that nothing else accepts
+    /// (the DaemonSet's projected token asks for `moat-runner-enrolment`).
+    pub audience: String,
+    /// The tokens' `sub`, exactly: on Kubernetes
+    /// `system:serviceaccount:NAMESPACE:SERVICEACCOUNT`.
+    pub subject: String,
+    /// The provider's public keys, a JWKS (`kubectl get --raw
+    /// /openid/v1/jwks`): RSA (RS256, at least 2048 bits) and P-256
+    /// (ES256) signing keys.
+    pub jwks: Value,
+}
+
+/// An enrolment as the org sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerEnrolment {
+    pub id: String,
+    pub name: String,
+    pub issuer: String,
+    pub audience: String,
+    pub subject: String,
+    /// The `kid` of each key it accepts (keys without one are counted as "").
+    pub key_ids: Vec<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerEnrolments {
+    pub runner_enrolments: Vec<RunnerEnrolment>,
 }

@@ -24,6 +24,7 @@ pub mod audit;
 pub mod clock;
 pub mod decide;
 pub mod describe;
+pub mod enrolment;
 pub mod policy;
 pub mod server;
 pub mod tools;

@@ -34,8 +34,9 @@ pub use run::{
     RunStarted,
 };
 pub use runner::{
-    RunnerManifestLoaded, RunnerManifestRefreshFailed, RunnerManifestRefreshed, RunnerPolicyLoaded,
-    RunnerRegistered, RunnerRejected, RunnerRejection, RunnerSelected, RunnerStarted,
+    EnrolledIdentity, RunnerManifestLoaded, RunnerManifestRefreshFailed, RunnerManifestRefreshed,
+    RunnerPolicyLoaded, RunnerRegistered, RunnerRejected, RunnerRejection, RunnerSelected,
+    RunnerStarted,
 };
 pub use sandbox::{
     ProcessTimeout, SandboxDangerFullAccess, SandboxExecDenied, SandboxExecFinished,

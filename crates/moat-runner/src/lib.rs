@@ -44,8 +44,9 @@ use manifests::Manifests;
 pub struct Config {
     /// The control plane's base URL.
     pub control_plane: String,
-    /// Holds the single-use bootstrap token: read once, never passed on.
-    pub bootstrap_token_file: PathBuf,
+    /// Where the token it registers with is read from (once, at start;
+    /// never passed on).
+    pub token: TokenFile,
     /// Where runs' workspaces, the shells' ledger and artifacts are kept.
     pub state_dir: PathBuf,
     /// Stop after this many runs (`None`: serve until killed).
@@ -61,17 +62,39 @@ pub struct Config {
     pub program: PathBuf,
 }
 
-fn read_token(path: &Path) -> Result<Zeroizing<String>, RunnerError> {
-    let text = Zeroizing::new(
-        std::fs::read_to_string(path)
-            .io(|| format!("--bootstrap-token-file {}", path.display()))?,
-    );
+/// The file a runner's registration token is in.
+#[derive(Debug, Clone)]
+pub enum TokenFile {
+    /// A single-use bootstrap token (`POST /v1/bootstrap-tokens`): spent by
+    /// this start, so the next start needs a new one.
+    Bootstrap(PathBuf),
+    /// A token from an identity provider the org enrolled
+    /// (`POST /v1/runner-enrolments`), e.g. a Kubernetes pod's projected
+    /// service-account token, which the kubelet keeps fresh in this file:
+    /// every start registers with it, nothing is spent.
+    Enrolment(PathBuf),
+}
+
+impl TokenFile {
+    fn describe(&self) -> String {
+        match self {
+            TokenFile::Bootstrap(path) => format!("--bootstrap-token-file {}", path.display()),
+            TokenFile::Enrolment(path) => format!("--enrolment-token-file {}", path.display()),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            TokenFile::Bootstrap(path) | TokenFile::Enrolment(path) => path,
+        }
+    }
+}
+
+fn read_token(file: &TokenFile) -> Result<Zeroizing<String>, RunnerError> {
+    let text = Zeroizing::new(std::fs::read_to_string(file.path()).io(|| file.describe())?);
     let token = Zeroizing::new(text.trim().to_owned());
     if token.is_empty() {
-        return Err(RunnerError::Setup(format!(
-            "--bootstrap-token-file {} is empty",
-            path.display()
-        )));
+        return Err(RunnerError::Setup(format!("{} is empty", file.describe())));
     }
     Ok(token)
 }
@@ -140,9 +163,10 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         public_key: client.public_key().to_base64(),
         slots: i64::from(slots),
     };
-    let token = read_token(&config.bootstrap_token_file)?;
+    let token = read_token(&config.token)?;
     let registered = client.register(&token, &registration);
-    // The token is spent either way: wiped now, not kept around.
+    // A bootstrap token is spent either way, an enrolment token is the
+    // kubelet's to renew: wiped now, not kept around.
     drop(token);
     let registered = registered?;
     let lease = Duration::from_millis(registered.lease_ms);

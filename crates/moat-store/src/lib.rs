@@ -16,6 +16,7 @@
 mod approvals;
 mod changes;
 pub mod db;
+mod enrolments;
 mod events;
 #[cfg(feature = "test-fixtures")]
 mod fixtures;
@@ -33,6 +34,7 @@ use std::sync::{Condvar, Mutex};
 pub use approvals::{ApprovalRow, ApprovalState, NewApproval, Settled, Settlement};
 pub use changes::{Change, ChangeFeed};
 pub use db::{Dialect, Row, Tx, Value};
+pub use enrolments::EnrolmentRow;
 pub use events::Page;
 #[cfg(feature = "test-fixtures")]
 pub use fixtures::TempPostgres;

@@ -24,15 +24,18 @@ pub struct RunnerRow {
     pub slots: i64,
     /// Runs it holds now (claimed, running or paused); filled in on reads.
     pub slots_used: i64,
+    /// The enrolment whose token it registered with (`None`: a bootstrap
+    /// token).
+    pub enrolment_id: Option<String>,
 }
 
 const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
-    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots";
+    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id";
 
 /// `COLUMNS` and the runs the runner holds now (`slots_used`).
 const READ: &str =
     "SELECT id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
-    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots,
+    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
     (SELECT COUNT(*) FROM runs WHERE runs.runner_id = runners.id
         AND runs.state IN ('claimed', 'running', 'paused')) AS slots_used
     FROM runners";
@@ -55,6 +58,7 @@ fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
         seen_ms: row.int("seen_ms")?,
         slots: row.int("slots")?,
         slots_used: row.int("slots_used")?,
+        enrolment_id: row.opt_text("enrolment_id")?,
     })
 }
 
@@ -63,7 +67,7 @@ impl Store {
         self.tx(|tx| {
             tx.execute(
                 &format!(
-                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 &[
                     runner.id.as_str().into(),
@@ -80,6 +84,7 @@ impl Store {
                     runner.registered_ms.into(),
                     runner.seen_ms.into(),
                     runner.slots.into(),
+                    runner.enrolment_id.as_deref().into(),
                 ],
             )?;
             Ok(())
@@ -145,6 +150,8 @@ pub struct Standing {
     pub build_allowed: bool,
     /// Its manifest is published, unrevoked, and its signing key stands.
     pub manifest_standing: bool,
+    /// It came with a bootstrap token, or its enrolment is unrevoked.
+    pub enrolment_standing: bool,
 }
 
 /// What [`Store::runner_request`] found.
@@ -181,7 +188,10 @@ impl Store {
                                AND m.hash = r.manifest_hash AND m.revoked = 0
                                AND NOT EXISTS (SELECT 1 FROM revoked_keys k
                                    WHERE k.org_id = m.org_id AND k.public_key = m.signed_by))
-                         AS manifest_standing
+                         AS manifest_standing,
+                       (r.enrolment_id IS NULL OR EXISTS (SELECT 1 FROM runner_enrolments e
+                               WHERE e.id = r.enrolment_id AND e.revoked_ms IS NULL))
+                         AS enrolment_standing
                      FROM runners r WHERE r.id = ?"
                 ),
                 &[id.into()],
@@ -191,9 +201,10 @@ impl Store {
             return Ok(RunnerRequest::UnknownRunner);
         };
         let runner = decode(&row)?;
-        let (build_allowed, manifest_standing) = (
+        let (build_allowed, manifest_standing, enrolment_standing) = (
             row.int("build_allowed")? == 1,
             row.int("manifest_standing")? == 1,
+            row.int("enrolment_standing")? == 1,
         );
         if !verify(&runner) {
             return Ok(RunnerRequest::Refused(runner));
@@ -204,6 +215,7 @@ impl Store {
             fresh_nonce,
             build_allowed,
             manifest_standing,
+            enrolment_standing,
         }))
     }
 }

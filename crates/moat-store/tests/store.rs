@@ -542,6 +542,7 @@ fn nonces_manifests_and_builds() {
             seen_ms: 1,
             slots: 1,
             slots_used: 0,
+            enrolment_id: None,
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s

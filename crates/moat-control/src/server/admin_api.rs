@@ -311,6 +311,7 @@ pub fn runner_view(r: &RunnerRow) -> RunnerView {
         slots: r.slots,
         slots_used: r.slots_used,
         slots_free: (r.slots - r.slots_used).max(0),
+        enrolment_id: r.enrolment_id.clone(),
     }
 }
 

@@ -156,11 +156,22 @@ pub async fn operator(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<O
     operator_of(state, token).await
 }
 
-/// The bootstrap token's hash (spent by registration).
-pub fn bootstrap_hash(headers: &HeaderMap) -> ApiResult<String> {
-    let token =
-        bearer(headers).ok_or_else(|| ApiError::unauthorized("a bootstrap token is required"))?;
-    Ok(sha256_hex(token.as_bytes()))
+/// What a registration carries: a bootstrap token (by its hash, as the
+/// store holds it) or an enrolment's token (a JWT, verified by signature).
+pub enum RegistrationToken {
+    Bootstrap(String),
+    Enrolment(String),
+}
+
+pub fn registration_token(headers: &HeaderMap) -> ApiResult<RegistrationToken> {
+    let token = bearer(headers).ok_or_else(|| {
+        ApiError::unauthorized("a bootstrap token or an enrolment token is required")
+    })?;
+    Ok(if crate::enrolment::looks_like_jwt(token) {
+        RegistrationToken::Enrolment(token.to_owned())
+    } else {
+        RegistrationToken::Bootstrap(sha256_hex(token.as_bytes()))
+    })
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<&'a str> {
@@ -206,6 +217,18 @@ pub struct Rejected {
 }
 
 impl Rejected {
+    /// A runner that is registering: what it claims to be.
+    pub fn registration(reg: &moat_api::runner::Registration) -> Rejected {
+        Rejected {
+            runner_id: None,
+            runner_hash: reg.runner_hash.clone(),
+            manifest_hash: reg.signed_manifest.manifest_hash.clone(),
+            policy_hash: Some(reg.signed_manifest.manifest.policy_hash.clone()),
+            environment: Some(reg.environment.clone()),
+            version: Some(reg.version.clone()),
+        }
+    }
+
     /// A registered runner.
     pub fn runner(runner: &RunnerRow) -> Rejected {
         Rejected {
@@ -332,6 +355,11 @@ pub async fn runner(
         Some((
             RunnerRejection::Revoked,
             "the runner's manifest or its signing key was revoked".to_owned(),
+        ))
+    } else if !standing.enrolment_standing {
+        Some((
+            RunnerRejection::EnrolmentRefused,
+            "the enrolment the runner registered through was revoked".to_owned(),
         ))
     } else {
         None

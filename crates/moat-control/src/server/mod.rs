@@ -20,6 +20,7 @@ mod approvals;
 mod approvals_api;
 mod auth;
 mod body;
+mod enrolments;
 mod error;
 mod event_stream;
 mod inputs;
@@ -237,6 +238,13 @@ pub fn routes() -> routes::Routes {
             POST,
             "/v1/runner-builds/{sha256}/revoke",
             admin_api::revoke_build,
+        )
+        .on(GET, "/v1/runner-enrolments", enrolments::list)
+        .on(POST, "/v1/runner-enrolments", enrolments::create)
+        .on(
+            POST,
+            "/v1/runner-enrolments/{id}/revoke",
+            enrolments::revoke,
         )
         .on(POST, "/v1/manifests", admin_api::publish_manifest)
         .on(GET, "/v1/manifests/current", admin_api::current_manifest)

@@ -7,9 +7,10 @@
 use axum::Json;
 use moat_api::org::{
     ApprovalList, ApprovalView, ArtifactCheck, ArtifactList, EventPage, IssuedToken, LedgerCheck,
-    ManifestPublished, NewBootstrapToken, NewOrg, NewRun, NewRunnerBuild, NewSecret, OpList,
-    OpRefused, OpSubmission, OpView, OrgCreated, Resolution, RevokeKey, Revoked, RunList,
-    RunnerBuild, RunnerBuilds, Runners, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult,
+    ManifestPublished, NewBootstrapToken, NewOrg, NewRun, NewRunnerBuild, NewRunnerEnrolment,
+    NewSecret, OpList, OpRefused, OpSubmission, OpView, OrgCreated, Resolution, RevokeKey, Revoked,
+    RunList, RunnerBuild, RunnerBuilds, RunnerEnrolment, RunnerEnrolments, Runners, SecretList,
+    SecretView, TokenCall, ToolAnswer, ToolResult,
 };
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
@@ -73,6 +74,24 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "/v1/runner-builds/{sha256}/revoke",
         "org-admin",
         "Revoke a runner build: its runners are refused from their next request.",
+    ),
+    (
+        "get",
+        "/v1/runner-enrolments",
+        "org-admin",
+        "Runner enrolments: the identity providers whose tokens register the org's runners.",
+    ),
+    (
+        "post",
+        "/v1/runner-enrolments",
+        "org-admin",
+        "Enrol an identity provider: `{name, issuer, audience, subject, jwks}`. Its tokens (RS256 or ES256, with an expiry of at most 24 h) then register runners at `/v1/runner/register`, any number of times, e.g. a Kubernetes pod's projected service-account token. 409 if another standing enrolment has the same issuer, audience and subject.",
+    ),
+    (
+        "post",
+        "/v1/runner-enrolments/{id}/revoke",
+        "org-admin",
+        "Revoke an enrolment: its tokens register no runner, and runners registered with them are refused from their next request (`enrolment_refused`).",
     ),
     (
         "post",
@@ -235,7 +254,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runner/register",
         "bootstrap",
-        "Register a sealed runner (hashes, manifest, version, environment, ops, sandbox mode, boot time, per-boot public key).",
+        "Register a sealed runner (hashes, manifest, version, environment, ops, sandbox mode, boot time, per-boot public key), with a single-use bootstrap token or an enrolment's token (`/v1/runner-enrolments`).",
     ),
     (
         "post",
@@ -299,7 +318,7 @@ fn security(auth: &str) -> Value {
         "admin" => json!([{"adminToken": []}]),
         "org" => json!([{"apiToken": []}, {"agentToken": []}]),
         "org-admin" => json!([{"apiToken": []}]),
-        "bootstrap" => json!([{"bootstrapToken": []}]),
+        "bootstrap" => json!([{"bootstrapToken": []}, {"enrolmentToken": []}]),
         "tool-token" => json!([{"toolToken": []}]),
         _ => json!([{"runnerSignature": []}]),
     }
@@ -369,6 +388,13 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         }
         ("post", "/v1/agent-tokens") => answers("201", schema::<IssuedToken>),
         ("get", "/v1/runner-builds") => answers("200", schema::<RunnerBuilds>),
+        ("get", "/v1/runner-enrolments") => answers("200", schema::<RunnerEnrolments>),
+        ("post", "/v1/runner-enrolments") => takes(
+            schema::<NewRunnerEnrolment>,
+            "201",
+            schema::<RunnerEnrolment>,
+        ),
+        ("post", "/v1/runner-enrolments/{id}/revoke") => answers("200", schema::<RunnerEnrolment>),
         ("post", "/v1/runner-builds") => {
             takes(schema::<NewRunnerBuild>, "201", schema::<RunnerBuild>)
         }
@@ -544,6 +570,7 @@ pub fn document() -> Value {
                 "apiToken": {"type": "http", "scheme": "bearer", "description": "An org's admin token (`POST /v1/orgs`)."},
                 "agentToken": {"type": "http", "scheme": "bearer", "description": "An agent token of the org (`POST /v1/agent-tokens`): runs, operations, events and artifacts only."},
                 "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "A single-use runner bootstrap token."},
+                "enrolmentToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT", "description": "A token from an enrolled identity provider (e.g. a Kubernetes projected service-account token), reusable until it expires."},
                 "toolToken": {"type": "http", "scheme": "bearer", "description": "A one-operation tool token, handed to a program on its stdin (exec_argv `toolToken`)."},
                 "runnerSignature": {"type": "apiKey", "in": "header", "name": "x-moat-signature",
                     "description": "Ed25519 signature by the runner's per-boot key over method, path, x-moat-timestamp, x-moat-nonce and the body's SHA-256; with x-moat-runner."},

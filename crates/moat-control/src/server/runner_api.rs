@@ -1,4 +1,5 @@
-//! What runners call: registration with a bootstrap token, then signed
+//! What runners call: registration (with a bootstrap token or an
+//! enrolment's token, `enrolments.rs`), then signed
 //! requests to claim runs, take operations (each with a fresh capability),
 //! report results and finish runs.
 
@@ -149,16 +150,26 @@ pub async fn register(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let token = auth::bootstrap_hash(&headers)?;
     let now = state.now();
-    // Spent before anything else: a token is good for one attempt.
-    let org = state
-        .db(move |s| s.spend_bootstrap_token(&token, now))
-        .await?
-        .ok_or_else(|| {
-            ApiError::unauthorized("the bootstrap token is unknown, expired or already used")
-        })?;
-    let reg: Registration = parse(&body)?;
+    let (org, enrolled, reg) = match auth::registration_token(&headers)? {
+        auth::RegistrationToken::Bootstrap(token) => {
+            // Spent before anything else: a token is good for one attempt.
+            let org = state
+                .db(move |s| s.spend_bootstrap_token(&token, now))
+                .await?
+                .ok_or_else(|| {
+                    ApiError::unauthorized(
+                        "the bootstrap token is unknown, expired or already used",
+                    )
+                })?;
+            (org, None, parse::<Registration>(&body)?)
+        }
+        auth::RegistrationToken::Enrolment(token) => {
+            let reg: Registration = parse(&body)?;
+            let (org, identity) = super::enrolments::vouch(&state, &token, &reg, now).await?;
+            (org, Some(identity), reg)
+        }
+    };
     if !is_sha256(&reg.runner_hash) {
         return Err(ApiError::bad_request(
             "runnerHash: 64 lower-case hex digits",
@@ -179,14 +190,7 @@ pub async fn register(
             ))
         })
         .await?;
-    let subject = auth::Rejected {
-        runner_id: None,
-        runner_hash: reg.runner_hash.clone(),
-        manifest_hash: reg.signed_manifest.manifest_hash.clone(),
-        policy_hash: Some(reg.signed_manifest.manifest.policy_hash.clone()),
-        environment: Some(reg.environment.clone()),
-        version: Some(reg.version.clone()),
-    };
+    let subject = auth::Rejected::registration(&reg);
     if let Some((reason, message)) = registration_problem(
         &state,
         &reg,
@@ -213,6 +217,7 @@ pub async fn register(
         seen_ms: now,
         slots: reg.slots,
         slots_used: 0,
+        enrolment_id: enrolled.as_ref().map(|e| e.enrolment_id.clone()),
     };
     let sandbox_mode: SandboxMode = reg
         .sandbox_mode
@@ -229,6 +234,7 @@ pub async fn register(
         sandbox_mode,
         boot_time: reg.boot_time.clone(),
         slots: reg.slots,
+        enrolment: enrolled,
     });
     let stored = runner.clone();
     state

@@ -120,6 +120,10 @@ pub enum RunnerRejection {
     BadRequestSignature,
     StaleRequest,
     ReplayedRequest,
+    /// An enrolment token (workload identity) that does not verify against
+    /// the enrolment its issuer names, or a runner whose enrolment was
+    /// revoked.
+    EnrolmentRefused,
 }
 
 impl RunnerRejection {
@@ -142,6 +146,7 @@ impl RunnerRejection {
             RunnerRejection::BadRequestSignature => "bad_request_signature",
             RunnerRejection::StaleRequest => "stale_request",
             RunnerRejection::ReplayedRequest => "replayed_request",
+            RunnerRejection::EnrolmentRefused => "enrolment_refused",
         }
     }
 }
@@ -178,7 +183,30 @@ pub struct RunnerRejected {
     pub version: Option<String>,
 }
 
-/// A runner registered with the control plane (with its bootstrap token).
+/// Who vouched for a runner that registered through an enrolment: the
+/// enrolment, and what the identity provider's token said of the holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnrolledIdentity {
+    pub enrolment_id: String,
+    pub subject: String,
+    /// RFC 3339: when the token that registered it expires.
+    pub token_expires_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_id: Option<String>,
+    /// Kubernetes' `kubernetes.io` claims, where the token had them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// A runner registered with the control plane (with a bootstrap token, or
+/// an enrolment's token: then `enrolment` says whose).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunnerRegistered {
@@ -194,6 +222,8 @@ pub struct RunnerRegistered {
     pub boot_time: String,
     /// Runs it serves at once.
     pub slots: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrolment: Option<EnrolledIdentity>,
 }
 
 #[cfg(test)]
@@ -217,6 +247,7 @@ mod rejection_tests {
             RunnerRejection::BadRequestSignature,
             RunnerRejection::StaleRequest,
             RunnerRejection::ReplayedRequest,
+            RunnerRejection::EnrolmentRefused,
         ] {
             assert_eq!(
                 serde_json::to_value(reason).ok(),

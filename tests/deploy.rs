@@ -175,3 +175,192 @@ fn namespace_calls_are_allowed_only_with_the_flags_the_sandbox_uses() {
     );
     assert_eq!(code, 0, "ptrace was not refused with EPERM: {stderr}");
 }
+
+/// A tool tests/suite.sh provides, named by an environment variable: a run
+/// without it fails here, saying how to get it, rather than skipping.
+fn suite_tool(var: &str) -> PathBuf {
+    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        panic!("{var} is not set: run the suite with `bash tests/suite.sh`, which installs the deployment checks' tools")
+    });
+    assert!(path.exists(), "{var}={} does not exist", path.display());
+    path
+}
+
+/// `deploy/kubernetes` as `kubectl apply -k` would send it, rendered by
+/// Debian's kubectl (kustomize v2.0, the oldest the kustomization promises
+/// to work with).
+fn rendered_kustomization(dir: &Path) -> PathBuf {
+    let kubectl = suite_tool("MOAT_TEST_KUBECTL");
+    let output = Command::new(kubectl)
+        .args(["kustomize"])
+        .arg(root().join("deploy/kubernetes"))
+        .output()
+        .expect("running kubectl kustomize");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize deploy/kubernetes failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let file = dir.join("rendered.yaml");
+    std::fs::write(&file, &output.stdout).expect("writing the rendered manifests");
+    file
+}
+
+#[test]
+fn the_kustomization_renders_and_validates_strictly_on_every_supported_kubernetes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rendered = rendered_kustomization(dir.path());
+    let text = std::fs::read_to_string(&rendered).expect("rendered");
+    // Everything the issue of the old manifests named is in what is applied.
+    for kind in [
+        "kind: Namespace",
+        "kind: Deployment",
+        "kind: DaemonSet",
+        "kind: NetworkPolicy",
+        "kind: ConfigMap",
+    ] {
+        assert!(text.contains(kind), "{kind} missing from the render");
+    }
+    assert!(
+        !text.contains("REPLACE-ME") && text.matches("@sha256:").count() == 2,
+        "both images are pinned by digest through kustomize"
+    );
+    let validate = suite_tool("MOAT_TEST_DEPLOY_VENV").join("bin/kubernetes-validate");
+    for minor in 30..=37 {
+        let version = format!("1.{minor}.0");
+        let output = Command::new(&validate)
+            .args(["--strict", "--quiet", "-k", &version])
+            .arg(&rendered)
+            .output()
+            .expect("running kubernetes-validate");
+        assert!(
+            output.status.success(),
+            "kubernetes-validate --strict -k {version}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn checkov_passes_the_rendered_manifests_and_every_suppression_says_why_where_it_applies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rendered = rendered_kustomization(dir.path());
+    let checkov = suite_tool("MOAT_TEST_DEPLOY_VENV").join("bin/checkov");
+    // --skip-download: checkov asks its vendor's API for guidelines
+    // otherwise, and this machine talks to no one.
+    let output = Command::new(checkov)
+        .args([
+            "--framework",
+            "kubernetes",
+            "--skip-download",
+            "-o",
+            "json",
+            "-f",
+        ])
+        .arg(&rendered)
+        .env("HOME", dir.path())
+        .output()
+        .expect("running checkov");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "checkov's JSON ({e}): {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let summary = &report["summary"];
+    let failed = report["results"]["failed_checks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let described: Vec<String> = failed
+        .iter()
+        .map(|c| format!("{} on {}", c["check_id"], c["resource"]))
+        .collect();
+    assert_eq!(summary["failed"], 0, "checkov failed checks: {described:?}");
+    assert!(summary["passed"].as_u64().unwrap_or(0) > 150, "{summary}");
+    assert!(
+        output.status.success(),
+        "checkov exited {:?}",
+        output.status
+    );
+
+    let skipped = report["results"]["skipped_checks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut seen = Vec::new();
+    for check in &skipped {
+        let id = check["check_id"].as_str().expect("check_id");
+        let reason = check["check_result"]["suppress_comment"]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            reason.len() > 20,
+            "suppression of {id} gives no reason: {reason:?}"
+        );
+        let file = match check["resource"].as_str().unwrap_or("") {
+            r if r.starts_with("DaemonSet.") => "deploy/kubernetes/runner-daemonset.yaml",
+            r if r.starts_with("Deployment.") => "deploy/kubernetes/control-plane.yaml",
+            other => panic!("a suppression on {other}, which this test does not know"),
+        };
+        // The annotation says why; a comment at the setting it concerns
+        // points back at it.
+        let source = std::fs::read_to_string(root().join(file)).expect("the manifest");
+        assert!(
+            source.contains(&format!("checkov {id}")),
+            "{file} has no comment at the line {id} concerns"
+        );
+        seen.push(format!("{id} {}", check["resource"].as_str().unwrap_or("")));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "CKV_K8S_15 DaemonSet.moat-runner.moat-runner",
+            "CKV_K8S_15 Deployment.moat.moat-control-plane",
+            "CKV_K8S_31 DaemonSet.moat-runner.moat-runner",
+            "CKV_K8S_8 DaemonSet.moat-runner.moat-runner",
+            "CKV_K8S_9 DaemonSet.moat-runner.moat-runner",
+        ],
+        "the suppressions are exactly the ones reviewed"
+    );
+}
+
+#[test]
+fn runners_may_reach_only_the_control_plane_dns_and_public_addresses() {
+    let text = std::fs::read_to_string(root().join("deploy/kubernetes/network-policies.yaml"))
+        .expect("network-policies.yaml");
+    let runner = text
+        .split("\n---\n")
+        .find(|doc| doc.contains("name: moat-runner\n  namespace: moat-runner"))
+        .expect("the runner's policy");
+    assert!(
+        !runner.contains("ingress:"),
+        "nothing may connect to a runner"
+    );
+    // The metadata address, the cluster's private ranges and loopback are
+    // never egress destinations.
+    for range in [
+        "169.254.0.0/16",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "fe80::/10",
+        "fc00::/7",
+    ] {
+        assert!(
+            runner.contains(&format!("- {range}")),
+            "{range} is not excepted"
+        );
+    }
+    for namespace in ["moat", "moat-runner"] {
+        assert!(
+            text.contains(&format!("name: default-deny\n  namespace: {namespace}\nspec:\n  podSelector: {{}}\n  policyTypes: [\"Ingress\", \"Egress\"]")),
+            "{namespace} has no default deny"
+        );
+    }
+}

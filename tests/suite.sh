@@ -8,7 +8,9 @@
 #     venv and libseccomp's bindings, postgresql, chromium, and Node.js with
 #     npm if there is no `node`), with apt-get;
 #   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
-#     in the system's Python), and the Inspector walkthrough's npm package
+#     in the system's Python), checkov and kubernetes-validate in another,
+#     target/deploy-venv, Debian's kubectl unpacked in target/deploy-tools,
+#     and the Inspector walkthrough's npm package
 #     (playwright-core, which never downloads a browser) in
 #     tests/inspector/node_modules;
 #   - starts a throwaway PostgreSQL server (initdb + pg_ctl in a temporary
@@ -51,6 +53,27 @@ if ! "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mcp
 fi
 export MOAT_TEST_PYTHON=$venv/bin/python
+
+# The deployment checks (tests/deploy.rs) render deploy/kubernetes with
+# Debian's kubectl, unpacked into target/deploy-tools rather than installed
+# (it must not collide with a kubectl the machine may have), and validate it
+# with kubernetes-validate and checkov, from a venv of their own.
+tools=$PWD/target/deploy-tools
+if [ ! -x "$tools/kubectl/usr/bin/kubectl" ]; then
+  echo "tests/suite.sh: unpacking Debian's kubernetes-client into $tools"
+  rm -rf "$tools" && mkdir -p "$tools"
+  fetch_kubectl() { (cd "$tools" && apt-get download -qq -o APT::Sandbox::User=root kubernetes-client); }
+  fetch_kubectl 2>/dev/null || { apt-get update -qq && fetch_kubectl; }
+  dpkg -x "$tools"/kubernetes-client_*.deb "$tools/kubectl" && rm -f "$tools"/kubernetes-client_*.deb
+fi
+export MOAT_TEST_KUBECTL=$tools/kubectl/usr/bin/kubectl
+deploy_venv=$PWD/target/deploy-venv
+if ! "$deploy_venv/bin/checkov" --version >/dev/null 2>&1 || ! [ -x "$deploy_venv/bin/kubernetes-validate" ]; then
+  echo "tests/suite.sh: installing checkov and kubernetes-validate into $deploy_venv"
+  /usr/bin/python3 -m venv "$deploy_venv"
+  "$deploy_venv/bin/python" -m pip install --quiet --disable-pip-version-check checkov==3.3.30 kubernetes-validate==1.37.0
+fi
+export MOAT_TEST_DEPLOY_VENV=$deploy_venv
 
 # The Inspector walkthrough drives Debian's Chromium with playwright-core.
 (cd tests/inspector && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)

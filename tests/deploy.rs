@@ -357,6 +357,17 @@ fn runners_may_reach_only_the_control_plane_dns_and_public_addresses() {
             "{range} is not excepted"
         );
     }
+    // The control plane calls the orgs' tools on public addresses only.
+    let control = text
+        .split("\n---\n")
+        .find(|doc| doc.contains("name: moat-control-plane\n  namespace: moat\n"))
+        .expect("the control plane's policy");
+    for range in ["169.254.0.0/16", "10.0.0.0/8", "fe80::/10"] {
+        assert!(
+            control.contains(&format!("- {range}")),
+            "{range} is not excepted for the control plane"
+        );
+    }
     for namespace in ["moat", "moat-runner"] {
         assert!(
             text.contains(&format!("name: default-deny\n  namespace: {namespace}\nspec:\n  podSelector: {{}}\n  policyTypes: [\"Ingress\", \"Egress\"]")),

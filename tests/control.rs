@@ -747,20 +747,19 @@ fn an_enrolled_runner_restarted_twice_registers_each_time_with_no_new_token_and_
     let acme = org(&serve, "acme");
     prepare_org(&serve, &setup, &acme);
     let key = ClusterKey::new();
-    let (issuer, audience, subject) = (
+    let (issuer, subject) = (
         "https://kubernetes.default.svc.cluster.local",
-        "moat-runner-enrolment",
         "system:serviceaccount:moat-runner:moat-runner",
     );
     let (status, body) = call(
         "POST",
         &format!("{}/v1/runner-enrolments", serve.url),
         &acme,
-        Some(
-            json!({"name": "cluster", "issuer": issuer, "audience": audience,
-                    "subject": subject, "jwks": key.jwks()}),
-        ),
+        Some(json!({"name": "cluster", "issuer": issuer, "subject": subject, "jwks": key.jwks()})),
     );
+    // The audience the control plane made, which the DaemonSet's projected
+    // token asks the kubelet for.
+    let audience = body["audience"].as_str().unwrap_or_default().to_owned();
     assert_eq!(status, 201, "{body}");
     // The projected token, written once, as the kubelet would.
     let now = std::time::SystemTime::now()
@@ -826,3 +825,4 @@ fn an_enrolled_runner_restarted_twice_registers_each_time_with_no_new_token_and_
     );
     assert_ledger_intact(&serve);
 }
+

@@ -436,6 +436,9 @@ pub struct ToolResult {
 
 /// `POST /v1/runner-enrolments`: an identity provider whose tokens register
 /// the org's runners (on Kubernetes: the cluster's service-account issuer).
+/// The control plane makes the audience the tokens must carry
+/// ([`RunnerEnrolment::audience`]): unguessable, so no other org can claim
+/// it first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewRunnerEnrolment {
@@ -444,9 +447,6 @@ pub struct NewRunnerEnrolment {
     /// The tokens' `iss`, exactly (`kubectl get --raw
     /// /.well-known/openid-configuration` shows the cluster's).
     pub issuer: String,
-    /// An audience the tokens must carry, and that nothing else accepts
-    /// (the DaemonSet's projected token asks for `moat-runner-enrolment`).
-    pub audience: String,
     /// The tokens' `sub`, exactly: on Kubernetes
     /// `system:serviceaccount:NAMESPACE:SERVICEACCOUNT`.
     pub subject: String,
@@ -463,6 +463,9 @@ pub struct RunnerEnrolment {
     pub id: String,
     pub name: String,
     pub issuer: String,
+    /// `moat-enrolment:<id>`, made by the control plane: the audience the
+    /// runners' tokens must be issued for (the DaemonSet's projected token,
+    /// `audience:`). It names this enrolment, and so the org.
     pub audience: String,
     pub subject: String,
     /// The `kid` of each key it accepts (keys without one are counted as "").

@@ -28,6 +28,11 @@ pub const MAX_LIFETIME_MS: i64 = 24 * 3_600_000;
 /// Tokens longer than this are refused unread.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
+/// The latest time a claim may name, 9999-12-31T23:59:59Z: times are
+/// checked against it before any arithmetic, so none can overflow, and
+/// every accepted expiry can be written as RFC 3339.
+const MAX_TIME_S: i64 = 253_402_300_799;
+
 /// A JWKS key the enrolment accepts.
 #[derive(Debug, Clone)]
 struct Key {
@@ -184,6 +189,17 @@ pub enum TokenError {
     NotYetValid(i64),
     #[error("the token claims to live {0} s; at most {max} s", max = MAX_LIFETIME_MS / 1000)]
     TooLong(i64),
+    #[error("{0}: {1} is not a time from 1970 to 9999")]
+    Time(&'static str, i64),
+}
+
+/// A NumericDate claim in milliseconds, refused outside 1970..=9999.
+fn millis(name: &'static str, seconds: Option<i64>) -> Result<Option<i64>, TokenError> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if (0..=MAX_TIME_S).contains(&s) => Ok(Some(s * 1000)),
+        Some(s) => Err(TokenError::Time(name, s)),
+    }
 }
 
 #[derive(Deserialize)]
@@ -191,6 +207,9 @@ struct Header {
     alg: String,
     #[serde(default)]
     kid: Option<String>,
+    /// Extensions the verifier must understand (RFC 7515 §4.1.11): none is.
+    #[serde(default)]
+    crit: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -351,6 +370,11 @@ fn key_fits(material: &Material, alg: &str) -> bool {
 pub fn verify(token: &str, trust: &Trust, now_ms: i64) -> Result<Verified, TokenError> {
     let parts = split(token)?;
     let alg = parts.header.alg.as_str();
+    if parts.header.crit.is_some() {
+        return Err(TokenError::Claims(
+            "header: critical extensions (crit) are not supported".into(),
+        ));
+    }
     if alg != "RS256" && alg != "ES256" {
         return Err(TokenError::Algorithm(alg.to_owned()));
     }
@@ -383,18 +407,22 @@ pub fn verify(token: &str, trust: &Trust, now_ms: i64) -> Result<Verified, Token
     if subject != trust.subject {
         return Err(TokenError::Subject(subject));
     }
-    let exp = claims.exp.ok_or(TokenError::NoExpiry)?.saturating_mul(1000);
+    // All three are within 1970..=9999 from here on, and `now_ms` is the
+    // control plane's clock: no sum or difference below can overflow.
+    let exp = millis("exp", claims.exp)?.ok_or(TokenError::NoExpiry)?;
+    let nbf = millis("nbf", claims.nbf)?;
+    let iat = millis("iat", claims.iat)?;
     if exp + LEEWAY_MS <= now_ms {
         return Err(TokenError::Expired(exp));
     }
-    if let Some(nbf) = claims.nbf.map(|s| s.saturating_mul(1000))
+    if let Some(nbf) = nbf
         && nbf > now_ms + LEEWAY_MS
     {
         return Err(TokenError::NotYetValid(nbf));
     }
-    let from = claims
-        .iat
-        .map_or(now_ms, |s| s.saturating_mul(1000).min(now_ms));
+    // Measured from the earlier of its issue and now, so that neither a
+    // far-past `iat` nor a missing one lets a long token through.
+    let from = iat.map_or(now_ms, |iat| iat.min(now_ms));
     if exp - from > MAX_LIFETIME_MS {
         return Err(TokenError::TooLong((exp - from) / 1000));
     }
@@ -520,6 +548,33 @@ mod tests {
         assert!(matches!(
             check(with(|c| c["exp"] = json!(NOW / 1000 + 365 * 86_400))),
             Err(TokenError::TooLong(_))
+        ));
+        // Extreme times are refused before any arithmetic (no overflow).
+        for (claim, value) in [
+            ("exp", json!(i64::MAX)),
+            ("iat", json!(-9_300_000_000_000_000_i64)),
+            ("nbf", json!(-1)),
+            ("exp", json!(253_402_300_800_i64)),
+        ] {
+            assert!(
+                matches!(
+                    check(with(|c| c[claim] = value.clone())),
+                    Err(TokenError::Time(..))
+                ),
+                "{claim} {value}"
+            );
+        }
+        assert!(matches!(
+            verify(
+                &mint(
+                    &pair,
+                    json!({"alg": "ES256", "kid": "k1", "crit": ["b64"]}),
+                    claims()
+                ),
+                &t,
+                NOW
+            ),
+            Err(TokenError::Claims(_))
         ));
         // Within the leeway, an expiry just past still passes.
         assert!(check(with(|c| c["exp"] = json!(NOW / 1000 - 30))).is_ok());

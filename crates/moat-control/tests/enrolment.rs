@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 
 const B64URL: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
-const AUDIENCE: &str = "moat-runner-enrolment";
 const SUBJECT: &str = "system:serviceaccount:moat-runner:moat-runner";
 
 enum Signer {
@@ -121,11 +120,11 @@ impl Signer {
 }
 
 /// Claims as the kubelet projects them for the runner DaemonSet's pod on
-/// `node`, issued now for ten minutes.
-fn claims(plane: &Plane, node: &str) -> Value {
+/// `node`, for the enrolment's `audience`, issued now for ten minutes.
+fn claims(plane: &Plane, audience: &str, node: &str) -> Value {
     let now = plane.clock_now() / 1000;
     json!({
-        "aud": [AUDIENCE], "iss": ISSUER, "sub": SUBJECT,
+        "aud": [audience], "iss": ISSUER, "sub": SUBJECT,
         "iat": now, "nbf": now, "exp": now + 600,
         "jti": format!("jti-{node}"),
         "kubernetes.io": {
@@ -154,8 +153,7 @@ fn enrol(plane: &Plane, org: &Org, name: &str, keys: &[(&Signer, &str)]) -> (u16
         plane,
         org,
         "/v1/runner-enrolments",
-        json!({"name": name, "issuer": ISSUER, "audience": AUDIENCE, "subject": SUBJECT,
-               "jwks": {"keys": jwks}}),
+        json!({"name": name, "issuer": ISSUER, "subject": SUBJECT, "jwks": {"keys": jwks}}),
     )
 }
 
@@ -231,13 +229,18 @@ fn one_enrolment_registers_every_node_at_every_start_with_rs256_and_es256() {
         );
         assert_eq!(s, 201, "{b}");
         assert_eq!(b["keyIds"], json!(["rsa-1", "ec-1"]));
+        let audience = b["audience"].as_str().unwrap().to_owned();
+        assert_eq!(
+            audience,
+            format!("moat-enrolment:{}", b["id"].as_str().unwrap())
+        );
         let enrolment = b["id"].as_str().unwrap().to_owned();
 
         // Two nodes, each started three times (restarts, a rollout) with
         // the same projected token: every start registers.
         let mut seed = 1;
         for (signer, kid, node) in [(&rsa, "rsa-1", "node-a"), (&ec, "ec-1", "node-b")] {
-            let token = signer.token(kid, &claims(&plane, node));
+            let token = signer.token(kid, &claims(&plane, &audience, node));
             for _ in 0..3 {
                 let (s, b, runner) = register_with(&plane, &token, &current, seed);
                 assert_eq!(s, 201, "{node}: {b}");
@@ -268,19 +271,22 @@ fn every_token_that_should_not_pass_is_refused_recorded_and_registers_nothing() 
     for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let current = ready(&plane, &acme);
-        assert_eq!(enrol(&plane, &acme, "cluster-a", &[(&good, "k1")]).0, 201);
+        let (s, b) = enrol(&plane, &acme, "cluster-a", &[(&good, "k1")]);
+        assert_eq!(s, 201, "{b}");
+        let audience = b["audience"].as_str().unwrap().to_owned();
         let now = plane.clock_now() / 1000;
         let edit = |f: &dyn Fn(&mut Value)| {
-            let mut c = claims(&plane, "node-a");
+            let mut c = claims(&plane, &audience, "node-a");
             f(&mut c);
             c
         };
-        // Aimed at the enrolment (its audience and subject), but wrong:
-        // refused and recorded in acme's ledger.
+        // For the enrolment (its audience) but wrong: refused, the reason
+        // recorded in acme's ledger only.
+        let sub = |v: &str| good.token("k1", &edit(&|c| c["sub"] = json!(v)));
         let aimed = [
             (
                 "signed by another key",
-                stranger.token("k1", &claims(&plane, "node-a")),
+                stranger.token("k1", &edit(&|_| {})),
             ),
             (
                 "expired",
@@ -303,9 +309,25 @@ fn every_token_that_should_not_pass_is_refused_recorded_and_registers_nothing() 
                 "a year long",
                 good.token("k1", &edit(&|c| c["exp"] = json!(now + 365 * 86_400))),
             ),
+            ("unknown key id", good.token("k9", &edit(&|_| {}))),
             (
-                "unknown key id",
-                good.token("k9", &claims(&plane, "node-a")),
+                "another service account",
+                sub("system:serviceaccount:default:default"),
+            ),
+            (
+                "another issuer",
+                good.token("k1", &edit(&|c| c["iss"] = json!("https://other.example"))),
+            ),
+            (
+                "times past 9999",
+                good.token("k1", &edit(&|c| c["exp"] = json!(i64::MAX))),
+            ),
+            (
+                "an issue time before 1970",
+                good.token(
+                    "k1",
+                    &edit(&|c| c["iat"] = json!(-9_300_000_000_000_000_i64)),
+                ),
             ),
         ];
         for (n, (what, token)) in aimed.iter().enumerate() {
@@ -316,6 +338,10 @@ fn every_token_that_should_not_pass_is_refused_recorded_and_registers_nothing() 
                 "{what}: {b}"
             );
             assert_eq!(refusals(&plane).len(), n + 1, "{what} is recorded");
+            assert!(
+                !b.to_string().contains("cluster-a"),
+                "the caller learns nothing of the enrolment: {b}"
+            );
         }
         let recorded = refusals(&plane);
         assert!(
@@ -327,9 +353,9 @@ fn every_token_that_should_not_pass_is_refused_recorded_and_registers_nothing() 
             recorded[0]
         );
         assert_eq!(recorded[0]["runnerHash"], HASH);
-        // Meant for no enrolment (the API server's own audience, another
-        // service account, another issuer, not a JWT at all): refused,
-        // with no org to record it in.
+        // For no enrolment (the API server's own audience, an enrolment
+        // that does not exist, none at all): refused, with no org to record
+        // it in.
         let stray = [
             good.token(
                 "k1",
@@ -337,9 +363,8 @@ fn every_token_that_should_not_pass_is_refused_recorded_and_registers_nothing() 
             ),
             good.token(
                 "k1",
-                &edit(&|c| c["sub"] = json!("system:serviceaccount:default:default")),
+                &edit(&|c| c["aud"] = json!("moat-enrolment:enrol_0000")),
             ),
-            good.token("k1", &edit(&|c| c["iss"] = json!("https://other.example"))),
             "eyJhbGciOiJub25lIn0.e30.".to_owned(),
         ];
         for token in &stray {
@@ -360,21 +385,36 @@ fn a_revoked_enrolment_stops_its_runners_and_registers_no_more() {
         let current = ready(&plane, &acme);
         let (_, b) = enrol(&plane, &acme, "cluster-a", &[(&key, "k1")]);
         let id = b["id"].as_str().unwrap().to_owned();
-        let token = key.token("k1", &claims(&plane, "node-a"));
+        let token = key.token(
+            "k1",
+            &claims(&plane, b["audience"].as_str().unwrap(), "node-a"),
+        );
         let (s, _, runner) = register_with(&plane, &token, &current, 50);
         assert_eq!(s, 201);
         // A runner registered with a bootstrap token is not touched.
         let other = registered(&plane, &acme, 51);
 
-        let (s, b) = post(
-            &plane,
-            &acme,
-            &format!("/v1/runner-enrolments/{id}/revoke"),
-            json!({}),
-        );
-        assert_eq!(s, 200, "{b}");
-        assert!(b["revokedAt"].is_string());
-        assert_eq!(post(&plane, &acme, "/v1/runs", json!({})).0, 201);
+        // A claim already waiting when the enrolment is revoked takes
+        // nothing afterwards: the run queued after it stays for others.
+        let waited = std::thread::scope(|scope| {
+            let waiting =
+                scope.spawn(|| runner_post(&plane, &runner, "/v1/runner/claim?wait_ms=3000", b""));
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            let (s, b) = post(
+                &plane,
+                &acme,
+                &format!("/v1/runner-enrolments/{id}/revoke"),
+                json!({}),
+            );
+            assert_eq!(s, 200, "{b}");
+            assert!(b["revokedAt"].is_string());
+            assert_eq!(
+                post(&plane, &acme, "/v1/runs", json!({"id": "after"})).0,
+                201
+            );
+            waiting.join().unwrap()
+        });
+        assert_eq!(waited.0, 204, "the waiting claim took a run: {}", waited.1);
         let (s, b) = claim(&plane, &runner);
         assert_eq!(
             (s, b["error"]["reason"].as_str()),
@@ -400,25 +440,53 @@ fn a_revoked_enrolment_stops_its_runners_and_registers_no_more() {
             .0,
             404
         );
-        // Once revoked, the same issuer, audience and subject may be enrolled again.
+        // A new enrolment of the same cluster has an audience of its own:
+        // the old token does not register through it.
         assert_eq!(enrol(&plane, &acme, "cluster-a-2", &[(&key, "k1")]).0, 201);
+        assert_eq!(register_with(&plane, &token, &current, 53).0, 401);
     }
 }
 
 #[test]
-fn enrolments_are_checked_when_made_and_lead_to_one_org_only() {
+fn enrolments_are_checked_when_made_and_each_token_leads_to_its_own_org() {
     let key = Signer::ec();
     for plane in Plane::both() {
         let acme = org(&plane, "acme");
         let beta = org(&plane, "beta");
-        assert_eq!(enrol(&plane, &acme, "cluster-a", &[(&key, "k1")]).0, 201);
-        // The same name twice, or the same issuer, audience and subject in
-        // another org: a token must lead to exactly one org.
-        assert_eq!(enrol(&plane, &acme, "cluster-a", &[(&key, "k2")]).0, 409);
-        let (s, b) = enrol(&plane, &beta, "theirs", &[(&key, "k1")]);
-        assert_eq!(s, 409, "{b}");
+        let current = ready(&plane, &acme);
+        let (s, mine) = enrol(&plane, &acme, "cluster-a", &[(&key, "k1")]);
+        assert_eq!(s, 201, "{mine}");
+        assert_eq!(
+            enrol(&plane, &acme, "cluster-a", &[(&key, "k2")]).0,
+            409,
+            "a name once per org"
+        );
+        // Another org enrolling the very same cluster (issuer, subject and
+        // keys copied) gets an audience of its own: acme's runners' tokens
+        // still lead to acme, and beta's ledger learns nothing of them.
+        let (s, theirs) = enrol(&plane, &beta, "copied", &[(&key, "k1")]);
+        assert_eq!(s, 201, "{theirs}");
+        assert_ne!(mine["audience"], theirs["audience"]);
+        let token = key.token(
+            "k1",
+            &claims(&plane, mine["audience"].as_str().unwrap(), "node-a"),
+        );
+        let (s, b, _) = register_with(&plane, &token, &current, 60);
+        assert_eq!(s, 201, "{b}");
+        assert_eq!(runners(&plane, &acme), 1);
+        assert_eq!(runners(&plane, &beta), 0);
+        assert_eq!(
+            plane.events_named("runner.registered")[0].data["enrolment"]["enrolmentId"],
+            mine["id"]
+        );
+        // Rotation: a second enrolment of the same cluster stands beside the first.
+        assert_eq!(
+            enrol(&plane, &acme, "cluster-a-rotated", &[(&key, "k2")]).0,
+            201
+        );
+
         let bad = |body: Value| post(&plane, &beta, "/v1/runner-enrolments", body).0;
-        let base = json!({"name": "x", "issuer": ISSUER, "audience": "moat-beta", "subject": SUBJECT,
+        let base = json!({"name": "x", "issuer": ISSUER, "subject": SUBJECT,
                           "jwks": {"keys": [key.jwk("k1")]}});
         let with = |k: &str, v: Value| {
             let mut b = base.clone();
@@ -442,7 +510,11 @@ fn enrolments_are_checked_when_made_and_lead_to_one_org_only() {
         );
         assert_eq!(bad(with("name", json!("a/b"))), 400);
         assert_eq!(bad(with("issuer", json!(""))), 400);
-        assert_eq!(bad(with("extra", json!(1))), 400);
+        assert_eq!(
+            bad(with("audience", json!("mine"))),
+            400,
+            "the control plane makes the audience"
+        );
         // An agent's token may not enrol.
         let (_, t) = post(&plane, &beta, "/v1/agent-tokens", json!({}));
         let agent = Org {
@@ -460,6 +532,6 @@ fn enrolments_are_checked_when_made_and_lead_to_one_org_only() {
             b"",
         );
         assert_eq!(s, 200);
-        assert_eq!(b["runnerEnrolments"].as_array().unwrap().len(), 1, "{b}");
+        assert_eq!(b["runnerEnrolments"].as_array().unwrap().len(), 2, "{b}");
     }
 }

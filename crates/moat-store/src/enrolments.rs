@@ -35,32 +35,9 @@ fn decode(row: &Row) -> Result<EnrolmentRow, StoreError> {
 
 impl Store {
     /// Adds an enrolment. `Conflict` if the org already has one of that
-    /// name, or if any org has a standing one for the same issuer, audience
-    /// and subject: a token must lead to exactly one org.
+    /// name (or, never in practice, the made audience is taken).
     pub fn add_enrolment(&self, row: &EnrolmentRow) -> Result<(), StoreError> {
-        self.tx(|tx| {
-            let taken = tx
-                .query_one(
-                    "SELECT org_id, name FROM runner_enrolments
-                     WHERE (org_id = ? AND name = ?)
-                        OR (issuer = ? AND audience = ? AND subject = ? AND revoked_ms IS NULL)",
-                    &[
-                        row.org_id.as_str().into(),
-                        row.name.as_str().into(),
-                        row.issuer.as_str().into(),
-                        row.audience.as_str().into(),
-                        row.subject.as_str().into(),
-                    ],
-                )?
-                .map(|r| Ok::<_, StoreError>((r.text("org_id")?, r.text("name")?)))
-                .transpose()?;
-            if let Some((org, name)) = taken {
-                return Err(StoreError::Conflict(if org == row.org_id && name == row.name {
-                    format!("enrolment {name:?}")
-                } else {
-                    "an enrolment for this issuer, audience and subject".to_owned()
-                }));
-            }
+        let added = self.tx(|tx| {
             tx.execute(
                 &format!(
                     "INSERT INTO runner_enrolments ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)"
@@ -77,7 +54,15 @@ impl Store {
                 ],
             )?;
             Ok(())
-        })
+        });
+        // The unique keys decide, so two replicas adding at once cannot
+        // both succeed.
+        match added {
+            Err(e) if e.is_unique_violation() => {
+                Err(StoreError::Conflict(format!("enrolment {:?}", row.name)))
+            }
+            other => other,
+        }
     }
 
     /// The org's enrolments, revoked ones too, oldest first.
@@ -95,19 +80,22 @@ impl Store {
         })
     }
 
-    /// Standing enrolments, of any org, for tokens from `issuer`.
-    pub fn enrolments_for_issuer(&self, issuer: &str) -> Result<Vec<EnrolmentRow>, StoreError> {
+    /// The standing enrolment whose audience is `audience`, of any org.
+    pub fn enrolment_for_audience(
+        &self,
+        audience: &str,
+    ) -> Result<Option<EnrolmentRow>, StoreError> {
         self.read(|tx| {
-            tx.query(
+            tx.query_one(
                 &format!(
                     "SELECT {COLUMNS} FROM runner_enrolments
-                     WHERE issuer = ? AND revoked_ms IS NULL ORDER BY created_ms, id"
+                     WHERE audience = ? AND revoked_ms IS NULL"
                 ),
-                &[issuer.into()],
+                &[audience.into()],
             )?
-            .iter()
+            .as_ref()
             .map(decode)
-            .collect()
+            .transpose()
         })
     }
 

@@ -221,7 +221,8 @@ impl Store {
         now: i64,
     ) -> Result<Option<OpRow>, StoreError> {
         // One statement: the oldest queued op of a run this runner holds,
-        // taken (a concurrent taker skips the row it has locked).
+        // taken (a concurrent taker skips the row it has locked), while the
+        // runner still stands.
         self.single(|tx| {
             let sql = format!(
                 "UPDATE ops SET state = 'dispatched', updated_ms = ?
@@ -229,9 +230,11 @@ impl Store {
                      SELECT q.id FROM ops q WHERE q.run_id = ? AND q.state = 'queued'
                        AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ?
                                    AND r.runner_id = ? AND r.state IN ('claimed', 'running'))
-                     ORDER BY q.n LIMIT 1{})
+                       AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ? AND NOT ({stands}))
+                     ORDER BY q.n LIMIT 1{skip})
                  RETURNING {COLUMNS}",
-                tx.skip_locked()
+                stands = crate::runners::RUNNER_STANDS,
+                skip = tx.skip_locked()
             );
             tx.query_one(
                 &sql,
@@ -241,6 +244,7 @@ impl Store {
                     run.into(),
                     org.into(),
                     run.into(),
+                    runner.into(),
                     runner.into(),
                 ],
             )?

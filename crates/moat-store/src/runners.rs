@@ -140,6 +140,20 @@ impl Store {
     }
 }
 
+/// SQL that holds when the runner row aliased `w` still stands: its build
+/// allowed, its manifest published and unrevoked under an unrevoked key,
+/// its enrolment (if any) unrevoked. Checked again inside the statements
+/// that hand a runner work (a claim, an operation), so that a revocation
+/// reaches a request that was already waiting when it happened.
+pub(crate) const RUNNER_STANDS: &str = "EXISTS (SELECT 1 FROM runner_builds b
+        WHERE b.org_id = w.org_id AND b.sha256 = w.runner_hash AND b.revoked = 0)
+    AND EXISTS (SELECT 1 FROM manifests m WHERE m.org_id = w.org_id
+        AND m.hash = w.manifest_hash AND m.revoked = 0
+        AND NOT EXISTS (SELECT 1 FROM revoked_keys k
+            WHERE k.org_id = m.org_id AND k.public_key = m.signed_by))
+    AND (w.enrolment_id IS NULL OR EXISTS (SELECT 1 FROM runner_enrolments e
+        WHERE e.id = w.enrolment_id AND e.revoked_ms IS NULL))";
+
 /// Where a runner stands for one signed request.
 #[derive(Debug, Clone)]
 pub struct Standing {

@@ -376,7 +376,7 @@ impl Store {
         self.tx(|tx| {
             // One statement: the oldest queued run this runner may take (a
             // concurrent claimer skips the row it has locked), unless every
-            // slot of the runner is in use.
+            // slot of the runner is in use or it no longer stands.
             let sql = format!(
                 "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
                      lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?
@@ -384,13 +384,15 @@ impl Store {
                      SELECT q.id FROM runs q WHERE q.org_id = ? AND q.environment = ?
                        AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
                        AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ?
-                           AND w.slots <= (SELECT COUNT(*) FROM runs h WHERE h.runner_id = ?
-                               AND h.state IN ('claimed', 'running', 'paused')))
-                     ORDER BY q.created_ms, q.id LIMIT 1{})
+                           AND (w.slots <= (SELECT COUNT(*) FROM runs h WHERE h.runner_id = ?
+                                   AND h.state IN ('claimed', 'running', 'paused'))
+                                OR NOT ({stands})))
+                     ORDER BY q.created_ms, q.id LIMIT 1{skip})
                  RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
                      AND m.environment = runs.environment AND m.state = 'queued'
                      AND m.id <> runs.id) AS more_queued",
-                tx.skip_locked()
+                stands = crate::runners::RUNNER_STANDS,
+                skip = tx.skip_locked()
             );
             let Some(row) = tx.query_one(
                 &sql,

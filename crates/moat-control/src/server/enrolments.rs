@@ -24,6 +24,12 @@ use crate::enrolment::{self, Jwks, Trust};
 /// A JWKS larger than this is refused (a cluster publishes a few keys).
 const MAX_JWKS_BYTES: usize = 64 * 1024;
 
+/// Every enrolment's audience starts so; the rest is its id.
+const AUDIENCE_PREFIX: &str = "moat-enrolment:";
+
+/// A token naming more audiences of ours than this is not looked at further.
+const MAX_AUDIENCES: usize = 4;
+
 fn key_ids(jwks: &str) -> Vec<String> {
     serde_json::from_str::<Value>(jwks)
         .ok()
@@ -98,12 +104,13 @@ pub async fn create(
         )));
     }
     Jwks::parse(&body.jwks).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let id = moat_core::random::new_id("enrol_");
     let row = EnrolmentRow {
-        id: moat_core::random::new_id("enrol_"),
+        audience: format!("{AUDIENCE_PREFIX}{id}"),
+        id,
         org_id: org,
         name,
         issuer: text("issuer", &body.issuer, 1024)?,
-        audience: text("audience", &body.audience, 256)?,
         subject: text("subject", &body.subject, 1024)?,
         jwks,
         created_ms: state.now(),
@@ -141,11 +148,13 @@ pub async fn revoke(
 }
 
 /// The org a registration's enrolment token admits the runner to, and what
-/// the token said of it. A token that names an enrolled issuer and was
-/// meant for an enrolment (its audience and subject) but does not verify is
-/// recorded there as `runner.rejected` (`enrolment_refused`); one that
-/// names no enrolment is refused without a record, as an unknown bootstrap
-/// token is.
+/// the token said of it. The token's audience names the enrolment (the
+/// control plane made it, unguessable): a token for a standing enrolment
+/// that does not verify is recorded there as `runner.rejected`
+/// (`enrolment_refused`, with the reason; the caller is told only that it
+/// was refused); one that names none is refused without a record, as an
+/// unknown bootstrap token is. Nothing is verified for a token that names no
+/// enrolment, so an anonymous caller costs one lookup.
 pub async fn vouch(
     state: &Arc<AppState>,
     token: &str,
@@ -154,44 +163,60 @@ pub async fn vouch(
 ) -> ApiResult<(String, EnrolledIdentity)> {
     let claimed = enrolment::claimed(token)
         .map_err(|e| ApiError::unauthorized(format!("enrolment token: {e}")))?;
-    let issuer = claimed.issuer.clone();
-    let rows = state.db(move |s| s.enrolments_for_issuer(&issuer)).await?;
-    let mut refusals = Vec::new();
-    for row in &rows {
-        let trust = trust(row)?;
-        match enrolment::verify(token, &trust, now) {
-            Ok(verified) => {
-                return Ok((
-                    row.org_id.clone(),
-                    EnrolledIdentity {
-                        enrolment_id: row.id.clone(),
-                        subject: verified.subject,
-                        token_expires_at: stamp(verified.expires_ms),
-                        token_id: verified.token_id,
-                        namespace: verified.namespace,
-                        pod: verified.pod,
-                        pod_uid: verified.pod_uid,
-                        node: verified.node,
-                    },
-                ));
+    let ours: Vec<String> = claimed
+        .audiences
+        .iter()
+        .filter(|a| a.starts_with(AUDIENCE_PREFIX))
+        .take(MAX_AUDIENCES)
+        .cloned()
+        .collect();
+    let row = state
+        .db(move |s| {
+            for audience in &ours {
+                if let Some(row) = s.enrolment_for_audience(audience)? {
+                    return Ok(Some(row));
+                }
             }
-            Err(e) if claimed.aimed_at(&trust) => refusals.push((row, e)),
-            Err(_) => {}
+            Ok(None)
+        })
+        .await?
+        .ok_or_else(|| {
+            ApiError::unauthorized("enrolment token: its audience names no standing enrolment")
+        })?;
+    let trust = trust(&row)?;
+    let error = match enrolment::verify(token, &trust, now) {
+        Ok(verified) => {
+            return Ok((
+                row.org_id.clone(),
+                EnrolledIdentity {
+                    enrolment_id: row.id.clone(),
+                    subject: verified.subject,
+                    token_expires_at: stamp(verified.expires_ms),
+                    token_id: verified.token_id,
+                    namespace: verified.namespace,
+                    pod: verified.pod,
+                    pod_uid: verified.pod_uid,
+                    node: verified.node,
+                },
+            ));
         }
-    }
-    let Some((row, error)) = refusals.into_iter().next() else {
-        return Err(ApiError::unauthorized(format!(
-            "enrolment token: no standing enrolment for issuer {:?}, audience {:?} and subject {:?}",
-            claimed.issuer, claimed.audiences, claimed.subject
-        )));
+        Err(error) => error,
     };
-    let who = auth::Rejected::registration(reg);
-    Err(auth::reject(
+    // The reason goes to the org's ledger, not to whoever presented it.
+    let answer = auth::reject(
         state,
         &row.org_id,
         RunnerRejection::EnrolmentRefused,
         format!("enrolment {:?}: {error}", row.name),
-        who,
+        auth::Rejected::registration(reg),
     )
-    .await)
+    .await;
+    if answer.status != StatusCode::FORBIDDEN {
+        // Not recorded (the database failed): that error, not a refusal.
+        return Err(answer);
+    }
+    Err(ApiError::forbidden(
+        RunnerRejection::EnrolmentRefused.as_str(),
+        "the enrolment token was refused; the org's events say why",
+    ))
 }

@@ -85,7 +85,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runner-enrolments",
         "org-admin",
-        "Enrol an identity provider: `{name, issuer, audience, subject, jwks}`. Its tokens (RS256 or ES256, with an expiry of at most 24 h) then register runners at `/v1/runner/register`, any number of times, e.g. a Kubernetes pod's projected service-account token. 409 if another standing enrolment has the same issuer, audience and subject.",
+        "Enrol an identity provider: `{name, issuer, subject, jwks}`. The answer's `audience` (made by the control plane) is the one its tokens must be issued for; such tokens (RS256 or ES256, with an expiry of at most 24 h) then register runners at `/v1/runner/register`, any number of times, e.g. a Kubernetes pod's projected service-account token. 409 if the org has an enrolment of that name.",
     ),
     (
         "post",

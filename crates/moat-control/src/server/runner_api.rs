@@ -165,7 +165,14 @@ pub async fn register(
             (org, None, parse::<Registration>(&body)?)
         }
         auth::RegistrationToken::Enrolment(token) => {
+            // Checked before the token is: a refusal recorded in the org
+            // then quotes a well-formed registration only.
             let reg: Registration = parse(&body)?;
+            if !is_sha256(&reg.runner_hash) {
+                return Err(ApiError::bad_request(
+                    "runnerHash: 64 lower-case hex digits",
+                ));
+            }
             let (org, identity) = super::enrolments::vouch(&state, &token, &reg, now).await?;
             (org, Some(identity), reg)
         }

@@ -1,5 +1,7 @@
 -- Runner enrolment by workload identity: an identity provider an org
--- trusts (issuer, audience, subject, public keys as a JWKS). Runners that
+-- trusts (issuer, subject, public keys as a JWKS), and the audience the
+-- control plane made for it (unique: a token's audience names its
+-- enrolment, and so its org). Runners that
 -- registered with one of its tokens name it, so that revoking it refuses
 -- them from their next request.
 CREATE TABLE runner_enrolments (
@@ -7,12 +9,11 @@ CREATE TABLE runner_enrolments (
     org_id      TEXT NOT NULL REFERENCES orgs (id),
     name        TEXT NOT NULL,
     issuer      TEXT NOT NULL,
-    audience    TEXT NOT NULL,
+    audience    TEXT NOT NULL UNIQUE,
     subject     TEXT NOT NULL,
     jwks        TEXT NOT NULL,
     created_ms  BIGINT NOT NULL,
     revoked_ms  BIGINT,
     UNIQUE (org_id, name)
 );
-CREATE INDEX runner_enrolments_by_issuer ON runner_enrolments (issuer);
 ALTER TABLE runners ADD COLUMN enrolment_id TEXT;

@@ -826,3 +826,145 @@ fn an_enrolled_runner_restarted_twice_registers_each_time_with_no_new_token_and_
     assert_ledger_intact(&serve);
 }
 
+/// Waits up to `limit` for `runner`'s process to exit; its status.
+fn exit_of(runner: &mut Runner, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = runner.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the org has `n` registered runners (a runner handles
+/// SIGTERM from before it registers).
+fn wait_registered(serve: &Serve, token: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while call("GET", &format!("{}/v1/runners", serve.url), token, None).1["runners"]
+        .as_array()
+        .map_or(0, Vec::len)
+        < n
+    {
+        assert!(Instant::now() < deadline, "runner {n} never registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sigterm(runner: &Runner) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &runner.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn sigterm_drains_a_runner_its_operation_finishes_and_its_run_is_queued_again_uncounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let db = &databases(dir.path())[0];
+    let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+
+    // Idle: it stops within a long poll, cleanly.
+    let mut idle = Runner::start(&serve, &setup, &acme, "idle");
+    wait_registered(&serve, &acme, 1);
+    sigterm(&idle);
+    assert_eq!(exit_of(&mut idle, Duration::from_secs(15)).code(), Some(0));
+
+    // Busy: one attempt only, so a counted claim would end the run.
+    let mut first = Runner::start(&serve, &setup, &acme, "draining");
+    wait_registered(&serve, &acme, 2);
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "d", "maxAttempts": 1})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let slow = envelope(
+        "slow",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/python3", "-c", "import time; time.sleep(2); print('done')"]}),
+    );
+    let op = std::thread::scope(|scope| {
+        let answer = scope.spawn(|| post_op(&serve, &acme, "d", slow));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while call(
+            "GET",
+            &format!("{}/v1/runs/d/ops/slow", serve.url),
+            &acme,
+            None,
+        )
+        .1["state"]
+            != "dispatched"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the operation was never dispatched"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sigterm(&first);
+        answer.join().unwrap()
+    });
+    // The operation in flight when SIGTERM came finished and was reported.
+    assert_eq!(
+        (op.0, op.1["state"].as_str()),
+        (200, Some("succeeded")),
+        "{}",
+        op.1
+    );
+    assert_eq!(exit_of(&mut first, Duration::from_secs(30)).code(), Some(0));
+    let (_, run) = call("GET", &format!("{}/v1/runs/d", serve.url), &acme, None);
+    assert_eq!(
+        (run["state"].as_str(), run["attempts"].as_i64()),
+        (Some("queued"), Some(0)),
+        "{run}"
+    );
+    assert!(
+        !first.state.join("runs/d").exists(),
+        "the released run's workspace is gone from the runner"
+    );
+
+    // Another runner takes it and the run completes.
+    let _second = Runner::start(&serve, &setup, &acme, "second");
+    let (status, op) = post_op(
+        &serve,
+        &acme,
+        "d",
+        envelope(
+            "after",
+            "artifact_write",
+            json!({"path": "output/x", "content": "x", "maxBytes": 10}),
+        ),
+    );
+    assert_eq!(
+        (status, op["state"].as_str()),
+        (200, Some("succeeded")),
+        "{op}"
+    );
+    call(
+        "POST",
+        &format!("{}/v1/runs/d/finish", serve.url),
+        &acme,
+        None,
+    );
+    wait_state(&serve, &acme, "d", "succeeded");
+    let events = run_events(&serve, &acme, "d");
+    for (kind, n) in [
+        ("run.claimed", 2),
+        ("run.released", 1),
+        ("run.lease_expired", 0),
+        ("op.finished", 2),
+    ] {
+        assert_eq!(count(&events, kind), n, "{kind} in {events:#?}");
+    }
+    assert_ledger_intact(&serve);
+}

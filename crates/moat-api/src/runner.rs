@@ -127,6 +127,13 @@ pub struct Recorded {
     pub recorded: bool,
 }
 
+/// `POST /v1/runner/runs/{run}/release`: the run is queued again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Released {
+    /// The attempts it has had, the released claim not counted.
+    pub attempts: i64,
+}
+
 /// How a runner ends a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

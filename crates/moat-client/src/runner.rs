@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use moat_api::ManifestView;
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
-    Registered, Registration, ResultBody,
+    Registered, Registration, Released, ResultBody,
 };
 use moat_core::Event;
 use moat_core::request_sig;
@@ -110,6 +110,20 @@ impl RunnerClient {
         let path = format!("/v1/runner/runs/{}/heartbeat", segment(run));
         self.call(
             &format!("run {run}: heartbeat"),
+            "POST",
+            &path,
+            None::<&()>,
+            Retry::Once,
+        )
+    }
+
+    /// `POST /v1/runner/runs/{run}/release`: gives a held run back to the
+    /// queue, unfinished (this runner is stopping). Tried once: if it does
+    /// not get through, the run's lease lapses and the run is retried.
+    pub fn release(&self, run: &str) -> Result<Released, ClientError> {
+        let path = format!("/v1/runner/runs/{}/release", segment(run));
+        self.call(
+            &format!("run {run}: release"),
             "POST",
             &path,
             None::<&()>,

@@ -105,6 +105,9 @@ event_types! {
     RunLeaseExpired => "run.lease_expired",
     /// The run was queued again after a lost lease.
     RunRetried => "run.retried",
+    /// Its runner gave the run back unfinished (it is stopping); queued
+    /// again without counting an attempt.
+    RunReleased => "run.released",
     /// The run ended without success and needs an operator (retries spent,
     /// manifest expired past its grace).
     RunDeadLettered => "run.dead_lettered",

@@ -107,6 +107,15 @@ fn provenance(data: EventData, at: &str) -> Event {
 /// Registers and serves runs until `max_runs` were served (or forever).
 pub fn run(config: Config) -> Result<(), RunnerError> {
     let boot = SystemTime::now();
+    // SIGTERM (a rollout, `systemctl stop`) drains: no new claims, the
+    // operations in flight finish, held runs go back to the queue. Handled
+    // from the start, so one during registration drains too. A second
+    // SIGTERM stops at once (exit 143), as an unhandled one would.
+    let draining = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let term = signal_hook::consts::SIGTERM;
+    signal_hook::flag::register_conditional_shutdown(term, 143, std::sync::Arc::clone(&draining))
+        .and_then(|_| signal_hook::flag::register(term, std::sync::Arc::clone(&draining)))
+        .map_err(|e| RunnerError::Setup(format!("handling SIGTERM: {e}")))?;
     let me = config.program.clone();
     let Some((signed, _)) = seal::read_trailer(&me)? else {
         return Err(RunnerError::Setup(format!(
@@ -218,6 +227,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     ];
     client.report_events(events, Retry::WhileUnavailable)?;
     let manifests = Manifests::new(signed, trusted, config.state_dir.clone())?;
+
     let runner = serve::Runner {
         config,
         client,
@@ -226,6 +236,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         slots: slots::Slots::new(usize::from(slots)),
         shell_state,
         heartbeat: (lease / 3).max(Duration::from_millis(200)),
+        draining,
+        claims_over: std::sync::atomic::AtomicBool::new(false),
     };
     runner.serve()
 }

@@ -2,8 +2,9 @@
 //! through a `moat shell` child, with the lease kept by heartbeats.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::{Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
 use moat_api::runner::{Claim, FinishBody, Next, ResultBody, RunEnd, TOOL_PROFILE};
@@ -35,22 +36,38 @@ pub(crate) struct Runner {
     pub shell_state: PathBuf,
     /// Heartbeat period while an operation runs: a third of the lease.
     pub heartbeat: Duration,
+    /// Set by SIGTERM: claim nothing more, give held runs back at their
+    /// next operation boundary, then exit.
+    pub draining: Arc<AtomicBool>,
+    /// Set once the claiming loop has ended (its last long poll answered):
+    /// runs are given back only then, or that poll could claim one of them
+    /// again.
+    pub claims_over: AtomicBool,
 }
 
 impl Runner {
     /// Claims a run whenever a slot is free and serves each claimed run on
     /// a thread of its own, until `max_runs` runs were claimed (then it
-    /// waits for them to end) or the control plane refuses a claim.
+    /// waits for them to end), the control plane refuses a claim, or
+    /// SIGTERM drains it (then its runs are given back as they reach an
+    /// operation boundary, and it returns once all are).
     pub fn serve(&self) -> Result<(), RunnerError> {
-        std::thread::scope(|scope| {
+        let served = std::thread::scope(|scope| {
             let mut claimed = 0u64;
             while self.config.max_runs.is_none_or(|max| claimed < max) {
-                let in_use = self.slots.take();
+                let Some(in_use) = self.slots.take_unless(|| self.draining()) else {
+                    break;
+                };
                 let slot = SlotGuard(&self.slots);
                 self.refresh_manifest();
                 let Some(claim) = self.client.claim(LONG_POLL)? else {
                     continue;
                 };
+                if self.draining() {
+                    // Claimed while the drain began: straight back.
+                    self.release(&claim.run.id);
+                    break;
+                }
                 claimed += 1;
                 eprintln!(
                     "moat runner: claimed run {} ({in_use} of {} slots in use)",
@@ -61,8 +78,31 @@ impl Runner {
                     self.serve_run(&claim);
                 });
             }
+            self.claims_over.store(true, Ordering::Relaxed);
             Ok(())
-        })
+        });
+        if self.draining() {
+            eprintln!("moat runner: stopped (SIGTERM): every held run was finished or given back");
+        }
+        served
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Gives a run back to the queue (the runner is stopping). A failure
+    /// is only reported: the run's lease then lapses and it is retried.
+    fn release(&self, run_id: &str) {
+        match self.client.release(run_id) {
+            Ok(released) => eprintln!(
+                "moat runner: run {run_id} given back to the queue ({} attempts counted)",
+                released.attempts
+            ),
+            Err(e) => eprintln!(
+                "moat runner: run {run_id}: giving it back failed ({e}); it is retried once its lease lapses"
+            ),
+        }
     }
 
     /// The manifest refresh's turn (an operation boundary): one slot at a
@@ -124,8 +164,21 @@ impl Runner {
         // takes over at this run's next operation boundary, in a new shell.
         let mut shell: Option<(ShellChild, u64)> = None;
         loop {
-            // An operation boundary: a refreshed manifest takes over here,
-            // in a new shell.
+            // An operation boundary: a drain gives the run back here (its
+            // workspace goes with it: the next runner starts from the
+            // inputs, as after a lost lease)...
+            if self.draining() {
+                drop(shell);
+                while !self.claims_over.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                self.release(run_id);
+                if workspace.exists() {
+                    std::fs::remove_dir_all(&workspace).io(|| workspace.display().to_string())?;
+                }
+                return Ok(());
+            }
+            // ...and a refreshed manifest takes over, in a new shell.
             let (generation, manifest_file) = self.refresh_manifest();
             if shell.as_ref().is_some_and(|(_, g)| *g != generation) {
                 shell = None;

@@ -1,6 +1,7 @@
 //! A runner's slots: how many of its runs may be in progress at once.
 
 use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::Duration;
 
 /// The default number of slots: two runs per CPU (a run mostly waits: for
 /// its agent, a person, the network), bounded by memory at `per_run` bytes
@@ -38,17 +39,25 @@ impl Slots {
         }
     }
 
-    /// Waits for a free slot and takes it; how many are then in use.
-    pub fn take(&self) -> usize {
+    /// Waits for a free slot and takes it (how many are then in use),
+    /// unless `stop` turns true first (looked at every tenth of a second
+    /// while all slots are in use): then `None`, and nothing is taken.
+    pub fn take_unless(&self, stop: impl Fn() -> bool) -> Option<usize> {
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        while *used >= self.total {
+        loop {
+            if stop() {
+                return None;
+            }
+            if *used < self.total {
+                *used += 1;
+                return Some(*used);
+            }
             used = self
                 .freed
-                .wait(used)
-                .unwrap_or_else(PoisonError::into_inner);
+                .wait_timeout(used, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
-        *used += 1;
-        *used
     }
 
     fn give_back(&self) {
@@ -74,12 +83,23 @@ mod tests {
     #[test]
     fn a_slot_comes_back_however_its_run_ends() {
         let slots = Slots::new(2);
-        assert_eq!(slots.take(), 1);
+        let take = || slots.take_unless(|| false);
+        assert_eq!(take(), Some(1));
         {
             let _guard = SlotGuard(&slots);
-            assert_eq!(slots.take(), 2);
+            assert_eq!(take(), Some(2));
         }
-        assert_eq!(slots.take(), 2, "the guard gave one back");
+        assert_eq!(take(), Some(2), "the guard gave one back");
+        assert_eq!(slots.take_unless(|| true), None, "a stop wins over a wait");
+        let all = Slots::new(1);
+        assert_eq!(all.take_unless(|| false), Some(1));
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 2;
+        assert_eq!(
+            all.take_unless(stop),
+            None,
+            "a full runner stops waiting when told"
+        );
         assert!(default_slots(u64::MAX) >= 1);
     }
 }

@@ -4,7 +4,7 @@
 
 use moat_core::event_data::{
     ApprovalExpired, FinalRunState, RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput,
-    RunLeaseExpired, RunRetried,
+    RunLeaseExpired, RunReleased, RunRetried,
 };
 use moat_core::{Event, EventData};
 use serde_json::json;
@@ -423,6 +423,45 @@ impl Store {
             });
             events::append(tx, org, &[typed_event(data, &id, now)])?;
             Ok(Some(Claimed { run, more_queued }))
+        })
+    }
+
+    /// Gives a run `runner` holds back to the queue, unfinished, with its
+    /// claim not counted as an attempt (`run.released`): the runner is
+    /// stopping. Refused (`None`) unless the runner holds the run and no
+    /// operation of it is dispatched: it releases only at an operation
+    /// boundary, so that no operation's outcome is lost.
+    pub fn release_run(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        now: i64,
+    ) -> Result<Option<RunRow>, StoreError> {
+        self.tx(|tx| {
+            let Some(row) = tx.query_one(
+                &format!(
+                    "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0,
+                         attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
+                         updated_ms = ?
+                     WHERE org_id = ? AND id = ? AND runner_id = ?
+                       AND state IN ('claimed', 'running', 'paused')
+                       AND NOT EXISTS (SELECT 1 FROM ops o
+                           WHERE o.run_id = runs.id AND o.state = 'dispatched')
+                     RETURNING {COLUMNS}"
+                ),
+                &[now.into(), org.into(), run.into(), runner.into()],
+            )?
+            else {
+                return Ok(None);
+            };
+            let released = decode(&row)?;
+            let data = EventData::RunReleased(RunReleased {
+                runner_id: runner.to_owned(),
+                attempts: released.attempts,
+            });
+            events::append(tx, org, &[typed_event(data, run, now)])?;
+            Ok(Some(released))
         })
     }
 

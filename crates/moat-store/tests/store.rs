@@ -654,3 +654,60 @@ fn moving_an_event_to_another_org_or_run_breaks_the_chain() {
         }
     }
 }
+
+#[test]
+fn a_released_run_is_queued_again_uncounted_only_between_operations() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 10, 1_000);
+        let empty = json!({});
+        s.insert_op(&queued(&a, "op-1", &empty), 11)
+            .unwrap()
+            .expect("op");
+        s.dispatch_op(&a, "runner-1", "r", 12)
+            .unwrap()
+            .expect("dispatch");
+        assert!(
+            s.release_run(&a, "runner-1", "r", 13).unwrap().is_none(),
+            "an operation is dispatched: its outcome would be lost"
+        );
+        let result = json!({"status": "ok"});
+        assert!(
+            s.finish_op(
+                &moat_store::OpResult {
+                    org: &a,
+                    runner: "runner-1",
+                    run: "r",
+                    op: "op-1",
+                    succeeded: true,
+                    result: &result,
+                    events: &[],
+                    artifacts: &[],
+                },
+                14
+            )
+            .unwrap()
+        );
+        assert!(
+            s.release_run(&a, "runner-2", "r", 15).unwrap().is_none(),
+            "only its holder gives a run back"
+        );
+        let released = s
+            .release_run(&a, "runner-1", "r", 15)
+            .unwrap()
+            .expect("released");
+        assert_eq!((released.state, released.attempts), (RunState::Queued, 0));
+        assert_eq!(released.runner_id, None);
+        let events = s.all_events(0, 1000).unwrap();
+        let last = &events.last().unwrap().event;
+        assert_eq!(last.event_type.as_str(), "run.released");
+        assert_eq!(last.data["runnerId"], "runner-1");
+        // Its one attempt is still there: another runner takes it.
+        let again = s
+            .claim_run(&a, "test", "runner-2", "m", 16, 1_000)
+            .unwrap()
+            .expect("claim");
+        assert_eq!(again.run.attempts, 1);
+        assert!(s.release_run(&a, "runner-1", "r", 17).unwrap().is_none());
+    }
+}

@@ -299,6 +299,7 @@ pub fn routes() -> routes::Routes {
             runner_api::result,
         )
         .on(POST, "/v1/runner/runs/{run}/finish", runner_api::finish)
+        .on(POST, "/v1/runner/runs/{run}/release", runner_api::release)
 }
 
 pub fn router(state: Arc<AppState>) -> Router {

@@ -14,7 +14,7 @@ use moat_api::org::{
 };
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
-    Registered, Registration, ResultBody,
+    Registered, Registration, Released, ResultBody,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
@@ -310,6 +310,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "runner",
         "End a run: `{state: succeeded|failed, error?}`.",
     ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/release",
+        "runner",
+        "Give a held run back unfinished, at an operation boundary (the runner is stopping): it is queued again and the claim does not count as an attempt (`run.released`). 409 `not_releasable` if the runner does not hold it or an operation of it is dispatched.",
+    ),
 ];
 
 fn security(auth: &str) -> Value {
@@ -490,6 +496,7 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("post", "/v1/runner/runs/{run}/finish") => {
             takes(schema::<FinishBody>, "200", schema::<Recorded>)
         }
+        ("post", "/v1/runner/runs/{run}/release") => answers("200", schema::<Released>),
         _ => return None,
     })
 }

@@ -30,7 +30,7 @@ use super::wake::Topic;
 use moat_api::ManifestView;
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
-    Registered, Registration, ResultBody, RunEnd,
+    Registered, Registration, Released, ResultBody, RunEnd,
 };
 use moat_core::lifecycle::{self, Lifetime};
 
@@ -749,6 +749,34 @@ pub async fn finish(
         .await?;
     state.notify_run(&run_id);
     Ok(Json(Recorded { recorded: finished }))
+}
+
+/// The runner is stopping: the run goes back to the queue, the claim not
+/// counted, and a waiting claim (here or on another replica) is woken.
+pub async fn release(
+    State(state): State<Arc<AppState>>,
+    Path(run_id): Path<String>,
+    SignedRunner { runner, .. }: SignedRunner,
+) -> ApiResult<Json<Released>> {
+    let now = state.now();
+    let (org, id, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
+    let released = state
+        .db(move |s| s.release_run(&org, &id, &run, now))
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "not_releasable",
+                format!(
+                    "run {run_id} is not held by this runner, or an operation of it is dispatched"
+                ),
+            )
+        })?;
+    state.notify_run(&run_id);
+    state.notify_queue(&released.org_id, &released.environment);
+    Ok(Json(Released {
+        attempts: released.attempts,
+    }))
 }
 
 /// The current manifest of the runner's environment (for refreshing).

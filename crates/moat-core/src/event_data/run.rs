@@ -99,6 +99,17 @@ pub struct RunRetried {
     pub attempt: i64,
 }
 
+/// The runner holding the run gave it back unfinished, at an operation
+/// boundary, because it is stopping (SIGTERM: a rollout, a drain): the run
+/// is queued again and the claim does not count as an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunReleased {
+    pub runner_id: String,
+    /// The attempts counted after the release (the released one is not).
+    pub attempts: i64,
+}
+
 /// An operator published a signed manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

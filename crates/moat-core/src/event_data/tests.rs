@@ -246,6 +246,7 @@ fn samples(t: EventType) -> Vec<Value> {
             vec![json!({"runnerId": "runner_1", "attempt": 1, "maxAttempts": 3})]
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
+        EventType::RunReleased => vec![json!({"runnerId": "runner_1", "attempts": 0})],
         EventType::RunDeadLettered => vec![json!({"state": "dead_lettered",
             "reason": "lease_expired", "runnerId": "runner_1", "attempts": 3})],
         EventType::RunnerRegistered => vec![json!({"runnerHash": HASH, "manifestHash": HASH,

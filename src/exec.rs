@@ -139,6 +139,14 @@ pub struct ExecArgs {
     #[arg(long)]
     allow_degraded: bool,
 
+    /// Run without a cgroup of the program's own when none can be made,
+    /// because where this runs the deployment's limits bound it instead (a
+    /// Kubernetes pod's resources.limits). Only the cgroup layer: every
+    /// other protection still fails closed. The report says cgroup
+    /// not_enforced, and why.
+    #[arg(long)]
+    without_cgroup_limits: bool,
+
     /// Launched by root, the program runs as a host uid/gid of its own taken
     /// from this block of ids (BASE:COUNT; e.g. 1879048192:65536), held for
     /// this run alone. Default: the `moat-sandboxes` entries of /etc/subuid and
@@ -278,6 +286,7 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
     spec.network = args.network;
     spec.root_view = args.root;
     spec.allow_degraded = args.allow_degraded;
+    spec.without_cgroup = args.without_cgroup_limits;
     spec.id_range = args.uid_range;
     spec.limits = Limits {
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),

@@ -179,6 +179,7 @@ pub fn template(key: &PublicKey) -> Manifest {
         },
         env_passthrough: vec![],
         limits: Limits::default(),
+        cgroup_limits: Default::default(),
         created_at: stamp(now),
         expires_at: stamp(now + Duration::from_secs(7 * 24 * 3600)),
         control_plane_public_key: key.to_base64(),

@@ -147,6 +147,55 @@ fn without_a_cgroup_the_memory_limit_falls_back_to_rlimit_data() {
         "rlimit_data"
     );
 
+    // Declared with --without-cgroup-limits instead (what a Kubernetes pod
+    // needs): the run goes ahead on the same floor, the report says why,
+    // and nothing else is relaxed.
+    let declared = exec_as(
+        moat,
+        &[
+            "--without-cgroup-limits",
+            "--memory",
+            "256M",
+            "--ro",
+            &probe_dir,
+        ],
+        &["/probe/probe", "alloc", "64"],
+        Some(65534),
+    );
+    assert_eq!(declared.code, 0, "{}", declared.stderr);
+    assert_eq!(
+        declared.layer("cgroup"),
+        "not_enforced",
+        "{}",
+        declared.report
+    );
+    let detail = declared.report["enforcement"]["cgroup"]["detail"]
+        .as_str()
+        .unwrap();
+    assert!(
+        detail.contains("declared: the deployment's limits bound this run"),
+        "{detail}"
+    );
+    assert_eq!(
+        declared.report["enforcement"]["memory"]["mechanism"],
+        "rlimit_data"
+    );
+    for layer in [
+        "namespaces",
+        "filesystem",
+        "landlock",
+        "seccomp",
+        "privileges",
+        "rlimits",
+    ] {
+        assert_eq!(
+            declared.layer(layer),
+            "enforced",
+            "{layer}: {}",
+            declared.report
+        );
+    }
+
     // Without --allow-degraded the floor is not enough: the run is refused.
     let refused = exec_as(
         moat,

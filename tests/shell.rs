@@ -20,6 +20,8 @@ struct Session {
     public: PathBuf,
     /// More `moat shell` arguments.
     extra: Vec<String>,
+    /// Run the shell as this user (`None`: as the test, root).
+    uid: Option<u32>,
 }
 
 fn moat(args: &[&str]) -> std::process::Output {
@@ -48,11 +50,12 @@ impl Session {
             signed,
             public,
             extra: Vec::new(),
+            uid: None,
         }
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(MOAT);
+        let mut c = command_as(MOAT, self.uid);
         c.args([
             "shell",
             "--manifest",
@@ -1142,6 +1145,7 @@ fn concurrent_shells_keep_each_others_writes_and_stage_nothing_under_agent_names
         signed: s.signed.clone(),
         public: s.public.clone(),
         extra: Vec::new(),
+        uid: None,
     };
     let done = AtomicBool::new(false);
     let mut stray = Vec::new();
@@ -1204,4 +1208,82 @@ fn concurrent_shells_keep_each_others_writes_and_stage_nothing_under_agent_names
         "staged files seen under the agent's names: {stray:?}"
     );
     assert!(s.ledger_verifies() && b.ledger_verifies());
+}
+
+/// A session whose shell runs as uid 65534, which may write no cgroup here.
+fn unprivileged_session(edit: impl FnOnce(&mut Value)) -> Session {
+    let mut s = Session::new(edit);
+    for dir in [s.dir.path().to_path_buf(), s.dir.path().join("keys")] {
+        make_world_accessible(&dir);
+    }
+    std::fs::create_dir_all(&s.state).unwrap();
+    for path in [
+        &s.ws,
+        &s.ws.join("input"),
+        &s.ws.join("input/data.txt"),
+        &s.state,
+    ] {
+        std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+    }
+    s.uid = Some(65534);
+    s
+}
+
+#[test]
+fn a_manifest_for_runners_without_per_run_cgroups_says_so_and_every_other_layer_holds() {
+    // Declared: the run goes ahead, and its report says what bounds it.
+    let declared = unprivileged_session(|m| m["cgroupLimits"] = json!("deployment"));
+    let results = declared.ops(&[op(
+        "cat",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/cat", "input/data.txt"]}),
+    )]);
+    assert_eq!(results[0]["status"], "ok", "{}", results[0]);
+    let finished = declared.events_of("cat", "sandbox.exec.finished");
+    assert_eq!(finished.len(), 1, "{:#?}", declared.events());
+    let enforcement = &finished[0]["data"]["enforcement"];
+    assert_eq!(
+        enforcement["cgroup"]["status"], "not_enforced",
+        "{enforcement}"
+    );
+    assert!(
+        enforcement["cgroup"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("declared: the deployment's limits bound this run"),
+        "{enforcement}"
+    );
+    for layer in [
+        "namespaces",
+        "filesystem",
+        "landlock",
+        "seccomp",
+        "privileges",
+        "rlimits",
+    ] {
+        assert_eq!(
+            enforcement[layer]["status"], "enforced",
+            "{layer}: {enforcement}"
+        );
+    }
+    // Not declared (the default, per-run): the same run is refused, and the
+    // refusal is recorded.
+    let per_run = unprivileged_session(|_| {});
+    let results = per_run.ops(&[op(
+        "cat",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/cat", "input/data.txt"]}),
+    )]);
+    assert_ne!(results[0]["status"], "ok", "{}", results[0]);
+    let denied = per_run.events_of("cat", "sandbox.exec.denied");
+    assert_eq!(denied.len(), 1, "{:#?}", per_run.events());
+    assert!(
+        denied[0]["data"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("cgroup"),
+        "{}",
+        denied[0]
+    );
+    assert!(declared.ledger_verifies() && per_run.ledger_verifies());
 }

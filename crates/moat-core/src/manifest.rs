@@ -75,6 +75,29 @@ pub struct FilesystemPolicy {
     pub write_roots: Vec<String>,
 }
 
+/// Where a run's memory, process and CPU limits come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CgroupLimits {
+    /// A cgroup of its own per sandbox, with the manifest's limits: a run
+    /// that cannot have one is refused.
+    #[default]
+    PerRun,
+    /// The runners this manifest is for are deployed where no per-run
+    /// cgroup can be made (a Kubernetes pod): the deployment's own limits
+    /// (the pod's `resources.limits`) bound all their runs together. Runs
+    /// start without a cgroup of their own, and each report says the
+    /// `cgroup` layer was `not_enforced` and why; every other layer still
+    /// fails closed.
+    Deployment,
+}
+
+impl CgroupLimits {
+    pub fn is_per_run(&self) -> bool {
+        *self == CgroupLimits::PerRun
+    }
+}
+
 /// The manifest proper (what is hashed and signed).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -94,6 +117,10 @@ pub struct Manifest {
     pub env_passthrough: Vec<String>,
     /// Ceilings for any single operation.
     pub limits: Limits,
+    /// `per-run` (left out) or `deployment`: see [`CgroupLimits`]. Left out
+    /// of the signed bytes when `per-run`, so older manifests keep their hash.
+    #[serde(default, skip_serializing_if = "CgroupLimits::is_per_run")]
+    pub cgroup_limits: CgroupLimits,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -257,6 +284,28 @@ impl SignedManifest {
 mod tests {
     use super::*;
 
+    #[test]
+    fn per_run_cgroups_leave_the_signed_bytes_as_they_were_and_deployment_is_signed() {
+        let key = PrivateKey::from_seed([3; 32]);
+        let per_run = sample(&key);
+        let json = serde_json::to_value(&per_run).unwrap();
+        assert!(
+            json.get("cgroupLimits").is_none(),
+            "older manifests keep their hash"
+        );
+        let mut deployment = per_run.clone();
+        deployment.cgroup_limits = CgroupLimits::Deployment;
+        let json = serde_json::to_value(&deployment).unwrap();
+        assert_eq!(json["cgroupLimits"], "deployment");
+        let back: Manifest = serde_json::from_value(json).unwrap();
+        assert_eq!(back.cgroup_limits, CgroupLimits::Deployment);
+        let signed = deployment.sign(&key).unwrap();
+        assert_ne!(
+            signed.manifest_hash,
+            per_run.sign(&key).unwrap().manifest_hash
+        );
+    }
+
     pub(crate) fn sample(key: &PrivateKey) -> Manifest {
         Manifest {
             runner_version: "0.1.0".into(),
@@ -280,6 +329,7 @@ mod tests {
             },
             env_passthrough: vec![],
             limits: Limits::default(),
+            cgroup_limits: CgroupLimits::PerRun,
             created_at: "2026-01-01T00:00:00Z".into(),
             expires_at: "2026-01-08T00:00:00Z".into(),
             control_plane_public_key: key.public().to_base64(),

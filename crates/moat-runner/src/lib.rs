@@ -133,6 +133,23 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     signed
         .verify(&trusted)
         .map_err(|e| RunnerError::Setup(format!("the sealed manifest does not verify: {e}")))?;
+    // Per-run cgroups where the runner was handed a delegated cgroup v2 of
+    // its own (systemd Delegate=yes): it moves itself to a leaf now, while
+    // it is alone there, so that the sandboxes its shells launch get
+    // cgroups beside it. systemd >= 254 does this itself
+    // (DelegateSubgroup=supervisor); 252 (Debian 12, RHEL 9) does not.
+    match moat_sandbox::settle_in_own_cgroup() {
+        Ok(Ok(supervisor)) => eprintln!(
+            "moat runner: moved itself to {}: each run gets a cgroup beside it",
+            supervisor.display()
+        ),
+        Ok(Err(why)) => eprintln!("moat runner: cgroup: left where it is ({why})"),
+        Err(e) => {
+            return Err(RunnerError::Setup(format!(
+                "taking over its delegated cgroup: {e}"
+            )));
+        }
+    }
     let runner_hash = seal::file_sha256(&me)?;
     std::fs::create_dir_all(&config.state_dir)
         .io(|| format!("--state-dir {}", config.state_dir.display()))?;

@@ -909,18 +909,27 @@ fn setup_and_supervise(
     Ok(())
 }
 
-/// Refuses a run without cgroup limits, unless degrading was allowed (then
-/// the reason is kept for the report).
+/// Refuses a run without cgroup limits, unless degrading was allowed or
+/// the deployment was declared to bound runs instead (then the reason is
+/// kept for the report).
 fn cgroup_refused(
     spec: &SandboxSpec,
     e: cgroup::CgroupError,
 ) -> Result<cgroup::CgroupError, SetupError> {
+    if spec.without_cgroup {
+        return Ok(cgroup::CgroupError(format!(
+            "{e}; declared: the deployment's limits bound this run, with the others it runs beside"
+        )));
+    }
     if spec.allow_degraded {
         return Ok(e);
     }
     Err(SetupError::new(
         Layer::Cgroup,
-        format!("{e} (pass --allow-degraded to run without cgroup limits)"),
+        format!(
+            "{e} (a deployment without per-run cgroups must say so: the manifest's \
+             cgroupLimits \"deployment\", or moat exec --without-cgroup-limits)"
+        ),
     ))
 }
 

@@ -43,6 +43,11 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Run even when a protection cannot be applied; the report says which.
     pub allow_degraded: bool,
+    /// Run without a cgroup of its own when none can be made, because the
+    /// deployment bounds runs instead (a manifest's `cgroupLimits:
+    /// deployment`, `moat exec --without-cgroup-limits`). Only the cgroup
+    /// layer: every other protection still fails closed.
+    pub without_cgroup: bool,
     /// Launched by root, the program runs as a host uid/gid of its own from
     /// this block; `None` is the host's block for Moat (the `moat-sandboxes` entries of
     /// `/etc/subuid` and `/etc/subgid`, made on first use). Unused when the
@@ -83,6 +88,7 @@ impl SandboxSpec {
             root_view: RootView::default(),
             limits: Limits::default(),
             allow_degraded: false,
+            without_cgroup: false,
             id_range: None,
             stdin_null: false,
             stdin_data: None,

@@ -40,6 +40,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         },
         env_passthrough: vec![],
         limits: Limits::default(),
+        cgroup_limits: Default::default(),
         created_at: "2026-01-01T00:00:00Z".into(),
         expires_at: "2099-01-01T00:00:00Z".into(),
         control_plane_public_key: key.public().to_base64(),

@@ -236,6 +236,7 @@ fn checked(
     }
     spec.mode = mode;
     spec.network = network;
+    spec.without_cgroup = manifest.cgroup_limits == moat_core::manifest::CgroupLimits::Deployment;
     spec.cwd = Some(cwd);
     spec.env = args
         .env

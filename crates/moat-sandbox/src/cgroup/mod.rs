@@ -118,6 +118,18 @@ pub(crate) fn create(
     }
 }
 
+/// A long-lived launcher of sandboxes through its children (a runner)
+/// takes over its own delegated cgroup v2 while it is alone there (see
+/// `v2::settle`): `Ok(Ok(supervisor))` where it moved to, `Ok(Err(why))`
+/// when there was nothing to take over, `Err` when taking over failed (it
+/// was then moved back).
+pub fn settle_in_own_cgroup() -> Result<Result<PathBuf, String>, String> {
+    let (own, mountinfo) = own_cgroups_and_mounts().map_err(|e| e.0)?;
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    v2::settle(&own, &mountinfo, me).map_err(|e| e.0)
+}
+
 /// This process's `/proc/self/cgroup` and `/proc/self/mountinfo`.
 fn own_cgroups_and_mounts() -> Result<(String, String), CgroupError> {
     let read = |path: &str| {

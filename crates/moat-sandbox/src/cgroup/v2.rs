@@ -168,6 +168,54 @@ impl RunCgroup for Cgroup {
 /// cgroup v2 allows that only in a cgroup without processes of its own. On
 /// failure the processes go back where they were. Returns the supervisor
 /// cgroup.
+/// For a process that launches sandboxes through children of its own (a
+/// runner): while it is the only process in its delegated cgroup, it takes
+/// that cgroup over now (moves to `moat/supervisor`, enables the
+/// controllers), so that the launches its children make later find a
+/// delegating parent, as under systemd's `DelegateSubgroup=` (which systemd
+/// 252 lacks). `None`: nothing to take over (it already sits below a
+/// delegating cgroup, or its cgroup is not delegated to it); the reason is
+/// then for the log, and each launch reports what it finds.
+pub(crate) fn settle(
+    own: &str,
+    mountinfo: &str,
+    me: libc::pid_t,
+) -> Result<Result<PathBuf, String>, CgroupError> {
+    let mounts = super::cgroup_mounts(mountinfo);
+    let Some((_, _, mount_point)) = mounts.iter().find(|(fstype, _, _)| *fstype == "cgroup2")
+    else {
+        return Ok(Err("no cgroup2 hierarchy mounted".into()));
+    };
+    let Some(own_path) = super::own_path(own, "") else {
+        return Ok(Err("this process has no cgroup2 path".into()));
+    };
+    let own = super::join(mount_point, own_path);
+    let available = super::read_small(&own.join("cgroup.controllers")).unwrap_or_default();
+    let mut wanted = vec!["memory", "pids"];
+    if available.split_whitespace().any(|c| c == "cpu") {
+        wanted.push("cpu");
+    }
+    let base = match delegation::choose(
+        &delegation::HostTree,
+        Path::new(mount_point),
+        &own,
+        &wanted,
+        &[me],
+    ) {
+        Ok(base) => base,
+        Err(why) => return Ok(Err(why)),
+    };
+    match base {
+        Base::Delegating(dir) => Ok(Err(format!(
+            "{} already delegates to the runs' cgroups",
+            dir.display()
+        ))),
+        Base::Delegated { dir, movable } => take_over(&dir, &movable, &wanted)
+            .map(Ok)
+            .map_err(|e| CgroupError(format!("taking over {}: {e}", dir.display()))),
+    }
+}
+
 fn take_over(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result<PathBuf> {
     let supervisor = dir.join("moat").join(delegation::SUPERVISOR);
     super::make_dir(&dir.join("moat"))?;

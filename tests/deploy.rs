@@ -375,3 +375,277 @@ fn runners_may_reach_only_the_control_plane_dns_and_public_addresses() {
         );
     }
 }
+
+/// The host ids the container's user namespace maps 0..65536 onto, as a
+/// pod with `hostUsers: false` gets (a block of its own; not the suite's
+/// MOAT_UID_RANGE, which root sandboxes use).
+const POD_ID_BASE: u32 = 1_912_602_624;
+
+/// A runc container shaped as the runner DaemonSet's pod: its security
+/// context (uid 65532, no capabilities, no_new_privs, read-only root, the
+/// shipped seccomp profile, procMount Unmasked: nothing masked), a user
+/// namespace of its own, every other namespace, the cgroup file system
+/// mounted read-only as a pod has it, and emptyDirs at /tmp and the state
+/// directory. It runs `script` with `moat` at /opt/moat/moat and removes
+/// itself, and its cgroup (under `moat/`), when dropped.
+struct PodLikeContainer {
+    id: String,
+    bundle: tempfile::TempDir,
+}
+
+impl PodLikeContainer {
+    fn new(seccomp: &Value) -> PodLikeContainer {
+        let bundle = tempfile::tempdir().expect("bundle");
+        make_world_accessible(bundle.path());
+        let rootfs = bundle.path().join("rootfs");
+        for dir in [
+            "usr",
+            "etc",
+            "proc",
+            "dev",
+            "sys",
+            "tmp",
+            "var/lib/moat-runner",
+            "opt/moat",
+        ] {
+            std::fs::create_dir_all(rootfs.join(dir)).expect("rootfs dir");
+        }
+        // Merged /usr, as Debian's images have it.
+        for link in ["bin", "sbin", "lib", "lib64"] {
+            std::os::unix::fs::symlink(format!("usr/{link}"), rootfs.join(link)).expect("symlink");
+        }
+        std::fs::write(rootfs.join("opt/moat/moat"), b"").expect("mount point");
+        for dir in [
+            rootfs.as_path(),
+            &rootfs.join("opt"),
+            &rootfs.join("opt/moat"),
+        ] {
+            make_world_accessible(dir);
+        }
+        let id = format!(
+            "moat-test-{}",
+            moat_core::random::new_id("").get(..12).unwrap_or("x")
+        );
+        let map = serde_json::json!([{"containerID": 0, "hostID": POD_ID_BASE, "size": 65536}]);
+        // emptyDirs: directories of the host, owned by the pod's uid 65532
+        // (as fsGroup makes them writable to it), bound read-write.
+        let empty_dir = |name: &str, destination: &str| {
+            let dir = bundle.path().join(name);
+            std::fs::create_dir(&dir).expect("emptyDir");
+            let owner = POD_ID_BASE + 65532;
+            std::os::unix::fs::chown(&dir, Some(owner), Some(owner)).expect("chown emptyDir");
+            serde_json::json!({"destination": destination, "type": "bind",
+                               "source": dir.display().to_string(),
+                               "options": ["rbind", "rw", "nosuid", "nodev"]})
+        };
+        let bind = |source: &str, destination: &str| {
+            serde_json::json!({"destination": destination, "type": "bind", "source": source,
+                               "options": ["rbind", "ro", "nosuid", "nodev"]})
+        };
+        let config = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": false,
+                "user": {"uid": 65532, "gid": 65532},
+                "args": ["/bin/sh", "-c", "exec \"$0\" \"$@\""],
+                "env": ["PATH=/usr/bin:/bin", "HOME=/tmp"],
+                "cwd": "/tmp",
+                "capabilities": {"bounding": [], "effective": [], "inheritable": [],
+                                 "permitted": [], "ambient": []},
+                "noNewPrivileges": true
+            },
+            "root": {"path": "rootfs", "readonly": true},
+            "hostname": "moat-runner",
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                 "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+                {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                 "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+                {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                 "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+                {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                 "options": ["nosuid", "noexec", "nodev", "ro"]},
+                {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                 "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+                empty_dir("tmp", "/tmp"),
+                empty_dir("state", "/var/lib/moat-runner"),
+                bind("/usr", "/usr"),
+                bind("/etc", "/etc"),
+                bind(MOAT, "/opt/moat/moat"),
+            ],
+            "linux": {
+                "uidMappings": map,
+                "gidMappings": map,
+                "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                               {"type": "uts"}, {"type": "mount"}, {"type": "user"},
+                               {"type": "cgroup"}],
+                "cgroupsPath": format!("/moat/{id}"),
+                "seccomp": seccomp,
+                "maskedPaths": [],
+                "readonlyPaths": []
+            }
+        });
+        std::fs::write(bundle.path().join("config.json"), config.to_string()).expect("config.json");
+        PodLikeContainer { id, bundle }
+    }
+
+    /// Runs `argv` in the container; its exit code, stdout and stderr.
+    fn run(&self, argv: &[&str]) -> (i32, String, String) {
+        let config_path = self.bundle.path().join("config.json");
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).expect("config"))
+                .expect("json");
+        let mut args = vec![
+            Value::from("/bin/sh"),
+            Value::from("-c"),
+            Value::from("exec \"$0\" \"$@\""),
+        ];
+        args.extend(argv.iter().map(|a| Value::from(*a)));
+        config["process"]["args"] = Value::from(args);
+        std::fs::write(&config_path, config.to_string()).expect("config.json");
+        let output = Command::new(RUNC)
+            .args(["run", "--bundle"])
+            .arg(self.bundle.path())
+            .arg(&self.id)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("runc (Debian's runc, installed by tests/suite.sh)");
+        let _ = Command::new(RUNC)
+            .args(["delete", "--force", &self.id])
+            .output();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for PodLikeContainer {
+    fn drop(&mut self) {
+        let _ = Command::new(RUNC)
+            .args(["delete", "--force", &self.id])
+            .output();
+    }
+}
+
+const RUNC: &str = "/usr/sbin/runc";
+
+/// `moat exec` inside the container: the report and events it wrote, and
+/// its exit code.
+fn exec_in_pod(container: &PodLikeContainer, args: &[&str]) -> (i32, Value, Vec<Value>, String) {
+    let script = format!(
+        "/opt/moat/moat exec --report /tmp/report.json --events /tmp/events.jsonl {} -- /usr/bin/true; \
+         code=$?; echo '==report'; cat /tmp/report.json; echo; echo '==events'; cat /tmp/events.jsonl; exit $code",
+        args.join(" ")
+    );
+    let (code, stdout, stderr) = container.run(&["/bin/sh", "-c", &script]);
+    let report = stdout
+        .split("==report\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n==events").next())
+        .and_then(|json| serde_json::from_str(json.trim()).ok())
+        .unwrap_or(Value::Null);
+    let events = stdout
+        .split("==events\n")
+        .nth(1)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (code, report, events, format!("{stdout}\n{stderr}"))
+}
+
+#[test]
+fn under_runc_with_the_daemonsets_security_context_a_sandbox_has_every_promised_layer() {
+    let container = PodLikeContainer::new(&profile());
+    // Who the runner is in there: uid 65532 of its own user namespace, no
+    // capabilities, no_new_privs, the seccomp filter applied.
+    let (code, status, stderr) = container.run(&[
+        "/bin/sh",
+        "-c",
+        "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/self/uid_map; \
+         ls -ld /tmp /var/lib/moat-runner; touch /tmp/x && echo touched",
+    ]);
+    assert_eq!(code, 0, "{status}{stderr}");
+    for line in ["CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"] {
+        assert!(status.contains(line), "{line} missing: {status}");
+    }
+    let mapped = status.lines().any(|l| {
+        l.split_whitespace().collect::<Vec<_>>() == ["0", &POD_ID_BASE.to_string(), "65536"]
+    });
+    assert!(mapped, "{status}");
+    assert!(
+        status.lines().any(|l| l.starts_with("Uid:\t65532")),
+        "{status}"
+    );
+
+    for network in [
+        "--network off",
+        "--network allowlist --allow-domain example.invalid",
+    ] {
+        let (code, report, events, output) =
+            exec_in_pod(&container, &[network, "--without-cgroup-limits"]);
+        assert_eq!(code, 0, "{network}: {output}");
+        for layer in [
+            "namespaces",
+            "filesystem",
+            "landlock",
+            "seccomp",
+            "privileges",
+            "rlimits",
+        ] {
+            assert_eq!(
+                report["enforcement"][layer]["status"], "enforced",
+                "{network}: {layer}: {report}"
+            );
+        }
+        // What a pod cannot give, said plainly: no cgroup of its own (the
+        // pod's limits bound it), no host id of its own (unprivileged).
+        assert_eq!(
+            report["enforcement"]["cgroup"]["status"], "not_enforced",
+            "{report}"
+        );
+        let detail = report["enforcement"]["cgroup"]["detail"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            detail.contains("declared: the deployment's limits bound this run"),
+            "{detail}"
+        );
+        assert!(
+            events.iter().any(|e| e["type"] == "sandbox.exec.finished"),
+            "{events:#?}"
+        );
+    }
+    // Without the declaration the cgroup layer fails closed, and says how.
+    let (code, _, events, output) = exec_in_pod(&container, &["--network off"]);
+    assert_eq!(code, 125, "{output}");
+    let denied: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "sandbox.exec.denied")
+        .collect();
+    assert_eq!(denied.len(), 1, "{events:#?}");
+    let reason = denied[0]["data"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("cgroup:"), "{reason}");
+    assert!(output.contains("--without-cgroup-limits"), "{output}");
+}
+
+#[test]
+fn under_runc_the_profile_that_refused_setns_breaks_every_sandbox() {
+    let container = PodLikeContainer::new(&without_setns(&profile()));
+    let (code, _, events, output) =
+        exec_in_pod(&container, &["--network off", "--without-cgroup-limits"]);
+    assert_eq!(code, 125, "{output}");
+    let denied: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "sandbox.exec.denied")
+        .collect();
+    assert_eq!(denied.len(), 1, "{events:#?}");
+    let reason = denied[0]["data"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("entering the sandbox's user namespace: Operation not permitted"),
+        "{reason}"
+    );
+}

@@ -649,3 +649,41 @@ fn under_runc_the_profile_that_refused_setns_breaks_every_sandbox() {
         "{reason}"
     );
 }
+
+#[test]
+fn both_systemd_units_verify_clean_on_this_machines_systemd() {
+    let version = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .expect("systemd-analyze (Debian's systemd, installed by tests/suite.sh)");
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    eprintln!("verifying with {}", version.lines().next().unwrap_or("?"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut units = Vec::new();
+    for unit in ["moat-runner.service", "moat-control-plane.service"] {
+        // The binaries' installed paths, pointed at this build: verify checks
+        // that ExecStart's program exists.
+        let text = std::fs::read_to_string(root().join("deploy/systemd").join(unit)).expect("unit");
+        let text = text
+            .replace("/usr/local/lib/moat/moat-runner", MOAT)
+            .replace("/usr/local/bin/moat", MOAT);
+        let path = dir.path().join(unit);
+        std::fs::write(&path, text).expect("unit copy");
+        units.push(path);
+    }
+    let output = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&units)
+        .output()
+        .expect("systemd-analyze verify");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{said}");
+    assert!(
+        said.trim().is_empty(),
+        "systemd-analyze verify is not clean: {said}"
+    );
+}

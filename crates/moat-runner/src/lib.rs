@@ -136,8 +136,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     // Per-run cgroups where the runner was handed a delegated cgroup v2 of
     // its own (systemd Delegate=yes): it moves itself to a leaf now, while
     // it is alone there, so that the sandboxes its shells launch get
-    // cgroups beside it. systemd >= 254 does this itself
-    // (DelegateSubgroup=supervisor); 252 (Debian 12, RHEL 9) does not.
+    // cgroups beside it. systemd >= 254 can start it in a leaf
+    // (DelegateSubgroup=); 252 (Debian 12, RHEL 9) cannot.
     match moat_sandbox::settle_in_own_cgroup() {
         Ok(Ok(supervisor)) => eprintln!(
             "moat runner: moved itself to {}: each run gets a cgroup beside it",

@@ -31,6 +31,10 @@ postgres://moat@db/moat?sslmode=verify-full&sslrootcert=/etc/moat/db-ca.pem
 (sslrootcert=system: the machine's trust store). GET /healthz is liveness,
 GET /readyz readiness (503 while the database does not answer).
 
+With --tls-cert and --tls-key it serves HTTPS (TLS 1.2 and 1.3, HTTP/1.1);
+a runner or operator command that should trust only your own CA
+takes --ca-file.
+
   moat manifest keygen --out cp            # cp.key, cp.pub
   head -c 32 /dev/urandom | base64 > admin-token
   moat serve --key cp.key --policy policy.cedar --admin-token-file admin-token";
@@ -45,6 +49,14 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
     listen: String,
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate
+    /// first; with --tls-key). Runners and operator commands trust a private
+    /// CA with --ca-file.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// File holding the PostgreSQL password (instead of PGPASSWORD; the
     /// URL must then hold none). It must not be readable by every user; one
     /// trailing newline is ignored.
@@ -197,13 +209,20 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(server::tls::server_config(cert, key).context("--tls-cert / --tls-key")?)
+        }
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("--listen {}", args.listen))?;
         let local = listener.local_addr()?;
         eprintln!(
-            "moat serve: listening on http://{local} ({backend}; policy {})",
+            "moat serve: listening on {scheme}://{local} ({backend}; policy {})",
             state.config.policy.hash()
         );
         let shutdown = async {
@@ -213,7 +232,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
                 _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
             }
         };
-        server::serve(listener, state, shutdown).await?;
+        server::serve(listener, state, shutdown, tls).await?;
         eprintln!("moat serve: stopped");
         anyhow::Ok(())
     });

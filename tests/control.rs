@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::control::*;
+use common::{MOAT, path_str};
 use moat_store::TempPostgres;
 use serde_json::{Value, json};
 
@@ -967,4 +968,237 @@ fn sigterm_drains_a_runner_its_operation_finishes_and_its_run_is_queued_again_un
         assert_eq!(count(&events, kind), n, "{kind} in {events:#?}");
     }
     assert_ledger_intact(&serve);
+}
+
+/// A CA of the test's own and a certificate it signed for 127.0.0.1 and
+/// localhost, as PEM files in `dir`: (ca.pem, cert.pem, key.pem).
+fn private_ca(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "Moat test private CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let mut params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "moat control plane");
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca, crt, pem_key) = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&crt, cert.pem()).unwrap();
+    std::fs::write(&pem_key, key.serialize_pem()).unwrap();
+    (ca, crt, pem_key)
+}
+
+/// `curl` against the TLS control plane: exit code, body.
+fn curl(args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl (installed by tests/suite.sh)");
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn serve_speaks_tls_and_runners_and_operators_trust_a_private_ca_with_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let (ca, cert, key) = private_ca(dir.path());
+    let db = &databases(dir.path())[0];
+    let serve = Serve::start_with(
+        &setup,
+        &db.url,
+        "127.0.0.1:0",
+        &["--tls-cert", path_str(&cert), "--tls-key", path_str(&key)],
+    );
+    assert!(serve.url.starts_with("https://127.0.0.1:"), "{}", serve.url);
+    let ca = path_str(&ca);
+    // The private CA is trusted only where it is named.
+    let (code, body) = curl(&["--cacert", ca, &format!("{}/healthz", serve.url)]);
+    assert_eq!((code, body.trim()), (0, "ok"));
+    let (code, body) = curl(&[&format!("{}/healthz", serve.url)]);
+    assert_eq!(code, 60, "an unknown CA is refused by default: {body}");
+    let plain = serve.url.replacen("https://", "http://", 1);
+    let (code, body) = curl(&[&format!("{plain}/healthz")]);
+    assert_ne!(code, 0, "plain HTTP gets nothing from a TLS port: {body}");
+
+    // Set up an org over TLS (curl, trusting the CA).
+    let admin = std::fs::read_to_string(&setup.admin).unwrap();
+    let post = |path: &str, token: &str, body: &Value| {
+        let (code, out) = curl(&[
+            "--cacert",
+            ca,
+            "-X",
+            "POST",
+            "-H",
+            &format!("Authorization: Bearer {}", token.trim()),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &body.to_string(),
+            &format!("{}{path}", serve.url),
+        ]);
+        assert_eq!(code, 0, "{path}: {out}");
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|_| panic!("{path}: {out}"))
+    };
+    let acme = post("/v1/orgs", &admin, &json!({"name": "acme"}))["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    post("/v1/manifests", &acme, &setup.signed);
+    post(
+        "/v1/runner-builds",
+        &acme,
+        &json!({"sha256": setup.runner_hash, "label": "test"}),
+    );
+
+    // A runner without --ca-file cannot register (and says why); with it, it
+    // serves a run.
+    let token_file = setup.dir.join("tls-bootstrap");
+    std::fs::write(
+        &token_file,
+        post("/v1/bootstrap-tokens", &acme, &json!({}))["token"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let refused = std::process::Command::new(&setup.runner)
+        .args([
+            "runner",
+            "start",
+            "--control-plane",
+            &serve.url,
+            "--bootstrap-token-file",
+        ])
+        .arg(&token_file)
+        .arg("--state-dir")
+        .arg(setup.dir.join("tls-refused"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr).to_lowercase();
+    assert!(
+        said.contains("certificate") || said.contains("issuer"),
+        "{said}"
+    );
+    std::fs::write(
+        &token_file,
+        post("/v1/bootstrap-tokens", &acme, &json!({}))["token"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let state = setup.dir.join("tls-runner");
+    let mut runner = std::process::Command::new(&setup.runner)
+        .args([
+            "runner",
+            "start",
+            "--control-plane",
+            &serve.url,
+            "--ca-file",
+            ca,
+            "--bootstrap-token-file",
+        ])
+        .arg(&token_file)
+        .arg("--state-dir")
+        .arg(&state)
+        .spawn()
+        .unwrap();
+    post("/v1/runs", &acme, &json!({"id": "t"}));
+    let mut op = post(
+        "/v1/runs/t/ops?wait_ms=5000",
+        &acme,
+        &envelope(
+            "w",
+            "artifact_write",
+            json!({"path": "output/x", "content": "x", "maxBytes": 10}),
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while matches!(op["state"].as_str(), Some("queued" | "dispatched")) {
+        assert!(
+            Instant::now() < deadline,
+            "the operation never finished: {op}"
+        );
+        let (code, out) = curl(&[
+            "--cacert",
+            ca,
+            "-H",
+            &format!("Authorization: Bearer {acme}"),
+            &format!("{}/v1/runs/t/ops/w?wait_ms=5000", serve.url),
+        ]);
+        assert_eq!(code, 0, "{out}");
+        op = serde_json::from_str(&out).unwrap();
+    }
+    assert_eq!(op["state"], "succeeded", "{op}");
+    post("/v1/runs/t/finish", &acme, &json!({}));
+
+    // An operator command trusts the CA with --ca-file, and not without.
+    let token = setup.dir.join("acme-token");
+    std::fs::write(&token, &acme).unwrap();
+    let audit = |extra: &[&str]| {
+        std::process::Command::new(MOAT)
+            .args([
+                "approvals",
+                "--control-plane",
+                &serve.url,
+                "--token-file",
+                path_str(&token),
+            ])
+            .args(extra)
+            .arg("list")
+            .output()
+            .unwrap()
+    };
+    let trusted = audit(&["--ca-file", ca]);
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    let untrusted = audit(&[]);
+    assert!(!untrusted.status.success());
+    let said = String::from_utf8_lossy(&untrusted.stderr).to_lowercase();
+    assert!(
+        said.contains("certificate") || said.contains("issuer"),
+        "{said}"
+    );
+    // A CA file that holds no certificate is refused plainly.
+    let bad = setup.dir.join("not-a-ca.pem");
+    std::fs::write(&bad, "not pem").unwrap();
+    let refused = audit(&["--ca-file", path_str(&bad)]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("no PEM certificate"),
+        "{said}"
+    );
+    let _ = runner.kill();
+    let _ = runner.wait();
 }

@@ -30,6 +30,10 @@ pub struct Target {
     /// File holding the org's admin token (or set MOAT_TOKEN).
     #[arg(long, value_name = "FILE", env = "MOAT_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Trust only the certificate authorities in this PEM file for an
+    /// https:// control plane (a private CA; default: the public roots).
+    #[arg(long, value_name = "FILE", env = "MOAT_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// An authenticated HTTP client for one control plane.
@@ -51,8 +55,18 @@ impl Api {
         if token.is_empty() {
             bail!("the token is empty");
         }
+        let roots = target
+            .ca_file
+            .as_deref()
+            .map(moat_client::CaRoots::from_pem_file)
+            .transpose()?;
         Ok(Api {
-            client: OrgClient::new(&target.control_plane, &token, Duration::from_secs(30)),
+            client: OrgClient::with_roots(
+                &target.control_plane,
+                &token,
+                Duration::from_secs(30),
+                roots.as_ref(),
+            ),
         })
     }
 

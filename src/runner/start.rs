@@ -23,6 +23,10 @@ pub struct StartArgs {
     /// never passed on to a child.
     #[arg(long, value_name = "FILE")]
     enrolment_token_file: Option<PathBuf>,
+    /// Trust only the certificate authorities in this PEM file for an
+    /// https:// control plane (a private CA; default: the public roots).
+    #[arg(long, value_name = "FILE", env = "MOAT_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Where runs' workspaces, the ledger and artifacts are kept.
     #[arg(long, value_name = "DIR")]
     state_dir: PathBuf,
@@ -73,6 +77,7 @@ pub fn main(args: StartArgs) -> ExitCode {
         resolve: args.resolve,
         slots: args.slots,
         uid_range: args.uid_range,
+        ca_file: args.ca_file,
         program,
     };
     match moat_runner::run(config) {

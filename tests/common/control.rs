@@ -177,7 +177,7 @@ impl Serve {
         stderr.read_line(&mut line).unwrap();
         let url = line
             .split_whitespace()
-            .find(|w| w.starts_with("http://"))
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
             .unwrap_or_else(|| panic!("moat serve did not start: {line}"))
             .to_owned();
         // Keep draining its stderr so it never blocks on a full pipe.

@@ -59,15 +59,21 @@ impl Answer {
 }
 
 impl Http {
-    pub fn new(base: &str, timeout: Duration) -> Http {
-        let agent = ureq::Agent::config_builder()
+    /// `roots`: trust only these CAs for `https://` (default: Mozilla's).
+    pub fn with_roots(base: &str, timeout: Duration, roots: Option<&crate::CaRoots>) -> Http {
+        let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(timeout))
-            .build()
-            .into();
+            .timeout_global(Some(timeout));
+        if let Some(roots) = roots {
+            config = config.tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(roots.root_certs())
+                    .build(),
+            );
+        }
         Http {
             base: base.trim_end_matches('/').to_owned(),
-            agent,
+            agent: config.build().into(),
         }
     }
 

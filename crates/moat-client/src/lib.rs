@@ -11,9 +11,11 @@
 mod error;
 mod http;
 mod org;
+mod roots;
 mod runner;
 
 pub use error::ClientError;
 pub use http::Answer;
 pub use org::OrgClient;
+pub use roots::{CaFileError, CaRoots};
 pub use runner::{Retry, RunnerClient};

@@ -18,8 +18,18 @@ impl OrgClient {
     /// `token` is the org's admin or agent token; it is sent as a bearer
     /// token and never shown in errors.
     pub fn new(base: &str, token: &str, timeout: Duration) -> OrgClient {
+        OrgClient::with_roots(base, token, timeout, None)
+    }
+
+    /// [`OrgClient::new`], trusting only `roots` for `https://` when given.
+    pub fn with_roots(
+        base: &str,
+        token: &str,
+        timeout: Duration,
+        roots: Option<&crate::CaRoots>,
+    ) -> OrgClient {
         OrgClient {
-            http: Http::new(base, timeout),
+            http: Http::with_roots(base, timeout, roots),
             authorization: format!("Bearer {}", token.trim()),
         }
     }

@@ -40,9 +40,19 @@ pub struct RunnerClient {
 impl RunnerClient {
     /// A client with `key` as its per-boot key; register before anything else.
     pub fn new(base: &str, key: PrivateKey, on_retry: RetryLog) -> RunnerClient {
+        RunnerClient::with_roots(base, key, on_retry, None)
+    }
+
+    /// [`RunnerClient::new`], trusting only `roots` for `https://` when given.
+    pub fn with_roots(
+        base: &str,
+        key: PrivateKey,
+        on_retry: RetryLog,
+        roots: Option<&crate::CaRoots>,
+    ) -> RunnerClient {
         RunnerClient {
             // A long poll waits up to the control plane's maximum wait.
-            http: Http::new(base, Duration::from_secs(90)),
+            http: Http::with_roots(base, Duration::from_secs(90), roots),
             key,
             runner_id: String::new(),
             on_retry,

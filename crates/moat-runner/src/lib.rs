@@ -57,6 +57,8 @@ pub struct Config {
     pub slots: Option<u16>,
     /// The block of host ids the sandboxes of a root runner take theirs from.
     pub uid_range: Option<IdRange>,
+    /// Trust only the CAs in this PEM file for an `https://` control plane.
+    pub ca_file: Option<PathBuf>,
     /// This sealed runner's own file: its trailer is its manifest, and its
     /// shell children run it.
     pub program: PathBuf,
@@ -163,10 +165,17 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
 
     let seed = Zeroizing::new(moat_core::random::bytes::<32>());
     let key = PrivateKey::from_seed(*seed);
-    let mut client = RunnerClient::new(
+    let roots = config
+        .ca_file
+        .as_deref()
+        .map(moat_client::CaRoots::from_pem_file)
+        .transpose()
+        .map_err(|e| RunnerError::Setup(e.to_string()))?;
+    let mut client = RunnerClient::with_roots(
         &config.control_plane,
         key,
         Box::new(|error, delay| eprintln!("moat runner: {error}; retrying in {delay:?}")),
+        roots.as_ref(),
     );
     let mode = signed
         .manifest

@@ -32,6 +32,7 @@ pub mod routes;
 mod runner_api;
 mod secrets;
 mod sweep;
+pub mod tls;
 mod tools_api;
 mod views;
 mod wake;
@@ -321,19 +322,41 @@ pub const MAX_BODY: usize = 64 << 20;
 /// kept small).
 pub const SMALL_BODY: usize = 1 << 20;
 
-/// Serves `router` on `listener` with the background sweeps, until `shutdown`.
+/// Serves `router` on `listener` with the background sweeps, until
+/// `shutdown`; over TLS with `tls` (`moat serve --tls-cert --tls-key`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
+    match tls {
+        Some(config) => {
+            let listener = tls::TlsListener::new(listener, config)?;
+            serve_on(listener, state, shutdown).await
+        }
+        None => {
+            use axum::serve::ListenerExt as _;
+            // Small answers go out at once (no Nagle wait for the peer's ACK).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            serve_on(listener, state, shutdown).await
+        }
+    }
+}
+
+async fn serve_on<L>(
+    listener: L,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let sweeper = tokio::spawn(sweep::run(Arc::clone(&state)));
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-    use axum::serve::ListenerExt as _;
-    // Small answers go out at once (no Nagle wait for the peer's ACK).
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
         shutdown.await;
         let _ = stopping.send(());

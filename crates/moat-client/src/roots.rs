@@ -1,0 +1,59 @@
+//! Which certificate authorities a client trusts for an `https://` control
+//! plane: Mozilla's roots by default, or only the ones in a PEM file
+//! (`--ca-file`: a private CA).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ureq::tls::{Certificate, PemItem, RootCerts};
+
+/// The CAs of a `--ca-file`.
+#[derive(Debug, Clone)]
+pub struct CaRoots(Arc<Vec<Certificate<'static>>>);
+
+/// Why a CA file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CaFileError {
+    #[error("--ca-file {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("--ca-file {0}: no PEM certificate in it")]
+    Empty(String),
+}
+
+impl CaRoots {
+    /// Every certificate in the PEM file at `path` (other PEM items, such
+    /// as a key, are refused: a CA file holds certificates only).
+    pub fn from_pem_file(path: &Path) -> Result<CaRoots, CaFileError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| CaFileError::Read {
+            path: shown.clone(),
+            message: e.to_string(),
+        })?;
+        let mut certificates = Vec::new();
+        for item in ureq::tls::parse_pem(&bytes) {
+            match item {
+                Ok(PemItem::Certificate(cert)) => certificates.push(cert),
+                Ok(_) => {
+                    return Err(CaFileError::Read {
+                        path: shown,
+                        message: "holds something other than certificates (a private key?)".into(),
+                    });
+                }
+                Err(e) => {
+                    return Err(CaFileError::Read {
+                        path: shown,
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        if certificates.is_empty() {
+            return Err(CaFileError::Empty(shown));
+        }
+        Ok(CaRoots(Arc::new(certificates)))
+    }
+
+    pub(crate) fn root_certs(&self) -> RootCerts {
+        RootCerts::Specific(Arc::clone(&self.0))
+    }
+}

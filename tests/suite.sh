@@ -6,8 +6,8 @@
 #   - installs the Debian packages the tests use when they are missing
 #     (util-linux, coreutils, procps, iproute2, hostname, curl, python3 with
 #     venv and libseccomp's bindings, postgresql, chromium, runc, systemd
-#     for systemd-analyze, and Node.js with npm if there is no `node`), with
-#     apt-get;
+#     for systemd-analyze, podman and busybox-static for the container
+#     images, and Node.js with npm if there is no `node`), with apt-get;
 #   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
 #     in the system's Python), checkov and kubernetes-validate in another,
 #     target/deploy-venv, Debian's kubectl unpacked in target/deploy-tools,
@@ -32,7 +32,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(util-linux coreutils procps iproute2 hostname curl ca-certificates python3 python3-venv python3-seccomp postgresql chromium runc systemd)
+packages=(util-linux coreutils procps iproute2 hostname curl ca-certificates python3 python3-venv python3-seccomp postgresql chromium runc systemd podman busybox-static)
 # Debian 12's nodejs (18) is enough for the pinned playwright-core; a newer
 # one already on the machine is used as it is.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

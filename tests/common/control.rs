@@ -135,7 +135,8 @@ pub fn setup_with(dir: &Path, edit: impl FnOnce(&mut Value)) -> Setup {
 
 /// A `moat serve` process, killed (by its pid) when dropped.
 pub struct Serve {
-    pub child: Child,
+    /// `None`: a control plane this test did not start (in a container).
+    pub child: Option<Child>,
     pub url: String,
     /// Its database: every event in it is checked against its schema when
     /// the test is done with it.
@@ -187,9 +188,19 @@ impl Serve {
             }
         });
         Serve {
-            child,
+            child: Some(child),
             url,
             db: db.to_owned(),
+        }
+    }
+
+    /// A control plane running elsewhere (a container), reached at `url`;
+    /// its ledger is not checked from here.
+    pub fn attached(url: &str) -> Serve {
+        Serve {
+            child: None,
+            url: url.to_owned(),
+            db: String::new(),
         }
     }
 
@@ -199,17 +210,20 @@ impl Serve {
 
     pub fn stop(&mut self) {
         // SIGTERM to the pid of the child this test started: a clean stop.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
     }
 }
 
 impl Drop for Serve {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let Some(child) = &mut self.child else {
+            return;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
         if !std::thread::panicking() {
             check_ledger(&self.db);
         }

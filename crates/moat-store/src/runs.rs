@@ -257,8 +257,8 @@ impl Store {
     pub fn create_run(&self, run: &NewRun<'_>, now: i64) -> Result<RunRow, StoreError> {
         self.tx(|tx| {
             let inserted = tx.execute(
-                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash)
-                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash, manifest_pin)
+                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 &[
                     run.id.into(),
                     run.org.into(),
@@ -269,6 +269,7 @@ impl Store {
                         .into(),
                     now.into(),
                     now.into(),
+                    run.manifest_hash.map(str::to_owned).into(),
                     run.manifest_hash.map(str::to_owned).into(),
                 ],
             )?;
@@ -443,7 +444,7 @@ impl Store {
                 &format!(
                     "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0,
                          attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
-                         updated_ms = ?
+                         manifest_hash = manifest_pin, updated_ms = ?
                      WHERE org_id = ? AND id = ? AND runner_id = ?
                        AND state IN ('claimed', 'running', 'paused')
                        AND NOT EXISTS (SELECT 1 FROM ops o
@@ -608,7 +609,8 @@ impl Store {
                 events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
                 if run.attempts < run.max_attempts {
                     tx.execute(
-                        "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0, updated_ms = ? WHERE id = ?",
+                        "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0,
+                             manifest_hash = manifest_pin, updated_ms = ? WHERE id = ?",
                         &[now.into(), run.id.as_str().into()],
                     )?;
                     let data = EventData::RunRetried(RunRetried {

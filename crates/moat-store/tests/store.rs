@@ -698,6 +698,10 @@ fn a_released_run_is_queued_again_uncounted_only_between_operations() {
             .expect("released");
         assert_eq!((released.state, released.attempts), (RunState::Queued, 0));
         assert_eq!(released.runner_id, None);
+        assert_eq!(
+            released.manifest_hash, None,
+            "back to the pin it was created with (none), not the claimer's manifest"
+        );
         let events = s.all_events(0, 1000).unwrap();
         let last = &events.last().unwrap().event;
         assert_eq!(last.event_type.as_str(), "run.released");

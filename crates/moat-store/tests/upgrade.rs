@@ -120,8 +120,9 @@ fn cases() -> Vec<(&'static str, Case)> {
     ]
 }
 
-/// The migrations in `migrations/<backend>/`: V1, then V2 (runner enrolments).
-const MIGRATIONS: i64 = 2;
+/// The migrations in `migrations/<backend>/`: V1, then V2 (runner
+/// enrolments), V3 (runs' manifest pin).
+const MIGRATIONS: i64 = 3;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")

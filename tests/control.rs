@@ -1199,6 +1199,23 @@ fn serve_speaks_tls_and_runners_and_operators_trust_a_private_ca_with_ca_file() 
         !refused.status.success() && said.contains("no PEM certificate"),
         "{said}"
     );
+    // A CA for a plain-HTTP URL would protect nothing: refused, not ignored.
+    let plain_http = std::process::Command::new(MOAT)
+        .args([
+            "approvals",
+            "--control-plane",
+            &plain,
+            "--token-file",
+            path_str(&token),
+        ])
+        .args(["--ca-file", ca, "list"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&plain_http.stderr);
+    assert!(
+        !plain_http.status.success() && said.contains("plain HTTP"),
+        "{said}"
+    );
     let _ = runner.kill();
     let _ = runner.wait();
 }

@@ -58,7 +58,7 @@ impl Api {
         let roots = target
             .ca_file
             .as_deref()
-            .map(moat_client::CaRoots::from_pem_file)
+            .map(|path| moat_client::CaRoots::for_control_plane(path, &target.control_plane))
             .transpose()?;
         Ok(Api {
             client: OrgClient::with_roots(

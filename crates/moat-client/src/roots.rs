@@ -18,9 +18,24 @@ pub enum CaFileError {
     Read { path: String, message: String },
     #[error("--ca-file {0}: no PEM certificate in it")]
     Empty(String),
+    #[error("--ca-file is for an https:// control plane; {0} is plain HTTP, which no CA protects")]
+    NotHttps(String),
 }
 
 impl CaRoots {
+    /// The CAs of `path` for talking to `base`, which must then be
+    /// `https://`: a CA given for a plain-HTTP URL would protect nothing.
+    pub fn for_control_plane(path: &Path, base: &str) -> Result<CaRoots, CaFileError> {
+        if !base
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("https://")
+        {
+            return Err(CaFileError::NotHttps(base.to_owned()));
+        }
+        CaRoots::from_pem_file(path)
+    }
+
     /// Every certificate in the PEM file at `path` (other PEM items, such
     /// as a key, are refused: a CA file holds certificates only).
     pub fn from_pem_file(path: &Path) -> Result<CaRoots, CaFileError> {

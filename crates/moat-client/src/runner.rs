@@ -35,6 +35,8 @@ pub struct RunnerClient {
     key: PrivateKey,
     runner_id: String,
     on_retry: RetryLog,
+    /// Once set, nothing is retried any more (the runner is stopping).
+    stop_retrying: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl RunnerClient {
@@ -56,7 +58,14 @@ impl RunnerClient {
             key,
             runner_id: String::new(),
             on_retry,
+            stop_retrying: None,
         }
+    }
+
+    /// Retries stop once `flag` is set: a runner that is stopping gives up
+    /// on a control plane it cannot reach rather than wait for it.
+    pub fn stop_retrying_when(&mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.stop_retrying = Some(flag);
     }
 
     pub fn runner_id(&self) -> &str {
@@ -262,7 +271,11 @@ impl RunnerClient {
                 Ok(answer) => answer.refusal(what),
                 Err(e) => e,
             };
-            if retry == Retry::Once || !error.is_transient() {
+            let stopping = self
+                .stop_retrying
+                .as_ref()
+                .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed));
+            if retry == Retry::Once || !error.is_transient() || stopping {
                 return Err(error);
             }
             (self.on_retry)(&error, delay);

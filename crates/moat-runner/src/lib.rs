@@ -146,11 +146,10 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
             supervisor.display()
         ),
         Ok(Err(why)) => eprintln!("moat runner: cgroup: left where it is ({why})"),
-        Err(e) => {
-            return Err(RunnerError::Setup(format!(
-                "taking over its delegated cgroup: {e}"
-            )));
-        }
+        // Not fatal: each sandbox then finds no cgroup to make and is
+        // refused at the cgroup layer (unless its manifest says the
+        // deployment bounds runs), and says so, run by run.
+        Err(e) => eprintln!("moat runner: cgroup: taking over its delegated cgroup failed: {e}"),
     }
     let runner_hash = seal::file_sha256(&me)?;
     std::fs::create_dir_all(&config.state_dir)
@@ -168,7 +167,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     let roots = config
         .ca_file
         .as_deref()
-        .map(moat_client::CaRoots::from_pem_file)
+        .map(|path| moat_client::CaRoots::for_control_plane(path, &config.control_plane))
         .transpose()
         .map_err(|e| RunnerError::Setup(e.to_string()))?;
     let mut client = RunnerClient::with_roots(
@@ -177,6 +176,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         Box::new(|error, delay| eprintln!("moat runner: {error}; retrying in {delay:?}")),
         roots.as_ref(),
     );
+    client.stop_retrying_when(std::sync::Arc::clone(&draining));
     let mode = signed
         .manifest
         .sandbox_modes
@@ -198,6 +198,11 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         public_key: client.public_key().to_base64(),
         slots: i64::from(slots),
     };
+    if draining.load(std::sync::atomic::Ordering::Relaxed) {
+        // Stopped before it registered: nothing to give back, no token spent.
+        eprintln!("moat runner: stopped (SIGTERM) before registering");
+        return Ok(());
+    }
     let token = read_token(&config.token)?;
     let registered = client.register(&token, &registration);
     // A bootstrap token is spent either way, an enrolment token is the

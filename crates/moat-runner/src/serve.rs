@@ -22,6 +22,15 @@ use crate::workspace::{collect_artifacts, private_dir, write_inputs};
 /// How long one long poll (a claim, a run's next step) waits.
 const LONG_POLL: Duration = Duration::from_secs(5);
 
+/// Sets its flag when dropped: the claiming loop has ended.
+struct ClaimsOver<'a>(&'a AtomicBool);
+
+impl Drop for ClaimsOver<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// What a running runner holds; its slots share it.
 pub(crate) struct Runner {
     pub config: Config,
@@ -53,6 +62,9 @@ impl Runner {
     /// operation boundary, and it returns once all are).
     pub fn serve(&self) -> Result<(), RunnerError> {
         let served = std::thread::scope(|scope| {
+            // However the claiming loop ends (an error too), the run
+            // threads must not wait for it forever.
+            let _over = ClaimsOver(&self.claims_over);
             let mut claimed = 0u64;
             while self.config.max_runs.is_none_or(|max| claimed < max) {
                 let Some(in_use) = self.slots.take_unless(|| self.draining()) else {
@@ -78,7 +90,6 @@ impl Runner {
                     self.serve_run(&claim);
                 });
             }
-            self.claims_over.store(true, Ordering::Relaxed);
             Ok(())
         });
         if self.draining() {

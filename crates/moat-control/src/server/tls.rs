@@ -1,10 +1,13 @@
 //! TLS in front of the API (`moat serve --tls-cert --tls-key`): rustls with
 //! ring, as the store's link to PostgreSQL. Handshakes run on tasks of their
-//! own, each with a deadline, and only finished ones reach axum: a client
-//! that connects and says nothing holds up no one else's connection.
+//! own, each with a deadline, at most so many at once and per address, and
+//! only finished ones reach axum: a client that connects and says nothing
+//! holds up no one else's connection. The certificate is read at start: a
+//! renewed one is served after a restart.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +21,14 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 /// A handshake not done by then is dropped.
-const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Handshakes in progress at once; more connections wait to be accepted.
-const HANDSHAKES: usize = 256;
+/// Handshakes in progress at once; a connection past it is closed at once
+/// (accepting goes on: heartbeats must not queue behind a flood).
+const HANDSHAKES: usize = 1024;
+
+/// Handshakes in progress at once from one address.
+const HANDSHAKES_PER_PEER: usize = 16;
 
 /// Why the certificate or key cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +83,9 @@ impl TlsListener {
         let (done, ready) = mpsc::channel(HANDSHAKES);
         let acceptor = TlsAcceptor::from(config);
         let slots = Arc::new(Semaphore::new(HANDSHAKES));
+        let per_peer = Arc::new(std::sync::Mutex::new(HashMap::<IpAddr, usize>::new()));
         let accepting = tokio::spawn(async move {
             loop {
-                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                    return;
-                };
                 let (tcp, peer) = match listener.accept().await {
                     Ok(accepted) => accepted,
                     Err(_) => {
@@ -89,11 +94,17 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                    continue; // dropped: closed at once
+                };
+                let Some(peer_slot) = PeerSlot::take(&per_peer, peer.ip()) else {
+                    continue;
+                };
                 // Small answers go out at once (no Nagle wait for the peer's ACK).
                 let _ = tcp.set_nodelay(true);
                 let (acceptor, done) = (acceptor.clone(), done.clone());
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let (_slot, _peer_slot) = (slot, peer_slot);
                     if let Ok(Ok(tls)) =
                         tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(tcp)).await
                     {
@@ -107,6 +118,44 @@ impl TlsListener {
             local,
             accepting,
         })
+    }
+}
+
+/// One handshake in progress from an address, counted while it lives.
+struct PeerSlot {
+    counts: Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(counts: &Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr) -> Option<Self> {
+        let mut map = counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(ip).or_insert(0);
+        if *n >= HANDSHAKES_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            counts: Arc::clone(counts),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
     }
 }
 

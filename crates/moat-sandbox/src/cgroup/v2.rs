@@ -170,10 +170,10 @@ impl RunCgroup for Cgroup {
 /// cgroup.
 /// For a process that launches sandboxes through children of its own (a
 /// runner): while it is the only process in its delegated cgroup, it takes
-/// that cgroup over now (moves to `moat/supervisor`, enables the
-/// controllers), so that the launches its children make later find a
-/// delegating parent, as under systemd's `DelegateSubgroup=` (which systemd
-/// 252 lacks). `None`: nothing to take over (it already sits below a
+/// that cgroup over now (moves to `supervisor`, enables the controllers),
+/// so that the launches its children make later find a delegating parent,
+/// as under systemd's `DelegateSubgroup=supervisor` (which systemd 252
+/// lacks). `None`: nothing to take over (it already sits below a
 /// delegating cgroup, or its cgroup is not delegated to it); the reason is
 /// then for the log, and each launch reports what it finds.
 pub(crate) fn settle(
@@ -210,10 +210,34 @@ pub(crate) fn settle(
             "{} already delegates to the runs' cgroups",
             dir.display()
         ))),
-        Base::Delegated { dir, movable } => take_over(&dir, &movable, &wanted)
+        Base::Delegated { dir, movable } => settle_as_leaf(&dir, &movable, &wanted)
             .map(Ok)
             .map_err(|e| CgroupError(format!("taking over {}: {e}", dir.display()))),
     }
+}
+
+/// Moves `movable` to `dir/supervisor` and has `dir` hand `wanted` to its
+/// children: the layout systemd's `DelegateSubgroup=supervisor` makes, in
+/// which each launch from the supervisor finds `dir` delegating and puts
+/// its run in `dir/moat/<run>`. On failure the processes move back.
+fn settle_as_leaf(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result<PathBuf> {
+    let supervisor = dir.join(delegation::SUPERVISOR);
+    super::make_dir(&supervisor)?;
+    let moved = (|| {
+        for pid in movable {
+            super::write(&supervisor.join("cgroup.procs"), pid)?;
+        }
+        let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+        super::write(&dir.join("cgroup.subtree_control"), &enable.join(" "))
+    })();
+    if let Err(e) = moved {
+        for pid in movable {
+            let _ = super::write(&dir.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&supervisor);
+        return Err(e);
+    }
+    Ok(supervisor)
 }
 
 fn take_over(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result<PathBuf> {
@@ -235,4 +259,29 @@ fn take_over(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result
         return Err(e);
     }
     Ok(supervisor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a plain directory standing in for the unit's cgroup: what is
+    /// written where. (That a launch from `supervisor` then finds the unit
+    /// delegating is `delegation`'s `a_leaf_of_a_delegating_unit_runs_beside_itself`.)
+    #[test]
+    fn a_settled_runner_sits_in_a_leaf_beside_its_runs() {
+        let root = tempfile::tempdir().unwrap();
+        let unit = root.path().join("moat-runner.service");
+        std::fs::create_dir(&unit).unwrap();
+        let leaf = settle_as_leaf(&unit, &["10".into()], &["memory", "pids", "cpu"]).unwrap();
+        assert_eq!(leaf, unit.join("supervisor"));
+        assert_eq!(
+            std::fs::read_to_string(leaf.join("cgroup.procs")).unwrap(),
+            "10"
+        );
+        assert_eq!(
+            std::fs::read_to_string(unit.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+    }
 }

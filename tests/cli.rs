@@ -186,6 +186,7 @@ fn unprivileged_user_without_cgroups_is_refused_unless_degrading_is_allowed() {
         refused.stderr
     );
     assert!(refused.stderr.contains("--allow-degraded"));
+    assert!(refused.stderr.contains("--without-cgroup-limits"));
     let denied = refused.events_of("sandbox.exec.denied");
     assert_eq!(denied.len(), 1);
     assert!(

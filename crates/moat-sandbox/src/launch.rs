@@ -927,8 +927,9 @@ fn cgroup_refused(
     Err(SetupError::new(
         Layer::Cgroup,
         format!(
-            "{e} (a deployment without per-run cgroups must say so: the manifest's \
-             cgroupLimits \"deployment\", or moat exec --without-cgroup-limits)"
+            "{e} (where the deployment bounds runs instead, say so: moat exec \
+             --without-cgroup-limits, or a manifest's cgroupLimits \"deployment\"; \
+             --allow-degraded runs without whatever protection is missing)"
         ),
     ))
 }

@@ -41,6 +41,7 @@ fn shell() -> &'static Mutex<Shell> {
             filesystem: FilesystemPolicy { read_roots: vec![".".into()], write_roots: vec!["output".into()] },
             env_passthrough: vec![],
             limits: Limits { file_size_bytes: 1 << 16, ..Limits::default() },
+            cgroup_limits: Default::default(),
             created_at: "2026-01-01T00:00:00Z".into(),
             expires_at: "2099-01-01T00:00:00Z".into(),
             control_plane_public_key: key.public().to_base64(),

@@ -17,7 +17,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use common::control::*;
 use common::{MOAT, make_world_accessible, path_str};
 use serde_json::{Value, json};
@@ -164,43 +163,6 @@ fn write(path: &Path, text: &str, owner: u32, mode: u32) {
 fn uid_of(user: &str) -> u32 {
     let out = Command::new("id").args(["-u", user]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
-/// An ES256 key standing in for a cluster's service-account signing key.
-struct ClusterKey(ring::signature::EcdsaKeyPair);
-
-impl ClusterKey {
-    fn new() -> ClusterKey {
-        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
-        let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-        ClusterKey(
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
-                .unwrap(),
-        )
-    }
-
-    fn jwks(&self) -> Value {
-        use ring::signature::KeyPair as _;
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let point = self.0.public_key().as_ref();
-        json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256",
-                         "x": b64.encode(&point[1..33]), "y": b64.encode(&point[33..])}]})
-    }
-
-    fn token(&self, claims: &Value) -> String {
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let signed = format!(
-            "{}.{}",
-            b64.encode(json!({"alg": "ES256", "kid": "k1"}).to_string()),
-            b64.encode(claims.to_string())
-        );
-        let sig = self
-            .0
-            .sign(&ring::rand::SystemRandom::new(), signed.as_bytes())
-            .unwrap();
-        format!("{signed}.{}", b64.encode(sig.as_ref()))
-    }
 }
 
 fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {

@@ -699,46 +699,6 @@ fn the_database_password_comes_from_a_file_only_others_cannot_read() {
     );
 }
 
-/// A P-256 key standing in for a cluster's service-account signing key:
-/// its JWKS, and a token for `claims` as the kubelet would project it.
-struct ClusterKey(ring::signature::EcdsaKeyPair);
-
-impl ClusterKey {
-    fn new() -> ClusterKey {
-        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
-        let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-        ClusterKey(
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
-                .unwrap(),
-        )
-    }
-
-    fn jwks(&self) -> Value {
-        use base64::Engine as _;
-        use ring::signature::KeyPair as _;
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let point = self.0.public_key().as_ref();
-        json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
-                         "x": b64.encode(&point[1..33]), "y": b64.encode(&point[33..])}]})
-    }
-
-    fn token(&self, claims: &Value) -> String {
-        use base64::Engine as _;
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let signed = format!(
-            "{}.{}",
-            b64.encode(json!({"alg": "ES256", "kid": "k1"}).to_string()),
-            b64.encode(claims.to_string())
-        );
-        let signature = self
-            .0
-            .sign(&ring::rand::SystemRandom::new(), signed.as_bytes())
-            .unwrap();
-        format!("{signed}.{}", b64.encode(signature.as_ref()))
-    }
-}
-
 #[test]
 fn an_enrolled_runner_restarted_twice_registers_each_time_with_no_new_token_and_serves_a_run() {
     let dir = tempfile::tempdir().unwrap();

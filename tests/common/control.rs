@@ -572,3 +572,43 @@ pub fn wait_event(
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A P-256 key standing in for a cluster's service-account signing key:
+/// its JWKS, and a token for `claims` as the kubelet would project it.
+pub struct ClusterKey(ring::signature::EcdsaKeyPair);
+
+impl ClusterKey {
+    pub fn new() -> ClusterKey {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        ClusterKey(
+            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+                .unwrap(),
+        )
+    }
+
+    pub fn jwks(&self) -> Value {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let point = self.0.public_key().as_ref();
+        json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
+                         "x": b64.encode(&point[1..33]), "y": b64.encode(&point[33..])}]})
+    }
+
+    pub fn token(&self, claims: &Value) -> String {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let signed = format!(
+            "{}.{}",
+            b64.encode(json!({"alg": "ES256", "kid": "k1"}).to_string()),
+            b64.encode(claims.to_string())
+        );
+        let signature = self
+            .0
+            .sign(&ring::rand::SystemRandom::new(), signed.as_bytes())
+            .unwrap();
+        format!("{signed}.{}", b64.encode(signature.as_ref()))
+    }
+}

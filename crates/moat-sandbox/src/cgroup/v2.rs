@@ -219,30 +219,30 @@ pub(crate) fn settle(
 /// Moves `movable` to `dir/supervisor` and has `dir` hand `wanted` to its
 /// children: the layout systemd's `DelegateSubgroup=supervisor` makes, in
 /// which each launch from the supervisor finds `dir` delegating and puts
-/// its run in `dir/moat/<run>`. On failure the processes move back.
+/// its run in `dir/moat/<run>`.
 fn settle_as_leaf(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result<PathBuf> {
-    let supervisor = dir.join(delegation::SUPERVISOR);
-    super::make_dir(&supervisor)?;
-    let moved = (|| {
-        for pid in movable {
-            super::write(&supervisor.join("cgroup.procs"), pid)?;
-        }
-        let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
-        super::write(&dir.join("cgroup.subtree_control"), &enable.join(" "))
-    })();
-    if let Err(e) = moved {
-        for pid in movable {
-            let _ = super::write(&dir.join("cgroup.procs"), pid);
-        }
-        let _ = std::fs::remove_dir(&supervisor);
-        return Err(e);
-    }
-    Ok(supervisor)
+    move_out(dir, dir.join(delegation::SUPERVISOR), movable, wanted)
 }
 
+/// A launcher's take-over of its own cgroup: the same, into `dir/moat/supervisor`.
 fn take_over(dir: &Path, movable: &[String], wanted: &[&str]) -> std::io::Result<PathBuf> {
-    let supervisor = dir.join("moat").join(delegation::SUPERVISOR);
     super::make_dir(&dir.join("moat"))?;
+    move_out(
+        dir,
+        dir.join("moat").join(delegation::SUPERVISOR),
+        movable,
+        wanted,
+    )
+}
+
+/// Moves `movable` out of `dir` into `supervisor`, then enables `wanted`
+/// for `dir`'s children. On failure the processes move back.
+fn move_out(
+    dir: &Path,
+    supervisor: PathBuf,
+    movable: &[String],
+    wanted: &[&str],
+) -> std::io::Result<PathBuf> {
     super::make_dir(&supervisor)?;
     let moved = (|| {
         for pid in movable {

@@ -44,6 +44,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "tests/suite.sh: installing ${missing[*]}"
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The downloaded .debs are not needed once installed; a small disk is.
+  apt-get clean
 fi
 
 # The MCP test drives `moat mcp` with the official Python MCP SDK.
@@ -51,7 +53,7 @@ venv=$PWD/target/test-venv
 if ! "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
   echo "tests/suite.sh: installing the Python MCP SDK into $venv"
   /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check mcp
+  "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check mcp
 fi
 export MOAT_TEST_PYTHON=$venv/bin/python
 
@@ -72,7 +74,7 @@ deploy_venv=$PWD/target/deploy-venv
 if ! "$deploy_venv/bin/checkov" --version >/dev/null 2>&1 || ! [ -x "$deploy_venv/bin/kubernetes-validate" ]; then
   echo "tests/suite.sh: installing checkov and kubernetes-validate into $deploy_venv"
   /usr/bin/python3 -m venv "$deploy_venv"
-  "$deploy_venv/bin/python" -m pip install --quiet --disable-pip-version-check checkov==3.3.30 kubernetes-validate==1.37.0
+  "$deploy_venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check checkov==3.3.30 kubernetes-validate==1.37.0
 fi
 export MOAT_TEST_DEPLOY_VENV=$deploy_venv
 

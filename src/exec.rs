@@ -12,7 +12,7 @@ use moat_core::size::parse_size;
 use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
 use moat_egress::{EgressConfig, EgressLimits, EgressPolicy, parse_resolve};
 use moat_sandbox::hostid::IdRange;
-use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
+use moat_sandbox::{BindMount, LaunchPolicy, OutputMode, SandboxSpec};
 use moat_shell::egress::OneRunEgress;
 
 const EXAMPLES: &str = "\
@@ -35,6 +35,15 @@ network.request event, and is the only address the program can connect to. No
 capabilities, a
 scrubbed environment (PATH, HOME, TMPDIR, LANG, RUN_ID and --env names only), and
 runs as an unprivileged host user even when moat runs as root.
+
+Before anything is mounted, the declared roots pass the launch policy: none may
+be, be under or hold a host system path (/proc, /sys, /dev, /run, /boot, /etc),
+a container runtime's state (/var/lib/docker...), a credential path in any home
+(~/.ssh, ~/.aws, ~/.kube, ~/.docker, ~/.config/gcloud...) or a person's whole
+home directory (a project inside it is fine), and none may hold a unix socket,
+FIFO or device node. A refusal exits 125 naming the layer launch_policy.
+--launch-allow PATH exempts what is under PATH; --override-launch-policy skips
+the policy (an escalation, recorded in the report).
 
 Exit status: the program's own; 128+N if killed by signal N; 124 on timeout;
 125 if the sandbox could not be set up (the message names the layer); 126 if the
@@ -147,6 +156,18 @@ pub struct ExecArgs {
     #[arg(long)]
     without_cgroup_limits: bool,
 
+    /// Allow PATH (and what is under it) as a declared root although the
+    /// launch policy refuses it: a system, credential or container-runtime
+    /// path, or a directory holding a socket, FIFO or device. Repeatable.
+    /// The report lists what it exempted.
+    #[arg(long = "launch-allow", value_name = "PATH")]
+    launch_allow: Vec<PathBuf>,
+
+    /// Do not apply the launch policy to any declared root. An escalation:
+    /// the report says the layer was not enforced, and `moat audit` lists it.
+    #[arg(long)]
+    override_launch_policy: bool,
+
     /// Launched by root, the program runs as a host uid/gid of its own taken
     /// from this block of ids (BASE:COUNT; e.g. 1879048192:65536), held for
     /// this run alone. Default: the `moat-sandboxes` entries of /etc/subuid and
@@ -221,6 +242,12 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     } else {
         OutputMode::Forward
     };
+    if spec.launch_policy.overridden {
+        eprintln!(
+            "moat: WARNING: --override-launch-policy: declared roots are not checked for system, \
+             credential or container-runtime paths, sockets or devices."
+        );
+    }
     if spec.network == NetworkMode::Full {
         eprintln!(
             "moat: WARNING: --network full: the sandbox shares the host's network (every \
@@ -288,6 +315,10 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
     spec.allow_degraded = args.allow_degraded;
     spec.without_cgroup = args.without_cgroup_limits;
     spec.id_range = args.uid_range;
+    spec.launch_policy = LaunchPolicy {
+        allow: args.launch_allow.clone(),
+        overridden: args.override_launch_policy,
+    };
     spec.limits = Limits {
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
         memory_bytes: args.memory,

@@ -69,6 +69,14 @@ pub struct ShellArgs {
     /// /etc/subuid and /etc/subgid, added on first use.
     #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
     pub uid_range: Option<IdRange>,
+    /// Allow PATH as a declared root although the launch policy refuses it
+    /// (see `moat exec --help`). Repeatable.
+    #[arg(long = "launch-allow", value_name = "PATH")]
+    pub launch_allow: Vec<PathBuf>,
+    /// Do not apply the launch policy to exec_argv's roots: an escalation
+    /// that every report records and `moat audit` lists.
+    #[arg(long)]
+    pub override_launch_policy: bool,
 }
 
 impl ShellArgs {
@@ -110,6 +118,13 @@ impl ShellArgs {
         if let Some(range) = self.uid_range {
             out.push("--uid-range".into());
             out.push(range.to_string().into());
+        }
+        for path in &self.launch_allow {
+            out.push("--launch-allow".into());
+            out.push(path.clone().into());
+        }
+        if self.override_launch_policy {
+            out.push("--override-launch-policy".into());
         }
         out
     }
@@ -194,5 +209,9 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
         egress_roots_pem,
         require_capabilities: args.require_capabilities,
         id_range: args.uid_range,
+        launch_policy: moat_sandbox::LaunchPolicy {
+            allow: args.launch_allow,
+            overridden: args.override_launch_policy,
+        },
     })?)
 }

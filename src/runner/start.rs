@@ -48,6 +48,14 @@ pub struct StartArgs {
     /// `moat-sandboxes` entries of /etc/subuid and /etc/subgid, added on first use.
     #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
     uid_range: Option<moat_sandbox::hostid::IdRange>,
+    /// Allow PATH as a declared root of the runs' sandboxes although the
+    /// launch policy refuses it (see `moat exec --help`). Repeatable.
+    #[arg(long = "launch-allow", value_name = "PATH")]
+    launch_allow: Vec<PathBuf>,
+    /// Do not apply the launch policy to the runs' sandboxes: an
+    /// escalation every op's report records and `moat audit` lists.
+    #[arg(long)]
+    override_launch_policy: bool,
 }
 
 pub fn main(args: StartArgs) -> ExitCode {
@@ -77,6 +85,8 @@ pub fn main(args: StartArgs) -> ExitCode {
         resolve: args.resolve,
         slots: args.slots,
         uid_range: args.uid_range,
+        launch_allow: args.launch_allow,
+        override_launch_policy: args.override_launch_policy,
         ca_file: args.ca_file,
         program,
     };

@@ -141,6 +141,15 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
                     "moat-sandbox: Linux namespaces, pivot_root, Landlock, seccomp, cgroups, rlimits"
                         .into();
                 a.enforcement = d["enforcement"].clone();
+                // Old reports have no launchPolicy; "not recorded" is no override.
+                let policy = &d["enforcement"]["launchPolicy"];
+                if policy["status"] == "not_enforced"
+                    && text(&policy["detail"]).is_some_and(|t| t.starts_with("overridden"))
+                {
+                    a.danger.push(json!({
+                        "opId": e.op_id, "what": "launch policy overridden",
+                    }));
+                }
             }
             EventType::NetworkRequest => a.network_requests += 1,
             EventType::NetworkDenied => a.network_denied += 1,

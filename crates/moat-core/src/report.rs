@@ -65,6 +65,11 @@ impl LayerReport {
         }
     }
 
+    /// What a report recorded before a layer existed says of it.
+    pub fn not_recorded() -> Self {
+        LayerReport::not_enforced("not recorded (the report predates this layer)")
+    }
+
     pub fn is_enforced(&self) -> bool {
         self.status == LayerStatus::Enforced
     }
@@ -113,6 +118,12 @@ pub struct Enforcement {
     /// enforced when an unprivileged launcher's program kept its user's ids
     /// (shared with that user's other runs and processes).
     pub host_identity: LayerReport,
+    /// The declared roots checked against the launch policy (no system,
+    /// credential or container-runtime path; no socket, FIFO or device
+    /// inside). `not_enforced` when the operator overrode it: an escalation.
+    /// Reports recorded before the policy existed have none.
+    #[serde(default = "LayerReport::not_recorded")]
+    pub launch_policy: LayerReport,
     /// user, mount, pid, net, ipc, uts and cgroup namespaces.
     pub namespaces: LayerReport,
     /// tmpfs root, read-only system binds, declared roots, fresh /proc, minimal /dev.

@@ -57,6 +57,11 @@ pub struct Config {
     pub slots: Option<u16>,
     /// The block of host ids the sandboxes of a root runner take theirs from.
     pub uid_range: Option<IdRange>,
+    /// Host paths allowed as declared roots although the launch policy
+    /// refuses them (passed to the shell).
+    pub launch_allow: Vec<PathBuf>,
+    /// The launch policy is not applied: every op's report says so.
+    pub override_launch_policy: bool,
     /// Trust only the CAs in this PEM file for an `https://` control plane.
     pub ca_file: Option<PathBuf>,
     /// This sealed runner's own file: its trailer is its manifest, and its

@@ -334,6 +334,13 @@ impl Runner {
             extra.push("--resolve".into());
             extra.push(entry.into());
         }
+        for path in &self.config.launch_allow {
+            extra.push("--launch-allow".into());
+            extra.push(path.into());
+        }
+        if self.config.override_launch_policy {
+            extra.push("--override-launch-policy".into());
+        }
         Ok(ShellChild::start(
             &self.config.program,
             &self.shell_state,

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layer {
     Launcher,
+    /// The spec's roots, checked against the launch policy before anything is mounted.
+    LaunchPolicy,
     Namespaces,
     UserMapping,
     Filesystem,
@@ -23,6 +25,7 @@ impl Layer {
     pub fn as_str(self) -> &'static str {
         match self {
             Layer::Launcher => "launcher",
+            Layer::LaunchPolicy => "launch_policy",
             Layer::Namespaces => "namespaces",
             Layer::UserMapping => "user mapping",
             Layer::Filesystem => "filesystem",
@@ -40,6 +43,7 @@ impl Layer {
     pub(crate) fn from_name(name: &str) -> Layer {
         [
             Layer::Launcher,
+            Layer::LaunchPolicy,
             Layer::Namespaces,
             Layer::UserMapping,
             Layer::Filesystem,

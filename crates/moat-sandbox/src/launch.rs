@@ -236,6 +236,7 @@ impl RunState {
                 host_uid: 0,
                 host_gid: 0,
                 host_identity: not_reached(),
+                launch_policy: not_reached(),
                 namespaces: not_reached(),
                 filesystem: not_reached(),
                 landlock: not_reached(),
@@ -493,6 +494,15 @@ fn launch(
             "the launcher must be single-threaded when it clones the sandbox",
         ));
     }
+    // Before anything is mounted, or even opened for mounting.
+    state.enforcement.launch_policy = match spec.launch_policy.check(spec) {
+        Ok(report) => report,
+        Err(refused) => {
+            state.enforcement.launch_policy =
+                LayerReport::enforced(format!("refused the spec: {}", refused.message));
+            return Err(refused);
+        }
+    };
     // SAFETY: plain id query.
     let launched_by_root = unsafe { libc::geteuid() } == 0;
     let mut fs_notes = Vec::new();

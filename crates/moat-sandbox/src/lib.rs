@@ -14,6 +14,7 @@ pub mod error;
 pub mod helper;
 pub mod hostid;
 mod launch;
+mod launch_policy;
 mod mounts;
 mod netns;
 mod placement;
@@ -28,5 +29,6 @@ pub use error::{Layer, SetupError, SpecError};
 pub use launch::{
     EGRESS_PORT, EgressHook, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,
 };
+pub use launch_policy::LaunchPolicy;
 pub use spec::{BindMount, SandboxSpec};
 pub use supervise::OutputMode;

@@ -149,18 +149,6 @@ const MASKED_HOST_PATHS: &[&str] = &[
     "/etc/sudoers.d",
     "/etc/ssh",
 ];
-const MASKED_HOME_ENTRIES: &[&str] = &[
-    ".ssh",
-    ".aws",
-    ".gnupg",
-    ".kube",
-    ".docker",
-    ".config/gcloud",
-    ".azure",
-    ".netrc",
-    ".git-credentials",
-    ".pgpass",
-];
 /// Top-level host entries never shown in `host-ro`: credentials, live sockets,
 /// kernel interfaces, and what the sandbox builds itself.
 const HOST_SKIPPED: &[&str] = &["proc", "dev", "tmp", "sys", "run", "root", "lost+found"];
@@ -386,7 +374,11 @@ impl RootPlan {
         }
         let mut masks: Vec<PathBuf> = MASKED_HOST_PATHS.iter().map(PathBuf::from).collect();
         for home in home_directories() {
-            masks.extend(MASKED_HOME_ENTRIES.iter().map(|e| home.join(e)));
+            masks.extend(
+                crate::launch_policy::CREDENTIAL_HOME_ENTRIES
+                    .iter()
+                    .map(|e| home.join(e)),
+            );
         }
         let mut seen = std::collections::HashSet::new();
         for path in masks {

@@ -9,6 +9,7 @@ use moat_core::{Limits, NetworkMode, RootView, SandboxMode};
 
 use crate::error::SpecError;
 use crate::hostid::IdRange;
+use crate::launch_policy::LaunchPolicy;
 use crate::sys;
 
 /// A host path made visible inside the sandbox.
@@ -62,6 +63,8 @@ pub struct SandboxSpec {
     /// stdin: how a one-operation token is handed to a program without an
     /// argument, a variable or a file anyone else could see. At most 64 KiB.
     pub stdin_data: Option<Vec<u8>>,
+    /// The operator's exceptions to the launch policy (none by default).
+    pub launch_policy: LaunchPolicy,
 }
 
 /// The most bytes `stdin_data` may hold (a pipe's default capacity).
@@ -92,6 +95,7 @@ impl SandboxSpec {
             id_range: None,
             stdin_null: false,
             stdin_data: None,
+            launch_policy: LaunchPolicy::default(),
         }
     }
 

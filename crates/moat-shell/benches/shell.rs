@@ -56,6 +56,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         egress_roots_pem: None,
         require_capabilities: false,
         id_range: None,
+        launch_policy: moat_sandbox::LaunchPolicy::default(),
     })
     .unwrap()
 }

@@ -60,6 +60,8 @@ pub struct ShellConfig {
     /// The block of host ids each `exec_argv` sandbox takes one from, when
     /// the shell runs as root (`None`: the host's `moat` block).
     pub id_range: Option<IdRange>,
+    /// The operator's exceptions to the launch policy, for every `exec_argv`.
+    pub launch_policy: moat_sandbox::LaunchPolicy,
 }
 
 /// Why the shell could not start.
@@ -636,6 +638,7 @@ impl Shell {
             Err(refusal) => return refusal.into(),
         };
         plan.spec.id_range = self.config.id_range;
+        plan.spec.launch_policy = self.config.launch_policy.clone();
         let mut sink = exec::Relabel {
             events: &mut op.events,
             run_id: &envelope.run_id,

@@ -43,6 +43,7 @@ fn report() -> Value {
             host_uid: 100_000,
             host_gid: 100_000,
             host_identity: layer(),
+            launch_policy: layer(),
             namespaces: layer(),
             filesystem: layer(),
             landlock: layer(),

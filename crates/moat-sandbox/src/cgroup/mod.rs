@@ -226,10 +226,65 @@ fn read_keyed(path: &Path, key: &str) -> Option<u64> {
 }
 
 /// Creates a run's own directory: it must not exist yet (two runs with one id
-/// would otherwise share, and one would kill the other's processes).
-fn make_run_dir(path: &Path) -> io::Result<()> {
-    std::fs::create_dir(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))
+/// would otherwise share, and one would kill the other's processes). The
+/// directory is returned open and `flock`ed: the lock lives exactly as long
+/// as the launcher (and its sandbox's init), so [`sweep`] can tell the
+/// directory of a killed launcher from a live run's.
+fn make_run_dir(path: &Path) -> io::Result<OwnedFd> {
+    let fail = |e: io::Error| io::Error::new(e.kind(), format!("creating {}: {e}", path.display()));
+    std::fs::create_dir(path).map_err(fail)?;
+    let dir = OwnedFd::from(std::fs::File::open(path).map_err(fail)?);
+    // SAFETY: flock on a descriptor owned here.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    Ok(dir)
+}
+
+/// A run directory younger than this is never swept: its launcher may be
+/// between `mkdir` and `flock`.
+const SWEEP_MIN_AGE: Duration = Duration::from_secs(2);
+
+/// Removes the run directories under `moat` whose launcher is gone: a
+/// `moat exec` killed with SIGKILL cannot remove its own (its sandbox dies
+/// with it, `PR_SET_PDEATHSIG`, and leaves the directory empty). A live
+/// run's directory is locked (see [`make_run_dir`]); a populated one cannot
+/// be removed anyway. Returns how many were removed.
+fn sweep(moat: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(moat) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let old_enough = entry
+            .metadata()
+            .ok()
+            .filter(std::fs::Metadata::is_dir)
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= SWEEP_MIN_AGE);
+        if !old_enough {
+            continue;
+        }
+        let Ok(dir) = std::fs::File::open(&path) else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor owned here; released when it closes.
+        let free = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if free && std::fs::remove_dir(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// How a cgroup layer's report mentions what [`sweep`] removed.
+fn swept_note(swept: usize) -> String {
+    match swept {
+        0 => String::new(),
+        n => format!("; removed {n} run cgroup(s) left by launchers that were killed"),
+    }
 }
 
 fn make_dir(path: &Path) -> io::Result<()> {

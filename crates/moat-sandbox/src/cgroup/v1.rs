@@ -12,6 +12,10 @@ pub(crate) struct Cgroup {
     pids: PathBuf,
     cpu: Option<PathBuf>,
     cpuacct: Option<PathBuf>,
+    /// The run directories, open and locked while the run lives.
+    _locks: Vec<OwnedFd>,
+    /// Directories of killed launchers removed before this one was made.
+    swept: usize,
 }
 
 impl Cgroup {
@@ -30,19 +34,30 @@ impl Cgroup {
             Some(super::join(mount_point, own_path).join("moat").join(run_id))
         };
         let missing = |c: &str| CgroupError(format!("no v1 {c} controller mounted"));
-        let cgroup = Cgroup {
+        let mut cgroup = Cgroup {
             memory: run_dir("memory").ok_or_else(|| missing("memory"))?,
             pids: run_dir("pids").ok_or_else(|| missing("pids"))?,
             // The CPU hierarchies cost a directory each per run: only with a CPU limit.
             cpu: limits.cpu_millis.and(run_dir("cpu")),
             cpuacct: limits.cpu_millis.and(run_dir("cpuacct")),
+            _locks: Vec::new(),
+            swept: 0,
         };
         if limits.cpu_millis.is_some() && cgroup.cpu.is_none() {
             return Err(missing("cpu"));
         }
-        if let Err(e) = cgroup.make(limits) {
-            let _ = cgroup.remove();
-            return Err(CgroupError(e.to_string()));
+        let mut parents: Vec<PathBuf> = ["memory", "pids", "cpu", "cpuacct"]
+            .into_iter()
+            .filter_map(|c| run_dir(c)?.parent().map(Path::to_path_buf))
+            .collect();
+        parents.dedup();
+        cgroup.swept = parents.iter().map(|moat| super::sweep(moat)).sum();
+        match cgroup.make(limits) {
+            Ok(locks) => cgroup._locks = locks,
+            Err(e) => {
+                let _ = cgroup.remove();
+                return Err(CgroupError(e.to_string()));
+            }
         }
         Ok(cgroup)
     }
@@ -57,12 +72,13 @@ impl Cgroup {
         dirs
     }
 
-    fn make(&self, limits: &Limits) -> std::io::Result<()> {
+    fn make(&self, limits: &Limits) -> std::io::Result<Vec<OwnedFd>> {
+        let mut locks = Vec::new();
         for dir in self.dirs() {
             if let Some(parent) = dir.parent() {
                 super::make_dir(parent)?;
             }
-            super::make_run_dir(dir)?;
+            locks.push(super::make_run_dir(dir)?);
         }
         super::write(
             &self.memory.join("memory.limit_in_bytes"),
@@ -80,7 +96,7 @@ impl Cgroup {
             super::write(&cpu.join("cpu.cfs_period_us"), "100000")?;
             super::write(&cpu.join("cpu.cfs_quota_us"), &(millis * 100).to_string())?;
         }
-        Ok(())
+        Ok(locks)
     }
 }
 
@@ -125,6 +141,10 @@ impl RunCgroup for Cgroup {
     }
 
     fn describe(&self) -> String {
-        format!("cgroup v1 at {}", self.memory.display())
+        format!(
+            "cgroup v1 at {}{}",
+            self.memory.display(),
+            super::swept_note(self.swept)
+        )
     }
 }

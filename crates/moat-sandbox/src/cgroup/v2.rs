@@ -22,6 +22,10 @@ pub(crate) struct Cgroup {
     init_inside: bool,
     /// Where moat moved itself to take over its own delegated cgroup.
     took_over: Option<PathBuf>,
+    /// The run directory, open and locked while the run lives.
+    _lock: Option<OwnedFd>,
+    /// Directories of killed launchers removed before this one was made.
+    swept: usize,
 }
 
 impl Cgroup {
@@ -74,6 +78,8 @@ impl Cgroup {
             clone_target: None,
             init_inside: false,
             took_over,
+            _lock: None,
+            swept: super::sweep(&moat),
         };
         let made = (|| {
             super::make_dir(&moat)?;
@@ -82,7 +88,7 @@ impl Cgroup {
                 let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
                 super::write(&moat.join("cgroup.subtree_control"), &enable.join(" "))?;
             }
-            super::make_run_dir(&cgroup.dir)?;
+            cgroup._lock = Some(super::make_run_dir(&cgroup.dir)?);
             super::write(
                 &cgroup.dir.join("memory.max"),
                 &limits.memory_bytes.to_string(),
@@ -152,10 +158,11 @@ impl RunCgroup for Cgroup {
     }
 
     fn describe(&self) -> String {
+        let swept = super::swept_note(self.swept);
         match &self.took_over {
-            None => format!("cgroup v2 at {}", self.dir.display()),
+            None => format!("cgroup v2 at {}{swept}", self.dir.display()),
             Some(supervisor) => format!(
-                "cgroup v2 at {} (the launcher's own delegated cgroup; moat moved itself to {})",
+                "cgroup v2 at {} (the launcher's own delegated cgroup; moat moved itself to {}){swept}",
                 self.dir.display(),
                 supervisor.display()
             ),

@@ -184,11 +184,7 @@ fn the_operators_allowlist_exempts_a_path_and_the_report_names_it() {
 fn a_runner_started_with_the_override_is_audited_as_beyond_its_boundary() {
     use common::control::*;
     let dir = tempfile::tempdir().unwrap();
-    let setup = setup(dir.path());
-    let db = format!("sqlite:{}", dir.path().join("control.db").display());
-    let serve = Serve::start(&setup, &db, "127.0.0.1:0");
-    let acme = org(&serve, "acme");
-    prepare_org(&serve, &setup, &acme);
+    let (setup, db, serve, acme) = sqlite_plane(dir.path());
     let _runner = Runner::start_with(
         &serve,
         &setup,
@@ -205,13 +201,7 @@ fn a_runner_started_with_the_override_is_audited_as_beyond_its_boundary() {
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
         (out.status.code(), audit)
     };
-    let (status, body) = call(
-        "POST",
-        &format!("{}/v1/runs", serve.url),
-        &acme,
-        Some(json!({"id": "run-o", "inputs": [{"path": "input/a.txt", "content": "a\n"}]})),
-    );
-    assert_eq!(status, 201, "{body}");
+    create_run(&serve, &acme, "run-o");
     let (status, op) = post_op(
         &serve,
         &acme,

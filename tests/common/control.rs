@@ -445,6 +445,28 @@ impl Drop for Runner {
     }
 }
 
+/// A control plane on SQLite in `dir` with org `acme` ready for runs:
+/// the setup, the database's URL, the server, and acme's token.
+pub fn sqlite_plane(dir: &Path) -> (Setup, String, Serve, String) {
+    let setup = setup(dir);
+    let db = format!("sqlite:{}", dir.join("control.db").display());
+    let serve = Serve::start(&setup, &db, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    (setup, db, serve, acme)
+}
+
+/// Queues `run` with one input, `input/a.txt`.
+pub fn create_run(serve: &Serve, token: &str, run: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        token,
+        Some(json!({"id": run, "inputs": [{"path": "input/a.txt", "content": "abc\n"}]})),
+    );
+    assert_eq!(status, 201, "{body}");
+}
+
 pub fn envelope(id: &str, op: &str, args: Value) -> Value {
     json!({"id": id, "op": op, "args": args})
 }

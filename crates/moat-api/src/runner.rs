@@ -151,6 +151,23 @@ pub struct FinishBody {
     pub error: Option<String>,
 }
 
+/// `POST /v1/runner/runs/{run}/destroyed`: the runner tore the run down
+/// (recorded as `run.destroyed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Teardown {
+    pub checks: Vec<moat_core::event_data::TeardownCheck>,
+}
+
+/// `POST /v1/runner/janitor`: leftovers of runs this runner no longer
+/// holds, torn down at its start (recorded as `runner.janitor`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Janitor {
+    pub runs: Vec<String>,
+    pub checks: Vec<moat_core::event_data::TeardownCheck>,
+}
+
 /// `POST /v1/runner/manifest`: the runner swapped to this manifest; the
 /// answer echoes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

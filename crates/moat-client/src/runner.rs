@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use moat_api::ManifestView;
 use moat_api::runner::{
-    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
-    Registered, Registration, Released, ResultBody,
+    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
+    Recorded, Registered, Registration, Released, ResultBody, Teardown,
 };
 use moat_core::Event;
 use moat_core::request_sig;
@@ -195,6 +195,31 @@ impl RunnerClient {
             Retry::WhileUnavailable,
         )?;
         Ok(answer.recorded)
+    }
+
+    /// `POST /v1/runner/runs/{run}/destroyed`: the run's teardown here.
+    pub fn destroyed(&self, run: &str, teardown: &Teardown) -> Result<(), ClientError> {
+        let path = format!("/v1/runner/runs/{}/destroyed", segment(run));
+        let _: Recorded = self.call(
+            &format!("run {run}: reporting its teardown"),
+            "POST",
+            &path,
+            Some(teardown),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(())
+    }
+
+    /// `POST /v1/runner/janitor`: leftovers of earlier runs, torn down.
+    pub fn janitor(&self, janitor: &Janitor) -> Result<(), ClientError> {
+        let _: Recorded = self.call(
+            "reporting the leftovers torn down at start",
+            "POST",
+            "/v1/runner/janitor",
+            Some(janitor),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(())
     }
 
     /// `GET /v1/runner/manifest`: the current manifest of this runner's

@@ -112,11 +112,16 @@ event_types! {
     /// Its runner gave the run back unfinished (it is stopping); queued
     /// again without counting an attempt.
     RunReleased => "run.released",
+    /// Its runner tore the run down: what was killed and removed, and the
+    /// checks that nothing of it is left on the host.
+    RunDestroyed => "run.destroyed",
     /// The run ended without success and needs an operator (retries spent,
     /// manifest expired past its grace).
     RunDeadLettered => "run.dead_lettered",
     /// A runner registered with the control plane.
     RunnerRegistered => "runner.registered",
+    /// A runner that started tore down the leftovers of runs it no longer holds.
+    RunnerJanitor => "runner.janitor",
     /// A signed manifest was published to the control plane.
     ManifestPublished => "manifest.published",
     /// A manifest or its signing key was revoked.

@@ -34,9 +34,9 @@ pub use run::{
     RunRetried, RunStarted,
 };
 pub use runner::{
-    EnrolledIdentity, RunnerManifestLoaded, RunnerManifestRefreshFailed, RunnerManifestRefreshed,
-    RunnerPolicyLoaded, RunnerRegistered, RunnerRejected, RunnerRejection, RunnerSelected,
-    RunnerStarted,
+    EnrolledIdentity, RunDestroyed, RunnerJanitor, RunnerManifestLoaded,
+    RunnerManifestRefreshFailed, RunnerManifestRefreshed, RunnerPolicyLoaded, RunnerRegistered,
+    RunnerRejected, RunnerRejection, RunnerSelected, RunnerStarted, TeardownCheck,
 };
 pub use sandbox::{
     ProcessTimeout, SandboxDangerFullAccess, SandboxExecDenied, SandboxExecFinished,

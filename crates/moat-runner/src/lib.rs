@@ -16,6 +16,7 @@ mod manifests;
 pub mod seal;
 mod serve;
 mod slots;
+mod teardown;
 pub mod workspace;
 
 use std::path::{Path, PathBuf};
@@ -109,6 +110,35 @@ fn read_token(file: &TokenFile) -> Result<Zeroizing<String>, RunnerError> {
 /// An event about the runner itself, about no run.
 fn provenance(data: EventData, at: &str) -> Event {
     Event::of(data, at.to_owned(), String::new())
+}
+
+/// A runner that starts holds no run: whatever runs left under its state
+/// directory (it was killed, the host rebooted) is torn down, and reported
+/// as `runner.janitor`. Best effort: a failure is reported, not fatal.
+fn janitor(client: &RunnerClient, state_dir: &Path, shell_state: &Path) {
+    let ledger = moat_ledger::Ledger::open(&shell_state.join("ledger.db")).ok();
+    let (runs, checks) = teardown::janitor(&state_dir.join("runs"), ledger.as_ref());
+    if runs.is_empty() {
+        return;
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| c.detail.as_str())
+        .collect();
+    eprintln!(
+        "moat runner: janitor: tore down what {} earlier run(s) left{}",
+        runs.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!("; NOT CLEAN: {}", failed.join("; "))
+        }
+    );
+    let body = moat_api::runner::Janitor { runs, checks };
+    if let Err(e) = client.janitor(&body) {
+        eprintln!("moat runner: janitor: reporting it failed: {e}");
+    }
 }
 
 /// Registers and serves runs until `max_runs` were served (or forever).
@@ -262,6 +292,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         ),
     ];
     client.report_events(events, Retry::WhileUnavailable)?;
+    janitor(&client, &config.state_dir, &shell_state);
     let manifests = Manifests::new(signed, trusted, config.state_dir.clone())?;
 
     let runner = serve::Runner {

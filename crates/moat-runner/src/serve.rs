@@ -138,19 +138,48 @@ impl Runner {
         now.clone()
     }
 
-    /// One claimed run to its end; a run that fails here is reported failed.
+    /// One claimed run to its end, then its teardown; a run that fails here
+    /// is reported failed.
     fn serve_run(&self, claim: &Claim) {
         let run_id = &claim.run.id;
-        if let Err(e) = self.execute_run(claim) {
-            eprintln!("moat runner: run {run_id}: {e}");
-            // It names a URL path segment: only a plain id is reported on.
-            if moat_core::op::is_plain_id(run_id) {
-                let body = FinishBody {
-                    state: RunEnd::Failed,
-                    error: Some(e.to_string()),
-                };
-                let _ = self.client.finish(run_id, &body);
+        let result = self.execute_run(claim);
+        // It names a directory and a URL path segment: only a plain id.
+        if !moat_core::op::is_plain_id(run_id) {
+            if let Err(e) = result {
+                eprintln!("moat runner: run {run_id:?}: {e}");
             }
+            return;
+        }
+        if let Err(e) = result {
+            eprintln!("moat runner: run {run_id}: {e}");
+            let body = FinishBody {
+                state: RunEnd::Failed,
+                error: Some(e.to_string()),
+            };
+            let _ = self.client.finish(run_id, &body);
+        }
+        self.destroy(run_id);
+    }
+
+    /// The run's teardown on this host (its shell is gone by now), reported
+    /// as `run.destroyed`.
+    fn destroy(&self, run_id: &str) {
+        let workspace = self.config.state_dir.join("runs").join(run_id);
+        let sandboxes = Ledger::open(&self.shell_state.join("ledger.db"))
+            .map(|ledger| crate::teardown::sandboxes_of(&ledger, run_id))
+            .unwrap_or_default();
+        let checks = crate::teardown::destroy(&workspace, &sandboxes);
+        for failed in checks.iter().filter(|c| !c.ok) {
+            eprintln!(
+                "moat runner: run {run_id}: teardown: {}: {}",
+                failed.check, failed.detail
+            );
+        }
+        if let Err(e) = self
+            .client
+            .destroyed(run_id, &moat_api::runner::Teardown { checks })
+        {
+            eprintln!("moat runner: run {run_id}: reporting its teardown failed: {e}");
         }
     }
 

@@ -24,7 +24,7 @@ pub mod spec;
 mod supervise;
 mod sys;
 
-pub use cgroup::settle_in_own_cgroup;
+pub use cgroup::{remove_run_cgroups, settle_in_own_cgroup};
 pub use error::{Layer, SetupError, SpecError};
 pub use launch::{
     EGRESS_PORT, EgressHook, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,

@@ -149,16 +149,21 @@ impl Store {
         })
     }
 
-    /// The token with this hash, if it has not expired and the runner that
-    /// holds its run still stands.
+    /// The token with this hash, if it has not expired, its run is still
+    /// held by a runner, and that runner still stands.
     pub fn tool_token(&self, hash: &str, now: i64) -> Result<Option<ToolTokenRow>, StoreError> {
         self.read(|tx| {
-            // Only while the runner that holds the run still stands: a
-            // revocation ends the tokens its programs were handed.
+            // Only while the run is held (a run that ended, was given back
+            // or lost its lease takes its tokens with it) by a runner that
+            // still stands (a revocation ends the tokens its programs were
+            // handed).
             let Some(row) = tx.query_one(
                 &format!(
                     "SELECT org_id, run_id, op_id, tools, expires_ms FROM tool_tokens t
                      WHERE hash = ? AND expires_ms > ?
+                       AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = t.org_id
+                                   AND r.id = t.run_id
+                                   AND r.state IN ('claimed', 'running', 'paused'))
                        AND NOT EXISTS (SELECT 1 FROM runs r JOIN runners w ON w.id = r.runner_id
                                    WHERE r.org_id = t.org_id AND r.id = t.run_id AND NOT ({}))",
                     crate::runners::RUNNER_STANDS

@@ -301,6 +301,12 @@ pub fn routes() -> routes::Routes {
         )
         .on(POST, "/v1/runner/runs/{run}/finish", runner_api::finish)
         .on(POST, "/v1/runner/runs/{run}/release", runner_api::release)
+        .on(
+            POST,
+            "/v1/runner/runs/{run}/destroyed",
+            runner_api::destroyed,
+        )
+        .on(POST, "/v1/runner/janitor", runner_api::janitor)
 }
 
 pub fn router(state: Arc<AppState>) -> Router {

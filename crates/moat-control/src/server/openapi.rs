@@ -13,8 +13,8 @@ use moat_api::org::{
     SecretView, TokenCall, ToolAnswer, ToolResult,
 };
 use moat_api::runner::{
-    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
-    Registered, Registration, Released, ResultBody,
+    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
+    Recorded, Registered, Registration, Released, ResultBody, Teardown,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
@@ -316,6 +316,18 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "runner",
         "Give a held run back unfinished, at an operation boundary (the runner is stopping): it is queued again and the claim does not count as an attempt (`run.released`). 409 `not_releasable` if the runner does not hold it or an operation of it is dispatched.",
     ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/destroyed",
+        "runner",
+        "Report the run's teardown on the runner's host: each check (`processes`, `mounts`, `files`, `cgroups`) and its outcome, recorded as `run.destroyed` (a run of the runner's org, whoever holds it now: one whose lease it lost may be another runner's).",
+    ),
+    (
+        "post",
+        "/v1/runner/janitor",
+        "runner",
+        "Report the leftovers of runs this runner no longer holds, torn down at its start, recorded as `runner.janitor`.",
+    ),
 ];
 
 fn security(auth: &str) -> Value {
@@ -497,6 +509,10 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
             takes(schema::<FinishBody>, "200", schema::<Recorded>)
         }
         ("post", "/v1/runner/runs/{run}/release") => answers("200", schema::<Released>),
+        ("post", "/v1/runner/runs/{run}/destroyed") => {
+            takes(schema::<Teardown>, "200", schema::<Recorded>)
+        }
+        ("post", "/v1/runner/janitor") => takes(schema::<Janitor>, "200", schema::<Recorded>),
         _ => return None,
     })
 }

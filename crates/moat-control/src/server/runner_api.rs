@@ -13,7 +13,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use moat_core::event_data::{
-    OpFinished, RunnerManifestRefreshed, RunnerRegistered, RunnerRejection,
+    OpFinished, RunDestroyed, RunnerJanitor, RunnerManifestRefreshed, RunnerRegistered,
+    RunnerRejection, TeardownCheck,
 };
 use moat_core::{Envelope, Event, EventData, EventType, OpKind, SandboxMode, SignedManifest};
 use moat_store::{NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp, typed_event};
@@ -29,8 +30,8 @@ use super::views::{inputs_with_content, manifest_view, run_view};
 use super::wake::Topic;
 use moat_api::ManifestView;
 use moat_api::runner::{
-    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, ManifestRefreshed, Next, Recorded,
-    Registered, Registration, Released, ResultBody, RunEnd,
+    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
+    Recorded, Registered, Registration, Released, ResultBody, RunEnd, Teardown,
 };
 use moat_core::lifecycle::{self, Lifetime};
 
@@ -777,6 +778,77 @@ pub async fn release(
     Ok(Json(Released {
         attempts: released.attempts,
     }))
+}
+
+/// Most checks one teardown report may carry.
+const MAX_TEARDOWN_CHECKS: usize = 64;
+
+fn check_teardown(checks: &[TeardownCheck]) -> ApiResult<()> {
+    if checks.is_empty() || checks.len() > MAX_TEARDOWN_CHECKS {
+        return Err(ApiError::bad_request(format!(
+            "a teardown reports 1 to {MAX_TEARDOWN_CHECKS} checks"
+        )));
+    }
+    if checks
+        .iter()
+        .any(|c| c.check.is_empty() || c.check.len() > 64 || c.detail.len() > 4096)
+    {
+        return Err(ApiError::bad_request(
+            "a check is named in 1 to 64 bytes, with at most 4096 bytes of detail",
+        ));
+    }
+    Ok(())
+}
+
+/// The runner tore a run down (`run.destroyed`): a run of its org, whoever
+/// holds it now (a run whose lease this runner lost may already be another
+/// runner's). The event names the runner: it speaks for its own host only.
+pub async fn destroyed(
+    State(state): State<Arc<AppState>>,
+    Path(run_id): Path<String>,
+    SignedRunner { runner, body }: SignedRunner,
+) -> ApiResult<Json<Recorded>> {
+    let Teardown { checks } = parse(&body)?;
+    check_teardown(&checks)?;
+    let now = state.now();
+    let (org, id) = (runner.org_id.clone(), run_id.clone());
+    state
+        .db(move |s| s.run(&org, &id))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
+    let data = EventData::RunDestroyed(RunDestroyed {
+        runner_id: runner.id.clone(),
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+    });
+    state
+        .db(move |s| s.append_events(&runner.org_id, &[typed_event(data, &run_id, now)]))
+        .await?;
+    Ok(Json(Recorded { recorded: true }))
+}
+
+/// A runner that started tore down leftovers of runs it no longer holds
+/// (`runner.janitor`).
+pub async fn janitor(
+    State(state): State<Arc<AppState>>,
+    SignedRunner { runner, body }: SignedRunner,
+) -> ApiResult<Json<Recorded>> {
+    let Janitor { runs, checks } = parse(&body)?;
+    check_teardown(&checks)?;
+    if runs.len() > 10_000 || runs.iter().any(|r| !moat_core::op::is_plain_id(r)) {
+        return Err(ApiError::bad_request("runs: at most 10000 plain run ids"));
+    }
+    let now = state.now();
+    let data = EventData::RunnerJanitor(RunnerJanitor {
+        runner_id: runner.id.clone(),
+        ok: checks.iter().all(|c| c.ok),
+        runs,
+        checks,
+    });
+    state
+        .db(move |s| s.append_events(&runner.org_id, &[typed_event(data, "", now)]))
+        .await?;
+    Ok(Json(Recorded { recorded: true }))
 }
 
 /// The current manifest of the runner's environment (for refreshing).

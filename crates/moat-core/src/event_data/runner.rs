@@ -263,3 +263,39 @@ mod rejection_tests {
         }
     }
 }
+
+/// One check of a teardown: what was verified, and how it came out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TeardownCheck {
+    /// `processes`, `mounts`, `files` or `cgroups`.
+    pub check: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// The runner tore a run down once it stopped serving it (finished,
+/// failed, ended by the control plane, given back): it killed what was
+/// left, removed the run's workspace, and checked that nothing of the run
+/// is left on its host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunDestroyed {
+    pub runner_id: String,
+    /// Every check passed.
+    pub ok: bool,
+    pub checks: Vec<TeardownCheck>,
+}
+
+/// A runner that started found what runs it no longer holds left on its
+/// host (after a kill -9 or a reboot) and tore each down.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunnerJanitor {
+    pub runner_id: String,
+    /// The runs whose leftovers were found.
+    pub runs: Vec<String>,
+    /// Every check passed.
+    pub ok: bool,
+    pub checks: Vec<TeardownCheck>,
+}

@@ -248,6 +248,10 @@ fn samples(t: EventType) -> Vec<Value> {
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
         EventType::RunReleased => vec![json!({"runnerId": "runner_1", "attempts": 0})],
+        EventType::RunDestroyed => vec![json!({"runnerId": "runner_1", "ok": true,
+            "checks": [{"check": "files", "ok": true, "detail": "removed"}]})],
+        EventType::RunnerJanitor => vec![json!({"runnerId": "runner_1", "runs": ["run-1"],
+            "ok": false, "checks": [{"check": "processes", "ok": false, "detail": "1 left"}]})],
         EventType::RunDeadLettered => vec![json!({"state": "dead_lettered",
             "reason": "lease_expired", "runnerId": "runner_1", "attempts": 3})],
         EventType::RunnerRegistered => vec![json!({"runnerHash": HASH, "manifestHash": HASH,

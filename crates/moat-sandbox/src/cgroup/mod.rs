@@ -130,6 +130,50 @@ pub fn settle_in_own_cgroup() -> Result<Result<PathBuf, String>, String> {
     v2::settle(&own, &mountinfo, me).map_err(|e| e.0)
 }
 
+/// Removes what is left of the run cgroups named `names` that this
+/// process's launches (or its children's) made: under `moat` beside its own
+/// cgroup, its parent or grandparent (a runner that took over its delegated
+/// cgroup lives in `<it>/moat/supervisor`), per hierarchy. A directory a
+/// live launcher holds is left. Returns the directories still there.
+pub fn remove_run_cgroups(names: &[String]) -> Result<Vec<PathBuf>, String> {
+    let (own, mountinfo) = own_cgroups_and_mounts().map_err(|e| e.0)?;
+    let mut left = Vec::new();
+    for (fstype, options, mount_point) in cgroup_mounts(&mountinfo) {
+        let controller = if fstype == "cgroup2" {
+            ""
+        } else {
+            match ["memory", "pids", "cpu", "cpuacct"]
+                .into_iter()
+                .find(|c| options.split(',').any(|o| o == *c))
+            {
+                Some(c) => c,
+                None => continue,
+            }
+        };
+        let Some(path) = own_path(&own, controller) else {
+            continue;
+        };
+        let base = join(mount_point, path);
+        let mut bases: Vec<&Path> = base.ancestors().take(3).collect();
+        bases.retain(|b| b.starts_with(mount_point));
+        for name in names {
+            for dir in bases.iter().map(|b| b.join("moat").join(name)) {
+                if !dir.exists() {
+                    continue;
+                }
+                let free = std::fs::File::open(&dir).is_ok_and(|d| {
+                    // SAFETY: flock on a descriptor owned here; released when it closes.
+                    unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+                });
+                if !(free && remove_dir(&dir).is_ok()) {
+                    left.push(dir);
+                }
+            }
+        }
+    }
+    Ok(left)
+}
+
 /// This process's `/proc/self/cgroup` and `/proc/self/mountinfo`.
 fn own_cgroups_and_mounts() -> Result<(String, String), CgroupError> {
     let read = |path: &str| {

@@ -1,0 +1,212 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! Destroy: once a runner stops serving a run it kills what is left, removes
+//! the workspace and the sandboxes' cgroups, checks that nothing of the run
+//! is left on its host, and reports `run.destroyed`; a runner killed with
+//! SIGKILL leaves the run's shell and sandbox running and its workspace on
+//! disk, and the next start's janitor tears them down (`runner.janitor`).
+//! Every claim is checked on the host side too.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::control::*;
+use common::{host_processes_with, path_str};
+use serde_json::{Value, json};
+
+/// `dir/moat/<name>` beside this process's cgroup, in every hierarchy: where
+/// a runner started by this test puts its sandboxes' cgroups.
+fn cgroup_dirs(name: &str) -> Vec<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut dirs = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut right = right.split(' ');
+        let fstype = right.next().unwrap_or_default();
+        let options = right.nth(1).unwrap_or_default();
+        if !fstype.starts_with("cgroup") {
+            continue;
+        }
+        let point = left.split(' ').nth(4).unwrap();
+        let wanted = |controllers: &str| {
+            if fstype == "cgroup2" {
+                controllers.is_empty()
+            } else {
+                controllers
+                    .split(',')
+                    .any(|c| options.split(',').any(|o| o == c))
+            }
+        };
+        if let Some(path) = own.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let _ = parts.next();
+            let controllers = parts.next()?;
+            let path = parts.next()?;
+            wanted(controllers).then_some(path)
+        }) {
+            dirs.push(
+                Path::new(point)
+                    .join(path.trim_start_matches('/'))
+                    .join("moat")
+                    .join(name),
+            );
+        }
+    }
+    dirs
+}
+
+fn sandbox_ids(events: &[Value]) -> Vec<String> {
+    let mut ids: Vec<String> = events
+        .iter()
+        .filter_map(|e| e["data"]["sandboxRunId"].as_str().map(str::to_owned))
+        .collect();
+    ids.dedup();
+    ids
+}
+
+fn checks_of(event: &Value) -> Vec<(String, bool)> {
+    event["data"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["check"].as_str().unwrap().to_owned(), c["ok"] == true))
+        .collect()
+}
+
+fn wait_for_event(serve: &Serve, token: &str, run: &str, kind: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(e) = run_events(serve, token, run)
+            .into_iter()
+            .find(|e| e["type"] == kind)
+        {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "no {kind} event for {run}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (setup, _db, serve, acme) = sqlite_plane(dir.path());
+    let runner = Runner::start(&serve, &setup, &acme, "runner-td");
+    let run = "run-td";
+    create_run(&serve, &acme, run);
+    let (status, op) = post_op(
+        &serve,
+        &acme,
+        run,
+        envelope(
+            "1",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c",
+                "open('output/made.txt', 'w').write('x'); import os; os.makedirs('output/d', mode=0o500)"]}),
+        ),
+    );
+    assert_eq!(
+        (status, op["state"].as_str()),
+        (200, Some("succeeded")),
+        "{op}"
+    );
+    let workspace = runner.state.join("runs").join(run);
+    assert!(workspace.join("output/made.txt").exists());
+    call(
+        "POST",
+        &format!("{}/v1/runs/{run}/finish", serve.url),
+        &acme,
+        None,
+    );
+    wait_state(&serve, &acme, run, "succeeded");
+
+    let destroyed = wait_for_event(&serve, &acme, run, "run.destroyed");
+    assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
+    let checks = checks_of(&destroyed);
+    assert_eq!(
+        checks,
+        [
+            ("processes".to_owned(), true),
+            ("files".to_owned(), true),
+            ("mounts".to_owned(), true),
+            ("cgroups".to_owned(), true)
+        ],
+        "{destroyed}"
+    );
+    // The host side says the same.
+    assert!(!workspace.exists(), "{} left behind", workspace.display());
+    assert!(host_processes_with(path_str(&workspace)).is_empty());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mountinfo.contains(path_str(&workspace)));
+    let ids = sandbox_ids(&run_events(&serve, &acme, run));
+    assert!(!ids.is_empty());
+    for id in &ids {
+        for cgroup in cgroup_dirs(id) {
+            assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+        }
+    }
+    assert_ledger_intact(&serve);
+    drop(runner);
+}
+
+#[test]
+fn the_janitor_tears_down_what_a_killed_runner_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let (setup, db, serve, acme) = sqlite_plane(dir.path());
+    let mut first = Runner::start(&serve, &setup, &acme, "runner-j");
+    let run = "run-j";
+    create_run(&serve, &acme, run);
+    // An operation that runs long; its result is never awaited.
+    let marker = format!("janitor{}", common::token());
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/ops", serve.url),
+        &acme,
+        Some(envelope(
+            "1",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c",
+                format!("import time; time.sleep(120) # {marker}")]}),
+        )),
+    );
+    assert!((200..=202).contains(&status), "{status} {body}");
+    let workspace = first.state.join("runs").join(run);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while host_processes_with(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the operation never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // kill -9 of the runner alone: its shell and the sandbox run on.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !host_processes_with(path_str(&workspace)).is_empty(),
+        "the shell died with the runner: nothing for the janitor to do"
+    );
+    assert!(workspace.exists());
+
+    let second = Runner::start(&serve, &setup, &acme, "runner-j");
+    assert_eq!(second.state, first.state);
+    let store = moat_store::Store::open(&db).unwrap();
+    let found = wait_event(&store, moat_core::EventType::RunnerJanitor);
+    let janitor = serde_json::to_value(&found[0].event).unwrap();
+    assert_eq!(janitor["data"]["runs"], json!([run]), "{janitor}");
+    assert_eq!(janitor["data"]["ok"], true, "{janitor}");
+    let checks = janitor["data"]["checks"].as_array().unwrap();
+    assert!(
+        checks[0]["detail"].as_str().unwrap().starts_with("killed"),
+        "{janitor}"
+    );
+    // The host side: the shell, the sandbox and the program are gone.
+    assert!(host_processes_with(&marker).is_empty());
+    // The run itself is retried once its lease lapses, by the new runner,
+    // from its inputs: what the janitor removed was the old attempt's.
+    drop(second);
+    drop(first);
+    assert!(host_processes_with(&marker).is_empty());
+}

@@ -56,8 +56,9 @@ fn shell() -> &'static Mutex<Shell> {
                 session_id: "fuzz".into(),
                 egress_hosts: Default::default(),
                 egress_roots_pem: None,
-        require_capabilities: false,
-        id_range: None,
+                require_capabilities: false,
+                id_range: None,
+                launch_policy: Default::default(),
             })
             .expect("shell"),
         )

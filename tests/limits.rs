@@ -405,3 +405,25 @@ fn what_the_program_leaves_running_is_killed_when_it_exits() {
     let left = host_processes_with(&format!("sleep {marker}"));
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// The report accounts what the program used: a one-second CPU loop at
+/// 1000 ms and a 200 MiB allocation's peak, each within 10%.
+#[test]
+fn cpu_time_and_peak_memory_are_accounted_within_ten_percent() {
+    let busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass";
+    let run = exec(&[], &["/usr/bin/python3", "-c", busy]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let cpu = run.report["cpuMs"].as_u64().unwrap();
+    assert!((900..=1100).contains(&cpu), "cpuMs {cpu}: {}", run.report);
+
+    let fill = "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1";
+    let run = exec(&["--memory", "1G"], &["/usr/bin/python3", "-c", fill]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let peak = run.report["peakMemoryBytes"].as_u64().unwrap();
+    let wanted = 200u64 << 20;
+    assert!(
+        peak >= wanted * 9 / 10 && peak <= wanted * 11 / 10,
+        "peakMemoryBytes {peak}: {}",
+        run.report
+    );
+}

@@ -94,7 +94,7 @@ fn wait_for_event(serve: &Serve, token: &str, run: &str, kind: &str) -> Value {
 #[test]
 fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let (setup, _db, serve, acme) = sqlite_plane(dir.path());
+    let (setup, db, serve, acme) = sqlite_plane(dir.path());
     let runner = Runner::start(&serve, &setup, &acme, "runner-td");
     let run = "run-td";
     create_run(&serve, &acme, run);
@@ -149,6 +149,29 @@ fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
             assert!(!cgroup.exists(), "{} left behind", cgroup.display());
         }
     }
+    // What the run used, summed when it ended, and the audit says both.
+    let events = run_events(&serve, &acme, run);
+    let usage = events.iter().find(|e| e["type"] == "run.usage").unwrap();
+    assert_eq!(usage["data"]["ops"], json!({"succeeded": 1}), "{usage}");
+    assert_eq!(usage["data"]["programs"], 1, "{usage}");
+    assert!(usage["data"]["cpuMs"].as_u64().unwrap() > 0, "{usage}");
+    assert!(
+        usage["data"]["peakMemoryBytes"].as_u64().unwrap() > 1 << 20,
+        "{usage}"
+    );
+    let audited = std::process::Command::new(common::MOAT)
+        .args(["audit", run, "--db", &db])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&audited.stdout);
+    assert!(
+        text.contains("Usage: ops 1 succeeded; 1 program(s), CPU "),
+        "{text}"
+    );
+    assert!(
+        text.contains("nothing left (processes, files, mounts, cgroups)"),
+        "{text}"
+    );
     assert_ledger_intact(&serve);
     drop(runner);
 }

@@ -143,6 +143,50 @@ fn print_text(a: &Audit, intact: &str) {
         a.network_requests,
         a.network_denied
     );
+    if a.usage.is_object() {
+        let u = &a.usage;
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        let ops: Vec<String> = u["ops"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(state, count)| format!("{count} {state}"))
+            .collect();
+        outln!(
+            "\nUsage: ops {}; {} program(s), CPU {} ms, program time {} ms, peak memory {}; \
+             egress {} request(s), {} B out, {} B in",
+            if ops.is_empty() {
+                "none".to_owned()
+            } else {
+                ops.join(", ")
+            },
+            n("programs"),
+            n("cpuMs"),
+            n("programWallMs"),
+            moat_core::size::format_size(n("peakMemoryBytes")),
+            n("egressRequests"),
+            n("egressBytesOut"),
+            n("egressBytesIn"),
+        );
+    }
+    for t in &a.teardowns {
+        let failed: Vec<&str> = t["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["ok"] != true)
+            .filter_map(|c| c["check"].as_str())
+            .collect();
+        outln!(
+            "Teardown on {}: {}",
+            t["runnerId"].as_str().unwrap_or("?"),
+            if failed.is_empty() {
+                "nothing left (processes, files, mounts, cgroups)".to_owned()
+            } else {
+                format!("NOT CLEAN: {}", failed.join(", "))
+            }
+        );
+    }
     outln!(
         "\nBeyond its default boundary: {}",
         if a.beyond_default_boundary {

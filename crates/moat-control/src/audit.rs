@@ -46,6 +46,10 @@ pub struct Audit {
     pub danger: Vec<Value>,
     pub manifest_refreshed: bool,
     pub beyond_default_boundary: bool,
+    /// What the run used (`run.usage`, recorded when it ended; null before).
+    pub usage: Value,
+    /// The teardowns on runner hosts (`run.destroyed`): runner and outcome.
+    pub teardowns: Vec<Value>,
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -151,6 +155,10 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
                     }));
                 }
             }
+            EventType::RunUsage => a.usage = d.clone(),
+            EventType::RunDestroyed => a.teardowns.push(json!({
+                "runnerId": d["runnerId"], "ok": d["ok"], "checks": d["checks"],
+            })),
             EventType::NetworkRequest => a.network_requests += 1,
             EventType::NetworkDenied => a.network_denied += 1,
             _ => {}

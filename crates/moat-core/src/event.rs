@@ -112,6 +112,9 @@ event_types! {
     /// Its runner gave the run back unfinished (it is stopping); queued
     /// again without counting an attempt.
     RunReleased => "run.released",
+    /// What the run used, summed when it ended: ops by state, CPU, memory,
+    /// program time, egress.
+    RunUsage => "run.usage",
     /// Its runner tore the run down: what was killed and removed, and the
     /// checks that nothing of it is left on the host.
     RunDestroyed => "run.destroyed",

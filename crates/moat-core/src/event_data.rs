@@ -31,7 +31,7 @@ pub use run::{
     ApprovalDenied, ApprovalExpired, ApprovalGranted, ApprovalRequested, ApprovalSummary,
     FinalRunState, ManifestPublished, ManifestRevoked, OpFinished, RefusalReason, RequestRefused,
     RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput, RunLeaseExpired, RunReleased,
-    RunRetried, RunStarted,
+    RunRetried, RunStarted, RunUsage,
 };
 pub use runner::{
     EnrolledIdentity, RunDestroyed, RunnerJanitor, RunnerManifestLoaded,

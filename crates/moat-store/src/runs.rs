@@ -4,7 +4,7 @@
 
 use moat_core::event_data::{
     ApprovalExpired, FinalRunState, RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput,
-    RunLeaseExpired, RunReleased, RunRetried,
+    RunLeaseExpired, RunReleased, RunRetried, RunUsage,
 };
 use moat_core::{Event, EventData};
 use serde_json::json;
@@ -223,9 +223,49 @@ fn end(
             attempts,
         }),
     };
+    ended.push(typed_event(
+        EventData::RunUsage(usage(tx, run)?),
+        &run.id,
+        now,
+    ));
     ended.push(typed_event(data, &run.id, now));
     events::append(tx, &run.org_id, &ended)?;
     Ok(())
+}
+
+/// What `run` used, from its ops and the reports its runners sent (in the
+/// caller's transaction, as the run ends).
+fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
+    let mut usage = RunUsage::default();
+    for row in tx.query(
+        "SELECT state, COUNT(*) AS n FROM ops WHERE run_id = ? GROUP BY state",
+        &[run.id.as_str().into()],
+    )? {
+        let n = u64::try_from(row.int("n")?).unwrap_or(0);
+        usage.ops.insert(row.text("state")?, n);
+    }
+    let reported = tx.query(
+        "SELECT body FROM events WHERE org_id = ? AND run_id = ?
+           AND event_type IN ('sandbox.exec.finished', 'network.request')",
+        &[run.org_id.as_str().into(), run.id.as_str().into()],
+    )?;
+    for row in reported {
+        let event: serde_json::Value = serde_json::from_slice(&row.blob("body")?)
+            .map_err(|e| StoreError::Corrupt(format!("event body: {e}")))?;
+        let data = &event["data"];
+        let n = |key: &str| data[key].as_u64().unwrap_or(0);
+        if event["type"] == "sandbox.exec.finished" {
+            usage.programs += 1;
+            usage.cpu_ms += n("cpuMs");
+            usage.program_wall_ms += n("wallMs");
+            usage.peak_memory_bytes = usage.peak_memory_bytes.max(n("peakMemoryBytes"));
+        } else {
+            usage.egress_requests += 1;
+            usage.egress_bytes_out += n("bytesOut");
+            usage.egress_bytes_in += n("bytesIn");
+        }
+    }
+    Ok(usage)
 }
 
 /// A run a runner claimed.

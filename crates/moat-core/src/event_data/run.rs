@@ -110,6 +110,28 @@ pub struct RunReleased {
     pub attempts: i64,
 }
 
+/// What a run used, summed when it ended from what its runners reported:
+/// its operations by final state, and over the programs it ran (each op's
+/// `sandbox.exec.finished` report) and its egress (`network.request`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunUsage {
+    /// Operations by their final state (`succeeded`, `failed`, `denied`...).
+    pub ops: std::collections::BTreeMap<String, u64>,
+    /// Programs run in a sandbox.
+    pub programs: u64,
+    /// User + system CPU time of every program's whole tree.
+    pub cpu_ms: u64,
+    /// Wall-clock time of the programs, summed.
+    pub program_wall_ms: u64,
+    /// The largest peak memory of one program's tree.
+    pub peak_memory_bytes: u64,
+    /// Requests through the egress proxy (allowed or not).
+    pub egress_requests: u64,
+    pub egress_bytes_out: u64,
+    pub egress_bytes_in: u64,
+}
+
 /// An operator published a signed manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -248,6 +248,9 @@ fn samples(t: EventType) -> Vec<Value> {
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
         EventType::RunReleased => vec![json!({"runnerId": "runner_1", "attempts": 0})],
+        EventType::RunUsage => vec![json!({"ops": {"succeeded": 2, "denied": 1},
+            "programs": 1, "cpuMs": 1000, "programWallMs": 1100, "peakMemoryBytes": 1048576,
+            "egressRequests": 0, "egressBytesOut": 0, "egressBytesIn": 0})],
         EventType::RunDestroyed => vec![json!({"runnerId": "runner_1", "ok": true,
             "checks": [{"check": "files", "ok": true, "detail": "removed"}]})],
         EventType::RunnerJanitor => vec![json!({"runnerId": "runner_1", "runs": ["run-1"],

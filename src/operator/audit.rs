@@ -15,7 +15,9 @@ hash chain first, and answers: which sandbox class and mode the run used
 and what each layer enforced, which permission level was active (manifest,
 policy, the rules that granted), which filesystem roots were mounted, which
 network policy applied, and whether it ever went beyond its default boundary
-(approvals granted, danger mode or full network, manifest refreshed mid-run).
+(approvals granted, danger mode or full network, launch policy overridden,
+manifest refreshed mid-run), what it used (run.usage) and how its runners'
+teardowns went (run.destroyed).
 Exits 0 if it did not, 3 if it did, 1 on an error or a broken chain.
 
   moat audit demo-1a2b3c4d                       # moat up's database

@@ -233,3 +233,134 @@ fn the_janitor_tears_down_what_a_killed_runner_left() {
     drop(first);
     assert!(host_processes_with(&marker).is_empty());
 }
+
+/// A control plane and a runner serving `run`, whose operation runs a
+/// program that sleeps: the server, acme's token, the runner, and the
+/// marker on the program's command line.
+fn running_long_op(dir: &Path, run: &str) -> (Serve, String, Runner, String) {
+    let (setup, _db, serve, acme) = sqlite_plane(dir);
+    let runner = Runner::start(&serve, &setup, &acme, &format!("runner-{run}"));
+    create_run(&serve, &acme, run);
+    let marker = format!("long{}", common::token());
+    start_long_op(&serve, &acme, run, &marker);
+    (serve, acme, runner, marker)
+}
+
+/// Starts a long operation on `run` (a sleeping program marked `marker`)
+/// and waits until its program runs.
+fn start_long_op(serve: &Serve, token: &str, run: &str, marker: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/ops", serve.url),
+        token,
+        Some(envelope(
+            "1",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c",
+                format!("import time; time.sleep(120) # {marker}")]}),
+        )),
+    );
+    assert!((200..=202).contains(&status), "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while host_processes_with(marker).is_empty() {
+        assert!(Instant::now() < deadline, "the operation never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for the program marked `marker` to be gone; how long it took.
+/// The runner heartbeats every second while an operation runs and stops
+/// the shell at the first refusal, so this is about a second; the bound
+/// leaves room for a loaded two-core CI machine.
+fn gone_within(marker: &str) -> Duration {
+    let started = Instant::now();
+    while !host_processes_with(marker).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the sandbox outlived the run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn cancel_mid_operation_stops_the_sandbox_and_the_run_is_torn_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = "run-c";
+    let (serve, acme, runner, marker) = running_long_op(dir.path(), run);
+
+    // `moat runs cancel`, as printed in its help.
+    let cancelled = std::process::Command::new(common::MOAT)
+        .args(["runs", "cancel", run, "--control-plane", &serve.url])
+        .env("MOAT_TOKEN", &acme)
+        .output()
+        .unwrap();
+    assert!(
+        cancelled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cancelled.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&cancelled.stdout).trim(),
+        format!("cancelled {run}: cancelled")
+    );
+    let took = gone_within(&marker);
+    eprintln!("cancel: the sandbox was gone after {took:?}");
+    assert_eq!(run_state(&serve, &acme, run), "cancelled");
+    let (_, op) = call(
+        "GET",
+        &format!("{}/v1/runs/{run}/ops/1", serve.url),
+        &acme,
+        None,
+    );
+    assert_eq!(op["state"], "failed", "{op}");
+    assert_eq!(op["result"]["error"]["reason"], "run_ended", "{op}");
+    let destroyed = wait_for_event(&serve, &acme, run, "run.destroyed");
+    assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
+    assert!(!runner.state.join("runs").join(run).exists());
+    let events = run_events(&serve, &acme, run);
+    let finished = events.iter().find(|e| e["type"] == "run.finished").unwrap();
+    assert_eq!(finished["data"]["state"], "cancelled", "{finished}");
+
+    // A run that ended cannot be cancelled again: 409, and the CLI says so.
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/cancel", serve.url),
+        &acme,
+        None,
+    );
+    assert_eq!(
+        (status, body["error"]["reason"].as_str()),
+        (409, Some("not_cancellable")),
+        "{body}"
+    );
+    assert_ledger_intact(&serve);
+}
+
+#[test]
+fn revoking_the_manifest_stops_a_running_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = "run-r";
+    let (serve, acme, runner, marker) = running_long_op(dir.path(), run);
+    let (_, view) = call("GET", &format!("{}/v1/runs/{run}", serve.url), &acme, None);
+    let hash = view["manifestHash"].as_str().unwrap().to_owned();
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/manifests/{hash}/revoke", serve.url),
+        &acme,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    let took = gone_within(&marker);
+    eprintln!("revocation: the sandbox was gone after {took:?}");
+    // The runner tore the run down on its host (its report is refused:
+    // it no longer stands).
+    let workspace = runner.state.join("runs").join(run);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while workspace.exists() {
+        assert!(Instant::now() < deadline, "{} left", workspace.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(host_processes_with(path_str(&workspace)).is_empty());
+}

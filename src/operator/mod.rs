@@ -1,10 +1,11 @@
-//! Commands an operator runs against a control plane: `moat approvals` and
-//! `moat audit`. They take the control plane's address and the org's admin
+//! Commands an operator runs against a control plane: `moat approvals`,
+//! `moat runs` and `moat audit`. They take the control plane's address and the org's admin
 //! token from flags or the environment (`moat up` prints both), never the
 //! token itself on the command line.
 
 pub mod approvals;
 pub mod audit;
+pub mod runs;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,17 +23,18 @@ pub struct Target {
     /// The control plane's address.
     #[arg(
         long,
+        global = true,
         value_name = "URL",
         env = "MOAT_CONTROL_PLANE",
         default_value = "http://127.0.0.1:7700"
     )]
     pub control_plane: String,
     /// File holding the org's admin token (or set MOAT_TOKEN).
-    #[arg(long, value_name = "FILE", env = "MOAT_TOKEN_FILE")]
+    #[arg(long, global = true, value_name = "FILE", env = "MOAT_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Trust only the certificate authorities in this PEM file for an
     /// https:// control plane (a private CA; default: the public roots).
-    #[arg(long, value_name = "FILE", env = "MOAT_CA_FILE")]
+    #[arg(long, global = true, value_name = "FILE", env = "MOAT_CA_FILE")]
     pub ca_file: Option<PathBuf>,
 }
 

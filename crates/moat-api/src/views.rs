@@ -22,7 +22,7 @@ pub struct RunInput {
 pub struct RunView {
     pub id: String,
     /// `queued`, `claimed`, `running`, `paused`, `succeeded`, `failed`,
-    /// `dead_lettered`.
+    /// `dead_lettered`, `cancelled`.
     pub state: String,
     pub environment: String,
     pub runner_id: Option<String>,

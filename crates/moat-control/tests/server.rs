@@ -376,6 +376,7 @@ fn every_documented_route_is_served() {
                 assert!(
                     path.ends_with("/revoke")
                         || path.ends_with("/finish")
+                        || path.ends_with("/cancel")
                         || path.ends_with("/next")
                         || path.ends_with("/heartbeat")
                         || path.ends_with("/release")

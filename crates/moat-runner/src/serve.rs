@@ -22,6 +22,10 @@ use crate::workspace::{collect_artifacts, private_dir, write_inputs};
 /// How long one long poll (a claim, a run's next step) waits.
 const LONG_POLL: Duration = Duration::from_secs(5);
 
+/// The longest gap between heartbeats while an operation runs: how soon a
+/// cancelled or revoked run's sandbox is stopped.
+const OP_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// Sets its flag when dropped: the claiming loop has ended.
 struct ClaimsOver<'a>(&'a AtomicBool);
 
@@ -43,7 +47,8 @@ pub(crate) struct Runner {
     pub slots: Slots,
     /// The shells' state directory (ledger, artifacts, trusted key).
     pub shell_state: PathBuf,
-    /// Heartbeat period while an operation runs: a third of the lease.
+    /// Heartbeat period while an operation runs: a third of the lease, at
+    /// most [`OP_HEARTBEAT`].
     pub heartbeat: Duration,
     /// Set by SIGTERM: claim nothing more, give held runs back at their
     /// next operation boundary, then exit.
@@ -333,12 +338,25 @@ impl Runner {
             map.insert("toolToken".into(), token.into());
         }
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let shell_pid = shell.pid();
         std::thread::scope(|scope| {
             scope.spawn(move || {
                 // Woken at once when the operation ends (the sender drops).
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(self.heartbeat) {
-                    if let Err(e) = self.client.heartbeat(run_id) {
-                        eprintln!("moat runner: heartbeat: {e}");
+                // At least every second: a cancel, a revocation or a lost
+                // lease stops the operation's sandbox within two.
+                let period = self.heartbeat.min(OP_HEARTBEAT);
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+                    match self.client.heartbeat(run_id) {
+                        Ok(_) => {}
+                        Err(e) if matches!(e.status(), Some(403 | 409)) => {
+                            // The run is not this runner's any more: its
+                            // sandbox dies with the shell (PDEATHSIG); the
+                            // run's teardown follows.
+                            eprintln!("moat runner: run {run_id}: stopping its operation: {e}");
+                            let _ = moat_sandbox::process::kill(shell_pid);
+                            return;
+                        }
+                        Err(e) => eprintln!("moat runner: heartbeat: {e}"),
                     }
                 }
             });

@@ -43,6 +43,12 @@ impl Drop for ShellChild {
 }
 
 impl ShellChild {
+    /// The shell's pid, to stop it (and with it the sandbox it launched)
+    /// from another thread while an operation runs.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `program shell` (`program` is the `moat` binary) over `workspace`
     /// with its state in `state`, `extra` flags (capabilities, manifest,
     /// resolver entries), and the block of host ids its sandboxes take

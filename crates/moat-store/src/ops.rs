@@ -139,7 +139,7 @@ impl Store {
             let Some(run) = tx.query_one(&sql, &[op.org.into(), op.run.into()])? else {
                 return Ok(None);
             };
-            if matches!(run.text("state")?.as_str(), "succeeded" | "failed" | "dead_lettered") {
+            if matches!(run.text("state")?.as_str(), "succeeded" | "failed" | "dead_lettered" | "cancelled") {
                 return Ok(None);
             }
             // Numbered after the run's last op, in the same statement; the

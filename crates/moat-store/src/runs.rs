@@ -21,6 +21,7 @@ pub enum RunState {
     Succeeded,
     Failed,
     DeadLettered,
+    Cancelled,
 }
 
 impl RunState {
@@ -33,10 +34,11 @@ impl RunState {
             RunState::Succeeded => "succeeded",
             RunState::Failed => "failed",
             RunState::DeadLettered => "dead_lettered",
+            RunState::Cancelled => "cancelled",
         }
     }
 
-    pub const ALL: [RunState; 7] = [
+    pub const ALL: [RunState; 8] = [
         RunState::Queued,
         RunState::Claimed,
         RunState::Running,
@@ -44,6 +46,7 @@ impl RunState {
         RunState::Succeeded,
         RunState::Failed,
         RunState::DeadLettered,
+        RunState::Cancelled,
     ];
 
     pub fn parse(text: &str) -> Option<RunState> {
@@ -53,7 +56,7 @@ impl RunState {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            RunState::Succeeded | RunState::Failed | RunState::DeadLettered
+            RunState::Succeeded | RunState::Failed | RunState::DeadLettered | RunState::Cancelled
         )
     }
 }
@@ -212,6 +215,12 @@ fn end(
         }),
         RunState::Succeeded => EventData::RunFinished(RunFinished {
             state: FinalRunState::Succeeded,
+            reason,
+            runner_id,
+            attempts,
+        }),
+        RunState::Cancelled => EventData::RunFinished(RunFinished {
+            state: FinalRunState::Cancelled,
             reason,
             runner_id,
             attempts,

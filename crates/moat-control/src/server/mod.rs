@@ -261,6 +261,7 @@ pub fn routes() -> routes::Routes {
         .on(POST, "/v1/runs", org_api::create_run)
         .on(GET, "/v1/runs/{run}", org_api::get_run)
         .on(POST, "/v1/runs/{run}/finish", org_api::finish_run)
+        .on(POST, "/v1/runs/{run}/cancel", org_api::cancel_run)
         .on(GET, "/v1/runs/{run}/ops", org_api::list_ops)
         .on(POST, "/v1/runs/{run}/ops", org_api::post_op)
         .on(GET, "/v1/runs/{run}/ops/{op}", org_api::get_op)

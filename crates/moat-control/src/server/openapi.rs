@@ -149,6 +149,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "The agent is done: the runner finishes the run after its queued operations.",
     ),
     (
+        "post",
+        "/v1/runs/{run}/cancel",
+        "org",
+        "Cancel a run (an agent or the admin of its org): it ends `cancelled` at once, its pending operations fail `run_ended`; the runner stops the operation in flight within about two seconds and tears the run down. 409 `not_cancellable` once it has ended.",
+    ),
+    (
         "get",
         "/v1/runs/{run}/ops",
         "org",
@@ -430,9 +436,9 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("get", "/v1/ledger/verify") => answers("200", schema::<LedgerCheck>),
         ("get", "/v1/runs") => answers("200", schema::<RunList>),
         ("post", "/v1/runs") => takes(schema::<NewRun>, "201", schema::<RunView>),
-        ("get", "/v1/runs/{run}") | ("post", "/v1/runs/{run}/finish") => {
-            answers("200", schema::<RunView>)
-        }
+        ("get", "/v1/runs/{run}")
+        | ("post", "/v1/runs/{run}/finish")
+        | ("post", "/v1/runs/{run}/cancel") => answers("200", schema::<RunView>),
         ("get", "/v1/runs/{run}/ops") => answers("200", schema::<OpList>),
         ("post", "/v1/runs/{run}/ops") => Bodies {
             request: Some((schema::<OpSubmission>, true)),

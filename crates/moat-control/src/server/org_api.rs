@@ -194,6 +194,32 @@ pub async fn finish_run(
     Ok(Json(run_view(&row)?))
 }
 
+/// Cancels a run that has not ended: its pending operations fail
+/// (`run_ended`), pending approvals expire, and the runner holding it finds
+/// the run gone at its next heartbeat (every second while an operation
+/// runs), stops the operation's sandbox and tears the run down.
+pub async fn cancel_run(
+    State(state): State<Arc<AppState>>,
+    auth::Agent(org): auth::Agent,
+    Path(run): Path<String>,
+) -> ApiResult<Json<RunView>> {
+    let now = state.now();
+    let (o, id) = (org.clone(), run.clone());
+    let cancelled = state
+        .db(move |s| s.force_end_run(&o, &id, RunState::Cancelled, "cancelled", now))
+        .await?;
+    let row = the_run(&state, &org, &run).await?;
+    if !cancelled {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_cancellable",
+            format!("run {run} already ended ({})", row.state.as_str()),
+        ));
+    }
+    state.notify_run(&run);
+    Ok(Json(run_view(&row)?))
+}
+
 #[derive(Deserialize)]
 pub struct WaitQuery {
     wait_ms: Option<u64>,

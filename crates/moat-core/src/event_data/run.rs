@@ -39,6 +39,8 @@ pub enum FinalRunState {
     Succeeded,
     Failed,
     DeadLettered,
+    /// An agent of its org or an org admin cancelled it.
+    Cancelled,
 }
 
 /// A run ended, succeeded or failed (by its runner, an operator, or idle).

@@ -172,6 +172,8 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
         );
         assert_eq!(status, 200);
         wait_state(&serve, &acme, "run-1", "succeeded");
+        // The runner's teardown is the run's last event.
+        wait_run_event(&serve, &acme, "run-1", "run.destroyed");
 
         let events = run_events(&serve, &acme, "run-1");
         // Denied operations never reached the runner: its own ledger has
@@ -202,7 +204,9 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
             ("op.finished", 3),
             ("sandbox.exec.finished", 1),
             ("artifact.created", 1),
+            ("run.usage", 1),
             ("run.finished", 1),
+            ("run.destroyed", 1),
         ] {
             assert_eq!(count(&events, kind), n, "{kind} in {events:#?}");
         }

@@ -77,20 +77,6 @@ fn checks_of(event: &Value) -> Vec<(String, bool)> {
         .collect()
 }
 
-fn wait_for_event(serve: &Serve, token: &str, run: &str, kind: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(e) = run_events(serve, token, run)
-            .into_iter()
-            .find(|e| e["type"] == kind)
-        {
-            return e;
-        }
-        assert!(Instant::now() < deadline, "no {kind} event for {run}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,7 +110,7 @@ fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
     );
     wait_state(&serve, &acme, run, "succeeded");
 
-    let destroyed = wait_for_event(&serve, &acme, run, "run.destroyed");
+    let destroyed = wait_run_event(&serve, &acme, run, "run.destroyed");
     assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
     let checks = checks_of(&destroyed);
     assert_eq!(
@@ -316,7 +302,7 @@ fn cancel_mid_operation_stops_the_sandbox_and_the_run_is_torn_down() {
     );
     assert_eq!(op["state"], "failed", "{op}");
     assert_eq!(op["result"]["error"]["reason"], "run_ended", "{op}");
-    let destroyed = wait_for_event(&serve, &acme, run, "run.destroyed");
+    let destroyed = wait_run_event(&serve, &acme, run, "run.destroyed");
     assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
     assert!(!runner.state.join("runs").join(run).exists());
     let events = run_events(&serve, &acme, run);

@@ -528,6 +528,22 @@ pub fn run_events(serve: &Serve, token: &str, run: &str) -> Vec<Value> {
     events
 }
 
+/// The first `kind` event of `run`, waiting up to a minute for it (a
+/// runner's `run.destroyed` comes after the run's end).
+pub fn wait_run_event(serve: &Serve, token: &str, run: &str, kind: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(e) = run_events(serve, token, run)
+            .into_iter()
+            .find(|e| e["type"] == kind)
+        {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "no {kind} event for {run}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub fn count(events: &[Value], kind: &str) -> usize {
     events.iter().filter(|e| e["type"] == kind).count()
 }

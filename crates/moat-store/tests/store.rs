@@ -336,6 +336,7 @@ fn a_lost_lease_retries_then_dead_letters() {
                 "run.retried",
                 "run.claimed",
                 "run.lease_expired",
+                "run.usage",
                 "run.dead_lettered"
             ],
             "{}",

@@ -145,6 +145,19 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
     assert_eq!(op_random["state"], "succeeded", "{op_random}");
 
+    // Another run, live and idle, for the walkthrough to cancel.
+    let to_cancel = "to-cancel";
+    let created = ureq::post(&format!("{url}/v1/runs"))
+        .header("authorization", &format!("Bearer {}", agent_token.trim()))
+        .header("content-type", "application/json")
+        .send(
+            serde_json::json!({"id": to_cancel, "inputs": [{"path": "input/a.txt", "content": "a"}]})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/inspector-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     std::fs::create_dir_all(&shots).unwrap();
@@ -156,6 +169,7 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         .env("MOAT_APPROVAL", approval["id"].as_str().unwrap())
         .env("MOAT_OP", &op)
         .env("MOAT_SHOTS", &shots)
+        .env("MOAT_CANCEL_RUN", to_cancel)
         .output()
         .expect("node (the machine's Node.js)");
     assert!(
@@ -173,7 +187,14 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
     )
     .unwrap();
     assert_eq!(report["ok"], true, "{report}");
-    for name in ["01-login.png", "04-approved.png", "05-run-done.png"] {
+    let cancelled = get(&format!("{url}/v1/runs/{to_cancel}"), admin);
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    for name in [
+        "01-login.png",
+        "04-approved.png",
+        "05-run-done.png",
+        "08-cancelled.png",
+    ] {
         assert!(shots.join(name).is_file(), "{name} missing");
     }
 

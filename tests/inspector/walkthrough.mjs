@@ -1,10 +1,11 @@
 // Walks through the Inspector web UI the way an operator would, in Debian's
 // Chromium: log in, find the run, watch it wait for approval, approve it in
 // another tab, watch the run page pick that up live, download the artifact
-// and check its hash, then look at the runners and verify the ledger.
+// and check its hash, then look at the runners and verify the ledger, and
+// cancel another run from its page.
 //
 //   MOAT_URL=http://127.0.0.1:7411 MOAT_TOKEN=... MOAT_RUN=... \
-//   MOAT_APPROVAL=... MOAT_OP=... MOAT_SHOTS=/some/dir \
+//   MOAT_APPROVAL=... MOAT_OP=... MOAT_SHOTS=/some/dir MOAT_CANCEL_RUN=... \
 //   node tests/inspector/walkthrough.mjs
 //
 // Prints one JSON line on success; on failure names the step on stderr,
@@ -24,7 +25,7 @@ const WAIT_MS = 12_000;
 const CHROMIUM = '/usr/bin/chromium';
 
 const env = {};
-for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_RUN', 'MOAT_APPROVAL', 'MOAT_OP', 'MOAT_SHOTS']) {
+for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_RUN', 'MOAT_APPROVAL', 'MOAT_OP', 'MOAT_SHOTS', 'MOAT_CANCEL_RUN']) {
   env[name] = process.env[name];
   if (!env[name]) bail(`${name} is not set`);
 }
@@ -221,6 +222,18 @@ async function run() {
     const status = (await page.locator('#ledger-status').innerText()).trim();
     if (!status.includes('intact')) throw new Error(`#ledger-status says ${JSON.stringify(status)}`);
     await shot(page, '07-ledger.png');
+  });
+
+  await step('h. cancel a live run from its page', async () => {
+    const cancelPath = `/ui/runs/${encodeURIComponent(env.MOAT_CANCEL_RUN)}`;
+    await open(page, cancelPath);
+    await present(page, 'form#cancel-run button', 'the cancel button');
+    await submit(page, page.locator('form#cancel-run button').first());
+    expectPath(page, cancelPath, 'after cancelling');
+    const state = (await page.locator('#run-state').innerText()).trim();
+    if (state !== 'cancelled') throw new Error(`#run-state says ${JSON.stringify(state)}`);
+    if (await page.locator('form#cancel-run').count()) throw new Error('a cancelled run still offers to cancel');
+    await shot(page, '08-cancelled.png');
   });
 
   return { run: env.MOAT_RUN, runState, artifactSha256 };

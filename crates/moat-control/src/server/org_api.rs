@@ -203,12 +203,18 @@ pub async fn cancel_run(
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<RunView>> {
+    Ok(Json(run_view(&cancel(&state, &org, &run).await?)?))
+}
+
+/// Cancels `run` of `org` (the API's and the Inspector's): the run as it
+/// is now, or 409 `not_cancellable` once it has ended.
+pub(crate) async fn cancel(state: &Arc<AppState>, org: &str, run: &str) -> ApiResult<RunRow> {
     let now = state.now();
-    let (o, id) = (org.clone(), run.clone());
+    let (o, id) = (org.to_owned(), run.to_owned());
     let cancelled = state
         .db(move |s| s.force_end_run(&o, &id, RunState::Cancelled, "cancelled", now))
         .await?;
-    let row = the_run(&state, &org, &run).await?;
+    let row = the_run(state, org, run).await?;
     if !cancelled {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -216,8 +222,8 @@ pub async fn cancel_run(
             format!("run {run} already ended ({})", row.state.as_str()),
         ));
     }
-    state.notify_run(&run);
-    Ok(Json(run_view(&row)?))
+    state.notify_run(run);
+    Ok(row)
 }
 
 #[derive(Deserialize)]

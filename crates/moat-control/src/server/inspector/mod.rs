@@ -44,6 +44,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/ui/runs", get(runs))
         .route("/ui/runs/{run}", get(run))
         .route("/ui/runs/{run}/events", get(run_events))
+        .route("/ui/runs/{run}/cancel", post(cancel_run))
         .route("/ui/artifacts/{sha256}", get(artifact))
         .route("/ui/approvals", get(approvals))
         .route("/ui/approvals/{id}/{verdict}", post(resolve))
@@ -193,6 +194,24 @@ async fn run(
         return Err(failure(ApiError::not_found(format_args!("run {id}"))));
     };
     Ok(Html(pages::run(&run, &ops, &events, &artifacts)).into_response())
+}
+
+/// The run page's cancel button: the run ends `cancelled`, its runner stops
+/// it and tears it down; back to the run page.
+async fn cancel_run(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Page {
+    let op = operator(&state, &headers).await?;
+    super::org_api::cancel(&state, &op.org, &id)
+        .await
+        .map_err(failure)?;
+    Ok(Redirect::to(&format!(
+        "/ui/runs/{}",
+        moat_core::url::encode_component(&id)
+    ))
+    .into_response())
 }
 
 #[derive(Deserialize)]

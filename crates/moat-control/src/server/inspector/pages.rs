@@ -223,6 +223,12 @@ pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]
                 dt { "Created" } dd { (stamp(run.created_ms)) }
                 dt { "Error" } dd { (run.error.as_deref().unwrap_or("-")) }
             }
+            @if !run.state.is_final() {
+                form #cancel-run .inline method="post"
+                    action={ "/ui/runs/" (seg(&run.id)) "/cancel" } {
+                    button type="submit" { "Cancel run" }
+                }
+            }
             div.grid {
                 section {
                     h2 { "Timeline" }

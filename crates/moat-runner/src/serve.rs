@@ -214,8 +214,18 @@ impl Runner {
             // inputs, as after a lost lease)...
             if self.draining() {
                 drop(shell);
+                // The claiming loop may sit in a long poll for a while yet:
+                // the run's lease must outlive the wait, or it lapses and
+                // the run is retried (counted) instead of given back.
+                let mut renewed = std::time::Instant::now();
                 while !self.claims_over.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(50));
+                    if renewed.elapsed() >= self.heartbeat {
+                        if let Err(e) = self.client.heartbeat(run_id) {
+                            eprintln!("moat runner: run {run_id}: heartbeat while draining: {e}");
+                        }
+                        renewed = std::time::Instant::now();
+                    }
                 }
                 self.release(run_id);
                 if workspace.exists() {

@@ -88,6 +88,25 @@ fn a_root_holding_a_unix_socket_is_refused_as_root_and_unprivileged() {
 }
 
 #[test]
+fn a_directory_the_launcher_cannot_list_refuses_the_root() {
+    // Unprivileged: a directory of the user's own it may enter but not
+    // list could hold a socket the program reaches by name.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    make_world_accessible(dir.path());
+    let locked = dir.path().join("data/locked");
+    std::fs::create_dir_all(&locked).unwrap();
+    for path in [dir.path().join("data"), locked.clone()] {
+        std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o100)).unwrap();
+    let bind = format!("{}:/data", dir.path().join("data").display());
+    let run = exec_as(MOAT, &["--ro", &bind], &TRY, Some(NOBODY));
+    assert_refused(&run, "a directory the launcher cannot list");
+    assert!(run.stderr.contains(path_str(&locked)), "{}", run.stderr);
+}
+
+#[test]
 fn fifos_and_device_nodes_inside_a_root_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     make_world_accessible(dir.path());

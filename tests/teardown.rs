@@ -213,6 +213,26 @@ fn the_janitor_tears_down_what_a_killed_runner_left() {
     );
     // The host side: the shell, the sandbox and the program are gone.
     assert!(host_processes_with(&marker).is_empty());
+    // A third runner on the same state directory would tear down the
+    // second's runs: it refuses to start.
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/bootstrap-tokens", serve.url),
+        &acme,
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let token_file = setup.dir.join("third.token");
+    std::fs::write(&token_file, body["token"].as_str().unwrap()).unwrap();
+    let third = std::process::Command::new(&setup.runner)
+        .args(["runner", "start", "--control-plane", &serve.url])
+        .args(["--bootstrap-token-file", path_str(&token_file)])
+        .args(["--state-dir", path_str(&second.state)])
+        .output()
+        .unwrap();
+    assert_eq!(third.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&third.stderr);
+    assert!(said.contains("another runner uses --state-dir"), "{said}");
     // The run itself is retried once its lease lapses, by the new runner,
     // from its inputs: what the janitor removed was the old attempt's.
     drop(second);

@@ -189,6 +189,23 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     let runner_hash = seal::file_sha256(&me)?;
     std::fs::create_dir_all(&config.state_dir)
         .io(|| format!("--state-dir {}", config.state_dir.display()))?;
+    // One runner per state directory: a second would tear down the first's
+    // runs at its start (the janitor) and share its workspaces. Held until
+    // this process exits.
+    let lock_path = config.state_dir.join("runner.lock");
+    let _state_lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .io(|| lock_path.display().to_string())?;
+    if !moat_sandbox::process::try_lock(&_state_lock).io(|| lock_path.display().to_string())? {
+        return Err(RunnerError::Setup(format!(
+            "another runner uses --state-dir {} (it holds {})",
+            config.state_dir.display(),
+            lock_path.display()
+        )));
+    }
     let shell_state = config.state_dir.join("shell");
     workspace::private_dir(&shell_state)?;
     std::fs::write(
@@ -305,6 +322,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         heartbeat: (lease / 3).max(Duration::from_millis(200)),
         draining,
         claims_over: std::sync::atomic::AtomicBool::new(false),
+        serving: Mutex::new(std::collections::HashSet::new()),
+        served: std::sync::Condvar::new(),
     };
     runner.serve()
 }

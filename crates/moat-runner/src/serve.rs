@@ -57,6 +57,26 @@ pub(crate) struct Runner {
     /// runs are given back only then, or that poll could claim one of them
     /// again.
     pub claims_over: AtomicBool,
+    /// The runs being served or torn down here: an attempt of a run this
+    /// runner lost and claimed again waits for the old attempt's teardown
+    /// (both use `runs/<id>`).
+    pub serving: Mutex<std::collections::HashSet<String>>,
+    pub served: std::sync::Condvar,
+}
+
+/// Marks a run as served here until dropped (its teardown done).
+struct Serving<'a>(&'a Runner, String);
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        let mut serving = self
+            .0
+            .serving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        serving.remove(&self.1);
+        self.0.served.notify_all();
+    }
 }
 
 impl Runner {
@@ -147,6 +167,17 @@ impl Runner {
     /// is reported failed.
     fn serve_run(&self, claim: &Claim) {
         let run_id = &claim.run.id;
+        let _serving = {
+            let mut serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+            while serving.contains(run_id) {
+                serving = self
+                    .served
+                    .wait(serving)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            serving.insert(run_id.clone());
+            Serving(self, run_id.clone())
+        };
         let result = self.execute_run(claim);
         // It names a directory and a URL path segment: only a plain id.
         if !moat_core::op::is_plain_id(run_id) {

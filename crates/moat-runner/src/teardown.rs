@@ -23,12 +23,26 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// Tears down the run whose workspace is `dir`; `sandboxes` names the
 /// cgroups its sandboxes had.
 pub fn destroy(dir: &Path, sandboxes: &[String]) -> Vec<TeardownCheck> {
-    vec![
-        processes(&[dir]),
-        files(&[dir]),
-        mounts(&[dir]),
-        cgroups(sandboxes),
-    ]
+    checks(&[dir], sandboxes)
+}
+
+/// Processes first, then mounts; files only once neither is left: a
+/// surviving process could swap a directory for a link while it is being
+/// removed, and removing a tree with a mount in it would reach into
+/// whatever is mounted there.
+fn checks(dirs: &[&Path], sandboxes: &[String]) -> Vec<TeardownCheck> {
+    let processes = processes(dirs);
+    let mounts = mounts(dirs);
+    let files = if processes.ok && mounts.ok {
+        files(dirs)
+    } else {
+        check(
+            "files",
+            false,
+            "left in place: a process of the run or a mount under it is still there".to_owned(),
+        )
+    };
+    vec![processes, files, mounts, cgroups(sandboxes)]
 }
 
 /// Tears down every run directory under `runs` (none is held: the runner
@@ -52,12 +66,7 @@ pub fn janitor(runs: &Path, ledger: Option<&Ledger>) -> (Vec<String>, Vec<Teardo
             sandboxes.extend(sandboxes_of(ledger, run));
         }
     }
-    let checks = vec![
-        processes(&dirs),
-        files(&dirs),
-        mounts(&dirs),
-        cgroups(&sandboxes),
-    ];
+    let checks = checks(&dirs, &sandboxes);
     (found.into_iter().map(|(run, _)| run).collect(), checks)
 }
 

@@ -109,18 +109,13 @@ impl LaunchPolicy {
             .collect();
         let denied = denied_paths();
         let mut exempt = Vec::new();
-        let mut unlisted = 0;
         for mount in &spec.mounts {
             let host = &mount.host;
             if let Some(a) = allow.iter().find(|a| host.starts_with(a)) {
                 exempt.push(format!("{} (allowed: {})", host.display(), a.display()));
                 continue;
             }
-            let refusal = refuse_path(host, &denied).or_else(|| {
-                let (found, skipped) = special_file_under(host);
-                unlisted += skipped;
-                found
-            });
+            let refusal = refuse_path(host, &denied).or_else(|| special_file_under(host));
             if let Some(refusal) = refusal {
                 let why = match refusal {
                     Refusal::Is(path, what) if path == *host => format!("is {what}"),
@@ -143,11 +138,6 @@ impl LaunchPolicy {
              container-runtime path, and none holds a unix socket, FIFO or device",
             spec.mounts.len() - exempt.len()
         );
-        if unlisted > 0 {
-            detail.push_str(&format!(
-                "; {unlisted} directories the launcher could not list were not checked"
-            ));
-        }
         if !exempt.is_empty() {
             detail.push_str(&format!(
                 "; exempt by the operator's allowlist: {}",
@@ -183,11 +173,18 @@ fn denied_paths() -> Vec<Denied> {
         )
         .collect();
     for (home, person) in homes() {
-        for name in CREDENTIAL_HOME_ENTRIES {
-            denied.push(entry(home.join(name), "a credential path", true));
-        }
-        if person {
-            denied.push(entry(home, "a user's home directory", false));
+        // A home reached through a link (`/home` -> `/var/home`) is
+        // refused under both names: declared roots are canonical.
+        let real = std::fs::canonicalize(&home)
+            .ok()
+            .filter(|real| *real != home);
+        for home in std::iter::once(home).chain(real) {
+            for name in CREDENTIAL_HOME_ENTRIES {
+                denied.push(entry(home.join(name), "a credential path", true));
+            }
+            if person {
+                denied.push(entry(home, "a user's home directory", false));
+            }
         }
     }
     denied
@@ -237,23 +234,31 @@ fn refuse_path(host: &Path, denied: &[Denied]) -> Option<Refusal> {
 }
 
 /// The first socket, FIFO or device under `root` (symbolic links are not
-/// followed: inside, they resolve in the sandbox's own tree), and how many
-/// directories could not be listed.
-fn special_file_under(root: &Path) -> (Option<Refusal>, usize) {
-    let mut unlisted = 0;
+/// followed: inside, they resolve in the sandbox's own tree), or the first
+/// directory that could not be listed: what it holds cannot be checked,
+/// and the program (as the same user, unprivileged) may still reach a
+/// socket in it by name.
+fn special_file_under(root: &Path) -> Option<Refusal> {
+    if !root.is_dir() {
+        return None;
+    }
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            // A file root, or a directory this launcher may not list: an
-            // unprivileged launcher's program runs as the same user.
-            if dir.is_dir() {
-                unlisted += 1;
-            }
-            continue;
+        let unlistable = || {
+            Some(Refusal::Holds(
+                dir.clone(),
+                "a directory the launcher cannot list",
+            ))
         };
-        for entry in entries.flatten() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return unlistable();
+        };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                return unlistable();
+            };
             let Ok(kind) = entry.file_type() else {
-                continue;
+                return unlistable();
             };
             use std::os::unix::fs::FileTypeExt;
             let what = if kind.is_socket() {
@@ -268,10 +273,10 @@ fn special_file_under(root: &Path) -> (Option<Refusal>, usize) {
                 }
                 continue;
             };
-            return (Some(Refusal::Holds(entry.path(), what)), unlisted);
+            return Some(Refusal::Holds(entry.path(), what));
         }
     }
-    (None, unlisted)
+    None
 }
 
 #[cfg(test)]
@@ -351,10 +356,10 @@ mod tests {
         let deep = dir.path().join("a/b");
         std::fs::create_dir_all(&deep).unwrap();
         std::fs::write(deep.join("file"), b"x").unwrap();
-        assert!(special_file_under(dir.path()).0.is_none());
+        assert!(special_file_under(dir.path()).is_none());
         let _listener = std::os::unix::net::UnixListener::bind(deep.join("s")).unwrap();
         assert!(matches!(
-            special_file_under(dir.path()).0,
+            special_file_under(dir.path()),
             Some(Refusal::Holds(p, "a unix socket")) if p == deep.join("s")
         ));
     }

@@ -27,3 +27,20 @@ fn signal(pid: u32, signal: libc::c_int) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// Takes an exclusive `flock` on `file` without waiting: `false` when
+/// another open file description holds it. Released when every descriptor
+/// of this one is closed (or the process ends).
+pub fn try_lock(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor the caller's File keeps open.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let error = std::io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(error)
+    }
+}

@@ -252,6 +252,7 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
     )? {
         let n = u64::try_from(row.int("n")?).unwrap_or(0);
         usage.ops.insert(row.text("state")?, n);
+        // (Runners report the figures below: saturate, never overflow.)
     }
     let reported = tx.query(
         "SELECT body FROM events WHERE org_id = ? AND run_id = ?
@@ -264,14 +265,14 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
         let data = &event["data"];
         let n = |key: &str| data[key].as_u64().unwrap_or(0);
         if event["type"] == "sandbox.exec.finished" {
-            usage.programs += 1;
-            usage.cpu_ms += n("cpuMs");
-            usage.program_wall_ms += n("wallMs");
+            usage.programs = usage.programs.saturating_add(1);
+            usage.cpu_ms = usage.cpu_ms.saturating_add(n("cpuMs"));
+            usage.program_wall_ms = usage.program_wall_ms.saturating_add(n("wallMs"));
             usage.peak_memory_bytes = usage.peak_memory_bytes.max(n("peakMemoryBytes"));
         } else {
-            usage.egress_requests += 1;
-            usage.egress_bytes_out += n("bytesOut");
-            usage.egress_bytes_in += n("bytesIn");
+            usage.egress_requests = usage.egress_requests.saturating_add(1);
+            usage.egress_bytes_out = usage.egress_bytes_out.saturating_add(n("bytesOut"));
+            usage.egress_bytes_in = usage.egress_bytes_in.saturating_add(n("bytesIn"));
         }
     }
     Ok(usage)

@@ -300,6 +300,10 @@ fn sweep(moat: &Path) -> usize {
     };
     let mut removed = 0;
     for entry in entries.flatten() {
+        // A runner that took over its delegated cgroup lives here.
+        if entry.file_name() == delegation::SUPERVISOR {
+            continue;
+        }
         let path = entry.path();
         let old_enough = entry
             .metadata()

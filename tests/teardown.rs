@@ -171,24 +171,8 @@ fn the_janitor_tears_down_what_a_killed_runner_left() {
     create_run(&serve, &acme, run);
     // An operation that runs long; its result is never awaited.
     let marker = format!("janitor{}", common::token());
-    let (status, body) = call(
-        "POST",
-        &format!("{}/v1/runs/{run}/ops", serve.url),
-        &acme,
-        Some(envelope(
-            "1",
-            "exec_argv",
-            json!({"argv": ["/usr/bin/python3", "-c",
-                format!("import time; time.sleep(120) # {marker}")]}),
-        )),
-    );
-    assert!((200..=202).contains(&status), "{status} {body}");
+    start_long_op(&serve, &acme, run, &marker);
     let workspace = first.state.join("runs").join(run);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while host_processes_with(&marker).is_empty() {
-        assert!(Instant::now() < deadline, "the operation never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // kill -9 of the runner alone: its shell and the sandbox run on.
     first.child.kill().unwrap();
     first.child.wait().unwrap();

@@ -194,7 +194,7 @@ fn denied_paths() -> Vec<Denied> {
 /// or a uid from 1000, Debian's first regular user): a person's home is
 /// refused whole, a system account's (`/bin`, `/var/www`) only for its
 /// credential entries. Entries of /home count as persons' homes.
-fn homes() -> Vec<(PathBuf, bool)> {
+pub(crate) fn homes() -> Vec<(PathBuf, bool)> {
     let mut homes: Vec<(PathBuf, bool)> = std::fs::read_dir("/home")
         .map(|d| d.filter_map(|e| e.ok().map(|e| (e.path(), true))).collect())
         .unwrap_or_default();

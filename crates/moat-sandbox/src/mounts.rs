@@ -373,7 +373,7 @@ impl RootPlan {
             return;
         }
         let mut masks: Vec<PathBuf> = MASKED_HOST_PATHS.iter().map(PathBuf::from).collect();
-        for home in home_directories() {
+        for (home, _) in crate::launch_policy::homes() {
             masks.extend(
                 crate::launch_policy::CREDENTIAL_HOME_ENTRIES
                     .iter()
@@ -476,23 +476,6 @@ impl RootPlan {
         }
         pivot_into(&stage)
     }
-}
-
-/// Home directories: every entry of /home, plus the homes named in /etc/passwd.
-fn home_directories() -> Vec<PathBuf> {
-    let mut homes: Vec<PathBuf> = std::fs::read_dir("/home")
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    for line in passwd.lines() {
-        if let Some(home) = line.split(':').nth(5) {
-            let home = PathBuf::from(home);
-            if home.is_absolute() && home != Path::new("/") && !homes.contains(&home) {
-                homes.push(home);
-            }
-        }
-    }
-    homes
 }
 
 /// Reads a file whose size is known, without the extra `stat` of `fs::read`.

@@ -161,11 +161,7 @@ pub fn remove_run_cgroups(names: &[String]) -> Result<Vec<PathBuf>, String> {
                 if !dir.exists() {
                     continue;
                 }
-                let free = std::fs::File::open(&dir).is_ok_and(|d| {
-                    // SAFETY: flock on a descriptor owned here; released when it closes.
-                    unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
-                });
-                if !(free && remove_dir(&dir).is_ok()) {
+                if !remove_orphan(&dir, remove_dir) {
                     left.push(dir);
                 }
             }
@@ -277,12 +273,11 @@ fn read_keyed(path: &Path, key: &str) -> Option<u64> {
 fn make_run_dir(path: &Path) -> io::Result<OwnedFd> {
     let fail = |e: io::Error| io::Error::new(e.kind(), format!("creating {}: {e}", path.display()));
     std::fs::create_dir(path).map_err(fail)?;
-    let dir = OwnedFd::from(std::fs::File::open(path).map_err(fail)?);
-    // SAFETY: flock on a descriptor owned here.
-    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(fail(io::Error::last_os_error()));
+    let dir = std::fs::File::open(path).map_err(fail)?;
+    if !crate::process::try_lock(&dir).map_err(fail)? {
+        return Err(fail(io::Error::from(io::ErrorKind::WouldBlock)));
     }
-    Ok(dir)
+    Ok(OwnedFd::from(dir))
 }
 
 /// A run directory younger than this is never swept: its launcher may be
@@ -315,16 +310,21 @@ fn sweep(moat: &Path) -> usize {
         if !old_enough {
             continue;
         }
-        let Ok(dir) = std::fs::File::open(&path) else {
-            continue;
-        };
-        // SAFETY: flock on a descriptor owned here; released when it closes.
-        let free = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-        if free && std::fs::remove_dir(&path).is_ok() {
+        // No retry on a busy directory: this is every launch's path.
+        if remove_orphan(&path, |p| std::fs::remove_dir(p)) {
             removed += 1;
         }
     }
     removed
+}
+
+/// Removes the run directory `path` with `remove` if no launcher holds its
+/// lock (see [`make_run_dir`]), holding the lock meanwhile.
+fn remove_orphan(path: &Path, remove: impl Fn(&Path) -> io::Result<()>) -> bool {
+    let Ok(dir) = std::fs::File::open(path) else {
+        return false;
+    };
+    crate::process::try_lock(&dir).unwrap_or(false) && remove(path).is_ok()
 }
 
 /// How a cgroup layer's report mentions what [`sweep`] removed.

@@ -272,11 +272,19 @@ impl Runner {
             let next = match self.client.next(run_id, LONG_POLL) {
                 Ok(Some(next)) => next,
                 Ok(None) => continue,
-                Err(e) => {
-                    // The lease was lost, the manifest expired...: the
-                    // control plane has taken the run back.
+                // The lease was lost, the manifest expired, the runner was
+                // revoked...: the control plane has taken the run back.
+                Err(e) if e.status().is_some_and(|s| (400..500).contains(&s)) => {
                     eprintln!("moat runner: run {run_id} stopped: {e}");
                     return Ok(());
+                }
+                // A control plane restarting (a request cut short) or out of
+                // reach: the run is still this runner's until its lease
+                // lapses, and then the next answer says so.
+                Err(e) => {
+                    eprintln!("moat runner: run {run_id}: next: {e}; asking again");
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
                 }
             };
             match next {

@@ -62,9 +62,14 @@ fn symlinks_in_the_workspace_cannot_point_outside_it() {
 fn absolute_host_paths_are_invisible_in_the_minimal_root() {
     let canary = Canary::plant();
     let ws = workspace();
+    // /root, when it is there (the evidence layer listening), is the
+    // sandbox's decoy home: empty files where credentials usually are, that
+    // Landlock refuses. Never the host's.
     let script = format!(
-        "for p in /etc/shadow /root /home /run /sys {} {}; do \
-           if [ -e \"$p\" ]; then echo \"VISIBLE $p\"; fi; done; cat /etc/shadow",
+        "for p in /etc/shadow /home /run /sys {} {}; do \
+           if [ -e \"$p\" ]; then echo \"VISIBLE $p\"; fi; done; cat /etc/shadow; \
+         if [ -e /root ]; then echo \"home: $(ls -A /root | tr '\\n' ' ')\"; \
+           find /root -type f -size +0 | sed 's/^/FULL /'; fi",
         canary.path.display(),
         canary.dir.path().display()
     );
@@ -74,6 +79,17 @@ fn absolute_host_paths_are_invisible_in_the_minimal_root() {
     );
     assert!(!run.stdout.contains("VISIBLE"), "{}", run.stdout);
     assert!(!run.stdout.contains("root:"), "{}", run.stdout);
+    assert!(!run.stdout.contains("FULL"), "{}", run.stdout);
+    if run.stdout.contains("home:") {
+        assert_eq!(run.layer("evidence"), "enforced", "{}", run.report);
+        assert!(
+            run.stdout.contains(
+                "home: .aws .config .docker .git-credentials .kube .netrc .npmrc .pgpass .pypirc .ssh \n"
+            ),
+            "{}",
+            run.stdout
+        );
+    }
     canary.assert_intact();
     assert_all_layers_enforced(&run);
 }

@@ -83,6 +83,20 @@ fn start_up(dir: &Path, port: u16) -> Up {
     }
 }
 
+/// Reads a decoy credential, then calls mount and ptrace.
+const SNOOP: &str = "import ctypes\n\
+    try:\n    open('/root/.aws/credentials').read()\nexcept OSError as e:\n    print('read', e.errno)\n\
+    libc = ctypes.CDLL(None)\n\
+    print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))\n\
+    print('ptrace', libc.ptrace(0, 0, 0, 0))\n";
+
+/// What the run page lists under that step.
+const BLOCKED: [&str; 3] = [
+    "tried to read /root/.aws/credentials: denied (landlock fs.read_file)",
+    "called mount: denied (seccomp syscall)",
+    "called ptrace: denied (seccomp syscall)",
+];
+
 #[test]
 fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result() {
     let node_modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inspector/node_modules");
@@ -94,6 +108,9 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         Path::new("/usr/bin/chromium").exists(),
         "/usr/bin/chromium is missing: apt-get install chromium, as tests/suite.sh does"
     );
+    // The runner's launcher is root here: with the kernel's audit on, it
+    // reads Landlock's refusals too.
+    let _audit = common::AuditSetting::set(true);
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("up");
     let port = free_port();
@@ -134,16 +151,34 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
     // (the demo run finishes by itself once its last step is decided, so
     // this is the agent's last chance); it runs at once.
     let agent_token = std::fs::read_to_string(dir.join("agent-token")).unwrap();
-    let random = serde_json::json!({"id": "random", "op": "exec_argv",
-        "args": {"argv": ["/usr/bin/python3", "-c", "import os; print(os.urandom(8).hex())"]}});
-    let mut answer = ureq::post(&format!("{url}/v1/runs/{run}/ops?wait_ms=20000"))
-        .header("authorization", &format!("Bearer {}", agent_token.trim()))
-        .header("content-type", "application/json")
-        .send(random.to_string().as_bytes())
-        .unwrap();
-    let op_random: Value =
-        serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
-    assert_eq!(op_random["state"], "succeeded", "{op_random}");
+    let exec_step = |id: &str, script: &str| -> Value {
+        let body = serde_json::json!({"id": id, "op": "exec_argv",
+            "args": {"argv": ["/usr/bin/python3", "-c", script]}});
+        let mut answer = ureq::post(&format!("{url}/v1/runs/{run}/ops?wait_ms=20000"))
+            .header("authorization", &format!("Bearer {}", agent_token.trim()))
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let op: Value = serde_json::from_slice(&answer.body_mut().read_to_vec().unwrap()).unwrap();
+        assert_eq!(op["state"], "succeeded", "{op}");
+        op
+    };
+    exec_step("random", "import os; print(os.urandom(8).hex())");
+
+    // And a step that goes looking for credentials and tries mount and
+    // ptrace: refused, and the run page says what it tried.
+    let op_snoop = exec_step("snoop", SNOOP);
+    let blocked = &op_snoop["result"]["result"]["blocked"];
+    for line in BLOCKED {
+        assert!(
+            blocked
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b.as_str().unwrap().starts_with(line)),
+            "{line}: {op_snoop}"
+        );
+    }
 
     // Another run, live and idle, for the walkthrough to cancel.
     let to_cancel = "to-cancel";
@@ -170,6 +205,8 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         .env("MOAT_OP", &op)
         .env("MOAT_SHOTS", &shots)
         .env("MOAT_CANCEL_RUN", to_cancel)
+        .env("MOAT_BLOCKED_OP", "snoop")
+        .env("MOAT_BLOCKED", BLOCKED.join("\n"))
         .output()
         .expect("node (the machine's Node.js)");
     assert!(
@@ -286,13 +323,31 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         audit["enforcement"]["seccomp"]["status"], "enforced",
         "{audit}"
     );
+    // What the sandbox refused, with the step that tried it.
+    let refused: Vec<(String, String)> = audit["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let op = v["opId"].as_str().unwrap().to_owned();
+            (op, v["message"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    for line in BLOCKED {
+        assert!(
+            refused.contains(&("snoop".to_owned(), line.to_owned())),
+            "{line}: {refused:?}"
+        );
+    }
+    assert_eq!(audit["evidenceGaps"], serde_json::json!([]), "{audit}");
     assert!(
         audit["ledger"].as_str().unwrap().starts_with("intact"),
         "{audit}"
     );
 
     // Replay: the same inputs and permissions in a fresh sandbox. The step
-    // that printed random bytes (submitted above) diverges; the others do not.
+    // that printed random bytes (submitted above) diverges; the others,
+    // refusals included, do not.
     let replay = |extra: &[&str]| {
         Command::new(MOAT)
             .args(["replay", &run, "--json", "--db"])
@@ -327,6 +382,7 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
             ("summary".to_owned(), Value::Bool(true)),
             ("export".to_owned(), Value::Bool(true)),
             ("random".to_owned(), Value::Bool(false)),
+            ("snoop".to_owned(), Value::Bool(true)),
         ],
         "{report:#}"
     );

@@ -16,8 +16,9 @@ and what each layer enforced, which permission level was active (manifest,
 policy, the rules that granted), which filesystem roots were mounted, which
 network policy applied, and whether it ever went beyond its default boundary
 (approvals granted, danger mode or full network, launch policy overridden,
-manifest refreshed mid-run), what it used (run.usage) and how its runners'
-teardowns went (run.destroyed).
+manifest refreshed mid-run), what the sandbox refused (Landlock and seccomp
+denials, with paths and syscalls), what it used (run.usage) and how its
+runners' teardowns went (run.destroyed).
 Exits 0 if it did not, 3 if it did, 1 on an error or a broken chain.
 
   moat audit demo-1a2b3c4d                       # moat up's database
@@ -169,6 +170,23 @@ fn print_text(a: &Audit, intact: &str) {
             n("egressRequests"),
             n("egressBytesOut"),
             n("egressBytesIn"),
+        );
+    }
+    if !a.violations.is_empty() {
+        outln!("\nBlocked by the sandbox:");
+        for v in &a.violations {
+            outln!(
+                "    {}: {}",
+                v["opId"].as_str().unwrap_or("?"),
+                v["message"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    for gap in &a.evidence_gaps {
+        outln!(
+            "Not every refusal could be observed in {} operation(s): {}",
+            gap["opIds"].as_array().map_or(0, Vec::len),
+            gap["detail"].as_str().unwrap_or("?")
         );
     }
     for t in &a.teardowns {

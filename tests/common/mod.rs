@@ -167,6 +167,31 @@ pub fn make_world_accessible(path: &Path) {
 }
 
 /// A unique token for canaries and process markers.
+/// The kernel's audit (host-wide) switched on or off while held, as the
+/// evidence layer's tests need it; put back as it was on drop. Tests of one
+/// binary that hold it take turns.
+pub struct AuditSetting {
+    was: bool,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+static AUDIT_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl AuditSetting {
+    pub fn set(on: bool) -> Self {
+        let turn = AUDIT_TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let was = moat_sandbox::switch_kernel_audit(on)
+            .expect("switching the kernel's audit (these tests run as root)");
+        AuditSetting { was, _turn: turn }
+    }
+}
+
+impl Drop for AuditSetting {
+    fn drop(&mut self) {
+        let _ = moat_sandbox::switch_kernel_audit(self.was);
+    }
+}
+
 pub fn token() -> String {
     moat_core::random::hex(8)
 }

@@ -2,11 +2,12 @@
 // Chromium: log in, find the run, watch it wait for approval, approve it in
 // another tab, watch the run page pick that up live, download the artifact
 // and check its hash, then look at the runners and verify the ledger, and
-// cancel another run from its page.
+// cancel another run from its page. On the way, the run page must list what
+// the sandbox refused one step (MOAT_BLOCKED: one expected line per line).
 //
 //   MOAT_URL=http://127.0.0.1:7411 MOAT_TOKEN=... MOAT_RUN=... \
 //   MOAT_APPROVAL=... MOAT_OP=... MOAT_SHOTS=/some/dir MOAT_CANCEL_RUN=... \
-//   node tests/inspector/walkthrough.mjs
+//   MOAT_BLOCKED_OP=... MOAT_BLOCKED=... node tests/inspector/walkthrough.mjs
 //
 // Prints one JSON line on success; on failure names the step on stderr,
 // leaves failure.png in MOAT_SHOTS and exits 1 (2 for a bad environment).
@@ -25,7 +26,7 @@ const WAIT_MS = 12_000;
 const CHROMIUM = '/usr/bin/chromium';
 
 const env = {};
-for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_RUN', 'MOAT_APPROVAL', 'MOAT_OP', 'MOAT_SHOTS', 'MOAT_CANCEL_RUN']) {
+for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_RUN', 'MOAT_APPROVAL', 'MOAT_OP', 'MOAT_SHOTS', 'MOAT_CANCEL_RUN', 'MOAT_BLOCKED_OP', 'MOAT_BLOCKED']) {
   env[name] = process.env[name];
   if (!env[name]) bail(`${name} is not set`);
 }
@@ -126,6 +127,15 @@ async function run() {
       const reason = await denied.locator('.reason').first().innerText().catch(() => '');
       if (!reason.trim()) {
         throw new Error(`denied op ${await denied.getAttribute('data-op-id')} shows no .reason`);
+      }
+    }
+    // The step that went looking for credentials lists what was refused.
+    const blocked = `ol#timeline li.op[data-op-id=${q(env.MOAT_BLOCKED_OP)}] ul.blocked li`;
+    await present(page, blocked, `the blocked-access lines of op ${env.MOAT_BLOCKED_OP}`);
+    const lines = (await page.locator(blocked).allInnerTexts()).map((t) => t.trim());
+    for (const want of env.MOAT_BLOCKED.split('\n')) {
+      if (!lines.some((line) => line.startsWith(`blocked: ${want}`))) {
+        throw new Error(`op ${env.MOAT_BLOCKED_OP} does not show "blocked: ${want}"; it shows ${JSON.stringify(lines)}`);
       }
     }
     // Step e checks this mark to prove the tab was never reloaded, so what it

@@ -50,6 +50,53 @@ pub struct Audit {
     pub usage: Value,
     /// The teardowns on runner hosts (`run.destroyed`): runner and outcome.
     pub teardowns: Vec<Value>,
+    /// What the sandbox's layers refused, per operation and in all:
+    /// `{opId, layer, access, object, count, message}` from each report.
+    pub violations: Vec<Value>,
+    /// Why a launcher could not observe every layer's refusals (the
+    /// evidence layer not enforced), once per reason: `{detail, opIds}`.
+    pub evidence_gaps: Vec<Value>,
+}
+
+/// The refusals one report lists; a report from before `violations` has
+/// its seccomp refusals in `deniedSyscalls`.
+fn collect_violations(a: &mut Audit, op: Option<&str>, report: &Value) {
+    let listed: Vec<moat_core::Violation> = match report.get("violations") {
+        Some(v) => serde_json::from_value(v.clone()).unwrap_or_default(),
+        None => report["deniedSyscalls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| {
+                Some(moat_core::Violation {
+                    layer: "seccomp".into(),
+                    access: "syscall".into(),
+                    object: Some(text(&d["syscall"])?),
+                    count: d["count"].as_u64().unwrap_or(1),
+                })
+            })
+            .collect(),
+    };
+    for v in listed {
+        a.violations.push(json!({
+            "opId": op, "layer": v.layer, "access": v.access, "object": v.object,
+            "count": v.count, "message": v.describe(),
+        }));
+    }
+    let evidence = &report["enforcement"]["evidence"];
+    if evidence.is_object() && evidence["status"] != "enforced" {
+        let detail = evidence["detail"].clone();
+        match a.evidence_gaps.iter_mut().find(|g| g["detail"] == detail) {
+            Some(gap) => {
+                if let Some(ops) = gap["opIds"].as_array_mut() {
+                    ops.push(json!(op));
+                }
+            }
+            None => a
+                .evidence_gaps
+                .push(json!({"detail": detail, "opIds": [op]})),
+        }
+    }
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -145,6 +192,7 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
                     "moat-sandbox: Linux namespaces, pivot_root, Landlock, seccomp, cgroups, rlimits"
                         .into();
                 a.enforcement = d["enforcement"].clone();
+                collect_violations(&mut a, e.op_id.as_deref(), d);
                 // Old reports have no launchPolicy; "not recorded" is no override.
                 let policy = &d["enforcement"]["launchPolicy"];
                 if policy["status"] == "not_enforced"

@@ -89,6 +89,10 @@ event_types! {
     SandboxExecFinished => "sandbox.exec.finished",
     /// The seccomp layer refused a syscall (one event per syscall name, counted).
     SandboxSyscallDenied => "sandbox.syscall.denied",
+    /// A Landlock rule refused an access inside the sandbox, as the kernel's
+    /// audit log told the launcher (one event per access and object, counted
+    /// in the report's `violations`).
+    SandboxViolation => "sandbox.violation",
     /// A run used `danger-full-access`. Emitted every time.
     SandboxDangerFullAccess => "sandbox.danger_full_access",
     ArtifactCreated => "artifact.created",

@@ -40,7 +40,7 @@ pub use runner::{
 };
 pub use sandbox::{
     ProcessTimeout, SandboxDangerFullAccess, SandboxExecDenied, SandboxExecFinished,
-    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied,
+    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied, SandboxViolation,
 };
 
 #[cfg(test)]

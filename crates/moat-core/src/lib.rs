@@ -34,5 +34,5 @@ pub use mode::{NetworkMode, RootView, SandboxMode};
 pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{
     Enforcement, ExitStatus, LayerReport, LayerStatus, LimitMechanism, LimitReport, OutputReport,
-    SandboxReport, SyscallDenial,
+    SandboxReport, SyscallDenial, Violation,
 };

@@ -134,6 +134,12 @@ pub struct Enforcement {
     pub landlock_abi: u32,
     /// seccomp-bpf deny list.
     pub seccomp: LayerReport,
+    /// Blocked-access evidence: whether the launcher could observe the
+    /// refusals of the layers (Landlock's through the kernel audit log,
+    /// seccomp's through user notification). `not_enforced` means
+    /// `violations` may miss some, never that nothing was refused.
+    #[serde(default = "LayerReport::not_recorded")]
+    pub evidence: LayerReport,
     /// Capabilities dropped and `no_new_privs` set.
     pub privileges: LayerReport,
     /// Cgroup limits (memory, pids, CPU).
@@ -152,6 +158,53 @@ pub struct Enforcement {
 pub struct SyscallDenial {
     pub syscall: String,
     pub count: u64,
+}
+
+/// One kind of access a layer refused inside the sandbox, as the launcher
+/// observed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Violation {
+    /// `landlock` or `seccomp`.
+    pub layer: String,
+    /// What was attempted: Landlock's blocker (`fs.read_file`,
+    /// `fs.write_file`, `net.connect_tcp`, `scope.signal`, ...) or `syscall`.
+    pub access: String,
+    /// What it was attempted on: a path, a port, a syscall's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// How often (records the kernel dropped under load are not counted).
+    pub count: u64,
+}
+
+impl Violation {
+    /// One line for people: `tried to open /root/.aws/credentials: denied
+    /// (landlock fs.read_file)`.
+    pub fn describe(&self) -> String {
+        let attempt = match (self.access.as_str(), self.object.as_deref()) {
+            ("syscall", Some(name)) => format!("called {name}"),
+            (access, Some(object)) if access.starts_with("fs.read") => {
+                format!("tried to read {object}")
+            }
+            ("fs.execute", Some(object)) => format!("tried to execute {object}"),
+            (access, Some(object)) if access.starts_with("fs.") => {
+                format!("tried to change {object}")
+            }
+            ("net.connect_tcp", Some(object)) => format!("tried to connect to {object}"),
+            ("net.bind_tcp", Some(object)) => format!("tried to bind {object}"),
+            (access, Some(object)) if access.starts_with("scope.") => {
+                format!("tried to reach {object} outside the sandbox")
+            }
+            (_, Some(object)) => format!("tried {object}"),
+            (access, None) => format!("tried {access}"),
+        };
+        let times = if self.count > 1 {
+            format!(", {} times", self.count)
+        } else {
+            String::new()
+        };
+        format!("{attempt}: denied ({} {}){times}", self.layer, self.access)
+    }
 }
 
 /// What one output stream produced.
@@ -189,6 +242,10 @@ pub struct SandboxReport {
     pub stderr: OutputReport,
     /// Syscalls the seccomp layer refused while the program ran.
     pub denied_syscalls: Vec<SyscallDenial>,
+    /// Every refusal observed while the program ran, all layers (see
+    /// `enforcement.evidence` for what could be observed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<Violation>,
     /// Peak resident memory of the launcher itself, in KiB.
     pub launcher_peak_rss_kib: u64,
     /// Why the sandbox could not be set up, naming the layer.

@@ -74,10 +74,16 @@ pub(crate) struct ChildPlan<'a> {
     pub(crate) inside_gid: u32,
     pub(crate) clear_groups: bool,
     pub(crate) placement: &'a Placement,
+    /// The launcher reads the kernel's audit log: Landlock must log denials.
+    pub(crate) log_denials: bool,
 }
 
 impl ExecPlan {
-    fn from_spec(spec: &SandboxSpec) -> Result<ExecPlan, SetupError> {
+    fn from_spec(
+        spec: &SandboxSpec,
+        readable: Vec<PathBuf>,
+        log_denials: bool,
+    ) -> Result<ExecPlan, SetupError> {
         let bad = |what: &str| SetupError::new(Layer::Exec, format!("{what} contains a NUL byte"));
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), SANDBOX_PATH.into()),
@@ -157,6 +163,8 @@ impl ExecPlan {
             ],
             landlock: LandlockPlan {
                 writable,
+                readable,
+                log_denials,
                 everything_writable: spec.mode == SandboxMode::DangerFullAccess,
                 tcp_connect_only: spec.network.uses_egress_proxy().then_some(EGRESS_PORT),
                 allow_degraded: spec.allow_degraded,
@@ -300,8 +308,20 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
     std::fs::write("/proc/self/oom_score_adj", "1000")
         .map_err(|e| SetupError::io(Layer::Launcher, "oom_score_adj", e))?;
     // Planning reads host metadata and small /etc files; it needs no ids yet.
-    let root = RootPlan::new(plan.spec, (plan.inside_uid, plan.inside_gid), plan.idmapped);
-    let mut exec = ExecPlan::from_spec(plan.spec)?;
+    // Decoys only where attempts on them are observed: without the evidence
+    // layer they would cost start-up time and show nothing.
+    let root = RootPlan::new(
+        plan.spec,
+        (plan.inside_uid, plan.inside_gid),
+        plan.idmapped,
+        plan.log_denials,
+    );
+    let readable = if plan.log_denials {
+        root.readable(plan.spec)
+    } else {
+        vec![PathBuf::from("/")]
+    };
+    let mut exec = ExecPlan::from_spec(plan.spec, readable, plan.log_denials)?;
     wait_token(plan.fds.sync, b"M")?;
     become_sandbox_user(plan)?;
     // After the id change (which resets it), so the sandbox dies with the launcher.

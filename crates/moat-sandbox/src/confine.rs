@@ -2,7 +2,7 @@
 //! rlimits, dropping every capability, `no_new_privs`, Landlock.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
@@ -115,6 +115,14 @@ pub(crate) fn drop_privileges() -> Result<(), SetupError> {
 pub(crate) struct LandlockPlan {
     /// Trees where everything is allowed (writable roots, `/tmp`).
     pub(crate) writable: Vec<PathBuf>,
+    /// Trees that may be read and executed: `/`; or, when the root holds
+    /// decoys (see `mounts::DECOYS`), every top-level entry of the root but
+    /// the decoy home and the declared roots, `/` itself only listed.
+    pub(crate) readable: Vec<PathBuf>,
+    /// Ask the kernel to log this domain's denials after `execve` too
+    /// (`LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`, ABI 7), for the launcher's
+    /// evidence layer. Only set when the launcher listens.
+    pub(crate) log_denials: bool,
     /// `danger-full-access`: the whole root is writable.
     pub(crate) everything_writable: bool,
     /// Proxy network modes: TCP `connect` only to this port, no TCP `bind`.
@@ -165,17 +173,36 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(LayerStatus, String
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(|e| fail(&e))?;
     }
-    let root_access = if plan.everything_writable { all } else { read };
-    let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> =
-        vec![(PathBuf::from("/"), root_access)];
+    let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> = Vec::new();
+    if plan.everything_writable {
+        rules.push((PathBuf::from("/"), all));
+    } else {
+        // With decoys, not `/` whole: what is left out (the decoy home) is
+        // refused, and each attempt on it is evidence.
+        if !plan.readable.iter().any(|p| p == Path::new("/")) {
+            rules.push((PathBuf::from("/"), AccessFs::ReadDir.into()));
+        }
+        rules.extend(plan.readable.iter().map(|p| (p.clone(), read)));
+    }
     rules.extend(plan.writable.iter().map(|p| (p.clone(), all)));
     // /dev holds only the five device nodes and symlinks, in the read-only root.
     rules.push((PathBuf::from("/dev"), device));
+    let file_rights = AccessFs::from_file(FS_ABI);
     for (path, access) in rules {
+        // A top-level file (the host view's `/vmlinuz`) takes file rights
+        // only; a dangling link is nothing to allow.
+        let access = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => access,
+            Ok(_) => access & file_rights,
+            Err(_) => continue,
+        };
         let fd = PathFd::new(&path).map_err(|e| fail(&e))?;
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, access))
             .map_err(|e| fail(&e))?;
+    }
+    if plan.log_denials {
+        ruleset = ruleset.log_new_exec(true).map_err(|e| fail(&e))?;
     }
     let status: RestrictionStatus = ruleset.restrict_self().map_err(|e| fail(&e))?;
     let (layer, what) = match status.ruleset {

@@ -7,17 +7,18 @@ use std::time::Instant;
 
 use moat_core::event_data::{
     NetworkDenied, ProcessTimeout, SandboxDangerFullAccess, SandboxExecDenied, SandboxExecFinished,
-    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied,
+    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied, SandboxViolation,
 };
 use moat_core::{
     Enforcement, Event, EventData, EventSink, ExitStatus, LayerReport, NetworkMode, OutputReport,
-    SandboxMode, SandboxReport, SyscallDenial,
+    SandboxMode, SandboxReport, SyscallDenial, Violation,
 };
 
 use crate::cgroup::{self, RunCgroup};
 use crate::child::{self, ChildFds, ChildPlan, Message};
 use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
+use crate::evidence::{AuditLog, Tracker};
 use crate::hostid::{Identity, identity, write_id_maps};
 use crate::mounts::IdmappedRoots;
 use crate::netns;
@@ -217,6 +218,8 @@ struct RunState {
     timed_out: bool,
     interrupted: bool,
     denied: Vec<SyscallDenial>,
+    /// Landlock's refusals, from the audit log.
+    refused: Vec<Violation>,
     stdout: OutputReport,
     stderr: OutputReport,
     cpu_ms: u64,
@@ -242,6 +245,7 @@ impl RunState {
                 landlock: not_reached(),
                 landlock_abi: confine::kernel_abi(),
                 seccomp: not_reached(),
+                evidence: not_reached(),
                 privileges: not_reached(),
                 cgroup: not_reached(),
                 rlimits: not_reached(),
@@ -254,6 +258,7 @@ impl RunState {
             timed_out: false,
             interrupted: false,
             denied: Vec::new(),
+            refused: Vec::new(),
             stdout: OutputReport::default(),
             stderr: OutputReport::default(),
             cpu_ms: 0,
@@ -308,6 +313,16 @@ impl RunState {
             interrupted: self.interrupted,
             stdout: self.stdout,
             stderr: self.stderr,
+            violations: self
+                .refused
+                .into_iter()
+                .chain(self.denied.iter().map(|d| Violation {
+                    layer: "seccomp".into(),
+                    access: "syscall".into(),
+                    object: Some(d.syscall.clone()),
+                    count: d.count,
+                }))
+                .collect(),
             denied_syscalls: self.denied,
             launcher_peak_rss_kib: launcher_peak_rss_kib(),
             setup_error: setup_error.map(|e| e.to_string()),
@@ -503,6 +518,8 @@ fn launch(
             return Err(refused);
         }
     };
+    // Listening starts before the clone, so that no record of the run is missed.
+    let mut audit = AuditLog::open(state.enforcement.landlock_abi);
     // SAFETY: plain id query.
     let launched_by_root = unsafe { libc::geteuid() } == 0;
     let mut fs_notes = Vec::new();
@@ -533,6 +550,11 @@ fn launch(
     let (stderr_read, stderr_write) = pipe("stderr pipe")?;
     let (notify_receive, notify_send) =
         sys::socketpair().map_err(io_err(Layer::Launcher, "notify socket"))?;
+    if audit.is_ok()
+        && let Err(e) = sys::set_passcred(notify_receive.as_raw_fd())
+    {
+        audit = Err(format!("cannot learn the program's pid: {e}"));
+    }
     // The network namespace is made beside the clone, not by it (see
     // `netns`), and comes to init over this socket.
     let (netns_receive, netns_send) = if new_netns {
@@ -629,6 +651,7 @@ fn launch(
             inside_gid: id.inside.1,
             clear_groups: id.launched_by_root,
             placement: &placement,
+            log_denials: audit.is_ok(),
         }),
         Forked::Parent { pid, pidfd } => {
             placement.keep_off_init_cpu();
@@ -676,6 +699,7 @@ fn launch(
             stdout_buf,
             stderr_buf,
             egress,
+            audit: &mut audit,
         },
     );
     if signals.take_pending() {
@@ -740,6 +764,8 @@ struct SetupParts<'a, 'e> {
     stdout_buf: &'a mut Vec<u8>,
     stderr_buf: &'a mut Vec<u8>,
     egress: Option<&'a mut (dyn EgressHook + 'e)>,
+    /// The kernel's audit log, or why the evidence layer cannot read it.
+    audit: &'a mut Result<AuditLog, String>,
 }
 
 fn setup_and_supervise(
@@ -767,6 +793,7 @@ fn setup_and_supervise(
         stdout_buf,
         stderr_buf,
         egress,
+        audit,
     } = parts;
     let now = Instant::now();
     let deadline = now
@@ -825,6 +852,7 @@ fn setup_and_supervise(
         return Err(e);
     }
     let cap = spec.limits.max_output_bytes;
+    let mut tracker = Tracker::default();
     let mut stdout = Stream::new(stdout_read, output, 1, cap);
     let mut stderr = Stream::new(stderr_read, output, 2, cap);
     let supervision = supervise::supervise(
@@ -836,6 +864,7 @@ fn setup_and_supervise(
             notify_receive: Some(notify_receive),
             signals,
             deadline,
+            audit: audit.as_mut().ok().map(|log| (log, &mut tracker)),
         },
         &mut |denial| match denial {
             Denial::Syscall { name, arch, nr } => {
@@ -859,6 +888,7 @@ fn setup_and_supervise(
                 errno: Some("EACCES".into()),
                 ..NetworkDenied::default()
             })),
+            Denial::Landlock(violation) => emit_violation(events, violation),
         },
     );
     drop(sync);
@@ -868,6 +898,17 @@ fn setup_and_supervise(
     let (status, usage) = guard.reap();
     read_status(status_read, status_lines);
 
+    // After init is gone, so that every denial was made before the marker.
+    state.enforcement.evidence = match audit.as_mut() {
+        Ok(log) => {
+            let flushed = log.flush(&mut tracker, &mut |v| emit_violation(events, v));
+            evidence_report(&tracker, flushed)
+        }
+        Err(reason) => LayerReport::not_enforced(format!(
+            "Landlock's refusals are not observed: {reason}; seccomp's are (user notification)"
+        )),
+    };
+    state.refused = tracker.violations();
     state.timed_out = supervision.timed_out;
     state.interrupted = supervision.interrupted;
     state.denied = supervision
@@ -917,6 +958,47 @@ fn setup_and_supervise(
         );
     }
     Ok(())
+}
+
+fn emit_violation(events: &mut Emitter<'_>, violation: &Violation) {
+    events.emit(EventData::SandboxViolation(SandboxViolation {
+        layer: violation.layer.clone(),
+        access: violation.access.clone(),
+        object: violation.object.clone(),
+        errno: if violation.access.starts_with("scope.") {
+            "EPERM".into()
+        } else {
+            "EACCES".into()
+        },
+        message: violation.describe(),
+        sandbox_run_id: None,
+        runner_id: None,
+        runner_hash: None,
+        manifest_hash: None,
+    }))
+}
+
+/// What the evidence layer could vouch for, once the run has ended.
+fn evidence_report(tracker: &Tracker, flushed: bool) -> LayerReport {
+    const WHAT: &str = "Landlock's refusals read from the kernel audit log (decoy credentials in \
+                        /root), seccomp's by user notification";
+    if !tracker.knows_payload() {
+        LayerReport::degraded(format!(
+            "{WHAT}; the program's pid never reached the launcher, so Landlock's records could \
+             not be told from other runs'"
+        ))
+    } else if tracker.lost {
+        LayerReport::degraded(format!(
+            "{WHAT}; the audit socket overflowed: the counts are a lower bound"
+        ))
+    } else if !flushed {
+        LayerReport::degraded(format!(
+            "{WHAT}; the audit log did not confirm the run's end within 500 ms: refusals made \
+             just before it may be missing"
+        ))
+    } else {
+        LayerReport::enforced(WHAT)
+    }
 }
 
 /// Refuses a run without cgroup limits, unless degrading was allowed or

@@ -11,6 +11,7 @@ mod cgroup;
 mod child;
 mod confine;
 pub mod error;
+mod evidence;
 pub mod helper;
 pub mod hostid;
 mod launch;
@@ -26,6 +27,7 @@ mod sys;
 
 pub use cgroup::{remove_run_cgroups, settle_in_own_cgroup};
 pub use error::{Layer, SetupError, SpecError};
+pub use evidence::switch_kernel_audit;
 pub use launch::{
     EGRESS_PORT, EgressHook, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,
 };

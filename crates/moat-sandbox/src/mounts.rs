@@ -172,11 +172,40 @@ const ETC_ENTRIES: &[&str] = &[
 const COPY_LIMIT: u64 = 256 << 10;
 const COPY_DIR_ENTRIES: usize = 16;
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// The home where the decoys live: what a script looking for credentials
+/// tries first. Landlock grants nothing below it, so an attempt on a decoy
+/// is refused and, with the evidence layer on, recorded with its path
+/// (a path that does not exist inside fails with `ENOENT` and leaves no
+/// trace anywhere).
+pub(crate) const DECOY_HOME: &str = "/root";
+/// Empty files, in the decoy home, where credentials usually are.
+const DECOYS: &[&str] = &[
+    ".ssh/id_rsa",
+    ".ssh/id_ecdsa",
+    ".ssh/id_ed25519",
+    ".ssh/config",
+    ".aws/credentials",
+    ".aws/config",
+    ".config/gcloud/application_default_credentials.json",
+    ".config/gcloud/credentials.db",
+    ".kube/config",
+    ".docker/config.json",
+    ".netrc",
+    ".git-credentials",
+    ".pgpass",
+    ".npmrc",
+    ".pypirc",
+];
 
 impl RootPlan {
     /// Plans the root for `spec`, running as `inside` uid/gid. Reads host
     /// metadata only; mounts nothing.
-    pub(crate) fn new(spec: &SandboxSpec, inside: (u32, u32), idmapped: &IdmappedRoots) -> Self {
+    pub(crate) fn new(
+        spec: &SandboxSpec,
+        inside: (u32, u32),
+        idmapped: &IdmappedRoots,
+        decoys: bool,
+    ) -> Self {
         let mut plan = RootPlan {
             sources: Vec::new(),
             ops: Vec::new(),
@@ -186,6 +215,11 @@ impl RootPlan {
             (SandboxMode::DangerFullAccess, _) => plan.host_view(false),
             (_, RootView::HostRo) => plan.host_view(true),
             (_, RootView::Minimal) => plan.minimal_view(spec.network, inside),
+        }
+        if decoys && spec.mode != SandboxMode::DangerFullAccess {
+            // Before the declared roots: one mounted at the decoy home hides
+            // the decoys instead of receiving them.
+            plan.decoys();
         }
         plan.devices();
         plan.ops.push(Op::Dir("/proc".into()));
@@ -217,6 +251,49 @@ impl RootPlan {
             plan.ops.push(Op::Attach(mount.inside.clone(), index));
         }
         plan
+    }
+
+    fn decoys(&mut self) {
+        let home = Path::new(DECOY_HOME);
+        self.ops.push(Op::Dir(home.to_path_buf()));
+        let mut dirs = std::collections::BTreeSet::new();
+        for decoy in DECOYS {
+            let path = home.join(decoy);
+            for parent in path.ancestors().skip(1) {
+                if parent.starts_with(home) && parent != home {
+                    dirs.insert(parent.to_path_buf());
+                }
+            }
+        }
+        // BTreeSet order puts each directory before its children.
+        self.ops.extend(dirs.into_iter().map(Op::Dir));
+        self.ops
+            .extend(DECOYS.iter().map(|d| Op::File(home.join(d), Vec::new())));
+    }
+
+    /// What Landlock lets the program read: every top-level entry of this
+    /// root but the decoy home, and the declared roots wherever they are.
+    pub(crate) fn readable(&self, spec: &SandboxSpec) -> Vec<PathBuf> {
+        let mut tops = std::collections::BTreeSet::new();
+        for op in &self.ops {
+            let path = match op {
+                Op::Dir(p)
+                | Op::File(p, _)
+                | Op::MountPoint(p)
+                | Op::Symlink(p, _)
+                | Op::Attach(p, _)
+                | Op::Tmpfs(p, _, _)
+                | Op::Proc(p) => p,
+            };
+            if let Some(top) = path.components().nth(1)
+                && path.has_root()
+            {
+                tops.insert(Path::new("/").join(top));
+            }
+        }
+        tops.remove(Path::new(DECOY_HOME));
+        tops.extend(spec.mounts.iter().map(|m| m.inside.clone()));
+        tops.into_iter().collect()
     }
 
     fn source(&mut self, host: &Path, recursive: bool, attrs: u64) -> usize {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use crate::evidence::{AuditLog, Tracker};
 use crate::seccomp;
 use crate::sys;
 
@@ -143,6 +144,8 @@ pub(crate) struct Watched<'a> {
     pub(crate) notify_receive: Option<OwnedFd>,
     pub(crate) signals: Option<OwnedFd>,
     pub(crate) deadline: Instant,
+    /// The kernel's audit log, when the evidence layer listens to it.
+    pub(crate) audit: Option<(&'a mut AuditLog, &'a mut Tracker)>,
 }
 
 /// How long to wait for the pipes to drain once init is gone (everything in
@@ -157,6 +160,8 @@ pub(crate) enum Denial<'a> {
     Syscall { name: &'a str, arch: u32, nr: i32 },
     /// A TCP connection that bypasses the egress proxy (reported each time).
     Connect { address: String },
+    /// A Landlock refusal the audit log reported (once per access and object).
+    Landlock(&'a moat_core::Violation),
 }
 
 pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -> Supervision {
@@ -168,6 +173,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
         mut notify_receive,
         signals,
         deadline,
+        mut audit,
     } = w;
     let mut result = Supervision {
         timed_out: false,
@@ -239,6 +245,9 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
         if let Some(fd) = &signals {
             add(Slot::Signals, fd.as_raw_fd(), libc::POLLIN);
         }
+        if let Some((log, _)) = &audit {
+            add(Slot::Audit, log.raw_fd(), libc::POLLIN);
+        }
         let mut pollfds: Vec<libc::pollfd> = slots.iter().map(|(_, p)| *p).collect();
         // SAFETY: pollfds is a valid array of the length passed.
         let ready = unsafe {
@@ -269,12 +278,24 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
                 Slot::StdoutFlush => stdout.flush(),
                 Slot::StderrFlush => stderr.flush(),
                 Slot::NotifyReceive => {
+                    // The payload sends it after restricting itself: its pid
+                    // names its Landlock domain in the audit log.
                     if let Some(fd) = &notify_receive
-                        && let Ok(Some(received)) = sys::recv_fd(fd.as_raw_fd())
+                        && let Ok(Some((received, pid))) = sys::recv_fd_and_pid(fd.as_raw_fd())
                     {
                         listener = Some(received);
+                        if let (Some((_, tracker)), Some(pid)) = (&mut audit, pid) {
+                            tracker.set_payload(pid.unsigned_abs(), &mut |v| {
+                                on_denial(Denial::Landlock(v))
+                            });
+                        }
                     }
                     notify_receive = None;
+                }
+                Slot::Audit => {
+                    if let Some((log, tracker)) = &mut audit {
+                        log.read(tracker, &mut |v| on_denial(Denial::Landlock(v)));
+                    }
                 }
                 Slot::Listener => {
                     if polled.revents & libc::POLLIN != 0 {
@@ -312,6 +333,7 @@ enum Slot {
     NotifyReceive,
     Listener,
     Signals,
+    Audit,
 }
 
 /// Takes one pending notification and refuses the syscall. A notified

@@ -406,13 +406,54 @@ pub(crate) fn recv_with_fds(
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
+    recv_with_fds_and_pid(socket, buf, fds).map(|(n, _)| n)
+}
+
+/// Receives one descriptor sent with [`send_fd`], and the sender's pid in
+/// the launcher's pid namespace when the socket has `SO_PASSCRED` (see
+/// [`set_passcred`]); `None` at end of stream.
+pub(crate) fn recv_fd_and_pid(socket: RawFd) -> io::Result<Option<(OwnedFd, Option<libc::pid_t>)>> {
+    let mut byte = [0u8; 1];
+    let mut fds = Vec::new();
+    let (n, pid) = recv_with_fds_and_pid(socket, &mut byte, &mut fds)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(fds.pop().map(|fd| (fd, pid)))
+}
+
+/// Asks the kernel to attach the sender's credentials to what arrives on
+/// `socket`, translated into the receiver's namespaces.
+pub(crate) fn set_passcred(socket: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a plain int option on our own socket.
+    cvt(unsafe {
+        libc::setsockopt(
+            socket,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            std::ptr::addr_of!(on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn recv_with_fds_and_pid(
+    socket: RawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<(usize, Option<libc::pid_t>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space =
-        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe {
+        libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32)
+            + libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32)
+    } as usize;
+    let mut pid = None;
     let mut control = vec![0u8; space];
     // SAFETY: msghdr is plain old data; zero is valid for every field.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -428,7 +469,8 @@ pub(crate) fn recv_with_fds(
         }
     };
     // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR/NXTHDR return null or
-    // a header inside it, and only SCM_RIGHTS payloads within cmsg_len are read.
+    // a header inside it, and only SCM_RIGHTS and SCM_CREDENTIALS payloads
+    // within cmsg_len are read.
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
@@ -441,6 +483,14 @@ pub(crate) fn recv_with_fds(
                     let fd = std::ptr::read_unaligned(data.add(i));
                     fds.push(OwnedFd::from_raw_fd(fd));
                 }
+            } else if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                && (*cmsg).cmsg_type == libc::SCM_CREDENTIALS
+                && (*cmsg).cmsg_len as usize
+                    >= libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as usize
+            {
+                let creds = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::ucred>());
+                // 0: the sender is in no namespace the receiver can name.
+                pid = Some(creds.pid).filter(|p| *p > 0);
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
@@ -451,7 +501,7 @@ pub(crate) fn recv_with_fds(
             "descriptors sent with the message were dropped",
         ));
     }
-    Ok(n as usize)
+    Ok((n as usize, pid))
 }
 
 /// `openat2(2)` relative to `dirfd` (`AT_FDCWD` for the cwd) with `resolve`

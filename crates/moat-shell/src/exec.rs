@@ -345,6 +345,10 @@ fn finished(outcome: moat_sandbox::RunOutcome) -> Finished {
         "oomKilled": report.oom_killed,
         "wallMs": report.wall_ms,
         "deniedSyscalls": report.denied_syscalls,
+        "violations": report.violations,
+        // The blocked-access result, one line per refusal, for the agent
+        // and whoever reads its transcript.
+        "blocked": report.violations.iter().map(moat_core::Violation::describe).collect::<Vec<_>>(),
         "enforcement": report.enforcement,
     });
     Finished {

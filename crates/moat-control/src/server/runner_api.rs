@@ -577,7 +577,7 @@ pub async fn heartbeat(
 const MAX_RESULT_EVENTS: usize = 1000;
 
 /// The events a shell records about an operation.
-const SHELL_EVENTS: [EventType; 13] = [
+const SHELL_EVENTS: [EventType; 14] = [
     EventType::CapabilityRequested,
     EventType::CapabilityGranted,
     EventType::CapabilityDenied,
@@ -585,6 +585,7 @@ const SHELL_EVENTS: [EventType; 13] = [
     EventType::SandboxExecDenied,
     EventType::SandboxExecFinished,
     EventType::SandboxSyscallDenied,
+    EventType::SandboxViolation,
     EventType::SandboxDangerFullAccess,
     EventType::ArtifactCreated,
     EventType::ProcessTimeout,

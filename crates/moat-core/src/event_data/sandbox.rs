@@ -96,6 +96,33 @@ pub struct SandboxSyscallDenied {
     pub manifest_hash: Option<String>,
 }
 
+/// A Landlock rule refused an access (once per access and object; the
+/// report's `violations` count them all).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxViolation {
+    /// `landlock`.
+    pub layer: String,
+    /// Landlock's blocker: `fs.read_file`, `net.connect_tcp`, `scope.signal`, ...
+    pub access: String,
+    /// The path, port or target the access was for, when the kernel said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// What the program got: `EACCES` (`EPERM` for scopes).
+    pub errno: String,
+    /// One line for people: `tried to read /root/.aws/credentials: denied
+    /// (landlock fs.read_file)`.
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
 /// A run used `danger-full-access` (`mode`) or the host's network
 /// (`network`); one event for each, every time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -34,6 +34,7 @@ fn report() -> Value {
         stdout: OutputReport::default(),
         stderr: OutputReport::default(),
         denied_syscalls: Vec::new(),
+        violations: Vec::new(),
         launcher_peak_rss_kib: 4096,
         setup_error: None,
         enforcement: Enforcement {
@@ -49,6 +50,7 @@ fn report() -> Value {
             landlock: layer(),
             landlock_abi: 5,
             seccomp: layer(),
+            evidence: layer(),
             privileges: layer(),
             cgroup: layer(),
             rlimits: layer(),
@@ -172,6 +174,17 @@ fn samples(t: EventType) -> Vec<Value> {
         ],
         EventType::SandboxSyscallDenied => vec![json!({"syscall": "ptrace",
             "arch": "0xc000003e", "nr": 101, "layer": "seccomp", "errno": "EPERM"})],
+        EventType::SandboxViolation => vec![
+            json!({"layer": "landlock", "access": "fs.read_file",
+                "object": "/root/.aws/credentials", "errno": "EACCES",
+                "message": "tried to read /root/.aws/credentials: denied (landlock fs.read_file)"}),
+            with(
+                json!({"layer": "landlock", "access": "scope.signal", "errno": "EPERM",
+                    "message": "tried scope.signal: denied (landlock scope.signal)",
+                    "sandboxRunId": "op-1"}),
+                relayed(),
+            ),
+        ],
         EventType::SandboxDangerFullAccess => vec![
             json!({"mode": "danger-full-access", "warning": "the host root is writable"}),
             with(

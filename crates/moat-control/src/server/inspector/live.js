@@ -13,7 +13,8 @@
       item.dataset.type = event.type;
       item.dataset.seq = message.lastEventId;
       const what = [event.at, event.type, event.opId ? "op " + event.opId : "",
-        event.data && event.data.reason ? "reason " + event.data.reason : ""];
+        event.data && event.data.reason ? "reason " + event.data.reason : "",
+        event.data && !event.data.reason && event.data.message ? "reason " + event.data.message : ""];
       item.textContent = what.filter(Boolean).join("  ");
       list.appendChild(item);
       list.scrollTop = list.scrollHeight;

@@ -165,6 +165,13 @@ fn op_item(o: &OpRow) -> Markup {
         .result
         .as_ref()
         .and_then(|r| r["result"]["exitCode"].as_i64());
+    // What the sandbox refused the program (the blocked-access result).
+    let blocked: Vec<String> = o
+        .result
+        .as_ref()
+        .and_then(|r| r["result"]["blocked"].as_array())
+        .map(|lines| lines.iter().map(text).collect())
+        .unwrap_or_default();
     let class = if denied {
         format!("op {} denied", o.state.as_str())
     } else {
@@ -185,6 +192,11 @@ fn op_item(o: &OpRow) -> Markup {
             } @else if let Some(code) = exit {
                 " · exit " (code)
             }
+            @if !blocked.is_empty() {
+                ul.blocked {
+                    @for line in &blocked { li { "blocked: " (line) } }
+                }
+            }
             @if o.state == OpState::PendingApproval {
                 " · " a href="/ui/approvals" { "waiting for an approval" }
             }
@@ -193,7 +205,7 @@ fn op_item(o: &OpRow) -> Markup {
 }
 
 fn event_item(e: &StoredEvent) -> Markup {
-    let reason = text(&e.event.data["reason"]);
+    let reason = first_text([&e.event.data["reason"], &e.event.data["message"]]);
     let mut line = format!("{}  {}", e.event.at, e.event.event_type.as_str());
     if let Some(op) = &e.event.op_id {
         line.push_str(&format!("  op {op}"));

@@ -1,0 +1,653 @@
+//! Blocked-access evidence: what Landlock refused inside the sandbox, read
+//! from the kernel's audit log.
+//!
+//! Seccomp's refusals need nothing here: they reach the launcher by user
+//! notification (see `supervise`). Landlock (ABI 7) logs a denial as an
+//! audit record when the domain asked for it
+//! (`LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`) and the kernel's audit is on.
+//! The launcher listens on the audit netlink socket's read-only multicast
+//! group, which takes `CAP_AUDIT_READ`: a root launcher. Every record of the
+//! host arrives there; the run's are those of the domain its payload
+//! created, which the domain's first record names by its creator's pid. The
+//! launcher learns that pid from the payload's own message (the seccomp
+//! listener, sent with `SCM_CREDENTIALS`). When the program has ended the
+//! launcher logs a marker of its own and reads until the marker comes back:
+//! the audit queue is first in, first out, so every denial made before the
+//! end has been read by then.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use moat_core::Violation;
+
+const NETLINK_AUDIT: libc::c_int = 9;
+/// `AUDIT_NLGRP_READLOG`: every record, read-only.
+const READLOG_GROUP: u32 = 1;
+const AUDIT_GET: u16 = 1000;
+const AUDIT_USER: u16 = 1005;
+const AUDIT_LANDLOCK_ACCESS: u16 = 1423;
+const AUDIT_LANDLOCK_DOMAIN: u16 = 1424;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_HDRLEN: usize = 16;
+/// How long the launcher waits for its marker once the program has ended.
+const FLUSH_WAIT: Duration = Duration::from_millis(500);
+/// Distinct refusals announced as events; past that they are only counted
+/// (a loop must not flood the record).
+const MAX_EVENTS: usize = 64;
+/// Records of a domain not known yet, and domains remembered, at most.
+const MAX_PENDING: usize = 4096;
+const MAX_DOMAINS: usize = 4096;
+/// Kernel audit records are at most 8970 bytes; a read takes several.
+const READ_BUFFER: usize = 64 << 10;
+
+/// The listening end of the kernel's audit log.
+pub(crate) struct AuditLog {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl AuditLog {
+    /// Listens, or says why the evidence layer cannot be enforced here.
+    pub(crate) fn open(landlock_abi: u32) -> Result<AuditLog, String> {
+        if landlock_abi < 7 {
+            return Err(format!(
+                "this kernel's Landlock (ABI {landlock_abi}) cannot log denials; ABI 7 can"
+            ));
+        }
+        // SAFETY: plain socket creation; the descriptor is owned below.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                NETLINK_AUDIT,
+            )
+        };
+        if raw < 0 {
+            return Err(format!(
+                "no kernel audit socket: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: raw is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut addr = netlink_address();
+        addr.nl_groups = 1 << (READLOG_GROUP - 1);
+        // SAFETY: addr is a valid sockaddr_nl of the size passed.
+        let bound = unsafe {
+            libc::bind(
+                raw,
+                std::ptr::addr_of!(addr).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if bound != 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EPERM) {
+                "reading the kernel audit log takes CAP_AUDIT_READ (a root launcher)".to_owned()
+            } else {
+                format!("cannot listen to the kernel audit log: {e}")
+            });
+        }
+        // A larger buffer loses fewer records on a busy host; best effort.
+        let size: libc::c_int = 4 << 20;
+        // SAFETY: a plain int option on our own socket.
+        unsafe {
+            libc::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                std::ptr::addr_of!(size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        let mut log = AuditLog {
+            fd,
+            seq: 0,
+            buf: Vec::new(),
+        };
+        match log.enabled() {
+            Ok(true) => Ok(log),
+            Ok(false) => Err(
+                "the kernel's audit is off (turn it on with `auditctl -e 1`, Debian package auditd)"
+                    .to_owned(),
+            ),
+            Err(e) => Err(format!("cannot ask the kernel whether audit is on: {e}")),
+        }
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn send(&mut self, kind: u16, payload: &[u8]) -> io::Result<u32> {
+        self.seq = self.seq.wrapping_add(1);
+        let len = NLMSG_HDRLEN + payload.len();
+        let mut msg = Vec::with_capacity(len);
+        msg.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
+        msg.extend_from_slice(&kind.to_ne_bytes());
+        msg.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        msg.extend_from_slice(&self.seq.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(payload);
+        let to = netlink_address();
+        // SAFETY: msg and to are valid for the lengths passed.
+        let sent = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                std::ptr::addr_of!(to).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(self.seq)
+    }
+
+    /// Whether the kernel's audit is on (`AUDIT_GET`).
+    fn enabled(&mut self) -> io::Result<bool> {
+        let seq = self.send(AUDIT_GET, &[])?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            if !self.wait(deadline) {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no answer within 1 s",
+                ));
+            }
+            let n = match self.recv() {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                Err(e) => return Err(e),
+            };
+            for (kind, msg_seq, payload) in messages(&self.buf[..n]) {
+                if msg_seq != seq {
+                    continue;
+                }
+                if kind == AUDIT_GET && payload.len() >= 8 {
+                    return Ok(ne_u32(&payload[4..8]) != 0);
+                }
+                if kind == NLMSG_ERROR && payload.len() >= 4 {
+                    let errno = -(ne_u32(&payload[..4]) as i32);
+                    if errno != 0 {
+                        return Err(io::Error::from_raw_os_error(errno));
+                    }
+                }
+            }
+        }
+    }
+
+    fn recv(&mut self) -> io::Result<usize> {
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; READ_BUFFER];
+        }
+        // SAFETY: buf is writable for its whole length.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                self.buf.as_mut_ptr().cast(),
+                self.buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Waits until something can be read or `deadline` passes.
+    fn wait(&self, deadline: Instant) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pollfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis().saturating_add(1)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pollfd, 1, ms) > 0 }
+    }
+
+    /// Reads every record that has arrived, without blocking.
+    pub(crate) fn read(&mut self, tracker: &mut Tracker, on_new: &mut dyn FnMut(&Violation)) {
+        loop {
+            let n = match self.recv() {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    tracker.lost = true;
+                    continue;
+                }
+                Err(_) => return,
+            };
+            let records: Vec<(u16, String)> = messages(&self.buf[..n])
+                .filter(|(kind, _, _)| {
+                    matches!(
+                        *kind,
+                        AUDIT_LANDLOCK_ACCESS | AUDIT_LANDLOCK_DOMAIN | AUDIT_USER
+                    )
+                })
+                .map(|(kind, _, payload)| (kind, String::from_utf8_lossy(payload).into_owned()))
+                .collect();
+            for (kind, text) in records {
+                tracker.record(kind, &text, on_new);
+            }
+        }
+    }
+
+    /// Logs a marker and reads until it comes back: then every record
+    /// queued before now has been read. False when it did not come back in
+    /// time.
+    pub(crate) fn flush(
+        &mut self,
+        tracker: &mut Tracker,
+        on_new: &mut dyn FnMut(&Violation),
+    ) -> bool {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let marker = format!(
+            "moat: a sandbox ended; evidence flush {}-{nanos}",
+            std::process::id()
+        );
+        // NUL-terminated: the kernel drops a user message's last byte,
+        // which it takes for the terminator.
+        let mut text = marker.clone().into_bytes();
+        text.push(0);
+        tracker.marker = Some(marker);
+        if self.send(AUDIT_USER, &text).is_err() {
+            return false;
+        }
+        let deadline = Instant::now() + FLUSH_WAIT;
+        while !tracker.marker_seen {
+            if !self.wait(deadline) {
+                return false;
+            }
+            self.read(tracker, on_new);
+        }
+        true
+    }
+}
+
+const AUDIT_SET: u16 = 1001;
+const AUDIT_STATUS_ENABLED: u32 = 1;
+
+/// Turns the kernel's audit on or off (`AUDIT_SET`, as `auditctl -e`
+/// does; takes `CAP_AUDIT_CONTROL`) and returns whether it was on. For
+/// tests and host tooling: Moat itself only reads the audit log.
+pub fn switch_kernel_audit(on: bool) -> io::Result<bool> {
+    // SAFETY: plain socket creation; the descriptor is owned below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_AUDIT,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut log = AuditLog {
+        // SAFETY: raw is a fresh descriptor that nothing else owns.
+        fd: unsafe { OwnedFd::from_raw_fd(raw) },
+        seq: 0,
+        buf: Vec::new(),
+    };
+    let was = log.enabled()?;
+    // struct audit_status: mask, enabled, then nine fields left zero.
+    let mut status = [0u8; 44];
+    status[..4].copy_from_slice(&AUDIT_STATUS_ENABLED.to_ne_bytes());
+    status[4..8].copy_from_slice(&u32::from(on).to_ne_bytes());
+    log.send(AUDIT_SET, &status)?;
+    if log.enabled()? != on {
+        return Err(io::Error::other("the kernel kept its audit setting"));
+    }
+    Ok(was)
+}
+
+fn netlink_address() -> libc::sockaddr_nl {
+    // SAFETY: sockaddr_nl is plain old data; zero is valid for every field.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    addr
+}
+
+fn ne_u32(bytes: &[u8]) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[..4]);
+    u32::from_ne_bytes(word)
+}
+
+/// The netlink messages in one datagram: type, sequence number, payload.
+fn messages(mut buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
+    std::iter::from_fn(move || {
+        if buf.len() < NLMSG_HDRLEN {
+            return None;
+        }
+        let len = ne_u32(&buf[..4]) as usize;
+        let kind = u16::from_ne_bytes([buf[4], buf[5]]);
+        let seq = ne_u32(&buf[8..12]);
+        if len < NLMSG_HDRLEN || len > buf.len() {
+            return None;
+        }
+        let payload = &buf[NLMSG_HDRLEN..len];
+        // Messages are 4-byte aligned in a datagram.
+        let next = (len + 3) & !3;
+        buf = buf.get(next..).unwrap_or(&[]);
+        // Audit's text payloads may end in NULs.
+        let end = payload
+            .iter()
+            .rposition(|b| *b != 0)
+            .map_or(0, |last| last + 1);
+        Some((kind, seq, &payload[..end]))
+    })
+}
+
+struct Access {
+    domain: String,
+    access: String,
+    object: Option<String>,
+}
+
+/// Which records are this run's, and what they add up to.
+#[derive(Default)]
+pub(crate) struct Tracker {
+    /// The payload's pid in the launcher's namespace, once it is known.
+    payload: Option<u32>,
+    /// Landlock domain id → the pid that created it.
+    domains: BTreeMap<String, u32>,
+    pending: VecDeque<Access>,
+    counts: BTreeMap<(String, Option<String>), u64>,
+    announced: usize,
+    /// The socket overflowed: some records never arrived.
+    pub(crate) lost: bool,
+    marker: Option<String>,
+    marker_seen: bool,
+}
+
+impl Tracker {
+    pub(crate) fn set_payload(&mut self, pid: u32, on_new: &mut dyn FnMut(&Violation)) {
+        self.payload = Some(pid);
+        self.resolve(on_new);
+    }
+
+    pub(crate) fn knows_payload(&self) -> bool {
+        self.payload.is_some()
+    }
+
+    fn record(&mut self, kind: u16, text: &str, on_new: &mut dyn FnMut(&Violation)) {
+        let fields = Fields::parse(text);
+        match kind {
+            AUDIT_LANDLOCK_ACCESS => {
+                let Some(domain) = fields.get("domain") else {
+                    return;
+                };
+                if self.pending.len() >= MAX_PENDING {
+                    // Oldest first: a record of ours is followed at once by
+                    // its domain's, so what waits longest is someone else's.
+                    self.pending.pop_front();
+                }
+                self.pending.push_back(Access {
+                    domain: domain.to_owned(),
+                    access: fields.get("blockers").unwrap_or("unknown").to_owned(),
+                    object: fields.object(),
+                });
+                self.resolve(on_new);
+            }
+            AUDIT_LANDLOCK_DOMAIN => {
+                if let (Some(domain), Some("allocated"), Some(pid)) = (
+                    fields.get("domain"),
+                    fields.get("status"),
+                    fields.get("pid").and_then(|p| p.parse::<u32>().ok()),
+                ) {
+                    if self.domains.len() >= MAX_DOMAINS
+                        && let Some(first) = self.domains.keys().next().cloned()
+                    {
+                        self.domains.remove(&first);
+                    }
+                    self.domains.insert(domain.to_owned(), pid);
+                    self.resolve(on_new);
+                }
+            }
+            AUDIT_USER => {
+                if let Some(marker) = &self.marker
+                    && text.contains(marker.as_str())
+                {
+                    self.marker_seen = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn resolve(&mut self, on_new: &mut dyn FnMut(&Violation)) {
+        let Some(payload) = self.payload else {
+            return;
+        };
+        let waiting = std::mem::take(&mut self.pending);
+        for access in waiting {
+            match self.domains.get(&access.domain) {
+                Some(pid) if *pid == payload => self.count(access, on_new),
+                Some(_) => {} // another sandbox's, or a domain the program made itself
+                None => self.pending.push_back(access),
+            }
+        }
+    }
+
+    fn count(&mut self, access: Access, on_new: &mut dyn FnMut(&Violation)) {
+        let key = (access.access, access.object);
+        let count = self.counts.entry(key.clone()).or_insert(0);
+        *count += 1;
+        if *count == 1 && self.announced < MAX_EVENTS {
+            self.announced += 1;
+            on_new(&Violation {
+                layer: "landlock".into(),
+                access: key.0,
+                object: key.1,
+                count: 1,
+            });
+        }
+    }
+
+    pub(crate) fn violations(&self) -> Vec<Violation> {
+        self.counts
+            .iter()
+            .map(|((access, object), count)| Violation {
+                layer: "landlock".into(),
+                access: access.clone(),
+                object: object.clone(),
+                count: *count,
+            })
+            .collect()
+    }
+}
+
+/// The `key=value` fields of one audit record's text.
+struct Fields<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> Fields<'a> {
+    fn parse(text: &'a str) -> Self {
+        // `audit(1729738800.268:30): domain=... blockers=...`; values with a
+        // space or a quote in them are hex-encoded, so spaces split fields.
+        let body = text.split_once("): ").map_or(text, |(_, rest)| rest);
+        Fields(
+            body.split(' ')
+                .filter_map(|field| field.split_once('='))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    /// An untrusted string: quoted as is, or hex-encoded.
+    fn text(&self, key: &str) -> Option<String> {
+        let value = self.get(key)?;
+        if let Some(quoted) = value.strip_prefix('"') {
+            return Some(quoted.strip_suffix('"').unwrap_or(quoted).to_owned());
+        }
+        if value.len() % 2 == 0 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let bytes: Option<Vec<u8>> = (0..value.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&value[i..i + 2], 16).ok())
+                .collect();
+            if let Some(bytes) = bytes {
+                return Some(String::from_utf8_lossy(&bytes).into_owned());
+            }
+        }
+        Some(value.to_owned())
+    }
+
+    /// What the refused access was for: a path, an address, a process.
+    fn object(&self) -> Option<String> {
+        if let Some(path) = self.text("path") {
+            return Some(path);
+        }
+        for (address, port) in [("daddr", "dest"), ("saddr", "src"), ("laddr", "lport")] {
+            if let Some(port) = self.get(port) {
+                return Some(match self.get(address) {
+                    Some(ip) if ip.contains(':') => format!("[{ip}]:{port}"),
+                    Some(ip) => format!("{ip}:{port}"),
+                    None => format!("port {port}"),
+                });
+            }
+        }
+        if let Some(pid) = self.get("opid") {
+            return Some(match self.text("ocomm") {
+                Some(comm) => format!("process {pid} ({comm})"),
+                None => format!("process {pid}"),
+            });
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn feed(tracker: &mut Tracker, records: &[(u16, &str)]) -> Vec<Violation> {
+        let mut seen = Vec::new();
+        for (kind, text) in records {
+            tracker.record(*kind, text, &mut |v| seen.push(v.clone()));
+        }
+        seen
+    }
+
+    #[test]
+    fn keeps_only_the_payloads_domain_and_counts() {
+        let mut tracker = Tracker::default();
+        let seen = feed(
+            &mut tracker,
+            &[
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    "audit(1.2:30): domain=1a6 blockers=fs.read_file path=\"/root/.aws/credentials\" dev=\"tmpfs\" ino=5",
+                ),
+                (
+                    AUDIT_LANDLOCK_DOMAIN,
+                    "audit(1.2:30): domain=1a6 status=allocated mode=enforcing pid=300 uid=0 exe=\"/bin/cat\" comm=\"cat\"",
+                ),
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    "audit(1.3:31): domain=2b7 blockers=fs.read_file path=\"/etc/other\"",
+                ),
+                (
+                    AUDIT_LANDLOCK_DOMAIN,
+                    "audit(1.3:31): domain=2b7 status=allocated mode=enforcing pid=999",
+                ),
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    "audit(1.4:32): domain=1a6 blockers=fs.read_file path=\"/root/.aws/credentials\"",
+                ),
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    "audit(1.5:33): domain=1a6 blockers=net.connect_tcp daddr=127.0.0.1 dest=8080",
+                ),
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    "audit(1.6:34): domain=1a6 blockers=fs.read_file path=2F726F6F742F6120620A",
+                ),
+            ],
+        );
+        // Nothing is announced before the payload's pid is known.
+        assert!(seen.is_empty());
+        let mut late = Vec::new();
+        tracker.set_payload(300, &mut |v| late.push(v.clone()));
+        let objects: Vec<_> = late.iter().map(|v| v.object.clone().unwrap()).collect();
+        assert_eq!(
+            objects,
+            ["/root/.aws/credentials", "127.0.0.1:8080", "/root/a b\n"]
+        );
+        let all = tracker.violations();
+        let creds = all
+            .iter()
+            .find(|v| v.object.as_deref() == Some("/root/.aws/credentials"))
+            .unwrap();
+        assert_eq!(creds.count, 2);
+        assert_eq!(
+            creds.describe(),
+            "tried to read /root/.aws/credentials: denied (landlock fs.read_file), 2 times"
+        );
+        assert!(
+            all.iter()
+                .all(|v| v.object.as_deref() != Some("/etc/other"))
+        );
+    }
+
+    #[test]
+    fn the_marker_ends_the_flush() {
+        let mut tracker = Tracker {
+            marker: Some("evidence flush 7-9".into()),
+            ..Tracker::default()
+        };
+        feed(
+            &mut tracker,
+            &[(
+                AUDIT_USER,
+                "audit(1.2:3): pid=7 uid=0 msg='moat: a sandbox ended; evidence flush 7-8'",
+            )],
+        );
+        assert!(!tracker.marker_seen);
+        feed(
+            &mut tracker,
+            &[(
+                AUDIT_USER,
+                "audit(1.2:4): pid=7 uid=0 msg='moat: a sandbox ended; evidence flush 7-9'",
+            )],
+        );
+        assert!(tracker.marker_seen);
+    }
+
+    #[test]
+    fn netlink_messages_split_and_trim() {
+        let mut datagram = Vec::new();
+        for (kind, text) in [(1423u16, &b"a=1\0"[..]), (1005, b"b=22")] {
+            let len = NLMSG_HDRLEN + text.len();
+            datagram.extend_from_slice(&(len as u32).to_ne_bytes());
+            datagram.extend_from_slice(&kind.to_ne_bytes());
+            datagram.extend_from_slice(&[0, 0]);
+            datagram.extend_from_slice(&5u32.to_ne_bytes());
+            datagram.extend_from_slice(&0u32.to_ne_bytes());
+            datagram.extend_from_slice(text);
+            while datagram.len() % 4 != 0 {
+                datagram.push(0);
+            }
+        }
+        let got: Vec<_> = messages(&datagram).collect();
+        assert_eq!(got, [(1423, 5, &b"a=1"[..]), (1005, 5, &b"b=22"[..])]);
+        // A length past the datagram ends the walk instead of reading beyond.
+        datagram[0] = 200;
+        assert_eq!(messages(&datagram).count(), 0);
+    }
+}

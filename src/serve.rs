@@ -49,6 +49,13 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
     listen: String,
+    /// Also serve Prometheus metrics at http://ADDR/metrics, without a token
+    /// (runs finished, operations by kind and status, refusals by layer,
+    /// teardowns, programs' CPU and egress, queued runs, pending approvals):
+    /// counts and names of environments and operation kinds, nothing else.
+    /// Bind it where only your Prometheus reaches, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
     /// Serve HTTPS with this PEM certificate chain (the server's certificate
     /// first; with --tls-key). Runners and operator commands trust a private
     /// CA with --ca-file.
@@ -225,12 +232,33 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
             "moat serve: listening on {scheme}://{local} ({backend}; policy {})",
             state.config.policy.hash()
         );
-        let shutdown = async {
+        let (stop_metrics, metrics_stopped) = tokio::sync::watch::channel(false);
+        if let Some(address) = &args.metrics_listen {
+            let metrics = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("--metrics-listen {address}"))?;
+            eprintln!(
+                "moat serve: metrics at http://{}/metrics",
+                metrics.local_addr()?
+            );
+            let mut stopped = metrics_stopped.clone();
+            let state = Arc::clone(&state);
+            tokio::spawn(async move {
+                let until = async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                };
+                if let Err(e) = server::serve_metrics(metrics, state, until).await {
+                    eprintln!("moat serve: metrics: {e}");
+                }
+            });
+        }
+        let shutdown = async move {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
             }
+            let _ = stop_metrics.send(true);
         };
         server::serve(listener, state, shutdown, tls).await?;
         eprintln!("moat serve: stopped");

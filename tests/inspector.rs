@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MOAT, path_str};
+use common::{MOAT, free_port, path_str};
 use serde_json::Value;
 
 /// `moat up`, stopped with SIGTERM (by its pid) when dropped.
@@ -35,14 +35,6 @@ impl Drop for Up {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn get(url: &str, token: &str) -> Value {

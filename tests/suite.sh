@@ -10,7 +10,8 @@
 #     images, and Node.js with npm if there is no `node`), with apt-get;
 #   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
 #     in the system's Python), checkov and kubernetes-validate in another,
-#     target/deploy-venv, Debian's kubectl unpacked in target/deploy-tools,
+#     target/deploy-venv, Debian's kubectl and prometheus unpacked in
+#     target/deploy-tools,
 #     and the Inspector walkthrough's npm package
 #     (playwright-core, which never downloads a browser) in
 #     tests/inspector/node_modules;
@@ -70,6 +71,16 @@ if [ ! -x "$tools/kubectl/usr/bin/kubectl" ]; then
   dpkg -x "$tools"/kubernetes-client_*.deb "$tools/kubectl" && rm -f "$tools"/kubernetes-client_*.deb
 fi
 export MOAT_TEST_KUBECTL=$tools/kubectl/usr/bin/kubectl
+# The metrics test (tests/metrics.rs) scrapes with Debian's Prometheus,
+# unpacked the same way: installed, its package would start a service.
+if [ ! -x "$tools/prometheus/usr/bin/prometheus" ]; then
+  echo "tests/suite.sh: unpacking Debian's prometheus into $tools"
+  mkdir -p "$tools"
+  fetch_prometheus() { (cd "$tools" && apt-get download -qq -o APT::Sandbox::User=root prometheus); }
+  fetch_prometheus 2>/dev/null || { apt-get update -qq && fetch_prometheus; }
+  dpkg -x "$tools"/prometheus_*.deb "$tools/prometheus" && rm -f "$tools"/prometheus_*.deb
+fi
+export MOAT_TEST_PROMETHEUS=$tools/prometheus/usr/bin/prometheus
 deploy_venv=$PWD/target/deploy-venv
 if ! "$deploy_venv/bin/checkov" --version >/dev/null 2>&1 || ! [ -x "$deploy_venv/bin/kubernetes-validate" ]; then
   echo "tests/suite.sh: installing checkov and kubernetes-validate into $deploy_venv"

@@ -56,6 +56,12 @@ pub struct StartArgs {
     /// escalation every op's report records and `moat audit` lists.
     #[arg(long)]
     override_launch_policy: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics, without a token
+    /// (operations by kind and status, refusals by layer, teardowns and
+    /// their failed checks, runs being served). Bind it where only your
+    /// Prometheus reaches, e.g. 127.0.0.1:9465.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub fn main(args: StartArgs) -> ExitCode {
@@ -89,6 +95,7 @@ pub fn main(args: StartArgs) -> ExitCode {
         override_launch_policy: args.override_launch_policy,
         ca_file: args.ca_file,
         program,
+        metrics_listen: args.metrics_listen,
     };
     match moat_runner::run(config) {
         Ok(()) => ExitCode::SUCCESS,

@@ -467,6 +467,18 @@ pub fn create_run(serve: &Serve, token: &str, run: &str) {
     assert_eq!(status, 201, "{body}");
 }
 
+/// The agent ends `run` (`POST .../finish`) and waits until it has succeeded.
+pub fn finish_run(serve: &Serve, token: &str, run: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/finish", serve.url),
+        token,
+        None,
+    );
+    assert!(status < 300, "finishing {run}: {status} {body}");
+    wait_state(serve, token, run, "succeeded");
+}
+
 pub fn envelope(id: &str, op: &str, args: Value) -> Value {
     json!({"id": id, "op": op, "args": args})
 }

@@ -205,6 +205,18 @@ pub enum OpStatus {
     Timeout,
 }
 
+impl OpStatus {
+    /// As on the wire: `ok`, `denied`, `error`, `timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpStatus::Ok => "ok",
+            OpStatus::Denied => "denied",
+            OpStatus::Error => "error",
+            OpStatus::Timeout => "timeout",
+        }
+    }
+}
+
 /// A reference to an artifact produced by an operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -20,7 +20,7 @@ mod teardown;
 pub mod workspace;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use moat_api::runner::Registration;
@@ -68,6 +68,8 @@ pub struct Config {
     /// This sealed runner's own file: its trailer is its manifest, and its
     /// shell children run it.
     pub program: PathBuf,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (no token).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// The file a runner's registration token is in.
@@ -312,7 +314,14 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     janitor(&client, &config.state_dir, &shell_state);
     let manifests = Manifests::new(signed, trusted, config.state_dir.clone())?;
 
+    let metrics = Arc::new(moat_metrics::Metrics::new(moat_metrics::Role::Runner));
+    if let Some(address) = config.metrics_listen {
+        let bound = moat_metrics::serve(address, Arc::clone(&metrics))
+            .map_err(|e| RunnerError::Setup(e.to_string()))?;
+        eprintln!("moat runner: metrics at http://{bound}/metrics");
+    }
     let runner = serve::Runner {
+        metrics,
         config,
         client,
         manifests: Mutex::new(manifests),

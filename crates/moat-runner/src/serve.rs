@@ -38,6 +38,8 @@ impl Drop for ClaimsOver<'_> {
 /// What a running runner holds; its slots share it.
 pub(crate) struct Runner {
     pub config: Config,
+    /// What `/metrics` reports: operations, refusals, teardowns, runs served.
+    pub metrics: Arc<moat_metrics::Metrics>,
     pub client: RunnerClient,
     pub manifests: Mutex<Manifests>,
     /// The manifest generation and its file (`None`: the sealed one), as of
@@ -75,6 +77,7 @@ impl Drop for Serving<'_> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         serving.remove(&self.1);
+        self.0.metrics.run_active(-1);
         self.0.served.notify_all();
     }
 }
@@ -176,6 +179,7 @@ impl Runner {
                     .unwrap_or_else(PoisonError::into_inner);
             }
             serving.insert(run_id.clone());
+            self.metrics.run_active(1);
             Serving(self, run_id.clone())
         };
         let result = self.execute_run(claim);
@@ -205,6 +209,12 @@ impl Runner {
             .map(|ledger| crate::teardown::sandboxes_of(&ledger, run_id))
             .unwrap_or_default();
         let checks = crate::teardown::destroy(&workspace, &sandboxes);
+        let failed: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| c.check.clone())
+            .collect();
+        self.metrics.teardown(&failed);
         for failed in checks.iter().filter(|c| !c.ok) {
             eprintln!(
                 "moat runner: run {run_id}: teardown: {}: {}",
@@ -409,9 +419,19 @@ impl Runner {
                     }
                 }
             });
+            let started = std::time::Instant::now();
             let result = shell.ask_json(&json, &envelope.id);
             drop(stop);
-            Ok(result?)
+            let result = result?;
+            self.metrics.op_finished(
+                envelope.op.as_str(),
+                result.status.as_str(),
+                started.elapsed().as_secs_f64(),
+            );
+            if let Some(report) = &result.result {
+                self.metrics.report(report);
+            }
+            Ok(result)
         })
     }
 

@@ -32,6 +32,22 @@ pub struct Page {
     pub last_seq: i64,
 }
 
+thread_local! {
+    /// What the transaction running on this thread appended, while the
+    /// store has an observer (see `Store::observe_appends`).
+    static APPENDED: std::cell::RefCell<Option<Vec<Event>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `attempt` (one transaction, on this thread) and returns what it
+/// appended.
+pub(crate) fn collecting<T>(attempt: impl FnOnce() -> T) -> (T, Vec<Event>) {
+    let outer = APPENDED.with(|a| a.borrow_mut().replace(Vec::new()));
+    let result = attempt();
+    let appended = APPENDED.with(|a| std::mem::replace(&mut *a.borrow_mut(), outer));
+    (result, appended.unwrap_or_default())
+}
+
 const MOVE_HEAD: &str = "UPDATE ledger_head SET seq = ?, hash = ? WHERE id = 1";
 
 /// Appends `events` of `org` after the head, in the caller's transaction.
@@ -87,12 +103,22 @@ pub fn append(
         if i + 1 == batches.len() && tx.dialect() == Dialect::Postgres {
             let params: Vec<Value> = batch.iter().chain(&head).cloned().collect();
             tx.execute(&format!("WITH inserted AS ({insert}) {MOVE_HEAD}"), &params)?;
+            note_appended(events);
             return Ok(stored);
         }
         tx.execute(&insert, batch)?;
     }
     tx.execute(MOVE_HEAD, &head)?;
+    note_appended(events);
     Ok(stored)
+}
+
+fn note_appended(events: &[Event]) {
+    APPENDED.with(|a| {
+        if let Some(appended) = a.borrow_mut().as_mut() {
+            appended.extend_from_slice(events);
+        }
+    });
 }
 
 fn decode(row: &crate::Row) -> Result<StoredEvent, StoreError> {

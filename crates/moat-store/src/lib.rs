@@ -20,6 +20,7 @@ mod enrolments;
 mod events;
 #[cfg(feature = "test-fixtures")]
 mod fixtures;
+mod gauges;
 mod migrate;
 mod objects;
 mod ops;
@@ -38,6 +39,7 @@ pub use enrolments::EnrolmentRow;
 pub use events::Page;
 #[cfg(feature = "test-fixtures")]
 pub use fixtures::TempPostgres;
+pub use gauges::Waiting;
 pub use objects::{ArtifactRow, ManifestRow, NewArtifact};
 pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;
@@ -180,7 +182,12 @@ impl PgPool {
 /// The store. Cheap to share behind an `Arc`; every method is one transaction.
 pub struct Store {
     backend: Backend,
+    /// Told of every event once the transaction that appended it commits.
+    observer: std::sync::OnceLock<EventObserver>,
 }
+
+/// What [`Store::observe_appends`] calls with each committed batch.
+pub type EventObserver = Box<dyn Fn(&[moat_core::Event]) + Send + Sync>;
 
 impl Store {
     /// Opens `sqlite:PATH` or a PostgreSQL URL (`postgres://`, `postgresql://`,
@@ -232,7 +239,34 @@ impl Store {
                 migrated?;
             }
         }
-        Ok(Store { backend })
+        Ok(Store {
+            backend,
+            observer: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Calls `observer` with the events each transaction appended, after it
+    /// committed (never for one rolled back or retried). Once per store;
+    /// false if an observer was already set. For the metrics: they count
+    /// what the ledger holds, whichever handler wrote it.
+    pub fn observe_appends(&self, observer: EventObserver) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
+    /// `attempt`, collecting what it appends for the observer (if any), who
+    /// hears of it when it succeeded.
+    fn observed<T>(
+        &self,
+        attempt: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Some(observer) = self.observer.get() else {
+            return attempt();
+        };
+        let (result, appended) = events::collecting(attempt);
+        if result.is_ok() && !appended.is_empty() {
+            observer(&appended);
+        }
+        result
     }
 
     /// `sqlite` or `postgres`.
@@ -249,7 +283,7 @@ impl Store {
         &self,
         mut body: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        retrying(|| self.tx_once(&mut body))
+        retrying(|| self.observed(|| self.tx_once(&mut body)))
     }
 
     /// Runs read-only `body`: on PostgreSQL without a transaction (each
@@ -289,10 +323,12 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(_) => self.tx(body),
             Backend::Postgres(pool) => retrying(|| {
-                let mut conn = pool.take()?;
-                let result = body(&mut conn.autocommit());
-                pool.give(conn);
-                result
+                self.observed(|| {
+                    let mut conn = pool.take()?;
+                    let result = body(&mut conn.autocommit());
+                    pool.give(conn);
+                    result
+                })
             }),
         }
     }

@@ -92,6 +92,8 @@ pub struct AppState {
     /// every next step of a run reads them: what they come from (the
     /// signed manifest and the expiry it was published with) never changes
     /// for a hash; revocation is checked with the runner, not here.
+    /// Counters for `/metrics`, fed by every event the store commits.
+    pub metrics: Arc<moat_metrics::Metrics>,
     pub(crate) lifetimes: std::sync::Mutex<
         std::collections::HashMap<(String, String), (moat_core::lifecycle::Lifetime, Duration)>,
     >,
@@ -114,13 +116,27 @@ impl AppState {
                 eprintln!("moat serve: {e}; other replicas' changes are polled for");
                 None
             });
+        let metrics = Arc::new(moat_metrics::Metrics::new(moat_metrics::Role::ControlPlane));
+        let observer = Arc::clone(&metrics);
+        config
+            .store
+            .observe_appends(Box::new(move |events| observer.observe(events)));
         Arc::new(AppState {
             config,
             wakes,
             feed,
             ledger_check: tokio::sync::Mutex::new(None),
+            metrics,
             lifetimes: std::sync::Mutex::default(),
         })
+    }
+
+    /// `/metrics`: the counters, and what waits now (read at the scrape).
+    pub async fn metrics_text(self: &Arc<Self>) -> Result<String, ApiError> {
+        let waiting = self.db(|s| s.waiting()).await?;
+        self.metrics
+            .set_waiting(&waiting.queued_runs, waiting.pending_approvals);
+        Ok(self.metrics.encode())
     }
 
     pub fn now(&self) -> i64 {
@@ -351,6 +367,38 @@ pub async fn serve(
             serve_on(listener, state, shutdown).await
         }
     }
+}
+
+/// Serves `GET /metrics` (Prometheus' text format) on `listener` until
+/// `shutdown`: a listener of its own (`moat serve --metrics-listen`), so
+/// that scrapes need no token and the API's port need not be open to them.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    async fn metrics(
+        axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse as _;
+        match state.metrics_text().await {
+            Ok(text) => (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                text,
+            )
+                .into_response(),
+            Err(e) => e.into_response(),
+        }
+    }
+    let router = axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .with_state(state);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 async fn serve_on<L>(

@@ -251,3 +251,60 @@ fn a_runner_started_with_the_override_is_audited_as_beyond_its_boundary() {
         "{audit}"
     );
 }
+
+/// A directory of host root's with a file only root may read and one
+/// anyone may.
+fn root_owned_dir() -> (tempfile::TempDir, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    make_world_accessible(dir.path());
+    let secret = common::token();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, &secret).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(dir.path().join("public"), "public\n").unwrap();
+    (dir, secret)
+}
+
+#[test]
+fn files_only_host_root_may_read_stay_unreadable_in_a_declared_root() {
+    let (dir, secret) = root_owned_dir();
+    let data = format!("{}:/data", path_str(dir.path()));
+    let read = ["/bin/sh", "-c", "cat /data/public; cat /data/secret"];
+    // Read-only, alone.
+    let run = exec(&["--ro", &data], &read);
+    assert!(run.stdout.contains("public"), "{}", run.stdout);
+    assert!(!run.stdout.contains(&secret), "{}", run.stdout);
+    assert!(run.stderr.contains("Permission denied"), "{}", run.stderr);
+    let fs = run.report["enforcement"]["filesystem"]["detail"]
+        .as_str()
+        .unwrap();
+    assert!(fs.contains("/data (ro)"), "{fs}");
+    // Beside a writable root of another user's, which the sandbox user
+    // becomes: still only what anyone may read.
+    let work = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(work.path(), Some(1000), Some(1000)).unwrap();
+    let rw = format!("{}:/work", path_str(work.path()));
+    let write_and_read = [
+        "/bin/sh",
+        "-c",
+        "echo made > /work/made; cat /data/public; cat /data/secret",
+    ];
+    let run = exec(&["--rw", &rw, "--ro", &data], &write_and_read);
+    assert!(run.stdout.contains("public"), "{}", run.stdout);
+    assert!(!run.stdout.contains(&secret), "{}", run.stdout);
+    assert!(run.stderr.contains("Permission denied"), "{}", run.stderr);
+    let made = std::fs::metadata(work.path().join("made")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&made), 1000);
+    // Nothing was written where it was read from.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    // Beside a writable root of host root's (a root runner's workspace),
+    // root's files are the program's, and the report says so.
+    let owned = tempfile::tempdir().unwrap();
+    let rw = format!("{}:/work", path_str(owned.path()));
+    let run = exec(&["--rw", &rw, "--ro", &data], &read);
+    let fs = run.report["enforcement"]["filesystem"]["detail"]
+        .as_str()
+        .unwrap();
+    assert!(fs.contains("a writable root is owned by host root"), "{fs}");
+}

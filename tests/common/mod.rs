@@ -166,7 +166,6 @@ pub fn make_world_accessible(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
 
-/// A unique token for canaries and process markers.
 /// The kernel's audit (host-wide) switched on or off while held, as the
 /// evidence layer's tests need it; put back as it was on drop. Tests of one
 /// binary that hold it take turns.
@@ -192,6 +191,7 @@ impl Drop for AuditSetting {
     }
 }
 
+/// A unique token for canaries and process markers.
 pub fn token() -> String {
     moat_core::random::hex(8)
 }

@@ -722,14 +722,20 @@ fn launch(
         spec.root_view,
         moat_core::size::format_size(spec.limits.tmp_size_bytes)
     );
-    for m in &spec.mounts {
+    for (i, m) in spec.mounts.iter().enumerate() {
         let how = if spec.is_writable(m) { "rw" } else { "ro" };
-        let mapped = if idmapped.is_empty() {
-            ""
-        } else {
+        let mapped = if idmapped.is_mapped(i) {
             ", idmapped"
+        } else {
+            ""
         };
         fs.push_str(&format!("; {} ({how}{mapped})", m.inside.display()));
+    }
+    if idmapped.root_owned_writable() {
+        fs.push_str(
+            "; a writable root is owned by host root: the program owns root's files in it \
+             and in the read-only roots of root's (mapped alike)",
+        );
     }
     for note in &fs_notes {
         fs.push_str("; ");

@@ -42,6 +42,9 @@ pub(crate) struct Source {
 pub(crate) struct IdmappedRoots {
     /// One slot per declared mount of the spec, in order.
     trees: Vec<Option<OwnedFd>>,
+    /// Whether each is idmapped (its owner shown as the sandbox user), or
+    /// only cloned here so that what is mounted is what was checked.
+    mapped: Vec<bool>,
     /// uid/gid owning the first writable root (else the first root): the
     /// identity the sandbox user takes inside.
     pub(crate) owner: Option<(u32, u32)>,
@@ -51,6 +54,7 @@ impl IdmappedRoots {
     pub(crate) fn none() -> Self {
         IdmappedRoots {
             trees: Vec::new(),
+            mapped: Vec::new(),
             owner: None,
         }
     }
@@ -81,16 +85,44 @@ impl IdmappedRoots {
             sys::mount_setattr(fd.as_raw_fd(), false, attrs, 0, None).map_err(fail)?;
             trees.push(Some(fd));
         }
+        // The sandbox user becomes the owner of the first writable root (it
+        // must write there), else of the first read-only root not owned by
+        // root: host root's files are never handed to it for reading only.
         let owner = owners
             .iter()
             .find(|(writable, _)| *writable)
-            .or(owners.first())
+            .or(owners.iter().find(|(_, (uid, _))| *uid != 0))
             .map(|(_, owner)| *owner);
-        Ok(IdmappedRoots { trees, owner })
+        // A read-only root is mapped only when it has the sandbox user's
+        // owner: otherwise its files keep their owners, which the sandbox
+        // does not have, and only what anyone may read is read. (Root's
+        // read-only roots are mapped only beside a writable root of root's,
+        // such as a root runner's workspace, whose files the program owns
+        // anyway; the report says so.)
+        let mapped = owners
+            .iter()
+            .map(|(writable, of)| *writable || Some(*of) == owner)
+            .collect();
+        Ok(IdmappedRoots {
+            trees,
+            mapped,
+            owner,
+        })
+    }
+
+    /// A writable root owned by host root: what root keeps in it is the
+    /// sandbox's (for the report).
+    pub(crate) fn root_owned_writable(&self) -> bool {
+        self.owner.is_some_and(|(uid, _)| uid == 0)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.trees.iter().all(Option::is_none)
+        !self.mapped.iter().any(|m| *m)
+    }
+
+    /// Whether the `index`th declared root is idmapped.
+    pub(crate) fn is_mapped(&self, index: usize) -> bool {
+        self.mapped.get(index).copied().unwrap_or(false)
     }
 
     fn raw(&self, index: usize) -> Option<RawFd> {
@@ -100,8 +132,8 @@ impl IdmappedRoots {
     /// Launcher side, once the user namespace exists: maps each root's owner
     /// to the sandbox user. Returns the first root that could not be mapped.
     pub(crate) fn apply(&self, spec: &SandboxSpec, userns: &OwnedFd) -> Result<(), SetupError> {
-        for (tree, mount) in self.trees.iter().zip(&spec.mounts) {
-            if let Some(fd) = tree {
+        for ((tree, mount), mapped) in self.trees.iter().zip(&spec.mounts).zip(&self.mapped) {
+            if let (Some(fd), true) = (tree, mapped) {
                 let set = libc::MOUNT_ATTR_IDMAP;
                 sys::mount_setattr(fd.as_raw_fd(), false, set, 0, Some(userns.as_raw_fd()))
                     .map_err(|e| {

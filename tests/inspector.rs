@@ -223,6 +223,7 @@ fn an_operator_approves_a_paused_step_in_the_inspector_and_downloads_its_result(
         "04-approved.png",
         "05-run-done.png",
         "08-cancelled.png",
+        "09-usage.png",
     ] {
         assert!(shots.join(name).is_file(), "{name} missing");
     }

@@ -157,7 +157,7 @@ fn print_text(a: &Audit, intact: &str) {
             .collect();
         outln!(
             "\nUsage: ops {}; {} program(s), CPU {} ms, program time {} ms, peak memory {}; \
-             egress {} request(s), {} B out, {} B in",
+             egress {} request(s), {} B out, {} B in; {} access(es) refused",
             if ops.is_empty() {
                 "none".to_owned()
             } else {
@@ -170,6 +170,7 @@ fn print_text(a: &Audit, intact: &str) {
             n("egressRequests"),
             n("egressBytesOut"),
             n("egressBytesIn"),
+            n("violations"),
         );
     }
     if !a.violations.is_empty() {

@@ -1,8 +1,8 @@
 // Walks through the Inspector web UI the way an operator would, in Debian's
 // Chromium: log in, find the run, watch it wait for approval, approve it in
 // another tab, watch the run page pick that up live, download the artifact
-// and check its hash, then look at the runners and verify the ledger, and
-// cancel another run from its page. On the way, the run page must list what
+// and check its hash, then look at the runners and verify the ledger,
+// cancel another run from its page and find it on the usage page. On the way, the run page must list what
 // the sandbox refused one step (MOAT_BLOCKED: one expected line per line).
 //
 //   MOAT_URL=http://127.0.0.1:7411 MOAT_TOKEN=... MOAT_RUN=... \
@@ -244,6 +244,20 @@ async function run() {
     if (state !== 'cancelled') throw new Error(`#run-state says ${JSON.stringify(state)}`);
     if (await page.locator('form#cancel-run').count()) throw new Error('a cancelled run still offers to cancel');
     await shot(page, '08-cancelled.png');
+  });
+
+  await step('i. the cancelled run says what it used, and the usage page counts it', async () => {
+    // The run's end records its usage; the page is re-read until it shows.
+    const cancelPath = `/ui/runs/${encodeURIComponent(env.MOAT_CANCEL_RUN)}`;
+    await open(page, cancelPath);
+    await present(page, 'dl#run-usage', 'the run page\'s usage');
+    await open(page, '/ui/usage');
+    const today = new Date().toISOString().slice(0, 10);
+    const row = `table#usage tr.day[data-day="${today}"]`;
+    await present(page, row, `today's row (${today}) on the usage page`);
+    const runs = Number((await page.locator(`${row} td.runs`).innerText()).trim());
+    if (!(runs >= 1)) throw new Error(`today's row counts ${runs} runs`);
+    await shot(page, '09-usage.png');
   });
 
   return { run: env.MOAT_RUN, runState, artifactSha256 };

@@ -29,6 +29,7 @@ mod runners;
 mod runs;
 mod secrets;
 mod tls;
+mod usage;
 
 use std::sync::{Condvar, Mutex};
 
@@ -46,6 +47,7 @@ pub use orgs::TokenKind;
 pub use runners::{RunnerRequest, RunnerRow, Standing};
 pub use runs::{Claimed, NewRun, RunRow, RunState, stamp, typed_event};
 pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
+pub use usage::UsageDay;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]

@@ -232,11 +232,9 @@ fn end(
             attempts,
         }),
     };
-    ended.push(typed_event(
-        EventData::RunUsage(usage(tx, run)?),
-        &run.id,
-        now,
-    ));
+    let used = usage(tx, run)?;
+    crate::usage::add(tx, &run.org_id, now, &used)?;
+    ended.push(typed_event(EventData::RunUsage(used), &run.id, now));
     ended.push(typed_event(data, &run.id, now));
     events::append(tx, &run.org_id, &ended)?;
     Ok(())
@@ -269,6 +267,16 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
             usage.cpu_ms = usage.cpu_ms.saturating_add(n("cpuMs"));
             usage.program_wall_ms = usage.program_wall_ms.saturating_add(n("wallMs"));
             usage.peak_memory_bytes = usage.peak_memory_bytes.max(n("peakMemoryBytes"));
+            let refused = match data["violations"].as_array() {
+                Some(listed) => listed
+                    .iter()
+                    .map(|v| v["count"].as_u64().unwrap_or(1))
+                    .sum(),
+                None => data["deniedSyscalls"].as_array().map_or(0, |d| {
+                    d.iter().map(|v| v["count"].as_u64().unwrap_or(1)).sum()
+                }),
+            };
+            usage.violations = usage.violations.saturating_add(refused);
         } else {
             usage.egress_requests = usage.egress_requests.saturating_add(1);
             usage.egress_bytes_out = usage.egress_bytes_out.saturating_add(n("bytesOut"));

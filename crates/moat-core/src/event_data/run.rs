@@ -132,6 +132,10 @@ pub struct RunUsage {
     pub egress_requests: u64,
     pub egress_bytes_out: u64,
     pub egress_bytes_in: u64,
+    /// Accesses the sandbox refused (every layer, counted in the reports'
+    /// `violations`). Absent from usage recorded before it was counted.
+    #[serde(default)]
+    pub violations: u64,
 }
 
 /// An operator published a signed manifest.

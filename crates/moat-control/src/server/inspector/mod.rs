@@ -49,6 +49,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/ui/approvals", get(approvals))
         .route("/ui/approvals/{id}/{verdict}", post(resolve))
         .route("/ui/runners", get(runners))
+        .route("/ui/usage", get(usage))
         .route("/ui/ledger", get(ledger))
         .route("/ui/{*rest}", any(no_page))
         .layer(axum::middleware::from_fn_with_state(state, guard::guard))
@@ -343,6 +344,19 @@ async fn runners(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page
         .await
         .map_err(failure)?;
     Ok(Html(pages::runners(&rows, state.now())).into_response())
+}
+
+/// Days of usage the page shows.
+const USAGE_DAYS: i64 = 90;
+
+async fn usage(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page {
+    let op = operator(&state, &headers).await?;
+    let org = op.org.clone();
+    let days = state
+        .db(move |s| s.usage_days(&org, USAGE_DAYS))
+        .await
+        .map_err(failure)?;
+    Ok(Html(pages::usage(&days)).into_response())
 }
 
 #[derive(Deserialize)]

@@ -4,20 +4,23 @@
 //! `tests/inspector/walkthrough.mjs` drives.
 
 use maud::{DOCTYPE, Markup, html};
+use moat_core::size::format_size;
 use moat_core::url::encode_component as seg;
 use moat_ledger::StoredEvent;
 use moat_store::{
-    ApprovalRow, ArtifactRow, ManifestRow, OpRow, OpState, Page, RunRow, RunState, RunnerRow, stamp,
+    ApprovalRow, ArtifactRow, ManifestRow, OpRow, OpState, Page, RunRow, RunState, RunnerRow,
+    UsageDay, stamp,
 };
 use serde_json::Value;
 
 /// Events rendered with a run page (later ones arrive live).
 pub const EVENTS_SHOWN: i64 = 1000;
 
-const NAV: [(&str, &str, &str); 4] = [
+const NAV: [(&str, &str, &str); 5] = [
     ("runs", "/ui/runs", "Runs"),
     ("approvals", "/ui/approvals", "Approvals"),
     ("runners", "/ui/runners", "Runners"),
+    ("usage", "/ui/usage", "Usage"),
     ("ledger", "/ui/ledger", "Ledger"),
 ];
 
@@ -218,6 +221,79 @@ fn event_item(e: &StoredEvent) -> Markup {
     }
 }
 
+/// What a run used, from its `run.usage` event (recorded as it ended).
+fn run_usage(events: &Page) -> Markup {
+    let Some(usage) = events
+        .events
+        .iter()
+        .find(|e| e.event.event_type == moat_core::EventType::RunUsage)
+    else {
+        return html! {};
+    };
+    let d = &usage.event.data;
+    let n = |key: &str| d[key].as_u64().unwrap_or(0);
+    let ops: Vec<String> = d["ops"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(state, count)| format!("{count} {state}"))
+        .collect();
+    html! {
+        h2 { "Usage" }
+        dl #run-usage {
+            dt { "Operations" } dd { @if ops.is_empty() { "none" } @else { (ops.join(", ")) } }
+            dt { "Programs" } dd { (n("programs")) }
+            dt { "CPU" } dd { (n("cpuMs")) " ms" }
+            dt { "Program time" } dd { (n("programWallMs")) " ms" }
+            dt { "Peak memory" } dd { (format_size(n("peakMemoryBytes"))) }
+            dt { "Egress" } dd {
+                (n("egressRequests")) " requests, " (format_size(n("egressBytesOut"))) " out, "
+                (format_size(n("egressBytesIn"))) " in"
+            }
+            dt { "Refused by the sandbox" } dd { (n("violations")) }
+        }
+    }
+}
+
+fn seconds(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}
+
+/// The org's usage, day by day (runs counted on the day they ended).
+pub fn usage(days: &[UsageDay]) -> String {
+    layout(
+        "Usage",
+        "usage",
+        html! {
+            h1 { "Usage" }
+            p.muted { "By the UTC day runs ended; a run counts once, with everything it used." }
+            table #usage {
+                thead { tr {
+                    th { "Day" } th { "Runs" } th { "Operations" } th { "Not succeeded" }
+                    th { "Programs" } th { "CPU" } th { "Program time" } th { "Peak memory" }
+                    th { "Egress requests" } th { "Egress out / in" } th { "Refused" }
+                } }
+                tbody {
+                    @if days.is_empty() {
+                        tr { td colspan="11" .muted { "no run has ended yet" } }
+                    }
+                    @for d in days {
+                        tr.day data-day=(d.day) {
+                            td { (d.day) } td.runs { (d.runs) } td { (d.ops) } td { (d.ops_failed) }
+                            td { (d.programs) } td { (seconds(d.cpu_ms)) }
+                            td { (seconds(d.program_wall_ms)) }
+                            td { (format_size(d.peak_memory_bytes)) }
+                            td { (d.egress_requests) }
+                            td { (format_size(d.egress_bytes_out)) " / " (format_size(d.egress_bytes_in)) }
+                            td.violations { (d.violations) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
 pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]) -> String {
     layout(
         &format!("Run {}", run.id),
@@ -259,6 +335,7 @@ pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]
                     }
                 }
             }
+            (run_usage(events))
             h2 { "Artifacts" }
             table #artifacts {
                 thead { tr {

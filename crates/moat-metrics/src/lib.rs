@@ -340,21 +340,29 @@ impl Metrics {
     fn count_run(&self, outcome: &str) {
         self.runs_finished
             .get_or_create(&Outcome {
-                outcome: outcome.to_owned(),
+                outcome: known(
+                    outcome,
+                    &["succeeded", "failed", "cancelled", "dead_lettered"],
+                ),
             })
             .inc();
     }
 
     fn count_op(&self, op: &str, status: &str, seconds: Option<f64>) {
+        let op = if op == "unknown" || moat_core::OpKind::ALL.iter().any(|k| k.as_str() == op) {
+            op.to_owned()
+        } else {
+            "other".to_owned()
+        };
         self.ops
             .get_or_create(&OpStatus {
-                op: op.to_owned(),
-                status: status.to_owned(),
+                op: op.clone(),
+                status: known(status, &["ok", "denied", "error", "timeout"]),
             })
             .inc();
         if let Some(seconds) = seconds {
             self.op_seconds
-                .get_or_create(&OpKind { op: op.to_owned() })
+                .get_or_create(&OpKind { op })
                 .observe(seconds);
         }
     }
@@ -362,7 +370,7 @@ impl Metrics {
     fn count_violations(&self, layer: &str, count: u64) {
         self.violations
             .get_or_create(&LayerLabel {
-                layer: layer.to_owned(),
+                layer: known(layer, &["landlock", "seccomp", "egress"]),
             })
             .inc_by(count);
     }
@@ -381,7 +389,7 @@ impl Metrics {
         for check in failed {
             self.teardown_checks_failed
                 .get_or_create(&Check {
-                    check: check.clone(),
+                    check: known(check, &["processes", "files", "mounts", "cgroups"]),
                 })
                 .inc();
         }
@@ -411,6 +419,16 @@ impl Metrics {
         // `order` keeps the key until it is the oldest: a lookup there is
         // what the bound costs, not each end.
         requested.by_op.remove(&(run.to_owned(), op.to_owned()))
+    }
+}
+
+/// `value` if it is one of `names`, else `other`: label values come from
+/// what runners report, and a family must not grow without bound.
+fn known(value: &str, names: &[&str]) -> String {
+    if names.contains(&value) {
+        value.to_owned()
+    } else {
+        "other".to_owned()
     }
 }
 

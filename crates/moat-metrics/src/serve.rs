@@ -1,11 +1,12 @@
 //! `/metrics` over plain HTTP/1.1 for a process that has no HTTP server of
-//! its own (the runner): one thread, one short request at a time, which is
-//! all a Prometheus scrape needs.
+//! its own (the runner): a few short requests at a time, each bounded in
+//! size and time, which is all a Prometheus scrape needs.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::Metrics;
 
@@ -28,34 +29,57 @@ pub fn serve(address: SocketAddr, metrics: Arc<Metrics>) -> Result<SocketAddr, S
     let bound = listener
         .local_addr()
         .map_err(|e| ServeError::Listen(address, e))?;
+    let busy = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("moat-metrics".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                // A slow or broken client costs its own timeout, nothing more.
-                let _ = answer(stream, &metrics);
+                // Each request on a thread of its own, a few at once: a slow
+                // client holds one for REQUEST_TIMEOUT at most, and never
+                // keeps a scrape waiting behind it.
+                if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    continue; // dropped: the client sees the connection close
+                }
+                let (metrics, done) = (Arc::clone(&metrics), Arc::clone(&busy));
+                let spawned = std::thread::Builder::new()
+                    .name("moat-metrics-request".into())
+                    .spawn(move || {
+                        let _ = answer(stream, &metrics);
+                        done.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                }
             }
         })
         .map_err(|e| ServeError::Listen(address, e))?;
     Ok(bound)
 }
 
+/// Requests answered at once; more connections are closed unanswered.
+const MAX_CONNECTIONS: usize = 8;
+
 fn answer(stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
     stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
-    // The rest of the head is read and ignored (a scrape has no body).
-    let mut head = request_line.len();
+    // The whole head within MAX_HEAD bytes and REQUEST_TIMEOUT, however it
+    // is dribbled: each read waits only for what is left of the time.
+    let mut reader = BufReader::new(stream.try_clone()?.take(MAX_HEAD as u64));
+    let mut lines = Vec::new();
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        stream.set_read_timeout(Some(left))?;
         let mut line = String::new();
-        let n = reader.read_line(&mut line)?;
-        head += n;
-        if n == 0 || line == "\r\n" || line == "\n" || head > MAX_HEAD {
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
             break;
         }
+        lines.push(line);
     }
+    let request_line = lines.first().cloned().unwrap_or_default();
     let mut parts = request_line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
@@ -91,7 +115,6 @@ fn answer(stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::Role;
-    use std::io::Read;
 
     fn get(address: SocketAddr, request: &str) -> String {
         let mut stream = TcpStream::connect(address).unwrap();
@@ -113,5 +136,14 @@ mod tests {
         assert!(other.starts_with("HTTP/1.1 404"), "{other}");
         let post = get(at, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
         assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        // A client that never finishes its head keeps nobody else waiting.
+        let mut stalled = TcpStream::connect(at).unwrap();
+        stalled.write_all(b"GET /metr").unwrap();
+        let ok = get(at, "GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        // Nor does an endless line grow anything past the head's cap.
+        let mut endless = TcpStream::connect(at).unwrap();
+        let _ = endless.write_all(&vec![b'a'; 64 << 10]);
+        drop(stalled);
     }
 }

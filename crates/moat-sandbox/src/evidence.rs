@@ -41,12 +41,16 @@ const MAX_PENDING: usize = 4096;
 const MAX_DOMAINS: usize = 4096;
 /// Kernel audit records are at most 8970 bytes; a read takes several.
 const READ_BUFFER: usize = 64 << 10;
+/// Datagrams one [`AuditLog::read`] takes at most.
+const READS_PER_CALL: usize = 64;
 
 /// The listening end of the kernel's audit log.
 pub(crate) struct AuditLog {
     fd: OwnedFd,
     seq: u32,
     buf: Vec<u8>,
+    /// The kernel's count of dropped records when the run began.
+    lost_before: u32,
 }
 
 impl AuditLog {
@@ -107,10 +111,14 @@ impl AuditLog {
             fd,
             seq: 0,
             buf: Vec::new(),
+            lost_before: 0,
         };
-        match log.enabled() {
-            Ok(true) => Ok(log),
-            Ok(false) => Err(
+        match log.status() {
+            Ok((true, lost)) => {
+                log.lost_before = lost;
+                Ok(log)
+            }
+            Ok((false, _)) => Err(
                 "the kernel's audit is off (turn it on with `auditctl -e 1`, Debian package auditd)"
                     .to_owned(),
             ),
@@ -152,6 +160,13 @@ impl AuditLog {
 
     /// Whether the kernel's audit is on (`AUDIT_GET`).
     fn enabled(&mut self) -> io::Result<bool> {
+        self.status().map(|(enabled, _)| enabled)
+    }
+
+    /// The kernel's audit status: on or not, and how many records it has
+    /// dropped since boot (backlog full, rate limit), host-wide. Records
+    /// that arrive meanwhile are skipped: ask only when none matter.
+    fn status(&mut self) -> io::Result<(bool, u32)> {
         let seq = self.send(AUDIT_GET, &[])?;
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
@@ -171,8 +186,10 @@ impl AuditLog {
                 if msg_seq != seq {
                     continue;
                 }
-                if kind == AUDIT_GET && payload.len() >= 8 {
-                    return Ok(ne_u32(&payload[4..8]) != 0);
+                // struct audit_status: mask, enabled, failure, pid,
+                // rate_limit, backlog_limit, lost, ...
+                if kind == AUDIT_GET && payload.len() >= 28 {
+                    return Ok((ne_u32(&payload[4..8]) != 0, ne_u32(&payload[24..28])));
                 }
                 if kind == NLMSG_ERROR && payload.len() >= 4 {
                     let errno = -(ne_u32(&payload[..4]) as i32);
@@ -203,9 +220,14 @@ impl AuditLog {
         Ok(n as usize)
     }
 
-    /// Waits until something can be read or `deadline` passes.
+    /// Waits until something can be read or `deadline` passes (false once
+    /// it has, readable or not: a flooded socket must not hold us).
     fn wait(&self, deadline: Instant) -> bool {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let left = deadline - now;
         let mut pollfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
@@ -216,9 +238,11 @@ impl AuditLog {
         unsafe { libc::poll(&mut pollfd, 1, ms) > 0 }
     }
 
-    /// Reads every record that has arrived, without blocking.
+    /// Reads what has arrived, without blocking: at most [`READS_PER_CALL`]
+    /// datagrams, so that a host busy with audit records never keeps the
+    /// launcher from its other work (the rest wait for the next call).
     pub(crate) fn read(&mut self, tracker: &mut Tracker, on_new: &mut dyn FnMut(&Violation)) {
-        loop {
+        for _ in 0..READS_PER_CALL {
             let n = match self.recv() {
                 Ok(0) => return,
                 Ok(n) => n,
@@ -273,6 +297,12 @@ impl AuditLog {
             }
             self.read(tracker, on_new);
         }
+        // Records the kernel dropped meanwhile (anyone's: the count is the
+        // host's) may have been this run's.
+        match self.status() {
+            Ok((_, lost)) if lost == self.lost_before => {}
+            _ => tracker.lost = true,
+        }
         true
     }
 }
@@ -300,6 +330,7 @@ pub fn switch_kernel_audit(on: bool) -> io::Result<bool> {
         fd: unsafe { OwnedFd::from_raw_fd(raw) },
         seq: 0,
         buf: Vec::new(),
+        lost_before: 0,
     };
     let was = log.enabled()?;
     // struct audit_status: mask, enabled, then nine fields left zero.
@@ -352,7 +383,6 @@ fn messages(mut buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
 }
 
 struct Access {
-    domain: String,
     access: String,
     object: Option<String>,
 }
@@ -362,21 +392,54 @@ struct Access {
 pub(crate) struct Tracker {
     /// The payload's pid in the launcher's namespace, once it is known.
     payload: Option<u32>,
-    /// Landlock domain id → the pid that created it.
-    domains: BTreeMap<String, u32>,
-    pending: VecDeque<Access>,
+    /// The inode of the sandbox's pid namespace: a domain the program
+    /// stacks itself is recognised by its creator living there.
+    pid_namespace: Option<u64>,
+    /// The run's domains (its payload's, and those its programs made):
+    /// never forgotten.
+    ours: std::collections::HashSet<String>,
+    /// Other domains seen, and the order they came in (at most
+    /// [`MAX_DOMAINS`], the oldest forgotten first).
+    others: std::collections::HashSet<String>,
+    others_order: VecDeque<String>,
+    /// Domains announced (id → creator pid) before the payload's pid was
+    /// known.
+    unresolved: BTreeMap<String, u32>,
+    /// Records of domains not known yet, by domain, oldest domain first.
+    pending: BTreeMap<String, Vec<Access>>,
+    pending_order: VecDeque<String>,
+    pending_count: usize,
     counts: BTreeMap<(String, Option<String>), u64>,
     announced: usize,
-    /// The socket overflowed: some records never arrived.
+    /// The socket overflowed, or the kernel dropped records: some refusals
+    /// are not counted.
     pub(crate) lost: bool,
+    /// More distinct refusals than are listed one by one.
+    pub(crate) folded: bool,
+    /// Domains the program stacked itself were seen.
+    pub(crate) nested: bool,
     marker: Option<String>,
     marker_seen: bool,
 }
 
+/// Distinct (access, object) pairs listed one by one; past that, refusals
+/// are counted per access only (a program must not grow the launcher's
+/// memory or the report without bound).
+const MAX_DISTINCT: usize = 256;
+
 impl Tracker {
+    pub(crate) fn new(pid_namespace: Option<u64>) -> Tracker {
+        Tracker {
+            pid_namespace,
+            ..Tracker::default()
+        }
+    }
+
     pub(crate) fn set_payload(&mut self, pid: u32, on_new: &mut dyn FnMut(&Violation)) {
         self.payload = Some(pid);
-        self.resolve(on_new);
+        for (domain, creator) in std::mem::take(&mut self.unresolved) {
+            self.classify(domain, creator, on_new);
+        }
     }
 
     pub(crate) fn knows_payload(&self) -> bool {
@@ -390,17 +453,15 @@ impl Tracker {
                 let Some(domain) = fields.get("domain") else {
                     return;
                 };
-                if self.pending.len() >= MAX_PENDING {
-                    // Oldest first: a record of ours is followed at once by
-                    // its domain's, so what waits longest is someone else's.
-                    self.pending.pop_front();
-                }
-                self.pending.push_back(Access {
-                    domain: domain.to_owned(),
+                let access = Access {
                     access: fields.get("blockers").unwrap_or("unknown").to_owned(),
                     object: fields.object(),
-                });
-                self.resolve(on_new);
+                };
+                if self.ours.contains(domain) {
+                    self.count(access, on_new);
+                } else if !self.others.contains(domain) {
+                    self.hold(domain, access);
+                }
             }
             AUDIT_LANDLOCK_DOMAIN => {
                 if let (Some(domain), Some("allocated"), Some(pid)) = (
@@ -408,13 +469,11 @@ impl Tracker {
                     fields.get("status"),
                     fields.get("pid").and_then(|p| p.parse::<u32>().ok()),
                 ) {
-                    if self.domains.len() >= MAX_DOMAINS
-                        && let Some(first) = self.domains.keys().next().cloned()
-                    {
-                        self.domains.remove(&first);
+                    if self.payload.is_some() {
+                        self.classify(domain.to_owned(), pid, on_new);
+                    } else if self.unresolved.len() < MAX_DOMAINS {
+                        self.unresolved.insert(domain.to_owned(), pid);
                     }
-                    self.domains.insert(domain.to_owned(), pid);
-                    self.resolve(on_new);
                 }
             }
             AUDIT_USER => {
@@ -428,22 +487,58 @@ impl Tracker {
         }
     }
 
-    fn resolve(&mut self, on_new: &mut dyn FnMut(&Violation)) {
-        let Some(payload) = self.payload else {
-            return;
-        };
-        let waiting = std::mem::take(&mut self.pending);
-        for access in waiting {
-            match self.domains.get(&access.domain) {
-                Some(pid) if *pid == payload => self.count(access, on_new),
-                Some(_) => {} // another sandbox's, or a domain the program made itself
-                None => self.pending.push_back(access),
+    /// Whether a domain created by `creator` is the run's: the payload's
+    /// own, or one a program of the sandbox stacked (recognised while its
+    /// creator still lives in the sandbox's pid namespace).
+    fn classify(&mut self, domain: String, creator: u32, on_new: &mut dyn FnMut(&Violation)) {
+        let nested = Some(creator) != self.payload
+            && self.pid_namespace.is_some()
+            && pid_namespace_of(creator) == self.pid_namespace;
+        let held = self.pending.remove(&domain).unwrap_or_default();
+        self.pending_count -= held.len();
+        self.pending_order.retain(|d| *d != domain);
+        if Some(creator) == self.payload || nested {
+            self.nested |= nested;
+            self.ours.insert(domain);
+            for access in held {
+                self.count(access, on_new);
             }
+        } else {
+            if self.others_order.len() >= MAX_DOMAINS
+                && let Some(oldest) = self.others_order.pop_front()
+            {
+                self.others.remove(&oldest);
+            }
+            self.others_order.push_back(domain.clone());
+            self.others.insert(domain);
         }
     }
 
+    fn hold(&mut self, domain: &str, access: Access) {
+        if self.pending_count >= MAX_PENDING {
+            // The oldest unknown domain goes: a record of the run is
+            // followed at once by its domain's, so what waits longest is
+            // someone else's.
+            if let Some(oldest) = self.pending_order.pop_front()
+                && let Some(dropped) = self.pending.remove(&oldest)
+            {
+                self.pending_count -= dropped.len();
+            }
+        }
+        let held = self.pending.entry(domain.to_owned()).or_default();
+        if held.is_empty() {
+            self.pending_order.push_back(domain.to_owned());
+        }
+        held.push(access);
+        self.pending_count += 1;
+    }
+
     fn count(&mut self, access: Access, on_new: &mut dyn FnMut(&Violation)) {
-        let key = (access.access, access.object);
+        let mut key = (access.access, access.object);
+        if !self.counts.contains_key(&key) && self.counts.len() >= MAX_DISTINCT {
+            self.folded = true;
+            key.1 = Some("(more objects, not listed)".to_owned());
+        }
         let count = self.counts.entry(key.clone()).or_insert(0);
         *count += 1;
         if *count == 1 && self.announced < MAX_EVENTS {
@@ -470,6 +565,14 @@ impl Tracker {
     }
 }
 
+/// The inode of `pid`'s pid namespace, while it lives.
+pub(crate) fn pid_namespace_of(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 /// The `key=value` fields of one audit record's text.
 struct Fields<'a>(Vec<(&'a str, &'a str)>);
 
@@ -489,8 +592,24 @@ impl<'a> Fields<'a> {
         self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
-    /// An untrusted string: quoted as is, or hex-encoded.
+    /// An untrusted string (quoted as is, or hex-encoded), with control
+    /// characters escaped: it reaches terminals (`moat audit`).
     fn text(&self, key: &str) -> Option<String> {
+        self.raw_text(key).map(|t| {
+            t.chars()
+                .flat_map(|c| {
+                    let escaped: Vec<char> = if c.is_control() {
+                        c.escape_default().collect()
+                    } else {
+                        vec![c]
+                    };
+                    escaped
+                })
+                .collect()
+        })
+    }
+
+    fn raw_text(&self, key: &str) -> Option<String> {
         let value = self.get(key)?;
         if let Some(quoted) = value.strip_prefix('"') {
             return Some(quoted.strip_suffix('"').unwrap_or(quoted).to_owned());
@@ -585,9 +704,10 @@ mod tests {
         let mut late = Vec::new();
         tracker.set_payload(300, &mut |v| late.push(v.clone()));
         let objects: Vec<_> = late.iter().map(|v| v.object.clone().unwrap()).collect();
+        // A control character reaches nobody's terminal as is.
         assert_eq!(
             objects,
-            ["/root/.aws/credentials", "127.0.0.1:8080", "/root/a b\n"]
+            ["/root/.aws/credentials", "127.0.0.1:8080", "/root/a b\\n"]
         );
         let all = tracker.violations();
         let creds = all
@@ -603,6 +723,59 @@ mod tests {
             all.iter()
                 .all(|v| v.object.as_deref() != Some("/etc/other"))
         );
+    }
+
+    #[test]
+    fn distinct_refusals_are_capped_and_other_domains_never_push_out_the_runs() {
+        let mut tracker = Tracker::default();
+        tracker.set_payload(7, &mut |_| {});
+        feed(
+            &mut tracker,
+            &[
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    "audit(1:1): domain=a blockers=net.connect_tcp daddr=10.0.0.1 dest=1",
+                ),
+                (
+                    AUDIT_LANDLOCK_DOMAIN,
+                    "audit(1:1): domain=a status=allocated pid=7",
+                ),
+            ],
+        );
+        // Many other domains come and go.
+        for i in 0..(MAX_DOMAINS + 10) {
+            let records = [
+                (
+                    AUDIT_LANDLOCK_ACCESS,
+                    format!("audit(1:2): domain=x{i} blockers=fs.read_file path=\"/p\""),
+                ),
+                (
+                    AUDIT_LANDLOCK_DOMAIN,
+                    format!("audit(1:2): domain=x{i} status=allocated pid=99"),
+                ),
+            ];
+            for (kind, text) in &records {
+                tracker.record(*kind, text, &mut |_| {});
+            }
+        }
+        // The run's domain is still known; a program connecting everywhere
+        // is listed up to the cap, then counted per access.
+        let mut announced = 0;
+        for port in 2..(MAX_DISTINCT as u32 + 50) {
+            let text =
+                format!("audit(1:3): domain=a blockers=net.connect_tcp daddr=10.0.0.1 dest={port}");
+            tracker.record(AUDIT_LANDLOCK_ACCESS, &text, &mut |_| announced += 1);
+        }
+        let all = tracker.violations();
+        assert_eq!(all.len(), MAX_DISTINCT + 1);
+        assert!(tracker.folded);
+        let folded = all
+            .iter()
+            .find(|v| v.object.as_deref() == Some("(more objects, not listed)"))
+            .unwrap();
+        assert_eq!(folded.count, 49); // ports 1..=305, 256 listed
+        assert_eq!(announced, MAX_EVENTS - 1);
+        assert!(all.iter().all(|v| v.object.as_deref() != Some("/p")));
     }
 
     #[test]

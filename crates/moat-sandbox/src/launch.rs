@@ -641,6 +641,8 @@ fn launch(
                 .map(|fd| fd.as_raw_fd())
                 .chain(signals.fd.as_ref().map(|fd| fd.as_raw_fd()))
                 .chain(netns_send.as_ref().map(|fd| fd.as_raw_fd()))
+                // The host's audit log is the launcher's alone.
+                .chain(audit.as_ref().ok().map(AuditLog::raw_fd))
                 // The cgroup directory init was cloned into: of no use inside.
                 .chain(clone_into)
                 .collect(),
@@ -858,7 +860,9 @@ fn setup_and_supervise(
         return Err(e);
     }
     let cap = spec.limits.max_output_bytes;
-    let mut tracker = Tracker::default();
+    // The sandbox's pid namespace (init's): a Landlock domain a program
+    // stacks itself is the run's too.
+    let mut tracker = Tracker::new(crate::evidence::pid_namespace_of(guard.pid.unsigned_abs()));
     let mut stdout = Stream::new(stdout_read, output, 1, cap);
     let mut stderr = Stream::new(stderr_read, output, 2, cap);
     let supervision = supervise::supervise(
@@ -995,7 +999,8 @@ fn evidence_report(tracker: &Tracker, flushed: bool) -> LayerReport {
         ))
     } else if tracker.lost {
         LayerReport::degraded(format!(
-            "{WHAT}; the audit socket overflowed: the counts are a lower bound"
+            "{WHAT}; audit records were dropped while the run went on (socket overflow or \
+             the kernel's backlog): the counts are a lower bound"
         ))
     } else if !flushed {
         LayerReport::degraded(format!(
@@ -1003,7 +1008,19 @@ fn evidence_report(tracker: &Tracker, flushed: bool) -> LayerReport {
              just before it may be missing"
         ))
     } else {
-        LayerReport::enforced(WHAT)
+        let mut detail = WHAT.to_owned();
+        if tracker.nested {
+            detail.push_str(
+                "; with the refusals of Landlock domains the program stacked itself (recognised \
+                 while their creator still ran)",
+            );
+        }
+        if tracker.folded {
+            detail.push_str(
+                "; more distinct refusals than are listed: the rest are counted per access",
+            );
+        }
+        LayerReport::enforced(detail)
     }
 }
 

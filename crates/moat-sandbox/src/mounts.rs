@@ -86,22 +86,23 @@ impl IdmappedRoots {
             trees.push(Some(fd));
         }
         // The sandbox user becomes the owner of the first writable root (it
-        // must write there), else of the first read-only root not owned by
-        // root: host root's files are never handed to it for reading only.
+        // must write there), else of the first read-only root owned by
+        // neither root's uid nor root's group: host root's files are never
+        // handed to it for reading only.
         let owner = owners
             .iter()
             .find(|(writable, _)| *writable)
-            .or(owners.iter().find(|(_, (uid, _))| *uid != 0))
+            .or(owners.iter().find(|(_, (uid, gid))| *uid != 0 && *gid != 0))
             .map(|(_, owner)| *owner);
         // A read-only root is mapped only when it has the sandbox user's
-        // owner: otherwise its files keep their owners, which the sandbox
+        // owning uid: otherwise its files keep their owners, which the sandbox
         // does not have, and only what anyone may read is read. (Root's
         // read-only roots are mapped only beside a writable root of root's,
         // such as a root runner's workspace, whose files the program owns
         // anyway; the report says so.)
         let mapped = owners
             .iter()
-            .map(|(writable, of)| *writable || Some(*of) == owner)
+            .map(|(writable, of)| *writable || owner.is_some_and(|o| o.0 == of.0))
             .collect();
         Ok(IdmappedRoots {
             trees,

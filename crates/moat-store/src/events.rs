@@ -42,9 +42,19 @@ thread_local! {
 /// Runs `attempt` (one transaction, on this thread) and returns what it
 /// appended.
 pub(crate) fn collecting<T>(attempt: impl FnOnce() -> T) -> (T, Vec<Event>) {
-    let outer = APPENDED.with(|a| a.borrow_mut().replace(Vec::new()));
+    /// Puts the enclosing collection back, even if `attempt` panics.
+    struct Restore(Option<Option<Vec<Event>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                APPENDED.with(|a| *a.borrow_mut() = outer);
+            }
+        }
+    }
+    let restore = Restore(Some(APPENDED.with(|a| a.borrow_mut().replace(Vec::new()))));
     let result = attempt();
-    let appended = APPENDED.with(|a| std::mem::replace(&mut *a.borrow_mut(), outer));
+    let appended = APPENDED.with(|a| a.borrow_mut().take());
+    drop(restore);
     (result, appended.unwrap_or_default())
 }
 

@@ -267,15 +267,12 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
             usage.cpu_ms = usage.cpu_ms.saturating_add(n("cpuMs"));
             usage.program_wall_ms = usage.program_wall_ms.saturating_add(n("wallMs"));
             usage.peak_memory_bytes = usage.peak_memory_bytes.max(n("peakMemoryBytes"));
-            let refused = match data["violations"].as_array() {
-                Some(listed) => listed
-                    .iter()
-                    .map(|v| v["count"].as_u64().unwrap_or(1))
-                    .sum(),
-                None => data["deniedSyscalls"].as_array().map_or(0, |d| {
-                    d.iter().map(|v| v["count"].as_u64().unwrap_or(1)).sum()
-                }),
-            };
+            let listed = data["violations"]
+                .as_array()
+                .or(data["deniedSyscalls"].as_array());
+            let refused = listed.into_iter().flatten().fold(0u64, |a, v| {
+                a.saturating_add(v["count"].as_u64().unwrap_or(1))
+            });
             usage.violations = usage.violations.saturating_add(refused);
         } else {
             usage.egress_requests = usage.egress_requests.saturating_add(1);

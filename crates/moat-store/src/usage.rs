@@ -39,6 +39,8 @@ const COUNTED: [&str; 10] = [
     "violations",
 ];
 
+const MAX: i64 = i64::MAX;
+
 fn signed(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -47,7 +49,7 @@ fn signed(n: u64) -> i64 {
 /// transaction; one statement).
 pub(crate) fn add(tx: &mut dyn Tx, org: &str, now: i64, used: &RunUsage) -> Result<(), StoreError> {
     let day: String = moat_core::time::stamp_ms(now).chars().take(10).collect();
-    let ops: u64 = used.ops.values().sum();
+    let ops = used.ops.values().fold(0u64, |a, n| a.saturating_add(*n));
     let failed = ops.saturating_sub(used.ops.get("succeeded").copied().unwrap_or(0));
     let larger = match tx.dialect() {
         Dialect::Postgres => "GREATEST",
@@ -55,7 +57,14 @@ pub(crate) fn add(tx: &mut dyn Tx, org: &str, now: i64, used: &RunUsage) -> Resu
     };
     let sums: Vec<String> = COUNTED
         .iter()
-        .map(|c| format!("{c} = usage_days.{c} + excluded.{c}"))
+        // Saturating: the figures come from runners' reports, and an
+        // overflow would fail every later run end of the org's day.
+        .map(|c| {
+            format!(
+                "{c} = CASE WHEN usage_days.{c} > {MAX} - excluded.{c} THEN {MAX} \
+                 ELSE usage_days.{c} + excluded.{c} END"
+            )
+        })
         .collect();
     let sql = format!(
         "INSERT INTO usage_days (org_id, day, {}, peak_memory_bytes)

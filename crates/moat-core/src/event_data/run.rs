@@ -133,9 +133,14 @@ pub struct RunUsage {
     pub egress_bytes_out: u64,
     pub egress_bytes_in: u64,
     /// Accesses the sandbox refused (every layer, counted in the reports'
-    /// `violations`). Absent from usage recorded before it was counted.
-    #[serde(default)]
+    /// `violations`). Absent when none were (and from usage recorded before
+    /// they were counted).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub violations: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// An operator published a signed manifest.

@@ -35,6 +35,8 @@ fn report() -> Value {
         stderr: OutputReport::default(),
         denied_syscalls: Vec::new(),
         violations: Vec::new(),
+        bytes_written: None,
+        write_budget_reached: false,
         launcher_peak_rss_kib: 4096,
         setup_error: None,
         enforcement: Enforcement {
@@ -51,6 +53,7 @@ fn report() -> Value {
             landlock_abi: 5,
             seccomp: layer(),
             evidence: layer(),
+            storage: layer(),
             privileges: layer(),
             cgroup: layer(),
             rlimits: layer(),
@@ -261,9 +264,14 @@ fn samples(t: EventType) -> Vec<Value> {
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
         EventType::RunReleased => vec![json!({"runnerId": "runner_1", "attempts": 0})],
-        EventType::RunUsage => vec![json!({"ops": {"succeeded": 2, "denied": 1},
+        EventType::RunUsage => vec![
+            json!({"ops": {"succeeded": 2, "denied": 1},
             "programs": 1, "cpuMs": 1000, "programWallMs": 1100, "peakMemoryBytes": 1048576,
-            "egressRequests": 0, "egressBytesOut": 0, "egressBytesIn": 0})],
+            "egressRequests": 0, "egressBytesOut": 0, "egressBytesIn": 0}),
+            json!({"ops": {"succeeded": 1}, "programs": 1, "cpuMs": 10, "programWallMs": 20,
+            "peakMemoryBytes": 4096, "egressRequests": 0, "egressBytesOut": 0,
+            "egressBytesIn": 0, "violations": 3}),
+        ],
         EventType::RunDestroyed => vec![json!({"runnerId": "runner_1", "ok": true,
             "checks": [{"check": "files", "ok": true, "detail": "removed"}]})],
         EventType::RunnerJanitor => vec![json!({"runnerId": "runner_1", "runs": ["run-1"],

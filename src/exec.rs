@@ -139,6 +139,14 @@ pub struct ExecArgs {
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
     tmp_size: u64,
 
+    /// A budget for what the program writes into its writable roots, all
+    /// together (e.g. 100M): past it, writes fail with ENOSPC and the host's
+    /// disk is not touched. The writes go to a size-capped tmpfs over each
+    /// root (counted in the memory limit) and reach the roots when the
+    /// program ends; renaming a directory there fails with EXDEV.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_write: Option<u64>,
+
     /// Pass NAME from moat's environment (or set NAME=VALUE). Repeatable.
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
     env: Vec<String>,
@@ -326,6 +334,7 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
         cpu_millis: args.cpus,
         max_output_bytes: args.max_output,
         tmp_size_bytes: args.tmp_size,
+        max_write_bytes: args.max_write,
         ..Limits::default()
     };
     let mut mount = |host: &Path, inside: &str, writable: bool| {

@@ -24,6 +24,11 @@ pub struct Limits {
     pub open_files: u64,
     /// `RLIMIT_FSIZE`: largest file the program may write.
     pub file_size_bytes: u64,
+    /// Bytes the program may write into its writable roots, all together
+    /// (`None`: no budget). Past it, writes fail with `ENOSPC`; what was
+    /// written reaches the roots when the program ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_write_bytes: Option<u64>,
 }
 
 impl Default for Limits {
@@ -37,6 +42,7 @@ impl Default for Limits {
             tmp_size_bytes: 64 << 20,
             open_files: 1024,
             file_size_bytes: 4 << 30,
+            max_write_bytes: None,
         }
     }
 }

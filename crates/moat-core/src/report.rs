@@ -142,6 +142,9 @@ pub struct Enforcement {
     pub evidence: LayerReport,
     /// Capabilities dropped and `no_new_privs` set.
     pub privileges: LayerReport,
+    /// The writable roots' storage budget (`limits.maxWriteBytes`).
+    #[serde(default = "LayerReport::not_recorded")]
+    pub storage: LayerReport,
     /// Cgroup limits (memory, pids, CPU).
     pub cgroup: LayerReport,
     /// rlimits (NOFILE, FSIZE, CORE, CPU).
@@ -246,6 +249,13 @@ pub struct SandboxReport {
     /// `enforcement.evidence` for what could be observed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<Violation>,
+    /// Bytes the program wrote into its writable roots, when they had a
+    /// storage budget (rounded up to pages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_written: Option<u64>,
+    /// The storage budget was used up: writes past it got `ENOSPC`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write_budget_reached: bool,
     /// Peak resident memory of the launcher itself, in KiB.
     pub launcher_peak_rss_kib: u64,
     /// Why the sandbox could not be set up, naming the layer.

@@ -62,6 +62,8 @@ pub(crate) struct ExecPlan {
     pub(crate) floors: [Rlimit; 2],
     /// stdin is `/dev/null` whatever the launcher's is.
     pub(crate) stdin_null: bool,
+    /// The writable roots' storage budget, merged by init at the end.
+    pub(crate) budget: Option<crate::budget::Budget>,
 }
 
 /// Everything init starts from. The root and exec plans are computed by init
@@ -175,6 +177,7 @@ impl ExecPlan {
                 rlimit(libc::RLIMIT_DATA, limits.memory_bytes, limits.memory_bytes),
             ],
             stdin_null: spec.stdin_null,
+            budget: None,
         })
     }
 }
@@ -200,6 +203,13 @@ pub(crate) enum Message {
     Landlock(LayerStatus, String),
     /// `C <1|0>`: seccomp installed with (1) or without (0) user notification.
     Seccomp(bool),
+    /// `W <bytes> <1|0>\t<failures>`: what the program wrote under the
+    /// storage budget, whether it used it up, and what could not be merged.
+    Stored {
+        written: u64,
+        full: bool,
+        failures: String,
+    },
 }
 
 impl Message {
@@ -219,6 +229,11 @@ impl Message {
                 format!("L {level}\t{}\n", clean(detail))
             }
             Message::Seccomp(notify) => format!("C {}\n", u8::from(*notify)),
+            Message::Stored {
+                written,
+                full,
+                failures,
+            } => format!("W {written} {}\t{}\n", u8::from(*full), clean(failures)),
         }
     }
 
@@ -245,6 +260,15 @@ impl Message {
                 Message::Landlock(status, detail.to_owned())
             }
             "C" => Message::Seccomp(rest == "1"),
+            "W" => {
+                let (counts, failures) = rest.split_once('\t')?;
+                let (written, full) = counts.split_once(' ')?;
+                Message::Stored {
+                    written: written.parse().ok()?,
+                    full: full == "1",
+                    failures: failures.to_owned(),
+                }
+            }
             _ => return None,
         })
     }
@@ -333,7 +357,7 @@ fn init_setup(plan: &ChildPlan<'_>) -> Result<ExecPlan, SetupError> {
             std::io::Error::last_os_error(),
         ));
     }
-    root.build()?;
+    exec.budget = root.build()?;
     // SAFETY: the name is a valid buffer of the given length.
     if unsafe { libc::sethostname(c"moat".as_ptr(), 4) } != 0 {
         return Err(SetupError::io(
@@ -519,6 +543,19 @@ fn init_run(plan: &ChildPlan<'_>, exec: ExecPlan) -> ! {
         };
         PAYLOAD_PID.store(0, Ordering::Relaxed);
         end_the_rest();
+        // Nothing of the program runs any more: what it wrote under the
+        // budget reaches its roots now.
+        if let Some(budget) = &exec.budget {
+            let merged = budget.merge();
+            send(
+                plan.fds.status_write,
+                &Message::Stored {
+                    written: merged.written,
+                    full: merged.full,
+                    failures: merged.failures.join("; "),
+                },
+            );
+        }
         send(plan.fds.status_write, &message);
         // The launcher's cue to finish its bookkeeping while init exits.
         let _ = sys::write_all(plan.fds.sync, b"D");

@@ -220,6 +220,8 @@ struct RunState {
     denied: Vec<SyscallDenial>,
     /// Landlock's refusals, from the audit log.
     refused: Vec<Violation>,
+    bytes_written: Option<u64>,
+    write_budget_reached: bool,
     stdout: OutputReport,
     stderr: OutputReport,
     cpu_ms: u64,
@@ -246,6 +248,7 @@ impl RunState {
                 landlock_abi: confine::kernel_abi(),
                 seccomp: not_reached(),
                 evidence: not_reached(),
+                storage: storage_planned(spec),
                 privileges: not_reached(),
                 cgroup: not_reached(),
                 rlimits: not_reached(),
@@ -259,6 +262,8 @@ impl RunState {
             interrupted: false,
             denied: Vec::new(),
             refused: Vec::new(),
+            bytes_written: None,
+            write_budget_reached: false,
             stdout: OutputReport::default(),
             stderr: OutputReport::default(),
             cpu_ms: 0,
@@ -323,6 +328,8 @@ impl RunState {
                     count: d.count,
                 }))
                 .collect(),
+            bytes_written: self.bytes_written,
+            write_budget_reached: self.write_budget_reached,
             denied_syscalls: self.denied,
             launcher_peak_rss_kib: launcher_peak_rss_kib(),
             setup_error: setup_error.map(|e| e.to_string()),
@@ -970,6 +977,21 @@ fn setup_and_supervise(
     Ok(())
 }
 
+/// The storage layer before the run: no budget, or one waiting for the
+/// program's end.
+fn storage_planned(spec: &SandboxSpec) -> LayerReport {
+    match spec.limits.max_write_bytes {
+        None => LayerReport::not_enforced(
+            "no storage budget (limits.maxWriteBytes, moat exec --max-write): writable roots \
+             take what their filesystem has",
+        ),
+        Some(_) if !spec.mounts.iter().any(|m| spec.is_writable(m)) => {
+            LayerReport::enforced("a storage budget, and no writable root to spend it on")
+        }
+        Some(_) => LayerReport::not_enforced("not reached"),
+    }
+}
+
 fn emit_violation(events: &mut Emitter<'_>, violation: &Violation) {
     events.emit(EventData::SandboxViolation(SandboxViolation {
         layer: violation.layer.clone(),
@@ -1145,6 +1167,32 @@ fn apply_messages(lines: &str, state: &mut RunState, spec: &SandboxSpec) -> Resu
                     "all capabilities dropped (bounding, ambient, effective, permitted, \
                      inheritable), securebits locked, no_new_privs",
                 );
+            }
+            Message::Stored {
+                written,
+                full,
+                failures,
+            } => {
+                state.bytes_written = Some(written);
+                state.write_budget_reached = full;
+                let limit = spec.limits.max_write_bytes.unwrap_or(0);
+                let mut detail = format!(
+                    "writable roots share a {} budget (a tmpfs below an overlay of each, merged \
+                     into the roots when the program ended): {} written{}",
+                    moat_core::size::format_size(limit),
+                    moat_core::size::format_size(written),
+                    if full {
+                        "; the budget was used up: writes past it got ENOSPC"
+                    } else {
+                        ""
+                    }
+                );
+                state.enforcement.storage = if failures.is_empty() {
+                    LayerReport::enforced(detail)
+                } else {
+                    detail.push_str(&format!("; NOT merged: {failures}"));
+                    LayerReport::degraded(detail)
+                };
             }
             Message::Seccomp(notify) => {
                 state.enforcement.seccomp = LayerReport::enforced(if notify {

@@ -7,6 +7,7 @@
 //! capability dropped and `no_new_privs`; Landlock; seccomp. Each step fails
 //! closed unless the spec allows degrading, and the report says which held.
 
+mod budget;
 mod cgroup;
 mod child;
 mod confine;

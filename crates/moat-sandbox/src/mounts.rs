@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use moat_core::{NetworkMode, RootView, SandboxMode};
 
+use crate::budget::Budget;
 use crate::error::{Layer, SetupError};
 use crate::spec::SandboxSpec;
 use crate::sys;
@@ -163,6 +164,10 @@ enum Op {
     Attach(PathBuf, usize),
     Tmpfs(PathBuf, String, bool),
     Proc(PathBuf),
+    /// A writable root under the storage budget: the source's tree below an
+    /// overlay whose upper layer is on the budget's tmpfs (slot: its
+    /// directories there).
+    Budgeted(PathBuf, usize, usize),
 }
 
 /// The whole root filesystem of one run.
@@ -170,6 +175,8 @@ pub(crate) struct RootPlan {
     sources: Vec<Source>,
     ops: Vec<Op>,
     root_size: String,
+    /// The storage budget's tmpfs options, when writable roots have one.
+    budget: Option<(u64, String)>,
 }
 
 /// How `moat exec --root host-ro` hides credentials and sockets.
@@ -243,6 +250,12 @@ impl RootPlan {
             sources: Vec::new(),
             ops: Vec::new(),
             root_size: "size=2m,nr_inodes=4096,mode=0755".to_owned(),
+            budget: spec.limits.max_write_bytes.map(|limit| {
+                (
+                    limit,
+                    format!("size={limit},mode=0700,uid={},gid={}", inside.0, inside.1),
+                )
+            }),
         };
         match (spec.mode, spec.root_view) {
             (SandboxMode::DangerFullAccess, _) => plan.host_view(false),
@@ -281,7 +294,12 @@ impl RootPlan {
                 plan.sources[index].prepared = Some(fd);
                 plan.sources[index].recursive = false;
             }
-            plan.ops.push(Op::Attach(mount.inside.clone(), index));
+            plan.ops
+                .push(if writable && plan.budget.is_some() && !is_file {
+                    Op::Budgeted(mount.inside.clone(), index, i)
+                } else {
+                    Op::Attach(mount.inside.clone(), index)
+                });
         }
         plan
     }
@@ -316,7 +334,8 @@ impl RootPlan {
                 | Op::Symlink(p, _)
                 | Op::Attach(p, _)
                 | Op::Tmpfs(p, _, _)
-                | Op::Proc(p) => p,
+                | Op::Proc(p)
+                | Op::Budgeted(p, _, _) => p,
             };
             if let Some(top) = path.components().nth(1)
                 && path.has_root()
@@ -544,7 +563,7 @@ impl RootPlan {
 
     /// Sandbox side: builds the root and pivots into it. Runs as the sandbox
     /// init, with full capabilities in its own user namespace only.
-    pub(crate) fn build(&self) -> Result<(), SetupError> {
+    pub(crate) fn build(&self) -> Result<Option<Budget>, SetupError> {
         let fs = |what: &str, e: io::Error| SetupError::io(Layer::Filesystem, what, e);
         sys::mount(c"none", c"/", c"", libc::MS_REC | libc::MS_PRIVATE, None)
             .map_err(|e| fs("making / private", e))?;
@@ -581,11 +600,127 @@ impl RootPlan {
             Some(&opts),
         )
         .map_err(|e| fs("mounting the root tmpfs", e))?;
+        let mut budget = None;
         for op in &self.ops {
-            run_op(op, &trees)?;
+            match op {
+                Op::Budgeted(inside, index, slot) => {
+                    let tree = trees.get(*index).copied().ok_or_else(|| {
+                        SetupError::new(Layer::Filesystem, "internal: mount plan out of order")
+                    })?;
+                    self.budgeted(&mut budget, inside, tree, *slot)?;
+                }
+                op => run_op(op, &trees)?,
+            }
         }
-        pivot_into(&stage)
+        if budget.is_some() {
+            // The overlays hold the tmpfs; nothing inside reaches it but them.
+            let at = staged(Path::new(BUDGET_DIR))?;
+            sys::cvt(unsafe_detach(&at)).map_err(|e| fs("detaching the budget's tmpfs", e))?;
+        }
+        pivot_into(&stage)?;
+        Ok(budget)
     }
+
+    /// One writable root under the budget: its tree attached out of sight,
+    /// an overlay with its upper layer on the budget's tmpfs where the
+    /// program sees the root, and both sides kept open for the merge.
+    fn budgeted(
+        &self,
+        budget: &mut Option<Budget>,
+        inside: &Path,
+        tree: RawFd,
+        slot: usize,
+    ) -> Result<(), SetupError> {
+        let fail = |what: &str, e: io::Error| {
+            SetupError::io(Layer::Storage, format!("{} ({what})", inside.display()), e)
+        };
+        let Some((limit, options)) = &self.budget else {
+            return Err(SetupError::new(
+                Layer::Storage,
+                "internal: no budget planned",
+            ));
+        };
+        if budget.is_none() {
+            let at = staged(Path::new(BUDGET_DIR))?;
+            make_dir(&at).map_err(|e| fail("the budget's directory", e))?;
+            let options = CString::new(options.as_str()).unwrap_or_default();
+            sys::mount(
+                c"moat-budget",
+                &at,
+                c"tmpfs",
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some(&options),
+            )
+            .map_err(|e| fail("mounting the budget's tmpfs", e))?;
+            let fd = open_dir(&at).map_err(|e| fail("opening the budget's tmpfs", e))?;
+            *budget = Some(Budget::new(*limit, fd));
+        }
+        let lower = staged(&Path::new("/").join(format!(".moat-lower-{slot}")))?;
+        let upper = staged(&Path::new(BUDGET_DIR).join(format!("upper-{slot}")))?;
+        let work = staged(&Path::new(BUDGET_DIR).join(format!("work-{slot}")))?;
+        for dir in [&lower, &upper, &work] {
+            make_dir(dir).map_err(|e| fail("a layer's directory", e))?;
+        }
+        sys::move_mount(tree, libc::AT_FDCWD, &lower).map_err(|e| fail("attaching the root", e))?;
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr",
+            display(&lower),
+            display(&upper),
+            display(&work)
+        );
+        let options = CString::new(options).unwrap_or_default();
+        sys::mount(
+            c"moat-overlay",
+            &staged(inside)?,
+            c"overlay",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&options),
+        )
+        .map_err(|e| fail("mounting the overlay (does this kernel allow overlayfs in a user namespace, with user xattrs on tmpfs?)", e))?;
+        let upper_fd = open_dir(&upper).map_err(|e| fail("opening its upper layer", e))?;
+        let lower_fd = open_dir(&lower).map_err(|e| fail("opening the root", e))?;
+        sys::cvt(unsafe_detach(&lower)).map_err(|e| fail("detaching the root's second view", e))?;
+        // SAFETY: lower is NUL-terminated; an empty directory of the root tmpfs.
+        sys::cvt(unsafe { libc::rmdir(lower.as_ptr()) })
+            .map_err(|e| fail("its staging directory", e))?;
+        if let Some(budget) = budget.as_mut() {
+            budget.add(inside.to_path_buf(), upper_fd, lower_fd);
+        }
+        Ok(())
+    }
+}
+
+/// Where the budget's tmpfs is mounted while the root is built (detached
+/// before `pivot_root`).
+const BUDGET_DIR: &str = "/.moat-budget";
+
+fn make_dir(path: &CString) -> io::Result<()> {
+    // SAFETY: path is NUL-terminated.
+    if unsafe { libc::mkdir(path.as_ptr(), 0o700) } != 0 && sys::errno() != libc::EEXIST {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn open_dir(path: &CString) -> io::Result<OwnedFd> {
+    // SAFETY: path is NUL-terminated; the result is checked.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor of ours.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// `umount2(path, MNT_DETACH)`.
+fn unsafe_detach(path: &CString) -> libc::c_int {
+    // SAFETY: path is NUL-terminated.
+    unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) }
 }
 
 /// Reads a file whose size is known, without the extra `stat` of `fs::read`.
@@ -668,6 +803,8 @@ fn run_op(op: &Op, trees: &[RawFd]) -> Result<(), SetupError> {
             sys::mount(c"tmpfs", &target, c"tmpfs", flags, Some(&options))
                 .map_err(|e| fail(path, e))?;
         }
+        // Built by `RootPlan::budgeted`, which holds what they need.
+        Op::Budgeted(..) => {}
         Op::Proc(path) => {
             let target = staged(path)?;
             let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;

@@ -208,8 +208,15 @@ impl SandboxSpec {
 
     fn check_limits(&self) -> Result<(), SpecError> {
         let l = &self.limits;
-        let checks: [(&'static str, u64, u64, u64); 6] = [
+        let checks: [(&'static str, u64, u64, u64); 7] = [
             ("timeout (ms)", l.timeout_ms, 1, MAX_TIMEOUT_MS),
+            // A tmpfs of size 0 would have no limit at all.
+            (
+                "max-write",
+                l.max_write_bytes.unwrap_or(4096),
+                4096,
+                u64::MAX,
+            ),
             ("memory", l.memory_bytes, 4 << 20, u64::MAX),
             ("pids", l.pids, 2, 4_194_304),
             ("tmp-size", l.tmp_size_bytes, 4096, u64::MAX),
@@ -225,6 +232,19 @@ impl SandboxSpec {
             if !(min..=max).contains(&value) {
                 return Err(SpecError::LimitOutOfRange { name, min, max });
             }
+        }
+        if l.max_write_bytes.is_some()
+            && let Some(file) = self
+                .mounts
+                .iter()
+                .find(|m| self.is_writable(m) && !m.host.is_dir())
+        {
+            return Err(SpecError::BadHostPath {
+                path: file.host.clone(),
+                reason: "a writable file is not under the storage budget (it covers \
+                         directories): declare its directory instead"
+                    .into(),
+            });
         }
         Ok(())
     }

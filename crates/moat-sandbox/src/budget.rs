@@ -1,0 +1,376 @@
+//! Storage budgets: what a program writes into its writable roots, all
+//! together, is capped (`limits.maxWriteBytes`, `moat exec --max-write`).
+//!
+//! Each writable root is an overlay inside the sandbox's own mount
+//! namespace: the declared root below, and above it a directory on one
+//! tmpfs of the budget's size shared by all the run's roots. Writes past the
+//! budget fail with `ENOSPC`; the host's disk is not touched while the
+//! program runs (the tmpfs's pages count against the run's memory limit).
+//! When the program has ended, init merges what the upper layers hold into
+//! the roots: it has the program's own rights there (no capability, the
+//! same uid), reads names from its own directory handles and never follows
+//! a link, so nothing it writes could not have been written by the program.
+//! Works the same launched by root or not (overlay and tmpfs in a user
+//! namespace; `userxattr`). Renaming a directory on such a root fails with
+//! `EXDEV` (no `redirect_dir`), as on any overlay without it.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use crate::sys;
+
+/// The tmpfs holding the upper layers, and each root's two sides.
+pub(crate) struct Budget {
+    pub(crate) limit: u64,
+    tmpfs: OwnedFd,
+    roots: Vec<Layers>,
+}
+
+struct Layers {
+    /// Where the program saw it.
+    inside: PathBuf,
+    /// What the program wrote (the overlay's upper directory).
+    upper: OwnedFd,
+    /// The declared root itself.
+    lower: OwnedFd,
+}
+
+/// What the merge did.
+pub(crate) struct Merged {
+    /// Bytes the upper layers held (what the program wrote, rounded to
+    /// the tmpfs's pages).
+    pub(crate) written: u64,
+    /// The budget was used up: some writes got `ENOSPC`.
+    pub(crate) full: bool,
+    /// Entries that could not be merged (first few), empty when all were.
+    pub(crate) failures: Vec<String>,
+}
+
+const MAX_FAILURES: usize = 5;
+
+impl Budget {
+    pub(crate) fn new(limit: u64, tmpfs: OwnedFd) -> Budget {
+        Budget {
+            limit,
+            tmpfs,
+            roots: Vec::new(),
+        }
+    }
+
+    pub(crate) fn add(&mut self, inside: PathBuf, upper: OwnedFd, lower: OwnedFd) {
+        self.roots.push(Layers {
+            inside,
+            upper,
+            lower,
+        });
+    }
+
+    /// Bytes in use on the tmpfs.
+    fn used(&self) -> u64 {
+        // SAFETY: statfs is plain old data for fstatfs to fill.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and a valid statfs to fill.
+        if unsafe { libc::fstatfs(self.tmpfs.as_raw_fd(), &mut st) } != 0 {
+            return 0;
+        }
+        let blocks = (st.f_blocks as u64).saturating_sub(st.f_bfree as u64);
+        blocks.saturating_mul(st.f_bsize as u64)
+    }
+
+    /// Merges every upper layer into its root (init, once the program and
+    /// everything it started are gone).
+    pub(crate) fn merge(&self) -> Merged {
+        let written = self.used();
+        // A page or two short of the size is as full as writes get.
+        let full = written.saturating_add(2 * 4096) >= self.limit;
+        let mut failures = Vec::new();
+        for root in &self.roots {
+            merge_dir(
+                root.upper.as_raw_fd(),
+                root.lower.as_raw_fd(),
+                &root.inside,
+                &mut failures,
+            );
+        }
+        Merged {
+            written,
+            full,
+            failures,
+        }
+    }
+}
+
+fn fail(failures: &mut Vec<String>, path: &std::path::Path, what: &str, e: io::Error) {
+    if failures.len() < MAX_FAILURES {
+        failures.push(format!("{}: {what}: {e}", path.display()));
+    }
+}
+
+/// The names in directory `dir` (not `.` and `..`).
+fn names(dir: RawFd) -> io::Result<Vec<CString>> {
+    // A second descriptor: readdir consumes its position.
+    // SAFETY: dup of a descriptor we hold.
+    let fd = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh directory descriptor; fdopendir takes it over.
+    let stream = unsafe { libc::fdopendir(fd) };
+    if stream.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so fd is still ours.
+        unsafe { libc::close(fd) };
+        return Err(e);
+    }
+    // SAFETY: rewinding a directory stream we own.
+    unsafe { libc::rewinddir(stream) };
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: stream is valid until closedir below.
+        let entry = unsafe { libc::readdir64(stream) };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated within the entry.
+        let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+        if name.to_bytes() != b"." && name.to_bytes() != b".." {
+            out.push(name.to_owned());
+        }
+    }
+    // SAFETY: closing the stream we opened (and its descriptor).
+    unsafe { libc::closedir(stream) };
+    Ok(out)
+}
+
+fn lstat_at(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data for fstatat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: name is NUL-terminated; st is valid.
+    let r = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn open_at(dir: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    // SAFETY: name is NUL-terminated; the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor of ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the overlay marked directory `name` opaque (it replaced, not
+/// merged with, what was below).
+fn opaque(dir: RawFd, name: &CStr) -> bool {
+    let Ok(fd) = open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0) else {
+        return false;
+    };
+    let mut value = [0u8; 2];
+    // SAFETY: value is a writable buffer of the size passed.
+    let n = unsafe {
+        libc::fgetxattr(
+            fd.as_raw_fd(),
+            c"user.overlay.opaque".as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    n >= 1 && value[0] == b'y'
+}
+
+/// Removes `name` from `dir`, whatever it is, without following links.
+fn remove_all(dir: RawFd, name: &CStr) -> io::Result<()> {
+    let st = match lstat_at(dir, name) {
+        Ok(st) => st,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let child = open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        for entry in names(child.as_raw_fd())? {
+            remove_all(child.as_raw_fd(), &entry)?;
+        }
+        // SAFETY: name is NUL-terminated.
+        sys::cvt(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) })?;
+    } else {
+        // SAFETY: name is NUL-terminated.
+        sys::cvt(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) })?;
+    }
+    Ok(())
+}
+
+/// A name for a file being put in place in `dir`.
+fn temporary(name: &CStr) -> CString {
+    let mut bytes = b".moat-merge-".to_vec();
+    bytes.extend_from_slice(&name.to_bytes()[..name.to_bytes().len().min(200)]);
+    CString::new(bytes).unwrap_or_else(|_| c".moat-merge".to_owned())
+}
+
+fn merge_dir(upper: RawFd, lower: RawFd, at: &std::path::Path, failures: &mut Vec<String>) {
+    let entries = match names(upper) {
+        Ok(entries) => entries,
+        Err(e) => return fail(failures, at, "listing what was written", e),
+    };
+    for name in entries {
+        let path = at.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        if let Err(e) = merge_entry(upper, lower, &name, &path, failures) {
+            fail(failures, &path, "merging", e);
+        }
+    }
+}
+
+fn merge_entry(
+    upper: RawFd,
+    lower: RawFd,
+    name: &CStr,
+    path: &std::path::Path,
+    failures: &mut Vec<String>,
+) -> io::Result<()> {
+    let st = lstat_at(upper, name)?;
+    let mode = st.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID);
+    match st.st_mode & libc::S_IFMT {
+        // A whiteout: the program removed it.
+        libc::S_IFCHR if st.st_rdev == 0 => remove_all(lower, name),
+        libc::S_IFDIR => {
+            let below = lstat_at(lower, name).ok();
+            let below_is_dir = below.is_some_and(|b| b.st_mode & libc::S_IFMT == libc::S_IFDIR);
+            if below.is_some() && (!below_is_dir || opaque(upper, name)) {
+                remove_all(lower, name)?;
+            }
+            if !below_is_dir || opaque(upper, name) {
+                // SAFETY: name is NUL-terminated.
+                sys::cvt(unsafe { libc::mkdirat(lower, name.as_ptr(), 0o700) })?;
+            }
+            let from = open_at(upper, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+            let to = open_at(lower, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+            merge_dir(from.as_raw_fd(), to.as_raw_fd(), path, failures);
+            // SAFETY: a directory descriptor of ours.
+            sys::cvt(unsafe { libc::fchmod(to.as_raw_fd(), mode) })?;
+            Ok(())
+        }
+        libc::S_IFREG => {
+            let from = match open_at(upper, name, libc::O_RDONLY, 0) {
+                Ok(fd) => fd,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                    // The program's own file, made unreadable by it: this
+                    // layer is discarded, so let init read it.
+                    // SAFETY: name is NUL-terminated.
+                    sys::cvt(unsafe { libc::fchmodat(upper, name.as_ptr(), 0o600, 0) })?;
+                    open_at(upper, name, libc::O_RDONLY, 0)?
+                }
+                Err(e) => return Err(e),
+            };
+            let tmp = temporary(name);
+            let _ = remove_all(lower, &tmp);
+            let to = open_at(
+                lower,
+                &tmp,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                0o600,
+            )?;
+            let copied = copy(from.as_raw_fd(), to.as_raw_fd(), st.st_size as u64)
+                // SAFETY: a file descriptor of ours.
+                .and_then(|()| sys::cvt(unsafe { libc::fchmod(to.as_raw_fd(), mode) }).map(drop));
+            drop(to);
+            if let Err(e) = copied {
+                let _ = remove_all(lower, &tmp);
+                return Err(e);
+            }
+            put_in_place(lower, &tmp, name)
+        }
+        libc::S_IFLNK => {
+            let mut target = vec![0u8; libc::PATH_MAX as usize];
+            // SAFETY: target is a writable buffer of the size passed.
+            let n = unsafe {
+                libc::readlinkat(
+                    upper,
+                    name.as_ptr(),
+                    target.as_mut_ptr().cast(),
+                    target.len(),
+                )
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            target.truncate(n as usize);
+            let target = CString::new(target).map_err(|_| io::Error::other("a NUL in a link"))?;
+            let tmp = temporary(name);
+            let _ = remove_all(lower, &tmp);
+            // SAFETY: both are NUL-terminated.
+            sys::cvt(unsafe { libc::symlinkat(target.as_ptr(), lower, tmp.as_ptr()) })?;
+            put_in_place(lower, &tmp, name)
+        }
+        // FIFOs, sockets and devices are not carried over.
+        _ => Ok(()),
+    }
+}
+
+/// Renames `tmp` over `name` in `dir`; a directory in the way goes first
+/// (rename cannot replace one with a file).
+fn put_in_place(dir: RawFd, tmp: &CStr, name: &CStr) -> io::Result<()> {
+    if lstat_at(dir, name).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
+        remove_all(dir, name)?;
+    }
+    // SAFETY: both names are NUL-terminated.
+    sys::cvt(unsafe { libc::renameat(dir, tmp.as_ptr(), dir, name.as_ptr()) }).map(drop)
+}
+
+fn copy(from: RawFd, to: RawFd, size: u64) -> io::Result<()> {
+    let mut left = size;
+    while left > 0 {
+        let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+        // SAFETY: null offsets use and advance the descriptors' own.
+        let n = unsafe {
+            libc::copy_file_range(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                chunk,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            // Across filesystems (tmpfs to the root's) the kernel may refuse:
+            // plain reads and writes then, from where it stopped.
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+            ) {
+                return copy_by_hand(from, to);
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break; // shorter than its size said: what there is
+        }
+        left = left.saturating_sub(n as u64);
+    }
+    Ok(())
+}
+
+fn copy_by_hand(from: RawFd, to: RawFd) -> io::Result<()> {
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let n = sys::read(from, &mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        sys::write_all(to, buf.get(..n).unwrap_or_default())?;
+    }
+}

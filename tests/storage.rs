@@ -273,4 +273,8 @@ fn a_manifests_max_write_bytes_budgets_a_managed_runs_programs() {
         "{op}"
     );
     finish_run(&serve, &acme, run);
+    // What it wrote is accounted with the run.
+    let usage = wait_run_event(&serve, &acme, run, "run.usage");
+    let written = usage["data"]["bytesWritten"].as_u64().unwrap_or(0);
+    assert!((512 << 10..=1 << 20).contains(&written), "{usage}");
 }

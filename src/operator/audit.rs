@@ -157,7 +157,8 @@ fn print_text(a: &Audit, intact: &str) {
             .collect();
         outln!(
             "\nUsage: ops {}; {} program(s), CPU {} ms, program time {} ms, peak memory {}; \
-             egress {} request(s), {} B out, {} B in; {} access(es) refused",
+             egress {} request(s), {} B out, {} B in; {} written under a storage budget; \
+             {} access(es) refused",
             if ops.is_empty() {
                 "none".to_owned()
             } else {
@@ -170,6 +171,7 @@ fn print_text(a: &Audit, intact: &str) {
             n("egressRequests"),
             n("egressBytesOut"),
             n("egressBytesIn"),
+            moat_core::size::format_size(n("bytesWritten")),
             n("violations"),
         );
     }

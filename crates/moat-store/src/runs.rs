@@ -274,6 +274,7 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
                 a.saturating_add(v["count"].as_u64().unwrap_or(1))
             });
             usage.violations = usage.violations.saturating_add(refused);
+            usage.bytes_written = usage.bytes_written.saturating_add(n("bytesWritten"));
         } else {
             usage.egress_requests = usage.egress_requests.saturating_add(1);
             usage.egress_bytes_out = usage.egress_bytes_out.saturating_add(n("bytesOut"));

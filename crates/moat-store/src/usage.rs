@@ -24,9 +24,11 @@ pub struct UsageDay {
     pub egress_bytes_out: u64,
     pub egress_bytes_in: u64,
     pub violations: u64,
+    /// Bytes written into writable roots under a storage budget.
+    pub bytes_written: u64,
 }
 
-const COUNTED: [&str; 10] = [
+const COUNTED: [&str; 11] = [
     "runs",
     "ops",
     "ops_failed",
@@ -37,6 +39,7 @@ const COUNTED: [&str; 10] = [
     "egress_bytes_out",
     "egress_bytes_in",
     "violations",
+    "bytes_written",
 ];
 
 const MAX: i64 = i64::MAX;
@@ -68,7 +71,7 @@ pub(crate) fn add(tx: &mut dyn Tx, org: &str, now: i64, used: &RunUsage) -> Resu
         .collect();
     let sql = format!(
         "INSERT INTO usage_days (org_id, day, {}, peak_memory_bytes)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (org_id, day) DO UPDATE SET {},
            peak_memory_bytes = {larger}(usage_days.peak_memory_bytes, excluded.peak_memory_bytes)",
         COUNTED.join(", "),
@@ -89,6 +92,7 @@ pub(crate) fn add(tx: &mut dyn Tx, org: &str, now: i64, used: &RunUsage) -> Resu
             signed(used.egress_bytes_out).into(),
             signed(used.egress_bytes_in).into(),
             signed(used.violations).into(),
+            signed(used.bytes_written).into(),
             signed(used.peak_memory_bytes).into(),
         ],
     )?;
@@ -123,6 +127,7 @@ impl Store {
                         egress_bytes_out: n("egress_bytes_out")?,
                         egress_bytes_in: n("egress_bytes_in")?,
                         violations: n("violations")?,
+                        bytes_written: n("bytes_written")?,
                     })
                 })
                 .collect()

@@ -137,6 +137,10 @@ pub struct RunUsage {
     /// they were counted).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub violations: u64,
+    /// Bytes programs wrote into writable roots under a storage budget
+    /// (`limits.maxWriteBytes`; without one, writes are not counted).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_written: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

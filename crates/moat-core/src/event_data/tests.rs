@@ -270,7 +270,7 @@ fn samples(t: EventType) -> Vec<Value> {
             "egressRequests": 0, "egressBytesOut": 0, "egressBytesIn": 0}),
             json!({"ops": {"succeeded": 1}, "programs": 1, "cpuMs": 10, "programWallMs": 20,
             "peakMemoryBytes": 4096, "egressRequests": 0, "egressBytesOut": 0,
-            "egressBytesIn": 0, "violations": 3}),
+            "egressBytesIn": 0, "violations": 3, "bytesWritten": 8192}),
         ],
         EventType::RunDestroyed => vec![json!({"runnerId": "runner_1", "ok": true,
             "checks": [{"check": "files", "ok": true, "detail": "removed"}]})],

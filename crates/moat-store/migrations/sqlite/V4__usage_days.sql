@@ -15,5 +15,6 @@ CREATE TABLE IF NOT EXISTS usage_days (
     egress_bytes_out BIGINT NOT NULL DEFAULT 0,
     egress_bytes_in BIGINT NOT NULL DEFAULT 0,
     violations BIGINT NOT NULL DEFAULT 0,
+    bytes_written BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (org_id, day)
 );

@@ -250,6 +250,7 @@ fn run_usage(events: &Page) -> Markup {
                 (n("egressRequests")) " requests, " (format_size(n("egressBytesOut"))) " out, "
                 (format_size(n("egressBytesIn"))) " in"
             }
+            dt { "Written (under a storage budget)" } dd { (format_size(n("bytesWritten"))) }
             dt { "Refused by the sandbox" } dd { (n("violations")) }
         }
     }
@@ -271,11 +272,12 @@ pub fn usage(days: &[UsageDay]) -> String {
                 thead { tr {
                     th { "Day" } th { "Runs" } th { "Operations" } th { "Not succeeded" }
                     th { "Programs" } th { "CPU" } th { "Program time" } th { "Peak memory" }
-                    th { "Egress requests" } th { "Egress out / in" } th { "Refused" }
+                    th { "Egress requests" } th { "Egress out / in" } th { "Written (budgeted)" }
+                    th { "Refused" }
                 } }
                 tbody {
                     @if days.is_empty() {
-                        tr { td colspan="11" .muted { "no run has ended yet" } }
+                        tr { td colspan="12" .muted { "no run has ended yet" } }
                     }
                     @for d in days {
                         tr.day data-day=(d.day) {
@@ -285,6 +287,7 @@ pub fn usage(days: &[UsageDay]) -> String {
                             td { (format_size(d.peak_memory_bytes)) }
                             td { (d.egress_requests) }
                             td { (format_size(d.egress_bytes_out)) " / " (format_size(d.egress_bytes_in)) }
+                            td { (format_size(d.bytes_written)) }
                             td.violations { (d.violations) }
                         }
                     }

@@ -407,7 +407,8 @@ fn what_the_program_leaves_running_is_killed_when_it_exits() {
 }
 
 /// The report accounts what the program used: a one-second CPU loop at
-/// 1000 ms and a 200 MiB allocation's peak, each within 10%.
+/// 1000 ms and a 200 MiB allocation's peak, each within 10%, and the most
+/// processes alive at once.
 #[test]
 fn cpu_time_and_peak_memory_are_accounted_within_ten_percent() {
     let busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass";
@@ -426,4 +427,17 @@ fn cpu_time_and_peak_memory_are_accounted_within_ten_percent() {
         "peakMemoryBytes {peak}: {}",
         run.report
     );
+
+    // Ten children alive at once, beside init and the shell.
+    let run = exec(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.3 & done; wait",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let pids = run.report["peakPids"].as_u64().unwrap();
+    assert!((12..=14).contains(&pids), "peakPids {pids}: {}", run.report);
 }

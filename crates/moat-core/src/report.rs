@@ -239,6 +239,11 @@ pub struct SandboxReport {
     pub oom_killed: bool,
     /// A fork or clone was refused because the pids limit was reached.
     pub pids_limit_hit: bool,
+    /// Most processes and threads of the tree alive at once (the run's
+    /// cgroup's `pids.peak`; absent without a cgroup or where the kernel
+    /// does not keep it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_pids: Option<u64>,
     /// The launcher was interrupted (SIGINT/SIGTERM/SIGHUP) and stopped the run.
     pub interrupted: bool,
     pub stdout: OutputReport,

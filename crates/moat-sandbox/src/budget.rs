@@ -92,6 +92,7 @@ impl Budget {
                 root.upper.as_raw_fd(),
                 root.lower.as_raw_fd(),
                 &root.inside,
+                0,
                 &mut failures,
             );
         }
@@ -194,6 +195,21 @@ fn opaque(dir: RawFd, name: &CStr) -> bool {
 
 /// Removes `name` from `dir`, whatever it is, without following links.
 fn remove_all(dir: RawFd, name: &CStr) -> io::Result<()> {
+    remove_below(dir, name, 0)
+}
+
+/// Directories deeper than this are neither merged nor removed: the walk
+/// recurses, and a program may build a tree as deep as its budget allows.
+const MAX_DEPTH: usize = 256;
+
+fn too_deep() -> io::Error {
+    io::Error::other(format!("deeper than {MAX_DEPTH} directories"))
+}
+
+fn remove_below(dir: RawFd, name: &CStr, depth: usize) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(too_deep());
+    }
     let st = match lstat_at(dir, name) {
         Ok(st) => st,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
@@ -202,7 +218,7 @@ fn remove_all(dir: RawFd, name: &CStr) -> io::Result<()> {
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         let child = open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         for entry in names(child.as_raw_fd())? {
-            remove_all(child.as_raw_fd(), &entry)?;
+            remove_below(child.as_raw_fd(), &entry, depth + 1)?;
         }
         // SAFETY: name is NUL-terminated.
         sys::cvt(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) })?;
@@ -213,21 +229,30 @@ fn remove_all(dir: RawFd, name: &CStr) -> io::Result<()> {
     Ok(())
 }
 
-/// A name for a file being put in place in `dir`.
-fn temporary(name: &CStr) -> CString {
-    let mut bytes = b".moat-merge-".to_vec();
-    bytes.extend_from_slice(&name.to_bytes()[..name.to_bytes().len().min(200)]);
-    CString::new(bytes).unwrap_or_else(|_| c".moat-merge".to_owned())
+/// A name for a file being put in place: random, so that it is no name
+/// the program chose (created with `O_EXCL`, or a link that must not exist).
+fn temporary() -> CString {
+    CString::new(format!(".moat-merge-{}", moat_core::random::hex(8)))
+        .unwrap_or_else(|_| c".moat-merge".to_owned())
 }
 
-fn merge_dir(upper: RawFd, lower: RawFd, at: &std::path::Path, failures: &mut Vec<String>) {
+fn merge_dir(
+    upper: RawFd,
+    lower: RawFd,
+    at: &std::path::Path,
+    depth: usize,
+    failures: &mut Vec<String>,
+) {
+    if depth > MAX_DEPTH {
+        return fail(failures, at, "merging", too_deep());
+    }
     let entries = match names(upper) {
         Ok(entries) => entries,
         Err(e) => return fail(failures, at, "listing what was written", e),
     };
     for name in entries {
         let path = at.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
-        if let Err(e) = merge_entry(upper, lower, &name, &path, failures) {
+        if let Err(e) = merge_entry(upper, lower, &name, &path, depth, failures) {
             fail(failures, &path, "merging", e);
         }
     }
@@ -238,6 +263,7 @@ fn merge_entry(
     lower: RawFd,
     name: &CStr,
     path: &std::path::Path,
+    depth: usize,
     failures: &mut Vec<String>,
 ) -> io::Result<()> {
     let st = lstat_at(upper, name)?;
@@ -257,7 +283,7 @@ fn merge_entry(
             }
             let from = open_at(upper, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
             let to = open_at(lower, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            merge_dir(from.as_raw_fd(), to.as_raw_fd(), path, failures);
+            merge_dir(from.as_raw_fd(), to.as_raw_fd(), path, depth + 1, failures);
             // SAFETY: a directory descriptor of ours.
             sys::cvt(unsafe { libc::fchmod(to.as_raw_fd(), mode) })?;
             Ok(())
@@ -274,8 +300,7 @@ fn merge_entry(
                 }
                 Err(e) => return Err(e),
             };
-            let tmp = temporary(name);
-            let _ = remove_all(lower, &tmp);
+            let tmp = temporary();
             let to = open_at(
                 lower,
                 &tmp,
@@ -308,8 +333,7 @@ fn merge_entry(
             }
             target.truncate(n as usize);
             let target = CString::new(target).map_err(|_| io::Error::other("a NUL in a link"))?;
-            let tmp = temporary(name);
-            let _ = remove_all(lower, &tmp);
+            let tmp = temporary();
             // SAFETY: both are NUL-terminated.
             sys::cvt(unsafe { libc::symlinkat(target.as_ptr(), lower, tmp.as_ptr()) })?;
             put_in_place(lower, &tmp, name)

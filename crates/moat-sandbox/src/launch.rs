@@ -222,6 +222,7 @@ struct RunState {
     refused: Vec<Violation>,
     bytes_written: Option<u64>,
     write_budget_reached: bool,
+    peak_pids: Option<u64>,
     stdout: OutputReport,
     stderr: OutputReport,
     cpu_ms: u64,
@@ -264,6 +265,7 @@ impl RunState {
             refused: Vec::new(),
             bytes_written: None,
             write_budget_reached: false,
+            peak_pids: None,
             stdout: OutputReport::default(),
             stderr: OutputReport::default(),
             cpu_ms: 0,
@@ -329,6 +331,7 @@ impl RunState {
                 }))
                 .collect(),
             bytes_written: self.bytes_written,
+            peak_pids: self.peak_pids,
             write_budget_reached: self.write_budget_reached,
             denied_syscalls: self.denied,
             launcher_peak_rss_kib: launcher_peak_rss_kib(),
@@ -963,6 +966,7 @@ fn setup_and_supervise(
         if let Some(peak) = stats.peak_memory_bytes {
             state.peak_memory_bytes = peak;
         }
+        state.peak_pids = stats.peak_pids;
         state.oom_killed = stats.oom_kills > 0;
         state.pids_limit_hit = stats.pids_limit_hits > 0;
     }

@@ -275,6 +275,7 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
             });
             usage.violations = usage.violations.saturating_add(refused);
             usage.bytes_written = usage.bytes_written.saturating_add(n("bytesWritten"));
+            usage.peak_pids = usage.peak_pids.max(n("peakPids"));
         } else {
             usage.egress_requests = usage.egress_requests.saturating_add(1);
             usage.egress_bytes_out = usage.egress_bytes_out.saturating_add(n("bytesOut"));

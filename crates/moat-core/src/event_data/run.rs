@@ -137,6 +137,10 @@ pub struct RunUsage {
     /// they were counted).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub violations: u64,
+    /// The most processes one program's tree had at once (where the
+    /// kernel keeps count).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub peak_pids: u64,
     /// Bytes programs wrote into writable roots under a storage budget
     /// (`limits.maxWriteBytes`; without one, writes are not counted).
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -36,6 +36,7 @@ fn report() -> Value {
         denied_syscalls: Vec::new(),
         violations: Vec::new(),
         bytes_written: None,
+        peak_pids: None,
         write_budget_reached: false,
         launcher_peak_rss_kib: 4096,
         setup_error: None,

@@ -37,6 +37,9 @@ pub(crate) struct CgroupStats {
     pub(crate) oom_kills: u64,
     /// Times a fork was refused because `pids.max` was reached.
     pub(crate) pids_limit_hits: u64,
+    /// Most processes and threads alive at once (`pids.peak`, where the
+    /// kernel keeps it: 6.1 and later on v2, and on recent kernels' v1).
+    pub(crate) peak_pids: Option<u64>,
 }
 
 /// A created cgroup (v1: one directory per controller; v2: one directory).

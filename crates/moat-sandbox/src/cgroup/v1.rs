@@ -127,6 +127,7 @@ impl RunCgroup for Cgroup {
             oom_kills: super::read_keyed(&self.memory.join("memory.oom_control"), "oom_kill")
                 .unwrap_or(0),
             pids_limit_hits: super::read_keyed(&self.pids.join("pids.events"), "max").unwrap_or(0),
+            peak_pids: super::read_u64(&self.pids.join("pids.peak")),
         }
     }
 

@@ -147,6 +147,7 @@ impl RunCgroup for Cgroup {
             peak_memory_bytes: super::read_u64(&self.dir.join("memory.peak")),
             oom_kills: super::read_keyed(&self.dir.join("memory.events"), "oom_kill").unwrap_or(0),
             pids_limit_hits: super::read_keyed(&self.dir.join("pids.events"), "max").unwrap_or(0),
+            peak_pids: super::read_u64(&self.dir.join("pids.peak")),
         }
     }
 

@@ -246,6 +246,7 @@ fn run_usage(events: &Page) -> Markup {
             dt { "CPU" } dd { (n("cpuMs")) " ms" }
             dt { "Program time" } dd { (n("programWallMs")) " ms" }
             dt { "Peak memory" } dd { (format_size(n("peakMemoryBytes"))) }
+            dt { "Peak processes" } dd { (n("peakPids")) }
             dt { "Egress" } dd {
                 (n("egressRequests")) " requests, " (format_size(n("egressBytesOut"))) " out, "
                 (format_size(n("egressBytesIn"))) " in"

@@ -278,3 +278,50 @@ fn a_manifests_max_write_bytes_budgets_a_managed_runs_programs() {
     let written = usage["data"]["bytesWritten"].as_u64().unwrap_or(0);
     assert!((512 << 10..=1 << 20).contains(&written), "{usage}");
 }
+
+/// Hard links and sparse files cost the budget's tmpfs less than their
+/// copies would cost the root: the merge counts what it writes and stops at
+/// the budget.
+#[test]
+fn the_merge_writes_no_more_than_the_budget_whatever_the_program_arranged() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    make_world_accessible(dir.path());
+    let run = exec(
+        &[
+            "--rw",
+            &format!("{}:/out", path_str(dir.path())),
+            "--max-write",
+            "8M",
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            "dd if=/dev/zero of=/out/a bs=1M count=3 2>/dev/null; \
+             for i in 1 2 3 4 5 6 7 8 9; do ln /out/a /out/a$i; done; \
+             truncate -s 2G /out/sparse; echo made",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.report);
+    assert!(run.stdout.contains("made"), "{}", run.stdout);
+    let (status, detail) = storage(&run);
+    assert_eq!(status, "degraded", "{detail}");
+    assert!(detail.contains("over the budget"), "{detail}");
+    let on_disk: u64 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
+        .sum();
+    assert!(on_disk <= 8 << 20, "the root holds {on_disk} bytes");
+    assert!(!dir.path().join("sparse").exists() || on_disk <= 8 << 20);
+    // No temporary file of the merge's is left behind.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let name = entry.unwrap().file_name();
+        assert!(!name.to_string_lossy().starts_with(".moat"), "{name:?}");
+    }
+    // And danger-full-access, where the host's root is writable, takes no budget.
+    let run = exec(
+        &["--mode", "danger-full-access", "--max-write", "8M"],
+        &["/bin/true"],
+    );
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains("danger-full-access"), "{}", run.stderr);
+}

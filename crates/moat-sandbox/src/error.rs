@@ -76,6 +76,11 @@ impl fmt::Display for Layer {
 pub enum SpecError {
     #[error("no program given")]
     EmptyArgv,
+    #[error(
+        "a storage budget (max-write) cannot bound danger-full-access: the host's root is \
+         writable directly"
+    )]
+    BudgetInDangerMode,
     #[error("run id `{0}` must be 1-64 characters of [A-Za-z0-9._-], not starting with `.`")]
     BadRunId(String),
     #[error("argument {index} contains a NUL byte")]

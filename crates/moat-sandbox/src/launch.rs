@@ -282,6 +282,17 @@ impl RunState {
         started: Instant,
     ) -> SandboxReport {
         let setup_error = result.err();
+        if spec.limits.max_write_bytes.is_some()
+            && self.bytes_written.is_none()
+            && self.exit.is_some()
+            && self.enforcement.storage.detail == "not reached"
+        {
+            // The program ran, and init was stopped before it could merge.
+            self.enforcement.storage = LayerReport::degraded(
+                "what the program wrote was NOT merged into its roots: the run was stopped \
+                 (timeout, interrupt or the launcher's end) before init could merge it",
+            );
+        }
         if !self.landlock_reached {
             for layer in [
                 &mut self.enforcement.rlimits,

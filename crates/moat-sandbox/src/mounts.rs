@@ -253,7 +253,15 @@ impl RootPlan {
             budget: spec.limits.max_write_bytes.map(|limit| {
                 (
                     limit,
-                    format!("size={limit},mode=0700,uid={},gid={}", inside.0, inside.1),
+                    // Entries cost inodes the size does not count (an
+                    // empty file, a directory): one per 4 KiB of budget,
+                    // at least 1024.
+                    format!(
+                        "size={limit},nr_inodes={},mode=0700,uid={},gid={}",
+                        (limit / 4096).max(1024),
+                        inside.0,
+                        inside.1
+                    ),
                 )
             }),
         };

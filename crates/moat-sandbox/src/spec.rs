@@ -215,7 +215,7 @@ impl SandboxSpec {
                 "max-write",
                 l.max_write_bytes.unwrap_or(4096),
                 4096,
-                u64::MAX,
+                1 << 50,
             ),
             ("memory", l.memory_bytes, 4 << 20, u64::MAX),
             ("pids", l.pids, 2, 4_194_304),
@@ -232,6 +232,9 @@ impl SandboxSpec {
             if !(min..=max).contains(&value) {
                 return Err(SpecError::LimitOutOfRange { name, min, max });
             }
+        }
+        if l.max_write_bytes.is_some() && self.mode == SandboxMode::DangerFullAccess {
+            return Err(SpecError::BudgetInDangerMode);
         }
         if l.max_write_bytes.is_some()
             && let Some(file) = self

@@ -15,6 +15,14 @@ use common::{MOAT, Run, exec, exec_as, make_world_accessible, path_str};
 const NOBODY: u32 = 65534;
 const BUDGET: u64 = 100 << 20;
 
+/// The tests here take turns: one measures the host's free space, which
+/// another writing (a sealed runner's copy of this binary) would move.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Free bytes on `path`'s filesystem, as `df` reports them.
 fn free_bytes(path: &Path) -> u64 {
     let out = std::process::Command::new("df")
@@ -39,6 +47,7 @@ fn storage(run: &Run) -> (&str, &str) {
 
 #[test]
 fn a_gib_written_under_a_100m_budget_gets_enospc_and_the_disk_takes_at_most_the_budget() {
+    let _turn = turn();
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     make_world_accessible(dir.path());
     let before = free_bytes(dir.path());
@@ -136,6 +145,7 @@ fn assert_merged(root: &Path, outside: &Path) {
 
 #[test]
 fn what_the_program_wrote_reaches_its_root_and_nothing_else_as_root() {
+    let _turn = turn();
     let outside = tempfile::tempdir().unwrap();
     let root = prepared_root(outside.path());
     let run = exec(
@@ -163,6 +173,7 @@ fn what_the_program_wrote_reaches_its_root_and_nothing_else_as_root() {
 
 #[test]
 fn what_the_program_wrote_reaches_its_root_and_nothing_else_unprivileged() {
+    let _turn = turn();
     let outside = tempfile::tempdir().unwrap();
     let root = prepared_root(outside.path());
     for entry in walkdir(root.path()) {
@@ -202,6 +213,7 @@ fn walkdir(root: &Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn a_budget_too_small_to_mean_anything_or_over_a_writable_file_is_refused() {
+    let _turn = turn();
     let dir = tempfile::tempdir().unwrap();
     make_world_accessible(dir.path());
     let rw = format!("{}:/out", path_str(dir.path()));
@@ -231,6 +243,7 @@ fn a_budget_too_small_to_mean_anything_or_over_a_writable_file_is_refused() {
 /// on a managed runner: past it, `ENOSPC`, and the result says so.
 #[test]
 fn a_manifests_max_write_bytes_budgets_a_managed_runs_programs() {
+    let _turn = turn();
     use common::control::*;
     use serde_json::json;
     let dir = tempfile::tempdir().unwrap();
@@ -284,6 +297,7 @@ fn a_manifests_max_write_bytes_budgets_a_managed_runs_programs() {
 /// the budget.
 #[test]
 fn the_merge_writes_no_more_than_the_budget_whatever_the_program_arranged() {
+    let _turn = turn();
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     make_world_accessible(dir.path());
     let run = exec(

@@ -77,14 +77,42 @@ impl AuditLog {
         }
         // SAFETY: raw is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut addr = netlink_address();
-        addr.nl_groups = 1 << (READLOG_GROUP - 1);
-        // SAFETY: addr is a valid sockaddr_nl of the size passed.
+        let mut log = AuditLog {
+            fd,
+            seq: 0,
+            buf: Vec::new(),
+            lost_before: 0,
+        };
+        // Asked first, on the bare socket: with audit off (the usual case)
+        // nothing more is done, and a launch pays one round trip for it.
+        match log.status() {
+            Ok((true, lost)) => log.lost_before = lost,
+            Ok((false, _)) => {
+                return Err(
+                    "the kernel's audit is off (turn it on with `auditctl -e 1`, Debian package \
+                     auditd)"
+                        .to_owned(),
+                );
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                return Err(
+                    "reading the kernel audit log takes CAP_AUDIT_READ (a root launcher)"
+                        .to_owned(),
+                );
+            }
+            Err(e) => return Err(format!("cannot ask the kernel whether audit is on: {e}")),
+        }
+        // Joined now (the request above bound the socket already, so a
+        // bind would be refused): the same CAP_AUDIT_READ check applies.
+        let group = READLOG_GROUP;
+        // SAFETY: a plain u32 option on our own socket.
         let bound = unsafe {
-            libc::bind(
+            libc::setsockopt(
                 raw,
-                std::ptr::addr_of!(addr).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+                libc::SOL_NETLINK,
+                libc::NETLINK_ADD_MEMBERSHIP,
+                std::ptr::addr_of!(group).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
             )
         };
         if bound != 0 {
@@ -107,23 +135,7 @@ impl AuditLog {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         };
-        let mut log = AuditLog {
-            fd,
-            seq: 0,
-            buf: Vec::new(),
-            lost_before: 0,
-        };
-        match log.status() {
-            Ok((true, lost)) => {
-                log.lost_before = lost;
-                Ok(log)
-            }
-            Ok((false, _)) => Err(
-                "the kernel's audit is off (turn it on with `auditctl -e 1`, Debian package auditd)"
-                    .to_owned(),
-            ),
-            Err(e) => Err(format!("cannot ask the kernel whether audit is on: {e}")),
-        }
+        Ok(log)
     }
 
     pub(crate) fn raw_fd(&self) -> RawFd {
@@ -176,13 +188,16 @@ impl AuditLog {
                     "no answer within 1 s",
                 ));
             }
-            let n = match self.recv() {
+            // The answer is small: no need for the records' buffer (a
+            // longer record meanwhile is cut short, and skipped anyway).
+            let mut small = [0u8; 512];
+            let n = match recv_into(self.fd.as_raw_fd(), &mut small) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
                 Err(e) => return Err(e),
             };
-            for (kind, msg_seq, payload) in messages(&self.buf[..n]) {
+            for (kind, msg_seq, payload) in messages(&small[..n.min(small.len())]) {
                 if msg_seq != seq {
                     continue;
                 }
@@ -205,19 +220,7 @@ impl AuditLog {
         if self.buf.is_empty() {
             self.buf = vec![0u8; READ_BUFFER];
         }
-        // SAFETY: buf is writable for its whole length.
-        let n = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                self.buf.as_mut_ptr().cast(),
-                self.buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
+        recv_into(self.fd.as_raw_fd(), &mut self.buf)
     }
 
     /// Waits until something can be read or `deadline` passes (false once
@@ -342,6 +345,16 @@ pub fn switch_kernel_audit(on: bool) -> io::Result<bool> {
         return Err(io::Error::other("the kernel kept its audit setting"));
     }
     Ok(was)
+}
+
+/// One datagram into `buf`, without waiting.
+fn recv_into(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is writable for its whole length.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 fn netlink_address() -> libc::sockaddr_nl {

@@ -883,7 +883,12 @@ fn setup_and_supervise(
     let cap = spec.limits.max_output_bytes;
     // The sandbox's pid namespace (init's): a Landlock domain a program
     // stacks itself is the run's too.
-    let mut tracker = Tracker::new(crate::evidence::pid_namespace_of(guard.pid.unsigned_abs()));
+    let mut tracker = Tracker::new(
+        audit
+            .as_ref()
+            .ok()
+            .and_then(|_| crate::evidence::pid_namespace_of(guard.pid.unsigned_abs())),
+    );
     let mut stdout = Stream::new(stdout_read, output, 1, cap);
     let mut stderr = Stream::new(stderr_read, output, 2, cap);
     let supervision = supervise::supervise(

@@ -325,7 +325,8 @@ fn the_merge_writes_no_more_than_the_budget_whatever_the_program_arranged() {
         .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
         .sum();
     assert!(on_disk <= 8 << 20, "the root holds {on_disk} bytes");
-    assert!(!dir.path().join("sparse").exists() || on_disk <= 8 << 20);
+    // The 2 GiB sparse file is over the budget: left out, not written out.
+    assert!(!dir.path().join("sparse").exists());
     // No temporary file of the merge's is left behind.
     for entry in std::fs::read_dir(dir.path()).unwrap() {
         let name = entry.unwrap().file_name();

@@ -505,6 +505,19 @@ pub fn post_op(serve: &Serve, token: &str, run: &str, env: Value) -> (u16, Value
     (status, op)
 }
 
+/// Runs `python3 -c script` as operation `id` of `run` and waits until it
+/// has succeeded; returns the operation.
+pub fn python_op(serve: &Serve, token: &str, run: &str, id: &str, script: &str) -> Value {
+    let argv = json!({"argv": ["/usr/bin/python3", "-c", script]});
+    let (status, op) = post_op(serve, token, run, envelope(id, "exec_argv", argv));
+    assert_eq!(
+        (status, op["state"].as_str()),
+        (200, Some("succeeded")),
+        "{op}"
+    );
+    op
+}
+
 pub fn run_state(serve: &Serve, token: &str, run: &str) -> String {
     let (_, body) = call("GET", &format!("{}/v1/runs/{run}", serve.url), token, None);
     body["state"].as_str().unwrap_or_default().to_owned()

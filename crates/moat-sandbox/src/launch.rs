@@ -285,7 +285,7 @@ impl RunState {
         if spec.limits.max_write_bytes.is_some()
             && self.bytes_written.is_none()
             && self.exit.is_some()
-            && self.enforcement.storage.detail == "not reached"
+            && spec.mounts.iter().any(|m| spec.is_writable(m))
         {
             // The program ran, and init was stopped before it could merge.
             self.enforcement.storage = LayerReport::degraded(

@@ -1,0 +1,419 @@
+//! The verdict on each file of a directory a program wrote: promoted (it
+//! may leave, as the type it was validated as) or rejected, with a reason
+//! per rule it broke.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::ExportError;
+use crate::detect::{Kind, detect};
+use crate::rules::{CompiledRules, ExportRule, ExportRules, ExportType};
+use crate::secrets::{Finding, Scanner};
+use crate::validate::{unpack, validate};
+use crate::walk::{Candidate, Entry, walk};
+
+/// What the verifier decided about a directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportReport {
+    /// Every file, in path order.
+    pub files: Vec<FileVerdict>,
+    pub promoted: u64,
+    pub rejected: u64,
+    pub bytes_promoted: u64,
+}
+
+/// One file's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FileVerdict {
+    /// Relative to the directory, `/`-separated (lossy if not UTF-8).
+    pub path: String,
+    pub size: u64,
+    /// Of the content that was verified; absent when it was never read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// What the bytes are, as detected (`text`, `an executable (ELF)`...).
+    pub detected: String,
+    /// The type it was validated as, when promoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exported_as: Option<ExportType>,
+    pub verdict: Verdict,
+    /// Why it was rejected: one entry per rule it broke.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<Rejection>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Promoted,
+    Rejected,
+}
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rejection {
+    pub rule: RejectRule,
+    pub detail: String,
+}
+
+/// The rules a file can break: a closed set, the label of the export
+/// metrics' rejection counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectRule {
+    /// A name that is not UTF-8 or holds control characters.
+    BadName,
+    /// No rule's path matches it.
+    NoRule,
+    Symlink,
+    /// A regular file with more than one link.
+    Hardlink,
+    /// A device, FIFO or socket.
+    SpecialFile,
+    /// Setuid or setgid bits.
+    Setid,
+    /// Over its rule's `maxBytes`.
+    TooLarge,
+    /// Would take the run past `maxTotalBytes`.
+    RunTooLarge,
+    /// Would take the run past `maxFiles`.
+    TooManyFiles,
+    /// Machine code or bytecode.
+    Executable,
+    /// A `#!` script where the rule does not allow one.
+    Shebang,
+    /// An archive or compressed format its rule does not list (or cannot be checked).
+    Archive,
+    /// A decompression bomb.
+    ArchiveBomb,
+    /// Detected as a type its rule does not list.
+    TypeNotAllowed,
+    /// Listed, but does not validate as any of its rule's types.
+    InvalidContent,
+    /// Holds one of the org's secrets.
+    Secret,
+    /// Holds something shaped like a credential.
+    Token,
+    /// Could not be read (or changed while being read).
+    Unreadable,
+}
+
+impl RejectRule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectRule::BadName => "bad_name",
+            RejectRule::NoRule => "no_rule",
+            RejectRule::Symlink => "symlink",
+            RejectRule::Hardlink => "hardlink",
+            RejectRule::SpecialFile => "special_file",
+            RejectRule::Setid => "setid",
+            RejectRule::TooLarge => "too_large",
+            RejectRule::RunTooLarge => "run_too_large",
+            RejectRule::TooManyFiles => "too_many_files",
+            RejectRule::Executable => "executable",
+            RejectRule::Shebang => "shebang",
+            RejectRule::Archive => "archive",
+            RejectRule::ArchiveBomb => "archive_bomb",
+            RejectRule::TypeNotAllowed => "type_not_allowed",
+            RejectRule::InvalidContent => "invalid_content",
+            RejectRule::Secret => "secret",
+            RejectRule::Token => "token",
+            RejectRule::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// Files at least this large are hashed on a thread of their own.
+const PARALLEL_HASH: usize = 1 << 20;
+
+fn reject(rule: RejectRule, detail: impl Into<String>) -> Rejection {
+    Rejection {
+        rule,
+        detail: detail.into(),
+    }
+}
+
+/// Rules and the secret scan, ready to judge files.
+pub struct Verifier {
+    rules: CompiledRules,
+    scanner: Scanner,
+}
+
+impl Verifier {
+    /// `secrets` are the org's, as `(name, value)`.
+    pub fn new(
+        rules: &ExportRules,
+        secrets: &[(String, Vec<u8>)],
+    ) -> Result<Verifier, ExportError> {
+        Ok(Verifier {
+            rules: rules.compile()?,
+            scanner: Scanner::new(secrets)?,
+        })
+    }
+
+    /// Judges every file under `root` (not following links).
+    pub fn verify_dir(&self, root: &Path) -> Result<ExportReport, ExportError> {
+        let limit = self.rules.max_files;
+        let mut files = Vec::new();
+        for entry in walk(root, &|rel| self.max_bytes(rel))? {
+            files.push(match entry {
+                Entry::Refused { path, size, reason } => FileVerdict {
+                    path,
+                    size,
+                    sha256: None,
+                    detected: "not read".into(),
+                    exported_as: None,
+                    verdict: Verdict::Rejected,
+                    reasons: vec![reason],
+                },
+                Entry::File(candidate) => self.verify_candidate(candidate),
+            });
+        }
+        let mut report = ExportReport {
+            files,
+            promoted: 0,
+            rejected: 0,
+            bytes_promoted: 0,
+        };
+        for file in &mut report.files {
+            if file.verdict == Verdict::Promoted {
+                if report.promoted >= limit {
+                    file.verdict = Verdict::Rejected;
+                    file.reasons.push(reject(
+                        RejectRule::TooManyFiles,
+                        format!("the run already exports {limit} files (maxFiles)"),
+                    ));
+                } else if report.bytes_promoted.saturating_add(file.size)
+                    > self.rules.max_total_bytes
+                {
+                    file.verdict = Verdict::Rejected;
+                    file.reasons.push(reject(
+                        RejectRule::RunTooLarge,
+                        format!(
+                            "{} bytes more would take the run past {} bytes (maxTotalBytes)",
+                            file.size, self.rules.max_total_bytes
+                        ),
+                    ));
+                } else {
+                    report.promoted += 1;
+                    report.bytes_promoted += file.size;
+                    continue;
+                }
+                file.exported_as = None;
+            }
+            report.rejected += 1;
+        }
+        Ok(report)
+    }
+
+    /// The size cap of the rule for `rel`, `None` when no rule takes it.
+    fn max_bytes(&self, rel: &str) -> Option<u64> {
+        self.rules
+            .rule_for(rel)
+            .map(|r| r.max_bytes.unwrap_or(crate::rules::DEFAULT_MAX_BYTES))
+    }
+
+    fn verify_candidate(&self, candidate: Candidate) -> FileVerdict {
+        let Candidate { path, bytes } = candidate;
+        let size = bytes.len() as u64;
+        let hash = || hex::encode(Sha256::digest(&bytes));
+        // A large file is hashed beside its judgement, on the other core.
+        let (sha256, verdict) = if bytes.len() < PARALLEL_HASH {
+            (Some(hash()), self.judge(&path, &bytes))
+        } else {
+            std::thread::scope(|s| {
+                let hashing = s.spawn(hash);
+                let verdict = self.judge(&path, &bytes);
+                (hashing.join().ok(), verdict)
+            })
+        };
+        let (detected, exported_as, reasons) = verdict;
+        FileVerdict {
+            path,
+            size,
+            sha256,
+            detected,
+            verdict: if reasons.is_empty() && exported_as.is_some() {
+                Verdict::Promoted
+            } else {
+                Verdict::Rejected
+            },
+            exported_as,
+            reasons,
+        }
+    }
+
+    /// What `bytes` are, the type they pass as, and every broken rule.
+    pub fn judge(&self, path: &str, bytes: &[u8]) -> (String, Option<ExportType>, Vec<Rejection>) {
+        let kind = detect(bytes);
+        let detected = kind.describe();
+        let Some(rule) = self.rules.rule_for(path) else {
+            return (
+                detected,
+                None,
+                vec![reject(
+                    RejectRule::NoRule,
+                    "no export rule's path matches it",
+                )],
+            );
+        };
+        let (ty, mut reasons) = type_check(rule, kind, bytes);
+        if self.rules.secret_scan {
+            let mut findings = self.scanner.scan(bytes);
+            if ty == Some(ExportType::Gzip)
+                && let Ok(inside) = unpack(ExportType::Gzip, bytes, max_bytes(rule))
+            {
+                findings.extend(self.scanner.scan(&inside));
+            }
+            let mut seen = Vec::new();
+            for finding in findings {
+                if seen.contains(&finding) {
+                    continue;
+                }
+                reasons.push(match &finding {
+                    Finding::Secret { name, form } => reject(
+                        RejectRule::Secret,
+                        format!("holds the org's secret {name:?} ({form})"),
+                    ),
+                    Finding::Token { shape } => reject(
+                        RejectRule::Token,
+                        format!("holds something shaped like a credential: {shape}"),
+                    ),
+                });
+                seen.push(finding);
+            }
+        }
+        if reasons.is_empty() {
+            (detected, ty, reasons)
+        } else {
+            (detected, None, reasons)
+        }
+    }
+}
+
+fn max_bytes(rule: &ExportRule) -> u64 {
+    rule.max_bytes.unwrap_or(crate::rules::DEFAULT_MAX_BYTES)
+}
+
+/// The type among `rule`'s that `bytes` validate as, or why none.
+fn type_check(rule: &ExportRule, kind: Kind, bytes: &[u8]) -> (Option<ExportType>, Vec<Rejection>) {
+    let listed = |ty: ExportType| rule.types.contains(&ty);
+    let names = rule
+        .types
+        .iter()
+        .map(|t| t.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let not_allowed = || {
+        vec![reject(
+            RejectRule::TypeNotAllowed,
+            format!(
+                "{} is not among its rule's types ({names})",
+                kind.describe()
+            ),
+        )]
+    };
+    let single = |ty: ExportType| {
+        if !listed(ty) {
+            return (None, not_allowed());
+        }
+        match validate(ty, bytes, None).and_then(|()| unpack(ty, bytes, max_bytes(rule)).map(drop))
+        {
+            Ok(()) => (Some(ty), Vec::new()),
+            Err(e) => {
+                let rule = if e.detail.contains("bomb") {
+                    RejectRule::ArchiveBomb
+                } else {
+                    RejectRule::InvalidContent
+                };
+                (
+                    None,
+                    vec![reject(
+                        rule,
+                        format!("not valid {}: {}", ty.as_str(), e.detail),
+                    )],
+                )
+            }
+        }
+    };
+    match kind {
+        Kind::Executable(what) => (
+            None,
+            vec![reject(
+                RejectRule::Executable,
+                format!("an executable ({what}) never leaves"),
+            )],
+        ),
+        Kind::Script if !rule.allow_shebang => (
+            None,
+            vec![reject(
+                RejectRule::Shebang,
+                "a script (starts with #!); its rule does not set allowShebang",
+            )],
+        ),
+        Kind::OtherArchive(mime) => (
+            None,
+            vec![reject(
+                RejectRule::Archive,
+                format!("an archive ({mime}): only gzip and tar can be checked, when listed"),
+            )],
+        ),
+        Kind::Gzip | Kind::Tar
+            if !listed(if kind == Kind::Gzip {
+                ExportType::Gzip
+            } else {
+                ExportType::Tar
+            }) =>
+        {
+            (
+                None,
+                vec![reject(
+                    RejectRule::Archive,
+                    format!(
+                        "{} archive; its rule does not list it ({names})",
+                        kind.describe()
+                    ),
+                )],
+            )
+        }
+        Kind::Gzip => single(ExportType::Gzip),
+        Kind::Tar => single(ExportType::Tar),
+        Kind::Png => single(ExportType::Png),
+        Kind::Pdf => single(ExportType::Pdf),
+        Kind::Parquet => single(ExportType::Parquet),
+        Kind::Binary(_) => (None, not_allowed()),
+        Kind::Text | Kind::Script => {
+            let text_types: Vec<ExportType> =
+                rule.types.iter().copied().filter(|t| t.is_text()).collect();
+            if text_types.is_empty() {
+                return (None, not_allowed());
+            }
+            let mut failures = Vec::new();
+            // The most specific type first: a JSON file is text too.
+            for ty in [
+                ExportType::Json,
+                ExportType::Ndjson,
+                ExportType::Csv,
+                ExportType::Text,
+            ] {
+                if !text_types.contains(&ty) {
+                    continue;
+                }
+                match validate(ty, bytes, rule.csv.as_ref()) {
+                    Ok(()) => return (Some(ty), Vec::new()),
+                    Err(e) => failures.push(format!("not valid {}: {}", ty.as_str(), e.detail)),
+                }
+            }
+            (
+                None,
+                vec![reject(RejectRule::InvalidContent, failures.join("; "))],
+            )
+        }
+    }
+}

@@ -15,6 +15,7 @@ macro_rules! outln {
 
 mod capability;
 mod exec;
+mod export;
 mod files;
 mod ledger;
 mod manifest;
@@ -56,6 +57,7 @@ enum Command {
     Up(up::UpArgs),
     Audit(operator::audit::AuditArgs),
     Replay(replay::ReplayArgs),
+    Export(export::ExportArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -90,5 +92,6 @@ fn main() -> ExitCode {
         Command::Up(args) => up::main(args),
         Command::Audit(args) => operator::audit::main(args),
         Command::Replay(args) => replay::main(args),
+        Command::Export(args) => export::main(args),
     }
 }

@@ -1,0 +1,341 @@
+//! `moat export`: the export boundary for local use. The verifier judges a
+//! directory (e.g. `moat exec --output`'s) against export rules in a
+//! sandbox of its own; what passed is copied out, re-hashed on the way.
+
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use moat_core::size::parse_size;
+use moat_core::{EventSink, ExitStatus, NetworkMode, SandboxMode};
+use moat_export::{
+    ExportReport, ExportRules, FileVerdict, RejectRule, Rejection, Verdict, Verifier,
+};
+use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
+
+const EXAMPLES: &str = "\
+Examples:
+  moat exec --output ./out -- python3 clean.py
+  moat export --rules exports.json --from ./out --to ./trusted
+  moat export --rules exports.json --from ./out --json > verdicts.json
+  moat export --rules exports.json --from ./out --secrets secrets.json --to ./trusted
+
+Rules (the same JSON as a manifest's `exports`; schema in
+docs/schema/export-rules.schema.json):
+  {\"rules\": [
+     {\"path\": \"clean/*.csv\", \"types\": [\"csv\"], \"maxBytes\": 104857600,
+      \"csv\": {\"header\": [\"id\", \"amount\"]}},
+     {\"path\": \"summary.json\", \"types\": [\"json\"]}],
+   \"maxFiles\": 100, \"maxTotalBytes\": 1073741824}
+
+Each file under --from is judged by the first rule whose path glob matches it
+(`*` within a directory, `**` across): its type is detected from its bytes and
+must be among the rule's types and validate as one (JSON parses, CSV is
+rectangular, text is UTF-8, PNG decodes...). Executables, symlinks, hard links,
+devices, setuid files, scripts (unless allowShebang), archives (unless listed,
+and never a decompression bomb), files over their size, and files holding a
+secret (--secrets: a JSON object of name to value, looked for as is,
+percent-encoded and base64) or a credential-shaped string are rejected. The
+verifier runs sandboxed: no network, the files read-only, --memory and
+--timeout bounds.
+
+Exit status: 0 when every file was promoted; 1 when any was rejected (the
+others are still copied); 2 for bad flags, rules or paths, or a verifier that
+failed (nothing copied).";
+
+/// Verify the files a program wrote; copy out only those the rules let through.
+#[derive(Args)]
+#[command(after_long_help = EXAMPLES, after_help = "Run `moat export --help` for the rules' format.")]
+pub struct ExportArgs {
+    /// Export rules, JSON (a manifest's `exports`).
+    #[arg(long, value_name = "FILE")]
+    rules: PathBuf,
+    /// The directory of candidates (what a program wrote).
+    #[arg(long, value_name = "DIR")]
+    from: PathBuf,
+    /// Where promoted files are copied, at their relative paths (made if missing).
+    #[arg(long, value_name = "DIR")]
+    to: Option<PathBuf>,
+    /// The secrets to look for: a JSON object of name to value.
+    #[arg(long, value_name = "FILE")]
+    secrets: Option<PathBuf>,
+    /// The verdicts as JSON on standard output instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Memory for the verifier.
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    memory: String,
+    /// Wall-clock limit of the verifier.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Verify even where a sandbox layer cannot be applied (the verdicts
+    /// then say which were not).
+    #[arg(long)]
+    allow_degraded: bool,
+    /// Inside the verifier's sandbox: judge and print the report.
+    #[arg(long, hide = true)]
+    worker: bool,
+}
+
+pub fn main(args: ExportArgs) -> ExitCode {
+    let result = if args.worker {
+        worker(&args)
+    } else {
+        export(&args)
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("moat export: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Secrets as `(name, value)` from a JSON object of strings.
+fn parse_secrets(bytes: &[u8]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(bytes).context("expected a JSON object of name to value")?;
+    Ok(map.into_iter().map(|(k, v)| (k, v.into_bytes())).collect())
+}
+
+/// In the sandbox: rules and candidates read-only, secrets on stdin.
+fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
+    let rules = ExportRules::from_json(&std::fs::read(&args.rules)?)?;
+    let mut secrets = Vec::new();
+    std::io::stdin().read_to_end(&mut secrets)?;
+    let secrets = if secrets.is_empty() {
+        Vec::new()
+    } else {
+        parse_secrets(&secrets)?
+    };
+    let report = Verifier::new(&rules, &secrets)?.verify_dir(&args.from)?;
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, &report)?;
+    out.flush()?;
+    Ok(0)
+}
+
+/// Where the verifier sees its inputs.
+const INSIDE: &str = "/export";
+
+fn export(args: &ExportArgs) -> anyhow::Result<u8> {
+    let rules_bytes =
+        std::fs::read(&args.rules).with_context(|| format!("--rules {}", args.rules.display()))?;
+    ExportRules::from_json(&rules_bytes)
+        .and_then(|r| r.compile().map(drop))
+        .with_context(|| format!("--rules {}", args.rules.display()))?;
+    let from = std::fs::canonicalize(&args.from)
+        .with_context(|| format!("--from {}", args.from.display()))?;
+    if !from.is_dir() {
+        bail!("--from {}: not a directory", args.from.display());
+    }
+    let secrets = match &args.secrets {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("--secrets {}", path.display()))?;
+            parse_secrets(&bytes).with_context(|| format!("--secrets {}", path.display()))?;
+            bytes
+        }
+        None => Vec::new(),
+    };
+    if secrets.len() > moat_sandbox::spec::MAX_STDIN_DATA {
+        bail!(
+            "--secrets: more than {} bytes",
+            moat_sandbox::spec::MAX_STDIN_DATA
+        );
+    }
+    let memory = parse_size(&args.memory)
+        .map_err(anyhow::Error::msg)
+        .context("--memory")?;
+    let mut report = verify_sandboxed(args, &rules_bytes, &from, secrets, memory)?;
+    if let Some(to) = &args.to {
+        promote_all(&mut report, &from, to);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report, args.to.as_deref());
+    }
+    Ok(if report.rejected == 0 { 0 } else { 1 })
+}
+
+/// Runs this binary's worker in a sandbox and reads its report.
+fn verify_sandboxed(
+    args: &ExportArgs,
+    rules: &[u8],
+    from: &Path,
+    secrets: Vec<u8>,
+    memory: u64,
+) -> anyhow::Result<ExportReport> {
+    // The binary and the rules go in as copies in a private directory: the
+    // binary's own may sit where the launch policy refuses roots (a home).
+    let scratch = Scratch::new()?;
+    let exe = scratch.0.join("moat");
+    std::fs::copy(
+        std::env::current_exe().context("finding this binary")?,
+        &exe,
+    )
+    .context("copying this binary")?;
+    let rules_file = scratch.0.join("rules.json");
+    std::fs::write(&rules_file, rules)?;
+    let mut spec = SandboxSpec::new(
+        format!("export-{}", moat_core::random::hex(6)),
+        vec![
+            format!("{INSIDE}/moat"),
+            "export".into(),
+            "--worker".into(),
+            "--rules".into(),
+            format!("{INSIDE}/rules.json"),
+            "--from".into(),
+            format!("{INSIDE}/candidates"),
+        ],
+    );
+    spec.mode = SandboxMode::ReadOnly;
+    spec.network = NetworkMode::Off;
+    spec.allow_degraded = args.allow_degraded;
+    spec.stdin_data = Some(secrets);
+    spec.limits.memory_bytes = memory;
+    spec.limits.timeout_ms = u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX);
+    spec.limits.max_output_bytes = 256 << 20;
+    spec.mounts = vec![
+        BindMount {
+            host: exe,
+            inside: format!("{INSIDE}/moat").into(),
+            writable: false,
+        },
+        BindMount {
+            host: rules_file,
+            inside: format!("{INSIDE}/rules.json").into(),
+            writable: false,
+        },
+        BindMount {
+            host: from.to_path_buf(),
+            inside: format!("{INSIDE}/candidates").into(),
+            writable: false,
+        },
+    ];
+    let mut events = Discard;
+    let outcome = moat_sandbox::run(spec, OutputMode::Capture, &mut events)?;
+    let report = &outcome.report;
+    let failed = |why: String| {
+        let stderr = String::from_utf8_lossy(&outcome.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        anyhow::anyhow!(
+            "the verifier failed ({why}); nothing was promoted{}{}",
+            if tail.is_empty() { "" } else { ": " },
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        )
+    };
+    if let Some(setup) = &report.setup_error {
+        return Err(failed(format!("its sandbox: {setup}")));
+    }
+    if report.timed_out {
+        return Err(failed(format!(
+            "over its {} limit",
+            humantime::format_duration(args.timeout)
+        )));
+    }
+    if report.oom_killed {
+        return Err(failed(format!("out of its {} of memory", args.memory)));
+    }
+    match report.exit {
+        ExitStatus::Exited { code: 0 } => {}
+        ExitStatus::Exited { code } => return Err(failed(format!("exit status {code}"))),
+        ExitStatus::Signaled { signal } => {
+            return Err(failed(format!("killed by signal {signal}")));
+        }
+        other => return Err(failed(format!("{other:?}"))),
+    }
+    serde_json::from_slice(&outcome.stdout)
+        .map_err(|e| failed(format!("its report does not parse: {e}")))
+}
+
+/// Copies every promoted file; one that changed since is rejected instead.
+fn promote_all(report: &mut ExportReport, from: &Path, to: &Path) {
+    let mut failed = Vec::new();
+    for (i, file) in report.files.iter().enumerate() {
+        if file.verdict != Verdict::Promoted {
+            continue;
+        }
+        let copied = match &file.sha256 {
+            Some(sha) => moat_export::promote(from, &file.path, sha, to).map_err(|e| e.to_string()),
+            None => Err("promoted without a hash".into()),
+        };
+        if let Err(why) = copied {
+            failed.push((i, why));
+        }
+    }
+    for (i, why) in failed {
+        if let Some(file) = report.files.get_mut(i) {
+            report.promoted = report.promoted.saturating_sub(1);
+            report.bytes_promoted = report.bytes_promoted.saturating_sub(file.size);
+            report.rejected += 1;
+            demote(file, why);
+        }
+    }
+}
+
+fn demote(file: &mut FileVerdict, detail: String) {
+    file.verdict = Verdict::Rejected;
+    file.exported_as = None;
+    file.reasons.push(Rejection {
+        rule: RejectRule::Unreadable,
+        detail,
+    });
+}
+
+fn print_table(report: &ExportReport, to: Option<&Path>) {
+    println!("{:<9} {:<8} {:>12}  PATH", "VERDICT", "TYPE", "BYTES");
+    for file in &report.files {
+        let verdict = match file.verdict {
+            Verdict::Promoted => "promoted",
+            Verdict::Rejected => "rejected",
+        };
+        let ty = file.exported_as.map_or("-", |t| t.as_str());
+        println!("{verdict:<9} {ty:<8} {:>12}  {}", file.size, file.path);
+        for reason in &file.reasons {
+            println!("{:33}{}: {}", "", reason.rule.as_str(), reason.detail);
+        }
+    }
+    println!(
+        "{} promoted ({} bytes{}), {} rejected",
+        report.promoted,
+        report.bytes_promoted,
+        to.map(|t| format!(", copied to {}", t.display()))
+            .unwrap_or_default(),
+        report.rejected
+    );
+}
+
+/// The verifier's launch events are not kept: `moat export` is a local
+/// check, and its verdicts are its record.
+struct Discard;
+
+impl EventSink for Discard {
+    fn emit(&mut self, _event: moat_core::Event) {}
+}
+
+/// A private directory of this process, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> anyhow::Result<Scratch> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let path = std::env::temp_dir().join(format!("moat-export-{}", moat_core::random::hex(8)));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("making {}", path.display()))?;
+        Ok(Scratch(path))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

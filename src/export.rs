@@ -11,9 +11,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{EventSink, ExitStatus, NetworkMode, SandboxMode};
-use moat_export::{
-    ExportReport, ExportRules, FileVerdict, RejectRule, Rejection, Verdict, Verifier,
-};
+use moat_export::{ExportReport, FileVerdict, RejectRule, Rejection, Verdict, Verifier};
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
 
 const EXAMPLES: &str = "\
@@ -104,7 +102,7 @@ fn parse_secrets(bytes: &[u8]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
 
 /// In the sandbox: rules and candidates read-only, secrets on stdin.
 fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
-    let rules = ExportRules::from_json(&std::fs::read(&args.rules)?)?;
+    let rules = moat_export::parse(&std::fs::read(&args.rules)?)?;
     let mut secrets = Vec::new();
     std::io::stdin().read_to_end(&mut secrets)?;
     let secrets = if secrets.is_empty() {
@@ -125,8 +123,8 @@ const INSIDE: &str = "/export";
 fn export(args: &ExportArgs) -> anyhow::Result<u8> {
     let rules_bytes =
         std::fs::read(&args.rules).with_context(|| format!("--rules {}", args.rules.display()))?;
-    ExportRules::from_json(&rules_bytes)
-        .and_then(|r| r.compile().map(drop))
+    moat_export::parse(&rules_bytes)
+        .and_then(|r| moat_export::compile(&r).map(drop))
         .with_context(|| format!("--rules {}", args.rules.display()))?;
     let from = std::fs::canonicalize(&args.from)
         .with_context(|| format!("--from {}", args.from.display()))?;

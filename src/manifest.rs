@@ -176,9 +176,11 @@ pub fn template(key: &PublicKey) -> Manifest {
         filesystem: FilesystemPolicy {
             read_roots: vec![".".into()],
             write_roots: vec!["output".into()],
+            artifact_only: Vec::new(),
         },
         env_passthrough: vec![],
         limits: Limits::default(),
+        exports: None,
         cgroup_limits: Default::default(),
         created_at: stamp(now),
         expires_at: stamp(now + Duration::from_secs(7 * 24 * 3600)),

@@ -258,8 +258,11 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     sample
         .allowed_executables
         .retain(|e| Path::new(&e.path).exists());
-    // Exports (which the default policy sends for approval) are written too.
+    // Exports (which the default policy sends for approval) are written
+    // too, by artifact_write only: a program sees export/ read-only, so
+    // nothing lands there without the policy's decision on that write.
     sample.filesystem.write_roots.push("export".into());
+    sample.filesystem.artifact_only.push("export".into());
     let signed = sample.sign(&key).context("signing the sample manifest")?;
     let signed_json = serde_json::to_value(&signed)?;
     files::write_atomic(

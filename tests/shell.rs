@@ -262,6 +262,57 @@ fn writes_land_only_under_output_atomically_and_become_artifacts() {
 }
 
 #[test]
+fn an_artifact_only_root_is_written_by_artifact_write_and_read_only_to_programs() {
+    let s = Session::new(|m| {
+        m["filesystem"] = json!({
+            "readRoots": ["."],
+            "writeRoots": [".", "output", "export"],
+            "artifactOnly": ["export"],
+        });
+    });
+    let results = s.ops(&[
+        op(
+            "1",
+            "exec_argv",
+            json!({"argv": ["sh", "-c", "echo leak > export/direct.txt"]}),
+        ),
+        op(
+            "2",
+            "exec_argv",
+            json!({"argv": ["sh", "-c", "mv export export2 || rmdir export; echo ok > output/b.txt"]}),
+        ),
+        op(
+            "3",
+            "artifact_write",
+            json!({"path": "export/report.md", "content": "# ok\n", "maxBytes": 100}),
+        ),
+        op("4", "exec_argv", json!({"argv": ["cat", "export/report.md"]})),
+    ]);
+    // The program's write fails inside; nothing lands on the host.
+    assert_ne!(results[0]["result"]["exitCode"], 0, "{}", results[0]);
+    assert!(!s.ws.join("export/direct.txt").exists());
+    assert!(s.ws.join("export").is_dir(), "the root was moved away");
+    assert!(!s.ws.join("export2").exists());
+    // Its writable neighbours still take writes.
+    assert_eq!(results[1]["result"]["exitCode"], 0, "{}", results[1]);
+    assert_eq!(
+        std::fs::read_to_string(s.ws.join("output/b.txt")).unwrap(),
+        "ok\n"
+    );
+    // artifact_write writes it, and programs read what it wrote.
+    assert_eq!(results[2]["status"], "ok", "{}", results[2]);
+    assert_eq!(s.events_of("3", "artifact.created").len(), 1);
+    assert_eq!(results[3]["result"]["stdout"], "# ok\n", "{}", results[3]);
+    let finished = s.events_of("1", "sandbox.exec.finished");
+    assert_eq!(
+        finished.len(),
+        1,
+        "the refused write is on record with its exit"
+    );
+    assert!(s.ledger_verifies());
+}
+
+#[test]
 fn exec_runs_only_allowlisted_programs_with_a_clean_environment() {
     let secret = format!("sk-{}", token());
     let s = Session::new(|m| {

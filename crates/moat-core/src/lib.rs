@@ -9,6 +9,7 @@ pub mod capability;
 pub mod denial;
 pub mod event;
 pub mod event_data;
+pub mod exports;
 pub mod hash;
 pub mod ids;
 pub mod lifecycle;

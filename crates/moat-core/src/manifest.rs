@@ -73,6 +73,31 @@ pub struct FilesystemPolicy {
     pub read_roots: Vec<String>,
     /// Writable roots, e.g. `["output"]`.
     pub write_roots: Vec<String>,
+    /// Writable roots that programs (`exec_argv`) see read-only: only
+    /// `artifact_write` writes them, so what lands there went through the
+    /// policy's decision on that write (an approval, say). Each must also be
+    /// among `writeRoots`. Left out of the signed bytes when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifact_only: Vec<String>,
+}
+
+impl FilesystemPolicy {
+    /// Whether the root `rel` (as listed, or as a path) is artifact-only.
+    pub fn is_artifact_only(&self, rel: &std::path::Path) -> bool {
+        self.artifact_only
+            .iter()
+            .any(|root| same_root(std::path::Path::new(root), rel))
+    }
+}
+
+/// `a` and `b` name the same workspace root (`./export` is `export`).
+fn same_root(a: &std::path::Path, b: &std::path::Path) -> bool {
+    fn parts(p: &std::path::Path) -> Vec<std::path::Component<'_>> {
+        p.components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect()
+    }
+    parts(a) == parts(b)
 }
 
 /// Where a run's memory, process and CPU limits come from.
@@ -117,6 +142,10 @@ pub struct Manifest {
     pub env_passthrough: Vec<String>,
     /// Ceilings for any single operation.
     pub limits: Limits,
+    /// What may leave a run's writable roots, and as what (see
+    /// [`crate::exports`]). Left out of the signed bytes when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exports: Option<crate::exports::ExportRules>,
     /// `per-run` (left out) or `deployment`: see [`CgroupLimits`]. Left out
     /// of the signed bytes when `per-run`, so older manifests keep their hash.
     #[serde(default, skip_serializing_if = "CgroupLimits::is_per_run")]
@@ -228,6 +257,23 @@ impl Manifest {
                 return invalid("filesystem roots must be relative, without `..`");
             }
         }
+        for root in &self.filesystem.artifact_only {
+            let listed = self
+                .filesystem
+                .write_roots
+                .iter()
+                .any(|w| same_root(std::path::Path::new(w), std::path::Path::new(root)));
+            if !listed {
+                return Err(ManifestError::Invalid(format!(
+                    "filesystem.artifactOnly root {root:?} is not among writeRoots"
+                )));
+            }
+        }
+        if let Some(exports) = &self.exports {
+            exports
+                .check()
+                .map_err(|why| ManifestError::Invalid(format!("exports: {why}")))?;
+        }
         PublicKey::from_base64(&self.control_plane_public_key)?;
         Ok(())
     }
@@ -326,9 +372,11 @@ mod tests {
             filesystem: FilesystemPolicy {
                 read_roots: vec![".".into()],
                 write_roots: vec!["output".into()],
+                artifact_only: Vec::new(),
             },
             env_passthrough: vec![],
             limits: Limits::default(),
+            exports: None,
             cgroup_limits: CgroupLimits::PerRun,
             created_at: "2026-01-01T00:00:00Z".into(),
             expires_at: "2026-01-08T00:00:00Z".into(),
@@ -359,6 +407,36 @@ mod tests {
             unsigned.verify(&key.public()),
             Err(ManifestError::Unsigned)
         ));
+    }
+
+    #[test]
+    fn exports_and_artifact_only_roots_are_checked_and_kept_out_of_old_hashes() {
+        let key = PrivateKey::from_seed([1; 32]);
+        let plain = sample(&key);
+        let hash = plain.clone().sign(&key).unwrap().manifest_hash;
+        // Absent, they leave the signed bytes (and so older hashes) as they were.
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(
+            !text.contains("exports") && !text.contains("artifactOnly"),
+            "{text}"
+        );
+        let mut m = plain.clone();
+        m.filesystem.artifact_only = vec!["export".into()];
+        assert!(
+            matches!(m.check_shape(), Err(ManifestError::Invalid(w)) if w.contains("not among writeRoots"))
+        );
+        m.filesystem.write_roots.push("./export".into());
+        assert!(m.check_shape().is_ok());
+        m.exports =
+            Some(serde_json::from_str(r#"{"rules":[{"path":"../x","types":["csv"]}]}"#).unwrap());
+        assert!(
+            matches!(m.check_shape(), Err(ManifestError::Invalid(w)) if w.contains("exports: rules[0]"))
+        );
+        m.exports = Some(
+            serde_json::from_str(r#"{"rules":[{"path":"export/*.csv","types":["csv"]}]}"#).unwrap(),
+        );
+        assert!(m.check_shape().is_ok());
+        assert_ne!(m.sign(&key).unwrap().manifest_hash, hash);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use moat_export::{ExportRules, Verdict, Verifier};
+use moat_export::{Verdict, Verifier};
 
 const RULES: &str = r#"{"rules":[
   {"path":"*.csv","types":["csv"],"maxBytes":209715200,"csv":{"header":["id","name","email","amount","date"]}},
@@ -18,7 +18,7 @@ const RULES: &str = r#"{"rules":[
 ]}"#;
 
 fn bench(c: &mut Criterion) {
-    let rules = ExportRules::from_json(RULES.as_bytes()).unwrap();
+    let rules = moat_export::parse(RULES.as_bytes()).unwrap();
     let verifier = Verifier::new(
         &rules,
         &[("api-key".into(), b"sk-test-0123456789abcdef".to_vec())],

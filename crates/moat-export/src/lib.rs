@@ -17,7 +17,7 @@ mod verify;
 mod walk;
 
 pub use promote::promote;
-pub use rules::{CsvShape, ExportRule, ExportRules, ExportType};
+pub use rules::{CsvShape, ExportRule, ExportRules, ExportType, compile, parse};
 pub use verify::{ExportReport, FileVerdict, RejectRule, Rejection, Verdict, Verifier};
 
 /// What can go wrong around the verdicts (a bad file is a verdict, not an

@@ -4,7 +4,7 @@
 
 use std::io::Read as _;
 
-use crate::rules::{CsvShape, ExportType, csv_delimiter};
+use crate::rules::{CsvShape, ExportType};
 
 /// Deepest JSON nesting read (serde_json's own recursion limit is 128).
 const MAX_JSON_DEPTH: usize = 128;
@@ -94,7 +94,7 @@ fn ndjson(bytes: &[u8]) -> Result<(), Invalid> {
 fn csv_rectangular(bytes: &[u8], shape: Option<&CsvShape>) -> Result<(), Invalid> {
     let bad = |detail: String| invalid(ExportType::Csv, detail);
     let delimiter = match shape {
-        Some(s) => csv_delimiter(s).map_err(bad)?,
+        Some(s) => s.delimiter_byte().map_err(bad)?,
         None => b',',
     };
     let mut reader = csv::ReaderBuilder::new()

@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::ExportError;
 use crate::detect::{Kind, detect};
-use crate::rules::{CompiledRules, ExportRule, ExportRules, ExportType};
+use crate::rules::{CompiledRules, ExportRule, ExportRules, ExportType, compile};
 use crate::secrets::{Finding, Scanner};
 use crate::validate::{unpack, validate};
 use crate::walk::{Candidate, Entry, walk};
@@ -152,7 +152,7 @@ impl Verifier {
         secrets: &[(String, Vec<u8>)],
     ) -> Result<Verifier, ExportError> {
         Ok(Verifier {
-            rules: rules.compile()?,
+            rules: compile(rules)?,
             scanner: Scanner::new(secrets)?,
         })
     }

@@ -37,9 +37,11 @@ fn shell(dir: &std::path::Path) -> Shell {
         filesystem: FilesystemPolicy {
             read_roots: vec![".".into()],
             write_roots: vec!["output".into()],
+            artifact_only: Vec::new(),
         },
         env_passthrough: vec![],
         limits: Limits::default(),
+        exports: None,
         cgroup_limits: Default::default(),
         created_at: "2026-01-01T00:00:00Z".into(),
         expires_at: "2099-01-01T00:00:00Z".into(),

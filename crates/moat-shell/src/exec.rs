@@ -251,6 +251,9 @@ fn checked(
     let (read, write) = workspace.roots();
     for (rels, writable) in [(read, false), (write, true)] {
         for rel in rels {
+            // An artifact-only root is the program's to read, not to
+            // write: mounted read-only, over a writable parent too.
+            let writable = writable && !manifest.filesystem.is_artifact_only(&rel);
             spec.mounts.push(BindMount {
                 host: workspace.path.join(&rel),
                 // Components, not join: the whole workspace (`rel` empty) is "/workspace".

@@ -1,0 +1,188 @@
+//! Export rules: which files a program wrote may leave, as what, how big.
+//! A manifest's `exports`, and `moat export --rules`. The verifier that
+//! applies them is `moat-export` (it also checks each glob's syntax).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Largest file a rule lets out when it names no `maxBytes` (100 MiB).
+pub const DEFAULT_MAX_BYTES: u64 = 100 << 20;
+/// Largest sum of a run's exported files by default (1 GiB).
+pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 1 << 30;
+/// Most files a run exports by default.
+pub const DEFAULT_MAX_FILES: u64 = 1000;
+/// Longest glob accepted.
+pub const MAX_GLOB: usize = 1024;
+/// Most rules accepted.
+pub const MAX_RULES: usize = 256;
+
+/// The export rules of a run (or of `moat export`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExportRules {
+    /// Rules in order: a file is judged by the first whose `path` matches
+    /// it; a file no rule matches is not exported.
+    pub rules: Vec<ExportRule>,
+    /// Most files exported in all (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_files: Option<u64>,
+    /// Most bytes exported in all (default 1 GiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_bytes: Option<u64>,
+    /// Look for the org's secrets (and common token shapes) in every
+    /// candidate; on by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_scan: Option<bool>,
+}
+
+/// One rule: files under a glob, the types they may be, their size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExportRule {
+    /// A glob over the path relative to the exported directory: `*` stays
+    /// within one directory, `**` crosses them (`clean/**/*.csv`).
+    pub path: String,
+    /// What the content may be, detected from the bytes, never from the
+    /// name. Text types are also validated (JSON parses, CSV is
+    /// rectangular, text is UTF-8); archives are refused unless listed.
+    pub types: Vec<ExportType>,
+    /// Largest file (default 100 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// CSV's shape, when `csv` is among the types.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv: Option<CsvShape>,
+    /// A text file may start with `#!` (a script); refused otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_shebang: bool,
+}
+
+/// CSV's expected shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CsvShape {
+    /// The first row, exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<Vec<String>>,
+    /// Fields per row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<usize>,
+    /// One ASCII character (default `,`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delimiter: Option<String>,
+}
+
+/// The types a file may be, detected from its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportType {
+    /// UTF-8 text without NUL bytes.
+    Text,
+    /// One JSON document.
+    Json,
+    /// JSON documents, one per line.
+    Ndjson,
+    /// Rectangular CSV (UTF-8).
+    Csv,
+    /// A PNG image that decodes.
+    Png,
+    /// A PDF document (header and end-of-file marker).
+    Pdf,
+    /// A Parquet file (magic at both ends, a footer that fits).
+    Parquet,
+    /// A gzip stream; decompressed within limits and scanned.
+    Gzip,
+    /// A tar archive of regular files; scanned.
+    Tar,
+}
+
+impl ExportType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExportType::Text => "text",
+            ExportType::Json => "json",
+            ExportType::Ndjson => "ndjson",
+            ExportType::Csv => "csv",
+            ExportType::Png => "png",
+            ExportType::Pdf => "pdf",
+            ExportType::Parquet => "parquet",
+            ExportType::Gzip => "gzip",
+            ExportType::Tar => "tar",
+        }
+    }
+
+    /// Validated as text first (UTF-8, no NUL).
+    pub fn is_text(self) -> bool {
+        matches!(
+            self,
+            ExportType::Text | ExportType::Json | ExportType::Ndjson | ExportType::Csv
+        )
+    }
+}
+
+impl ExportRules {
+    /// Checks the rules' shape (everything but each glob's syntax, which
+    /// the verifier compiles): the first problem, naming its rule.
+    pub fn check(&self) -> Result<(), String> {
+        if self.rules.is_empty() {
+            return Err("no rules: nothing could be exported".into());
+        }
+        if self.rules.len() > MAX_RULES {
+            return Err(format!("{} rules; at most {MAX_RULES}", self.rules.len()));
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.check().map_err(|why| format!("rules[{i}]: {why}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl ExportRule {
+    fn check(&self) -> Result<(), String> {
+        let path = self.path.as_str();
+        if path.is_empty() || path.len() > MAX_GLOB {
+            return Err(format!("path must be 1 to {MAX_GLOB} bytes"));
+        }
+        if path.starts_with('/') || path.split('/').any(|c| c == "..") || path.contains('\0') {
+            return Err(format!(
+                "path {path:?} must be relative, without `..` or NUL"
+            ));
+        }
+        if self.types.is_empty() {
+            return Err("types is empty: the rule would let nothing out".into());
+        }
+        if self.max_bytes == Some(0) {
+            return Err("maxBytes is 0".into());
+        }
+        if self.csv.is_some() && !self.types.contains(&ExportType::Csv) {
+            return Err("csv shape given but csv is not among the types".into());
+        }
+        if let Some(shape) = &self.csv {
+            shape.delimiter_byte()?;
+            if let (Some(header), Some(columns)) = (&shape.header, shape.columns)
+                && header.len() != columns
+            {
+                return Err(format!(
+                    "csv header has {} names, columns says {columns}",
+                    header.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CsvShape {
+    /// The delimiter byte (default `,`).
+    pub fn delimiter_byte(&self) -> Result<u8, String> {
+        match self.delimiter.as_deref() {
+            None => Ok(b','),
+            Some(d) if d.len() == 1 && d.is_ascii() && d != "\"" && d != "\n" && d != "\r" => {
+                Ok(d.as_bytes()[0])
+            }
+            Some(d) => Err(format!(
+                "csv delimiter {d:?} must be one ASCII character other than a quote or a line break"
+            )),
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! directory (e.g. `moat exec --output`'s) against export rules in a
 //! sandbox of its own; what passed is copied out, re-hashed on the way.
 
+use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
 use moat_core::{EventSink, ExitStatus, NetworkMode, SandboxMode};
-use moat_export::{ExportReport, FileVerdict, RejectRule, Rejection, Verdict, Verifier};
+use moat_export::{ExportReport, FileVerdict, Progress, RejectRule, Rejection, Verdict, Verifier};
 use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
 
 const EXAMPLES: &str = "\
@@ -38,11 +39,12 @@ and never a decompression bomb), files over their size, and files holding a
 secret (--secrets: a JSON object of name to value, looked for as is,
 percent-encoded and base64) or a credential-shaped string are rejected. The
 verifier runs sandboxed: no network, the files read-only, --memory and
---timeout bounds.
+--timeout bounds; if it dies on a file (a crash, out of memory or time),
+that file is rejected (verifier_failed) and a new verifier goes on after it.
 
 Exit status: 0 when every file was promoted; 1 when any was rejected (the
 others are still copied); 2 for bad flags, rules or paths, or a verifier that
-failed (nothing copied).";
+cannot run at all (nothing copied).";
 
 /// Verify the files a program wrote; copy out only those the rules let through.
 #[derive(Args)]
@@ -73,9 +75,12 @@ pub struct ExportArgs {
     /// then say which were not).
     #[arg(long)]
     allow_degraded: bool,
-    /// Inside the verifier's sandbox: judge and print the report.
+    /// Inside the verifier's sandbox: judge, one JSON line per step.
     #[arg(long, hide = true)]
     worker: bool,
+    /// With --worker: a JSON list of paths judged already.
+    #[arg(long, hide = true, value_name = "FILE")]
+    skip: Option<PathBuf>,
 }
 
 pub fn main(args: ExportArgs) -> ExitCode {
@@ -110,11 +115,26 @@ fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
     } else {
         parse_secrets(&secrets)?
     };
-    let report = Verifier::new(&rules, &secrets)?.verify_dir(&args.from)?;
+    let skip: BTreeSet<String> = match &args.skip {
+        Some(path) => serde_json::from_slice(&std::fs::read(path)?)?,
+        None => BTreeSet::new(),
+    };
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, &report)?;
-    out.flush()?;
-    Ok(0)
+    let mut failed = None;
+    Verifier::new(&rules, &secrets)?.judge_dir(&args.from, &|p| skip.contains(p), &mut |step| {
+        // A line at a time, flushed: what was said before a crash stays said.
+        let line = serde_json::to_string(&step).map(|l| l + "\n");
+        if let Err(e) = line.map_err(std::io::Error::other).and_then(|l| {
+            out.write_all(l.as_bytes())?;
+            out.flush()
+        }) {
+            failed.get_or_insert(e);
+        }
+    })?;
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(0),
+    }
 }
 
 /// Where the verifier sees its inputs.
@@ -161,7 +181,12 @@ fn export(args: &ExportArgs) -> anyhow::Result<u8> {
     Ok(if report.rejected == 0 { 0 } else { 1 })
 }
 
-/// Runs this binary's worker in a sandbox and reads its report.
+/// Most times the verifier is started again after it died on a file.
+const MAX_RESTARTS: usize = 16;
+
+/// Runs this binary's worker in a sandbox until every file is judged: a
+/// worker that dies (a crash, out of memory or time) on a file fails that
+/// file (`verifier_failed`), and a new one goes on after it.
 fn verify_sandboxed(
     args: &ExportArgs,
     rules: &[u8],
@@ -169,27 +194,91 @@ fn verify_sandboxed(
     secrets: Vec<u8>,
     memory: u64,
 ) -> anyhow::Result<ExportReport> {
+    let compiled = moat_export::compile(&moat_export::parse(rules)?)?;
     // The binary and the rules go in as copies in a private directory: the
     // binary's own may sit where the launch policy refuses roots (a home).
     let scratch = Scratch::new()?;
-    let exe = scratch.0.join("moat");
     std::fs::copy(
         std::env::current_exe().context("finding this binary")?,
-        &exe,
+        scratch.0.join("moat"),
     )
     .context("copying this binary")?;
-    let rules_file = scratch.0.join("rules.json");
-    std::fs::write(&rules_file, rules)?;
+    std::fs::write(scratch.0.join("rules.json"), rules)?;
+    let mut judged: Vec<FileVerdict> = Vec::new();
+    let mut skip: BTreeSet<String> = BTreeSet::new();
+    for _ in 0..=MAX_RESTARTS {
+        std::fs::write(scratch.0.join("skip.json"), serde_json::to_vec(&skip)?)?;
+        let run = run_worker(args, &scratch.0, from, secrets.clone(), memory)?;
+        let mut reading: Option<String> = None;
+        for line in run.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            match serde_json::from_slice::<Progress>(line) {
+                Ok(Progress::Reading(path)) => reading = Some(path),
+                Ok(Progress::Judged(verdict)) => {
+                    reading = None;
+                    skip.insert(verdict.path.clone());
+                    judged.push(verdict);
+                }
+                // A line cut short by the worker's death is not a verdict.
+                Err(_) => break,
+            }
+        }
+        let Some(why) = run.failure else {
+            return Ok(moat_export::totals(&compiled, judged));
+        };
+        let Some(path) = reading else {
+            bail!(
+                "the verifier failed ({why}); nothing was promoted{}",
+                run.stderr_tail
+            );
+        };
+        let size = std::fs::symlink_metadata(from.join(&path)).map_or(0, |m| m.len());
+        skip.insert(path.clone());
+        judged.push(FileVerdict {
+            path,
+            size,
+            sha256: None,
+            detected: "not judged".into(),
+            exported_as: None,
+            verdict: Verdict::Rejected,
+            reasons: vec![Rejection {
+                rule: RejectRule::VerifierFailed,
+                detail: format!("the verifier died on it: {why}"),
+            }],
+        });
+    }
+    bail!(
+        "the verifier died on {} files in a row; nothing was promoted",
+        MAX_RESTARTS + 1
+    )
+}
+
+/// One sandboxed worker's output, and why it ended early if it did.
+struct WorkerRun {
+    stdout: Vec<u8>,
+    failure: Option<String>,
+    stderr_tail: String,
+}
+
+fn run_worker(
+    args: &ExportArgs,
+    scratch: &Path,
+    from: &Path,
+    secrets: Vec<u8>,
+    memory: u64,
+) -> anyhow::Result<WorkerRun> {
+    let inside = |name: &str| format!("{INSIDE}/{name}");
     let mut spec = SandboxSpec::new(
         format!("export-{}", moat_core::random::hex(6)),
         vec![
-            format!("{INSIDE}/moat"),
+            inside("moat"),
             "export".into(),
             "--worker".into(),
             "--rules".into(),
-            format!("{INSIDE}/rules.json"),
+            inside("rules.json"),
+            "--skip".into(),
+            inside("skip.json"),
             "--from".into(),
-            format!("{INSIDE}/candidates"),
+            inside("candidates"),
         ],
     );
     spec.mode = SandboxMode::ReadOnly;
@@ -199,57 +288,52 @@ fn verify_sandboxed(
     spec.limits.memory_bytes = memory;
     spec.limits.timeout_ms = u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX);
     spec.limits.max_output_bytes = 256 << 20;
+    let bind = |host: PathBuf, name: &str| BindMount {
+        host,
+        inside: inside(name).into(),
+        writable: false,
+    };
     spec.mounts = vec![
-        BindMount {
-            host: exe,
-            inside: format!("{INSIDE}/moat").into(),
-            writable: false,
-        },
-        BindMount {
-            host: rules_file,
-            inside: format!("{INSIDE}/rules.json").into(),
-            writable: false,
-        },
-        BindMount {
-            host: from.to_path_buf(),
-            inside: format!("{INSIDE}/candidates").into(),
-            writable: false,
-        },
+        bind(scratch.join("moat"), "moat"),
+        bind(scratch.join("rules.json"), "rules.json"),
+        bind(scratch.join("skip.json"), "skip.json"),
+        bind(from.to_path_buf(), "candidates"),
     ];
-    let mut events = Discard;
-    let outcome = moat_sandbox::run(spec, OutputMode::Capture, &mut events)?;
+    let outcome = moat_sandbox::run(spec, OutputMode::Capture, &mut Discard)?;
     let report = &outcome.report;
-    let failed = |why: String| {
-        let stderr = String::from_utf8_lossy(&outcome.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        anyhow::anyhow!(
-            "the verifier failed ({why}); nothing was promoted{}{}",
-            if tail.is_empty() { "" } else { ": " },
+    let stderr = String::from_utf8_lossy(&outcome.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+    let stderr_tail = if tail.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ": {}",
             tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
         )
     };
     if let Some(setup) = &report.setup_error {
-        return Err(failed(format!("its sandbox: {setup}")));
+        bail!("the verifier's sandbox could not be set up: {setup}; nothing was promoted");
     }
-    if report.timed_out {
-        return Err(failed(format!(
+    let failure = if report.timed_out {
+        Some(format!(
             "over its {} limit",
             humantime::format_duration(args.timeout)
-        )));
-    }
-    if report.oom_killed {
-        return Err(failed(format!("out of its {} of memory", args.memory)));
-    }
-    match report.exit {
-        ExitStatus::Exited { code: 0 } => {}
-        ExitStatus::Exited { code } => return Err(failed(format!("exit status {code}"))),
-        ExitStatus::Signaled { signal } => {
-            return Err(failed(format!("killed by signal {signal}")));
+        ))
+    } else if report.oom_killed {
+        Some(format!("out of its {} of memory", args.memory))
+    } else {
+        match report.exit {
+            ExitStatus::Exited { code: 0 } => None,
+            ExitStatus::Exited { code } => Some(format!("exit status {code}")),
+            ExitStatus::Signaled { signal } => Some(format!("killed by signal {signal}")),
+            other => Some(format!("{other:?}")),
         }
-        other => return Err(failed(format!("{other:?}"))),
-    }
-    serde_json::from_slice(&outcome.stdout)
-        .map_err(|e| failed(format!("its report does not parse: {e}")))
+    };
+    Ok(WorkerRun {
+        stdout: outcome.stdout,
+        failure,
+        stderr_tail,
+    })
 }
 
 /// Copies every promoted file; one that changed since is rejected instead.

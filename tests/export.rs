@@ -203,7 +203,7 @@ fn the_table_names_each_reason_and_the_exit_status_says_rejections() {
 }
 
 #[test]
-fn a_verifier_out_of_memory_fails_closed_and_copies_nothing() {
+fn a_file_the_verifier_dies_on_is_rejected_and_the_others_still_judged() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("out/clean")).unwrap();
     std::fs::write(
@@ -211,21 +211,44 @@ fn a_verifier_out_of_memory_fails_closed_and_copies_nothing() {
         r#"{"rules":[{"path":"clean/*.csv","types":["csv"],"maxBytes":209715200}]}"#,
     )
     .unwrap();
-    let mut big = String::from("id,amount\n");
-    while big.len() < 80 << 20 {
-        big.push_str("12345,67890\n");
-    }
-    std::fs::write(dir.path().join("out/clean/big.csv"), big).unwrap();
+    // One field of 80 MB: more than the verifier's 32 MB can hold.
+    let mut big = String::from("id,amount\n1,\"");
+    big.push_str(&"x".repeat(80 << 20));
+    big.push_str("\"\n");
+    std::fs::write(dir.path().join("out/clean/b-huge.csv"), big).unwrap();
+    std::fs::write(dir.path().join("out/clean/a.csv"), "id,amount\n1,2\n").unwrap();
+    std::fs::write(dir.path().join("out/clean/c.csv"), "id,amount\n3,4\n").unwrap();
     let to = dir.path().join("trusted");
     let output = export(
         dir.path(),
-        &["--memory", "32M", "--to", to.to_str().unwrap()],
+        &["--memory", "32M", "--json", "--to", to.to_str().unwrap()],
     );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("the verifier failed"), "{stderr}");
-    assert!(stderr.contains("nothing was promoted"), "{stderr}");
-    assert!(!to.exists(), "something was copied");
+    let got = verdicts(&output);
+    assert_eq!(
+        got,
+        [
+            ("clean/a.csv".into(), "promoted".into(), vec![]),
+            (
+                "clean/b-huge.csv".into(),
+                "rejected".into(),
+                vec!["verifier_failed".into()]
+            ),
+            ("clean/c.csv".into(), "promoted".into(), vec![]),
+        ],
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        report["files"][1]["reasons"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("out of its 32M of memory"),
+        "{report}"
+    );
+    let mut copied = walk(&to);
+    copied.sort();
+    assert_eq!(copied, ["clean/a.csv", "clean/c.csv"]);
 }
 
 #[test]

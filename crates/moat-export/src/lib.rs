@@ -18,7 +18,9 @@ mod walk;
 
 pub use promote::promote;
 pub use rules::{CsvShape, ExportRule, ExportRules, ExportType, compile, parse};
-pub use verify::{ExportReport, FileVerdict, RejectRule, Rejection, Verdict, Verifier};
+pub use verify::{
+    ExportReport, FileVerdict, Progress, RejectRule, Rejection, Verdict, Verifier, totals,
+};
 
 /// What can go wrong around the verdicts (a bad file is a verdict, not an
 /// error).

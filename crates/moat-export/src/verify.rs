@@ -13,7 +13,7 @@ use crate::detect::{Kind, detect};
 use crate::rules::{CompiledRules, ExportRule, ExportRules, ExportType, compile};
 use crate::secrets::{Finding, Scanner};
 use crate::validate::{unpack, validate};
-use crate::walk::{Candidate, Entry, walk};
+use crate::walk::{Candidate, Entry, Visit, walk};
 
 /// What the verifier decided about a directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -102,6 +102,8 @@ pub enum RejectRule {
     Token,
     /// Could not be read (or changed while being read).
     Unreadable,
+    /// The verifier crashed, ran out of memory or out of time on it.
+    VerifierFailed,
 }
 
 impl RejectRule {
@@ -125,8 +127,59 @@ impl RejectRule {
             RejectRule::Secret => "secret",
             RejectRule::Token => "token",
             RejectRule::Unreadable => "unreadable",
+            RejectRule::VerifierFailed => "verifier_failed",
         }
     }
+}
+
+/// One step of the verifier, as it streams them (a JSON line each).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Progress {
+    /// About to read this file's content.
+    Reading(String),
+    /// This file's verdict, before the run's totals.
+    Judged(FileVerdict),
+}
+
+/// The report over `files` (any order): sorted by path, the run's
+/// `maxFiles` and `maxTotalBytes` applied in that order, counts made.
+pub fn totals(rules: &CompiledRules, mut files: Vec<FileVerdict>) -> ExportReport {
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let limit = rules.max_files;
+    let mut report = ExportReport {
+        files,
+        promoted: 0,
+        rejected: 0,
+        bytes_promoted: 0,
+    };
+    for file in &mut report.files {
+        if file.verdict == Verdict::Promoted {
+            if report.promoted >= limit {
+                file.verdict = Verdict::Rejected;
+                file.reasons.push(reject(
+                    RejectRule::TooManyFiles,
+                    format!("the run already exports {limit} files (maxFiles)"),
+                ));
+            } else if report.bytes_promoted.saturating_add(file.size) > rules.max_total_bytes {
+                file.verdict = Verdict::Rejected;
+                file.reasons.push(reject(
+                    RejectRule::RunTooLarge,
+                    format!(
+                        "{} bytes more would take the run past {} bytes (maxTotalBytes)",
+                        file.size, rules.max_total_bytes
+                    ),
+                ));
+            } else {
+                report.promoted += 1;
+                report.bytes_promoted += file.size;
+                continue;
+            }
+            file.exported_as = None;
+        }
+        report.rejected += 1;
+    }
+    report
 }
 
 /// Files at least this large are hashed on a thread of their own.
@@ -159,57 +212,48 @@ impl Verifier {
 
     /// Judges every file under `root` (not following links).
     pub fn verify_dir(&self, root: &Path) -> Result<ExportReport, ExportError> {
-        let limit = self.rules.max_files;
         let mut files = Vec::new();
-        for entry in walk(root, &|rel| self.max_bytes(rel))? {
-            files.push(match entry {
-                Entry::Refused { path, size, reason } => FileVerdict {
-                    path,
-                    size,
-                    sha256: None,
-                    detected: "not read".into(),
-                    exported_as: None,
-                    verdict: Verdict::Rejected,
-                    reasons: vec![reason],
-                },
-                Entry::File(candidate) => self.verify_candidate(candidate),
-            });
-        }
-        let mut report = ExportReport {
-            files,
-            promoted: 0,
-            rejected: 0,
-            bytes_promoted: 0,
-        };
-        for file in &mut report.files {
-            if file.verdict == Verdict::Promoted {
-                if report.promoted >= limit {
-                    file.verdict = Verdict::Rejected;
-                    file.reasons.push(reject(
-                        RejectRule::TooManyFiles,
-                        format!("the run already exports {limit} files (maxFiles)"),
-                    ));
-                } else if report.bytes_promoted.saturating_add(file.size)
-                    > self.rules.max_total_bytes
-                {
-                    file.verdict = Verdict::Rejected;
-                    file.reasons.push(reject(
-                        RejectRule::RunTooLarge,
-                        format!(
-                            "{} bytes more would take the run past {} bytes (maxTotalBytes)",
-                            file.size, self.rules.max_total_bytes
-                        ),
-                    ));
-                } else {
-                    report.promoted += 1;
-                    report.bytes_promoted += file.size;
-                    continue;
-                }
-                file.exported_as = None;
+        self.judge_dir(root, &|_| false, &mut |step| {
+            if let Progress::Judged(verdict) = step {
+                files.push(verdict);
             }
-            report.rejected += 1;
-        }
-        Ok(report)
+        })?;
+        Ok(totals(&self.rules, files))
+    }
+
+    /// Judges every file under `root` but those `skip` names, in path
+    /// order, telling `progress` before a file's content is read and once
+    /// it is judged: a verifier that dies leaves the file it died on known.
+    pub fn judge_dir(
+        &self,
+        root: &Path,
+        skip: &dyn Fn(&str) -> bool,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(), ExportError> {
+        let progress = std::cell::RefCell::new(progress);
+        walk(
+            root,
+            &mut Visit {
+                max_bytes: &|rel| self.max_bytes(rel),
+                skip,
+                reading: &mut |path| (progress.borrow_mut())(Progress::Reading(path.to_owned())),
+                entry: &mut |entry| {
+                    let verdict = match entry {
+                        Entry::Refused { path, size, reason } => FileVerdict {
+                            path,
+                            size,
+                            sha256: None,
+                            detected: "not read".into(),
+                            exported_as: None,
+                            verdict: Verdict::Rejected,
+                            reasons: vec![reason],
+                        },
+                        Entry::File(candidate) => self.verify_candidate(candidate),
+                    };
+                    (progress.borrow_mut())(Progress::Judged(verdict));
+                },
+            },
+        )
     }
 
     /// The size cap of the rule for `rel`, `None` when no rule takes it.

@@ -44,12 +44,22 @@ fn refused(path: String, size: u64, rule: RejectRule, detail: impl Into<String>)
     }
 }
 
-/// Every entry under `root` but directories. `max_bytes` gives a relative
-/// path's size cap, `None` when no rule takes it (it is then not read).
-pub fn walk(
-    root: &Path,
-    max_bytes: &dyn Fn(&str) -> Option<u64>,
-) -> Result<Vec<Entry>, ExportError> {
+/// What the walk asks of its caller.
+pub struct Visit<'a> {
+    /// A relative path's size cap, `None` when no rule takes it (it is then
+    /// not read).
+    pub max_bytes: &'a dyn Fn(&str) -> Option<u64>,
+    /// Paths not to look at (judged already).
+    pub skip: &'a dyn Fn(&str) -> bool,
+    /// Told of a file before its content is read.
+    pub reading: &'a mut dyn FnMut(&str),
+    /// Each entry, in path order, as soon as it is known.
+    pub entry: &'a mut dyn FnMut(Entry),
+}
+
+/// Every entry under `root` but directories, one at a time: a file's
+/// content is read only when its turn comes, and dropped after.
+pub fn walk(root: &Path, visit: &mut Visit<'_>) -> Result<(), ExportError> {
     let io = |e: rustix::io::Errno| ExportError::Io(root.display().to_string(), e.into());
     let dir = rustix::fs::open(
         root,
@@ -57,18 +67,15 @@ pub fn walk(
         Mode::empty(),
     )
     .map_err(io)?;
-    let mut out = Vec::new();
     let mut seen = 0usize;
-    descend(&dir, "", 0, max_bytes, &mut out, &mut seen).map_err(io)?;
-    Ok(out)
+    descend(&dir, "", 0, visit, &mut seen).map_err(io)
 }
 
 fn descend(
     dir: &OwnedFd,
     prefix: &str,
     depth: usize,
-    max_bytes: &dyn Fn(&str) -> Option<u64>,
-    out: &mut Vec<Entry>,
+    visit: &mut Visit<'_>,
     seen: &mut usize,
 ) -> Result<(), rustix::io::Errno> {
     let mut names = Vec::new();
@@ -83,8 +90,11 @@ fn descend(
         *seen += 1;
         let shown = String::from_utf8_lossy(&raw).into_owned();
         let path = format!("{prefix}{shown}");
+        if (visit.skip)(&path) {
+            continue;
+        }
         if *seen > MAX_ENTRIES {
-            out.push(refused(
+            (visit.entry)(refused(
                 path,
                 0,
                 RejectRule::TooManyFiles,
@@ -95,7 +105,7 @@ fn descend(
         let stat = match rustix::fs::statat(dir, raw.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => stat,
             Err(e) => {
-                out.push(refused(
+                (visit.entry)(refused(
                     path,
                     0,
                     RejectRule::Unreadable,
@@ -108,7 +118,7 @@ fn descend(
         let kind = FileType::from_raw_mode(stat.st_mode);
         if kind == FileType::Directory {
             if std::str::from_utf8(&raw).is_err() || shown.chars().any(char::is_control) {
-                out.push(refused(
+                (visit.entry)(refused(
                     path,
                     0,
                     RejectRule::BadName,
@@ -117,7 +127,7 @@ fn descend(
                 continue;
             }
             if depth + 1 >= MAX_DEPTH {
-                out.push(refused(
+                (visit.entry)(refused(
                     path,
                     0,
                     RejectRule::Unreadable,
@@ -134,8 +144,8 @@ fn descend(
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                Ok(sub) => descend(&sub, &format!("{path}/"), depth + 1, max_bytes, out, seen)?,
-                Err(e) => out.push(refused(
+                Ok(sub) => descend(&sub, &format!("{path}/"), depth + 1, visit, seen)?,
+                Err(e) => (visit.entry)(refused(
                     path,
                     0,
                     RejectRule::Unreadable,
@@ -145,7 +155,7 @@ fn descend(
             continue;
         }
         if std::str::from_utf8(&raw).is_err() || shown.chars().any(char::is_control) {
-            out.push(refused(
+            (visit.entry)(refused(
                 path,
                 size,
                 RejectRule::BadName,
@@ -153,7 +163,7 @@ fn descend(
             ));
             continue;
         }
-        out.push(match kind {
+        let found = match kind {
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(dir, raw.as_slice(), Vec::new())
                     .map(|t| t.to_string_lossy().into_owned())
@@ -165,14 +175,15 @@ fn descend(
                     format!("a symbolic link (to {target:?})"),
                 )
             }
-            FileType::RegularFile => regular(dir, &raw, path, &stat, max_bytes),
+            FileType::RegularFile => regular(dir, &raw, path, &stat, visit),
             other => refused(
                 path,
                 size,
                 RejectRule::SpecialFile,
                 format!("not a regular file ({other:?})"),
             ),
-        });
+        };
+        (visit.entry)(found);
     }
     Ok(())
 }
@@ -182,7 +193,7 @@ fn regular(
     raw: &[u8],
     path: String,
     stat: &rustix::fs::Stat,
-    max_bytes: &dyn Fn(&str) -> Option<u64>,
+    visit: &mut Visit<'_>,
 ) -> Entry {
     let size = u64::try_from(stat.st_size).unwrap_or(0);
     if stat.st_nlink > 1 {
@@ -201,7 +212,7 @@ fn regular(
             format!("mode {:o}: setuid or setgid", stat.st_mode & 0o7777),
         );
     }
-    let Some(cap) = max_bytes(&path) else {
+    let Some(cap) = (visit.max_bytes)(&path) else {
         return refused(
             path,
             size,
@@ -217,6 +228,7 @@ fn regular(
             format!("{size} bytes, over its rule's {cap} (maxBytes)"),
         );
     }
+    (visit.reading)(&path);
     // Not blocking: a FIFO put in its place since the stat must not hang us.
     let file = match rustix::fs::openat(
         dir,

@@ -11,9 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
-use moat_core::{EventSink, ExitStatus, NetworkMode, SandboxMode};
-use moat_export::{ExportReport, FileVerdict, Progress, RejectRule, Rejection, Verdict, Verifier};
-use moat_sandbox::{BindMount, OutputMode, SandboxSpec};
+use moat_export::{ExportReport, FileVerdict, RejectRule, Rejection, Verdict, Verifier};
+use moat_shell::verifier::VerifierRun;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -137,9 +136,6 @@ fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
     }
 }
 
-/// Where the verifier sees its inputs.
-const INSIDE: &str = "/export";
-
 fn export(args: &ExportArgs) -> anyhow::Result<u8> {
     let rules_bytes =
         std::fs::read(&args.rules).with_context(|| format!("--rules {}", args.rules.display()))?;
@@ -181,12 +177,7 @@ fn export(args: &ExportArgs) -> anyhow::Result<u8> {
     Ok(if report.rejected == 0 { 0 } else { 1 })
 }
 
-/// Most times the verifier is started again after it died on a file.
-const MAX_RESTARTS: usize = 16;
-
-/// Runs this binary's worker in a sandbox until every file is judged: a
-/// worker that dies (a crash, out of memory or time) on a file fails that
-/// file (`verifier_failed`), and a new one goes on after it.
+/// Runs the verifier sandboxed over `from` (see `moat_shell::verifier`).
 fn verify_sandboxed(
     args: &ExportArgs,
     rules: &[u8],
@@ -194,146 +185,22 @@ fn verify_sandboxed(
     secrets: Vec<u8>,
     memory: u64,
 ) -> anyhow::Result<ExportReport> {
-    let compiled = moat_export::compile(&moat_export::parse(rules)?)?;
-    // The binary and the rules go in as copies in a private directory: the
-    // binary's own may sit where the launch policy refuses roots (a home).
-    let scratch = Scratch::new()?;
-    std::fs::copy(
-        std::env::current_exe().context("finding this binary")?,
-        scratch.0.join("moat"),
-    )
-    .context("copying this binary")?;
-    std::fs::write(scratch.0.join("rules.json"), rules)?;
-    let mut judged: Vec<FileVerdict> = Vec::new();
-    let mut skip: BTreeSet<String> = BTreeSet::new();
-    for _ in 0..=MAX_RESTARTS {
-        std::fs::write(scratch.0.join("skip.json"), serde_json::to_vec(&skip)?)?;
-        let run = run_worker(args, &scratch.0, from, secrets.clone(), memory)?;
-        let mut reading: Option<String> = None;
-        for line in run.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-            match serde_json::from_slice::<Progress>(line) {
-                Ok(Progress::Reading(path)) => reading = Some(path),
-                Ok(Progress::Judged(verdict)) => {
-                    reading = None;
-                    skip.insert(verdict.path.clone());
-                    judged.push(verdict);
-                }
-                // A line cut short by the worker's death is not a verdict.
-                Err(_) => break,
-            }
-        }
-        let Some(why) = run.failure else {
-            return Ok(moat_export::totals(&compiled, judged));
-        };
-        let Some(path) = reading else {
-            bail!(
-                "the verifier failed ({why}); nothing was promoted{}",
-                run.stderr_tail
-            );
-        };
-        let size = std::fs::symlink_metadata(from.join(&path)).map_or(0, |m| m.len());
-        skip.insert(path.clone());
-        judged.push(FileVerdict {
-            path,
-            size,
-            sha256: None,
-            detected: "not judged".into(),
-            exported_as: None,
-            verdict: Verdict::Rejected,
-            reasons: vec![Rejection {
-                rule: RejectRule::VerifierFailed,
-                detail: format!("the verifier died on it: {why}"),
-            }],
-        });
-    }
-    bail!(
-        "the verifier died on {} files in a row; nothing was promoted",
-        MAX_RESTARTS + 1
-    )
-}
-
-/// One sandboxed worker's output, and why it ended early if it did.
-struct WorkerRun {
-    stdout: Vec<u8>,
-    failure: Option<String>,
-    stderr_tail: String,
-}
-
-fn run_worker(
-    args: &ExportArgs,
-    scratch: &Path,
-    from: &Path,
-    secrets: Vec<u8>,
-    memory: u64,
-) -> anyhow::Result<WorkerRun> {
-    let inside = |name: &str| format!("{INSIDE}/{name}");
-    let mut spec = SandboxSpec::new(
-        format!("export-{}", moat_core::random::hex(6)),
-        vec![
-            inside("moat"),
-            "export".into(),
-            "--worker".into(),
-            "--rules".into(),
-            inside("rules.json"),
-            "--skip".into(),
-            inside("skip.json"),
-            "--from".into(),
-            inside("candidates"),
-        ],
-    );
-    spec.mode = SandboxMode::ReadOnly;
-    spec.network = NetworkMode::Off;
-    spec.allow_degraded = args.allow_degraded;
-    spec.stdin_data = Some(secrets);
-    spec.limits.memory_bytes = memory;
-    spec.limits.timeout_ms = u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX);
-    spec.limits.max_output_bytes = 256 << 20;
-    let bind = |host: PathBuf, name: &str| BindMount {
-        host,
-        inside: inside(name).into(),
-        writable: false,
-    };
-    spec.mounts = vec![
-        bind(scratch.join("moat"), "moat"),
-        bind(scratch.join("rules.json"), "rules.json"),
-        bind(scratch.join("skip.json"), "skip.json"),
-        bind(from.to_path_buf(), "candidates"),
-    ];
-    let outcome = moat_sandbox::run(spec, OutputMode::Capture, &mut Discard)?;
-    let report = &outcome.report;
-    let stderr = String::from_utf8_lossy(&outcome.stderr);
-    let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-    let stderr_tail = if tail.is_empty() {
-        String::new()
-    } else {
-        format!(
-            ": {}",
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        )
-    };
-    if let Some(setup) = &report.setup_error {
-        bail!("the verifier's sandbox could not be set up: {setup}; nothing was promoted");
-    }
-    let failure = if report.timed_out {
-        Some(format!(
-            "over its {} limit",
-            humantime::format_duration(args.timeout)
-        ))
-    } else if report.oom_killed {
-        Some(format!("out of its {} of memory", args.memory))
-    } else {
-        match report.exit {
-            ExitStatus::Exited { code: 0 } => None,
-            ExitStatus::Exited { code } => Some(format!("exit status {code}")),
-            ExitStatus::Signaled { signal } => Some(format!("killed by signal {signal}")),
-            other => Some(format!("{other:?}")),
-        }
-    };
-    Ok(WorkerRun {
-        stdout: outcome.stdout,
-        failure,
-        stderr_tail,
+    let rules = moat_export::parse(rules)?;
+    let exe = std::env::current_exe().context("finding this binary")?;
+    moat_shell::verifier::verify(VerifierRun {
+        exe: &exe,
+        rules: &rules,
+        from,
+        skip: BTreeSet::new(),
+        secrets,
+        memory_bytes: memory,
+        timeout: args.timeout,
+        allow_degraded: args.allow_degraded,
+        without_cgroup: false,
+        id_range: None,
+        launch_policy: moat_sandbox::LaunchPolicy::default(),
     })
+    .map_err(|e| anyhow::anyhow!("{e}; nothing was promoted"))
 }
 
 /// Copies every promoted file; one that changed since is rejected instead.
@@ -391,33 +258,4 @@ fn print_table(report: &ExportReport, to: Option<&Path>) {
             .unwrap_or_default(),
         report.rejected
     );
-}
-
-/// The verifier's launch events are not kept: `moat export` is a local
-/// check, and its verdicts are its record.
-struct Discard;
-
-impl EventSink for Discard {
-    fn emit(&mut self, _event: moat_core::Event) {}
-}
-
-/// A private directory of this process, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> anyhow::Result<Scratch> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let path = std::env::temp_dir().join(format!("moat-export-{}", moat_core::random::hex(8)));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("making {}", path.display()))?;
-        Ok(Scratch(path))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

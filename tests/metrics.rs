@@ -172,7 +172,6 @@ fn prometheus_scrapes_what_a_run_did_from_the_control_plane_and_its_runner() {
         ("moat_teardowns_total{JOB,outcome=\"clean\"}", 1.0),
         ("moat_programs_total{JOB}", 1.0),
         ("moat_op_duration_seconds_count{JOB,op=\"exec_argv\"}", 1.0),
-        ("moat_artifact_validation_failures_total{JOB}", 0.0),
     ] {
         prometheus.wait_for(&plane(query), |v| v == want);
     }

@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 
 use common::*;
 use serde_json::{Value, json};
+use sha2::Digest as _;
 
 struct Session {
     dir: tempfile::TempDir,
@@ -309,6 +310,80 @@ fn an_artifact_only_root_is_written_by_artifact_write_and_read_only_to_programs(
         1,
         "the refused write is on record with its exit"
     );
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn what_a_program_writes_is_judged_against_the_exports_and_only_the_good_becomes_an_artifact() {
+    let s = Session::new(|m| {
+        m["exports"] = json!({"rules": [
+            {"path": "output/*.csv", "types": ["csv"], "csv": {"header": ["id", "amount"]}},
+            {"path": "output/*.json", "types": ["json"]},
+        ]});
+    });
+    std::fs::create_dir_all(s.ws.join("output")).unwrap();
+    std::fs::write(s.ws.join("output/before.csv"), "id,amount\n0,0\n").unwrap();
+    let script = "printf 'id,amount\\n1,2.50\\n' > output/clean.csv; \
+        echo '{\"rows\": 1}' > output/summary.json; \
+        cat /usr/bin/true > output/tool.csv; \
+        printf 'id,amount\\n1,AKIAABCDEFGHIJKLMNOP\\n' > output/keys.csv; \
+        printf 'id,amount\\n1,2,3\\n' > output/ragged.csv; \
+        echo note > output/notes.txt";
+    let results = s.ops(&[op("1", "exec_argv", json!({"argv": ["sh", "-c", script]}))]);
+    let result = &results[0];
+    assert_eq!(result["result"]["exitCode"], 0, "{result}");
+    let exports = &result["result"]["exports"];
+    let promoted: Vec<&str> = exports["promoted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        promoted,
+        ["output/clean.csv", "output/summary.json"],
+        "{exports}"
+    );
+    let rejected: Vec<(String, String)> = exports["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["path"].as_str().unwrap().to_owned(),
+                r["reasons"][0]["rule"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("output/keys.csv", "token"),
+        ("output/notes.txt", "no_rule"),
+        ("output/ragged.csv", "invalid_content"),
+        ("output/tool.csv", "executable"),
+    ]
+    .iter()
+    .map(|(p, r)| ((*p).to_owned(), (*r).to_owned()))
+    .collect();
+    assert_eq!(rejected, want, "{exports}");
+    // Untouched files are not candidates again.
+    assert!(!exports.to_string().contains("before.csv"), "{exports}");
+    // Promoted files are artifacts, byte for byte; the rest only events.
+    for path in promoted {
+        let on_disk = std::fs::read(s.ws.join(path)).unwrap();
+        let sha = hex::encode(sha2::Sha256::digest(&on_disk));
+        let stored = s.state.join("artifacts").join(&sha[..2]).join(&sha);
+        assert_eq!(std::fs::read(stored).unwrap(), on_disk, "{path}");
+    }
+    assert_eq!(s.events_of("1", "artifact.promoted").len(), 2);
+    let rejections = s.events_of("1", "artifact.rejected");
+    assert_eq!(rejections.len(), 4);
+    assert!(rejections.iter().any(|e| {
+        e["data"]["path"] == "output/tool.csv"
+            && e["data"]["reasons"][0]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("ELF")
+    }));
     assert!(s.ledger_verifies());
 }
 

@@ -96,6 +96,12 @@ event_types! {
     /// A run used `danger-full-access`. Emitted every time.
     SandboxDangerFullAccess => "sandbox.danger_full_access",
     ArtifactCreated => "artifact.created",
+    /// A file a program wrote passed the manifest's export rules and was
+    /// stored as an artifact (`artifact.created` names it too).
+    ArtifactPromoted => "artifact.promoted",
+    /// A file a program wrote failed the export rules: it stays behind,
+    /// quarantined in the run's workspace, and is never an artifact.
+    ArtifactRejected => "artifact.rejected",
     ProcessTimeout => "process.timeout",
     /// The egress proxy refused a request or cut a connection; carries the reason.
     NetworkDenied => "network.denied",

@@ -16,7 +16,7 @@ pub mod validate;
 mod verify;
 mod walk;
 
-pub use promote::promote;
+pub use promote::{promote, read_verified};
 pub use rules::{CsvShape, ExportRule, ExportRules, ExportType, compile, parse};
 pub use verify::{
     ExportReport, FileVerdict, Progress, RejectRule, Rejection, Verdict, Verifier, totals,

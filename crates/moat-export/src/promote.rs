@@ -17,9 +17,10 @@ const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// Copies `rel` from `from` to the same relative path under `to`, if its
-/// content still hashes to `sha256`. Returns the bytes copied.
-pub fn promote(from: &Path, rel: &str, sha256: &str, to: &Path) -> Result<u64, ExportError> {
+/// The content of `rel` under `from`, if it still hashes to `sha256` and is
+/// still a regular file of one link without setuid/setgid bits, opened
+/// beneath `from` without following any link.
+pub fn read_verified(from: &Path, rel: &str, sha256: &str) -> Result<Vec<u8>, ExportError> {
     let err = |what: &str, e: std::io::Error| ExportError::Io(format!("{what} {rel}"), e);
     let src_dir = open_dir(from).map_err(|e| err("opening the source of", e.into()))?;
     let src = rustix::fs::openat2(
@@ -31,7 +32,10 @@ pub fn promote(from: &Path, rel: &str, sha256: &str, to: &Path) -> Result<u64, E
     )
     .map_err(|e| err("opening", e.into()))?;
     let stat = rustix::fs::fstat(&src).map_err(|e| err("stat of", e.into()))?;
-    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile
+        || stat.st_nlink > 1
+        || stat.st_mode & 0o6000 != 0
+    {
         return Err(ExportError::Changed(rel.to_owned()));
     }
     let mut content = Vec::new();
@@ -41,6 +45,15 @@ pub fn promote(from: &Path, rel: &str, sha256: &str, to: &Path) -> Result<u64, E
     if hex::encode(Sha256::digest(&content)) != sha256 {
         return Err(ExportError::Changed(rel.to_owned()));
     }
+    Ok(content)
+}
+
+/// Copies `rel` from `from` to the same relative path under `to`, if its
+/// content still hashes to `sha256` (see [`read_verified`]). Returns the
+/// bytes copied.
+pub fn promote(from: &Path, rel: &str, sha256: &str, to: &Path) -> Result<u64, ExportError> {
+    let err = |what: &str, e: std::io::Error| ExportError::Io(format!("{what} {rel}"), e);
+    let content = read_verified(from, rel, sha256)?;
     std::fs::create_dir_all(to).map_err(|e| err("creating the destination of", e))?;
     let mut dir = open_dir(to).map_err(|e| err("opening the destination of", e.into()))?;
     let mut parts: Vec<&str> = rel.split('/').collect();

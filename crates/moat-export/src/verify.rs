@@ -14,6 +14,7 @@ use crate::rules::{CompiledRules, ExportRule, ExportRules, ExportType, compile};
 use crate::secrets::{Finding, Scanner};
 use crate::validate::{unpack, validate};
 use crate::walk::{Candidate, Entry, Visit, walk};
+pub use moat_core::exports::{RejectRule, Rejection};
 
 /// What the verifier decided about a directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -52,84 +53,6 @@ pub struct FileVerdict {
 pub enum Verdict {
     Promoted,
     Rejected,
-}
-
-/// One broken rule.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Rejection {
-    pub rule: RejectRule,
-    pub detail: String,
-}
-
-/// The rules a file can break: a closed set, the label of the export
-/// metrics' rejection counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RejectRule {
-    /// A name that is not UTF-8 or holds control characters.
-    BadName,
-    /// No rule's path matches it.
-    NoRule,
-    Symlink,
-    /// A regular file with more than one link.
-    Hardlink,
-    /// A device, FIFO or socket.
-    SpecialFile,
-    /// Setuid or setgid bits.
-    Setid,
-    /// Over its rule's `maxBytes`.
-    TooLarge,
-    /// Would take the run past `maxTotalBytes`.
-    RunTooLarge,
-    /// Would take the run past `maxFiles`.
-    TooManyFiles,
-    /// Machine code or bytecode.
-    Executable,
-    /// A `#!` script where the rule does not allow one.
-    Shebang,
-    /// An archive or compressed format its rule does not list (or cannot be checked).
-    Archive,
-    /// A decompression bomb.
-    ArchiveBomb,
-    /// Detected as a type its rule does not list.
-    TypeNotAllowed,
-    /// Listed, but does not validate as any of its rule's types.
-    InvalidContent,
-    /// Holds one of the org's secrets.
-    Secret,
-    /// Holds something shaped like a credential.
-    Token,
-    /// Could not be read (or changed while being read).
-    Unreadable,
-    /// The verifier crashed, ran out of memory or out of time on it.
-    VerifierFailed,
-}
-
-impl RejectRule {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectRule::BadName => "bad_name",
-            RejectRule::NoRule => "no_rule",
-            RejectRule::Symlink => "symlink",
-            RejectRule::Hardlink => "hardlink",
-            RejectRule::SpecialFile => "special_file",
-            RejectRule::Setid => "setid",
-            RejectRule::TooLarge => "too_large",
-            RejectRule::RunTooLarge => "run_too_large",
-            RejectRule::TooManyFiles => "too_many_files",
-            RejectRule::Executable => "executable",
-            RejectRule::Shebang => "shebang",
-            RejectRule::Archive => "archive",
-            RejectRule::ArchiveBomb => "archive_bomb",
-            RejectRule::TypeNotAllowed => "type_not_allowed",
-            RejectRule::InvalidContent => "invalid_content",
-            RejectRule::Secret => "secret",
-            RejectRule::Token => "token",
-            RejectRule::Unreadable => "unreadable",
-            RejectRule::VerifierFailed => "verifier_failed",
-        }
-    }
 }
 
 /// One step of the verifier, as it streams them (a JSON line each).

@@ -62,6 +62,11 @@ struct Direction {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabel {
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EnvironmentLabel {
     environment: String,
 }
@@ -91,7 +96,7 @@ pub struct Metrics {
     program_wall_seconds: Counter<f64, AtomicU64>,
     egress_requests: Counter,
     egress_bytes: Family<Direction, Counter>,
-    artifact_validation_failures: Counter,
+    artifact_validation_failures: Family<RuleLabel, Counter>,
     runs_queued: Family<EnvironmentLabel, Gauge>,
     approvals_pending: Gauge,
     runs_active: Gauge,
@@ -126,7 +131,7 @@ impl Metrics {
             program_wall_seconds: Counter::default(),
             egress_requests: Counter::default(),
             egress_bytes: Family::default(),
-            artifact_validation_failures: Counter::default(),
+            artifact_validation_failures: Family::default(),
             runs_queued: Family::default(),
             approvals_pending: Gauge::default(),
             runs_active: Gauge::default(),
@@ -189,7 +194,7 @@ impl Metrics {
                 );
                 registry.register(
                     "artifact_validation_failures",
-                    "Artifacts refused at the export boundary",
+                    "Files refused at the export boundary, by broken rule (a file counts once per rule)",
                     m.artifact_validation_failures.clone(),
                 );
                 registry.register(
@@ -260,6 +265,20 @@ impl Metrics {
             }
             EventType::SandboxExecFinished => self.report(d),
             EventType::NetworkDenied => self.count_violations("egress", 1),
+            EventType::ArtifactRejected => {
+                let rules = moat_core::exports::RejectRule::ALL
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>();
+                for reason in d["reasons"].as_array().into_iter().flatten() {
+                    let rule = reason["rule"].as_str().unwrap_or("unknown");
+                    self.artifact_validation_failures
+                        .get_or_create(&RuleLabel {
+                            rule: known(rule, &rules),
+                        })
+                        .inc();
+                }
+            }
             EventType::RunDestroyed => {
                 let failed: Vec<String> = d["checks"]
                     .as_array()
@@ -499,6 +518,12 @@ mod tests {
             ),
             event(EventType::RunFinished, None, json!({"state": "succeeded"})),
             event(
+                EventType::ArtifactRejected,
+                Some("a"),
+                json!({"path": "out/x", "size": 1, "reasons": [
+                    {"rule": "executable", "detail": "ELF"}, {"rule": "nonsense", "detail": "?"}]}),
+            ),
+            event(
                 EventType::RunUsage,
                 None,
                 json!({"programs": 2, "cpuMs": 1500, "programWallMs": 2000,
@@ -521,7 +546,8 @@ mod tests {
             "moat_runs_queued{environment=\"local\"} 3",
             "moat_approvals_pending 2",
             "moat_op_duration_seconds_count{op=\"exec_argv\"} 1",
-            "moat_artifact_validation_failures_total 0",
+            "moat_artifact_validation_failures_total{rule=\"executable\"} 1",
+            "moat_artifact_validation_failures_total{rule=\"other\"} 1",
         ] {
             assert!(text.lines().any(|l| l == want), "{want}\n{text}");
         }

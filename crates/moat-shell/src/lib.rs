@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod child;
+mod collect;
 pub mod egress;
 pub mod exec;
 pub mod lines;
@@ -14,6 +15,7 @@ pub mod mcp;
 pub mod network;
 mod shell;
 pub mod store;
+pub mod verifier;
 pub mod workspace;
 
 pub use lines::Line;

@@ -1,5 +1,7 @@
 //! The dispatcher: one envelope in, one result out, every step recorded.
 
+mod exports;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::IpAddr;
@@ -27,6 +29,7 @@ use moat_ledger::{ArtifactRecord, Ledger};
 use moat_sandbox::hostid::IdRange;
 use serde_json::{Value, json};
 
+use crate::collect::Snapshot;
 use crate::exec;
 use crate::lines::{Line, LineReader};
 use crate::network;
@@ -639,6 +642,16 @@ impl Shell {
         };
         plan.spec.id_range = self.config.id_range;
         plan.spec.launch_policy = self.config.launch_policy.clone();
+        // What the program writes is judged against the exports, if any:
+        // the workspace as it was before it ran is the baseline.
+        let exports = self.config.manifest.exports.clone();
+        let before = exports
+            .as_ref()
+            .map(|_| Snapshot::take(&self.workspace.path));
+        let degrade = exports::Degrade {
+            allow_degraded: plan.spec.allow_degraded,
+            without_cgroup: plan.spec.without_cgroup,
+        };
         let mut sink = exec::Relabel {
             events: &mut op.events,
             run_id: &envelope.run_id,
@@ -675,9 +688,13 @@ impl Shell {
                 }
             }
         }
+        let mut result = finished.result;
+        if let (Some(rules), Some(before)) = (&exports, &before) {
+            result["exports"] = self.collect_exports(op, rules, before, degrade, &mut artifacts);
+        }
         Outcome::Done {
             status: finished.status,
-            result: finished.result,
+            result,
             message: finished.message,
             artifacts,
         }

@@ -174,6 +174,43 @@ pub struct ArtifactCreated {
     pub manifest_hash: Option<String>,
 }
 
+/// A file a program wrote passed the export rules and became an artifact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactPromoted {
+    /// Relative to the workspace.
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+    /// The type it was validated as (`csv`, `json`...).
+    pub exported_as: crate::exports::ExportType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// A file a program wrote failed the export rules: one reason per rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactRejected {
+    /// Relative to the workspace.
+    pub path: String,
+    pub size: u64,
+    /// Of the content judged; absent when it was refused unread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    pub reasons: Vec<crate::exports::Rejection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
 /// The shell refused an operation for its path (absolute, outside its
 /// root, through a symlink, a write outside the output roots); followed by
 /// `capability.denied`.

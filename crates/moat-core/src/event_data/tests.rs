@@ -203,6 +203,22 @@ fn samples(t: EventType) -> Vec<Value> {
                 relayed(),
             ),
         ],
+        EventType::ArtifactPromoted => vec![
+            json!({"path": "output/clean.csv", "sha256": HASH, "size": 8, "exportedAs": "csv"}),
+            with(
+                json!({"path": "output/s.json", "sha256": HASH, "size": 2, "exportedAs": "json"}),
+                relayed(),
+            ),
+        ],
+        EventType::ArtifactRejected => vec![
+            json!({"path": "output/tool", "size": 35664, "sha256": HASH,
+                "reasons": [{"rule": "executable", "detail": "an executable (ELF) never leaves"}]}),
+            with(
+                json!({"path": "output/passwd.csv", "size": 11,
+                    "reasons": [{"rule": "symlink", "detail": "a symbolic link"}]}),
+                relayed(),
+            ),
+        ],
         EventType::ProcessTimeout => {
             vec![json!({"timeoutMs": 30000, "killed": "process tree", "sandboxRunId": "op-1"})]
         }

@@ -16,6 +16,7 @@ pub fn all() -> Vec<(&'static str, String)> {
         ("denial-reason", schema_for!(crate::DenialReason)),
         ("manifest", schema_for!(crate::Manifest)),
         ("signed-manifest", schema_for!(crate::SignedManifest)),
+        ("export-rules", schema_for!(crate::exports::ExportRules)),
         (
             "args-artifact-read",
             schema_for!(crate::op::ArtifactReadArgs),
@@ -38,14 +39,17 @@ pub fn all() -> Vec<(&'static str, String)> {
     ];
     schemas
         .into_iter()
-        .map(|(name, schema)| {
-            let value = serde_json::to_value(&schema).map(sorted);
-            let text = value
-                .and_then(|v| serde_json::to_string_pretty(&v))
-                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-            (name, text + "\n")
-        })
+        .map(|(name, schema)| (name, render(&schema)))
         .collect()
+}
+
+/// A schema as checked in: pretty JSON, keys sorted at every level.
+pub fn render(schema: &schemars::Schema) -> String {
+    let value = serde_json::to_value(schema).map(sorted);
+    let text = value
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    text + "\n"
 }
 
 /// Keys in sorted order at every level, whether or not another crate in the

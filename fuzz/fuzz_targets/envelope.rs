@@ -38,9 +38,10 @@ fn shell() -> &'static Mutex<Shell> {
             sandbox_modes: vec![SandboxMode::WorkspaceWrite],
             // Network off: http_request is refused before any proxy is started.
             network_policy: NetworkPolicy { mode: NetworkMode::Off, ..NetworkPolicy::default() },
-            filesystem: FilesystemPolicy { read_roots: vec![".".into()], write_roots: vec!["output".into()] },
+            filesystem: FilesystemPolicy { read_roots: vec![".".into()], write_roots: vec!["output".into()], artifact_only: Vec::new() },
             env_passthrough: vec![],
             limits: Limits { file_size_bytes: 1 << 16, ..Limits::default() },
+            exports: None,
             cgroup_limits: Default::default(),
             created_at: "2026-01-01T00:00:00Z".into(),
             expires_at: "2099-01-01T00:00:00Z".into(),

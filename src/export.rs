@@ -80,6 +80,9 @@ pub struct ExportArgs {
     /// With --worker: a JSON list of paths judged already.
     #[arg(long, hide = true, value_name = "FILE")]
     skip: Option<PathBuf>,
+    /// With --worker: a JSON list of the only paths to judge, or null.
+    #[arg(long, hide = true, value_name = "FILE")]
+    only: Option<PathBuf>,
 }
 
 pub fn main(args: ExportArgs) -> ExitCode {
@@ -118,9 +121,14 @@ fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
         Some(path) => serde_json::from_slice(&std::fs::read(path)?)?,
         None => BTreeSet::new(),
     };
+    let only: Option<BTreeSet<String>> = match &args.only {
+        Some(path) => serde_json::from_slice(&std::fs::read(path)?)?,
+        None => None,
+    };
+    let skipped = |p: &str| skip.contains(p) || only.as_ref().is_some_and(|o| !o.contains(p));
     let mut out = std::io::stdout().lock();
     let mut failed = None;
-    Verifier::new(&rules, &secrets)?.judge_dir(&args.from, &|p| skip.contains(p), &mut |step| {
+    Verifier::new(&rules, &secrets)?.judge_dir(&args.from, &skipped, &mut |step| {
         // A line at a time, flushed: what was said before a crash stays said.
         let line = serde_json::to_string(&step).map(|l| l + "\n");
         if let Err(e) = line.map_err(std::io::Error::other).and_then(|l| {
@@ -165,10 +173,17 @@ fn export(args: &ExportArgs) -> anyhow::Result<u8> {
     let memory = parse_size(&args.memory)
         .map_err(anyhow::Error::msg)
         .context("--memory")?;
+    let rules = moat_export::parse(&rules_bytes)?;
+    let host = Verifier::new(
+        &rules,
+        &if secrets.is_empty() {
+            Vec::new()
+        } else {
+            parse_secrets(&secrets)?
+        },
+    )?;
     let mut report = verify_sandboxed(args, &rules_bytes, &from, secrets, memory)?;
-    if let Some(to) = &args.to {
-        promote_all(&mut report, &from, to);
-    }
+    settle(&mut report, &host, &from, args.to.as_deref());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -191,7 +206,7 @@ fn verify_sandboxed(
         exe: &exe,
         rules: &rules,
         from,
-        skip: BTreeSet::new(),
+        only: None,
         secrets,
         memory_bytes: memory,
         timeout: args.timeout,
@@ -203,18 +218,30 @@ fn verify_sandboxed(
     .map_err(|e| anyhow::anyhow!("{e}; nothing was promoted"))
 }
 
-/// Copies every promoted file; one that changed since is rejected instead.
-fn promote_all(report: &mut ExportReport, from: &Path, to: &Path) {
+/// Re-reads every promoted file (the size and hash it was judged by), has
+/// the host check it again (`Verifier::recheck`: nothing is parsed), and
+/// copies it to `to`; a file that fails any of it is rejected instead.
+fn settle(report: &mut ExportReport, host: &Verifier, from: &Path, to: Option<&Path>) {
     let mut failed = Vec::new();
     for (i, file) in report.files.iter().enumerate() {
         if file.verdict != Verdict::Promoted {
             continue;
         }
-        let copied = match &file.sha256 {
-            Some(sha) => moat_export::promote(from, &file.path, sha, to).map_err(|e| e.to_string()),
-            None => Err("promoted without a hash".into()),
+        let settled = match (&file.sha256, file.exported_as) {
+            (Some(sha), Some(ty)) => moat_export::read_verified(from, &file.path, sha, file.size)
+                .map_err(|e| e.to_string())
+                .and_then(|content| {
+                    host.recheck(&file.path, &content, ty)?;
+                    match to {
+                        Some(to) => moat_export::promote(&content, &file.path, to)
+                            .map(drop)
+                            .map_err(|e| e.to_string()),
+                        None => Ok(()),
+                    }
+                }),
+            _ => Err("promoted without a hash or a type".into()),
         };
-        if let Err(why) = copied {
+        if let Err(why) = settled {
             failed.push((i, why));
         }
     }
@@ -237,6 +264,16 @@ fn demote(file: &mut FileVerdict, detail: String) {
     });
 }
 
+/// A path as printed: the program named it, so control characters (a
+/// newline that would forge a row, a terminal escape) are shown escaped.
+fn shown(path: &str) -> String {
+    if path.chars().any(char::is_control) {
+        path.escape_debug().to_string()
+    } else {
+        path.to_owned()
+    }
+}
+
 fn print_table(report: &ExportReport, to: Option<&Path>) {
     println!("{:<9} {:<8} {:>12}  PATH", "VERDICT", "TYPE", "BYTES");
     for file in &report.files {
@@ -245,7 +282,11 @@ fn print_table(report: &ExportReport, to: Option<&Path>) {
             Verdict::Rejected => "rejected",
         };
         let ty = file.exported_as.map_or("-", |t| t.as_str());
-        println!("{verdict:<9} {ty:<8} {:>12}  {}", file.size, file.path);
+        println!(
+            "{verdict:<9} {ty:<8} {:>12}  {}",
+            file.size,
+            shown(&file.path)
+        );
         for reason in &file.reasons {
             println!("{:33}{}: {}", "", reason.rule.as_str(), reason.detail);
         }

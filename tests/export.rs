@@ -194,10 +194,7 @@ fn the_table_names_each_reason_and_the_exit_status_says_rejections() {
         table.contains("executable: an executable (ELF) never leaves"),
         "{table}"
     );
-    assert!(
-        table.contains("symlink: a symbolic link (to \"/etc/passwd\")"),
-        "{table}"
-    );
+    assert!(table.contains("symlink: a symbolic link"), "{table}");
     assert!(table.contains("2 promoted"), "{table}");
     assert!(table.contains("6 rejected"), "{table}");
 }

@@ -268,6 +268,22 @@ impl Manifest {
                     "filesystem.artifactOnly root {root:?} is not among writeRoots"
                 )));
             }
+            // A program cannot move a mount point, but it can move any
+            // directory above one: an artifact-only root deeper inside a
+            // writable root could be renamed away and replaced.
+            let path = std::path::Path::new(root);
+            for writable in &self.filesystem.write_roots {
+                let w = std::path::Path::new(writable);
+                let inside =
+                    !same_root(w, path) && path.starts_with(w.strip_prefix(".").unwrap_or(w));
+                if inside && !path.parent().is_some_and(|parent| same_root(parent, w)) {
+                    return Err(ManifestError::Invalid(format!(
+                        "filesystem.artifactOnly root {root:?} is more than one level inside \
+                         the writable root {writable:?}: a program could move the directory \
+                         above it; make it a direct child, or that root read-only"
+                    )));
+                }
+            }
         }
         if let Some(exports) = &self.exports {
             exports
@@ -427,6 +443,21 @@ mod tests {
         );
         m.filesystem.write_roots.push("./export".into());
         assert!(m.check_shape().is_ok());
+        let mut deep = m.clone();
+        deep.filesystem.write_roots = vec!["work".into(), "work/r/export".into()];
+        deep.filesystem.artifact_only = vec!["work/r/export".into()];
+        assert!(
+            matches!(deep.check_shape(), Err(ManifestError::Invalid(w)) if w.contains("more than one level"))
+        );
+        deep.filesystem.artifact_only = vec!["work/r/export".into()];
+        deep.filesystem.write_roots = vec![".".into(), "work/r/export".into()];
+        assert!(deep.check_shape().is_err(), "under the whole workspace too");
+        deep.filesystem.write_roots = vec![".".into(), "export".into()];
+        deep.filesystem.artifact_only = vec!["export".into()];
+        assert!(
+            deep.check_shape().is_ok(),
+            "a direct child of a writable root"
+        );
         m.exports =
             Some(serde_json::from_str(r#"{"rules":[{"path":"../x","types":["csv"]}]}"#).unwrap());
         assert!(

@@ -17,10 +17,16 @@ const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// The content of `rel` under `from`, if it still hashes to `sha256` and is
-/// still a regular file of one link without setuid/setgid bits, opened
-/// beneath `from` without following any link.
-pub fn read_verified(from: &Path, rel: &str, sha256: &str) -> Result<Vec<u8>, ExportError> {
+/// The content of `rel` under `from`, if it is still `size` bytes that hash
+/// to `sha256`, and still a regular file of one link without setuid/setgid
+/// bits, opened beneath `from` without following any link. Never reads
+/// more than `size` and one byte.
+pub fn read_verified(
+    from: &Path,
+    rel: &str,
+    sha256: &str,
+    size: u64,
+) -> Result<Vec<u8>, ExportError> {
     let err = |what: &str, e: std::io::Error| ExportError::Io(format!("{what} {rel}"), e);
     let src_dir = open_dir(from).map_err(|e| err("opening the source of", e.into()))?;
     let src = rustix::fs::openat2(
@@ -35,25 +41,25 @@ pub fn read_verified(from: &Path, rel: &str, sha256: &str) -> Result<Vec<u8>, Ex
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile
         || stat.st_nlink > 1
         || stat.st_mode & 0o6000 != 0
+        || u64::try_from(stat.st_size).ok() != Some(size)
     {
         return Err(ExportError::Changed(rel.to_owned()));
     }
-    let mut content = Vec::new();
+    let mut content = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
     std::fs::File::from(src)
+        .take(size.saturating_add(1))
         .read_to_end(&mut content)
         .map_err(|e| err("reading", e))?;
-    if hex::encode(Sha256::digest(&content)) != sha256 {
+    if content.len() as u64 != size || hex::encode(Sha256::digest(&content)) != sha256 {
         return Err(ExportError::Changed(rel.to_owned()));
     }
     Ok(content)
 }
 
-/// Copies `rel` from `from` to the same relative path under `to`, if its
-/// content still hashes to `sha256` (see [`read_verified`]). Returns the
-/// bytes copied.
-pub fn promote(from: &Path, rel: &str, sha256: &str, to: &Path) -> Result<u64, ExportError> {
+/// Copies `content` (read with [`read_verified`]) to `rel` under `to`.
+/// Returns the bytes copied.
+pub fn promote(content: &[u8], rel: &str, to: &Path) -> Result<u64, ExportError> {
     let err = |what: &str, e: std::io::Error| ExportError::Io(format!("{what} {rel}"), e);
-    let content = read_verified(from, rel, sha256)?;
     std::fs::create_dir_all(to).map_err(|e| err("creating the destination of", e))?;
     let mut dir = open_dir(to).map_err(|e| err("opening the destination of", e.into()))?;
     let mut parts: Vec<&str> = rel.split('/').collect();
@@ -82,7 +88,7 @@ pub fn promote(from: &Path, rel: &str, sha256: &str, to: &Path) -> Result<u64, E
     .map_err(|e| err("creating the copy of", e.into()))?;
     let written = (|| {
         let mut file = std::fs::File::from(file);
-        file.write_all(&content)?;
+        file.write_all(content)?;
         file.sync_all()?;
         rustix::fs::renameat(&dir, temp.as_str(), &dir, name).map_err(std::io::Error::from)
     })();

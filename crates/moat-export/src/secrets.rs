@@ -79,8 +79,21 @@ impl Scanner {
         // One SIMD pass per needle: a multi-pattern automaton over needles
         // that share a prefix (`sk-…`, `sk%2D…`) fell back to a scan ten
         // times slower here.
+        // Base64 is often wrapped (76 columns): its forms are also looked
+        // for with line breaks taken out.
+        let unwrapped: Option<Vec<u8>> = (self.needles.iter().any(|(_, _, f)| *f == "base64")
+            && memchr::memchr2(b'\n', b'\r', bytes).is_some())
+        .then(|| {
+            bytes
+                .iter()
+                .copied()
+                .filter(|b| *b != b'\n' && *b != b'\r')
+                .collect()
+        });
         for (finder, name, form) in &self.needles {
-            if finder.find(bytes).is_some() {
+            let wrapped =
+                *form == "base64" && unwrapped.as_ref().is_some_and(|u| finder.find(u).is_some());
+            if wrapped || finder.find(bytes).is_some() {
                 let finding = Finding::Secret {
                     name: name.clone(),
                     form,
@@ -105,11 +118,42 @@ impl Scanner {
 /// as is, percent-encoded, and base64 (standard and URL-safe) at each of
 /// the three alignments it can have inside a longer encoding.
 fn forms(value: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_encode};
+    // RFC 3986's unreserved characters left alone (Python's `quote`), and
+    // JavaScript's `encodeURIComponent`'s.
+    const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    const COMPONENT: &AsciiSet = &UNRESERVED
+        .remove(b'!')
+        .remove(b'*')
+        .remove(b'\'')
+        .remove(b'(')
+        .remove(b')');
     let mut out = vec![("as is", value.to_vec())];
-    let encoded: String =
-        percent_encoding::percent_encode(value, percent_encoding::NON_ALPHANUMERIC).collect();
-    if encoded.as_bytes() != value {
-        out.push(("percent-encoded", encoded.into_bytes()));
+    for set in [NON_ALPHANUMERIC, UNRESERVED, COMPONENT] {
+        let encoded: String = percent_encode(value, set).collect();
+        if encoded.as_bytes() != value {
+            // `%2d` as well as `%2D`.
+            let lower = lower_hex_escapes(&encoded);
+            out.push(("percent-encoded", encoded.into_bytes()));
+            out.push(("percent-encoded", lower.into_bytes()));
+        }
+    }
+    // Inside a JSON string: escaped quotes and backslashes, and `\/`.
+    if let Ok(text) = std::str::from_utf8(value) {
+        let json = serde_json::to_string(text).unwrap_or_default();
+        let inner = json
+            .get(1..json.len().saturating_sub(1))
+            .unwrap_or_default();
+        if inner.as_bytes() != value {
+            out.push(("JSON-escaped", inner.as_bytes().to_vec()));
+        }
+        if inner.contains('/') {
+            out.push(("JSON-escaped", inner.replace('/', "\\/").into_bytes()));
+        }
     }
     for engine in [
         &base64::engine::general_purpose::STANDARD_NO_PAD,
@@ -130,6 +174,25 @@ fn forms(value: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
             if let Some(middle) = text.get(skip..end) {
                 out.push(("base64", middle.as_bytes().to_vec()));
             }
+        }
+    }
+    out
+}
+
+/// `%2D` as `%2d`: the hex digits of each escape in lower case, the rest
+/// as it was.
+fn lower_hex_escapes(encoded: &str) -> String {
+    let mut out = String::with_capacity(encoded.len());
+    let mut escape = 0;
+    for c in encoded.chars() {
+        if c == '%' {
+            escape = 2;
+            out.push(c);
+        } else if escape > 0 {
+            escape -= 1;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
         }
     }
     out
@@ -180,6 +243,31 @@ mod tests {
             }
         }
         assert!(s.scan(b"hunter2-is-not-a-passwor").is_empty());
+        // Wrapped base64, a JSON string, URL components.
+        let long = base64::engine::general_purpose::STANDARD.encode(
+            [
+                b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789".as_slice(),
+                secret,
+            ]
+            .concat(),
+        );
+        let wrapped: String = long
+            .as_bytes()
+            .chunks(76)
+            .map(|c| String::from_utf8_lossy(c) + "\n")
+            .collect();
+        assert!(names(&s.scan(wrapped.as_bytes())).contains(&"db-password/base64".to_owned()));
+        let odd = match Scanner::new(&[("k".into(), b"p4ss/w0rd!x\"y".to_vec())]) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        for text in [
+            r#"{"v":"p4ss\/w0rd!x\"y"}"#,
+            "v=p4ss%2fw0rd!x%22y",
+            "v=p4ss%2Fw0rd%21x%22y",
+        ] {
+            assert!(!odd.scan(text.as_bytes()).is_empty(), "{text}");
+        }
     }
 
     #[test]

@@ -20,12 +20,15 @@ pub const MAX_GZIP_RATIO: u64 = 100;
 pub struct Invalid {
     pub ty: ExportType,
     pub detail: String,
+    /// A decompression bomb (counted apart from other invalid content).
+    pub bomb: bool,
 }
 
 fn invalid(ty: ExportType, detail: impl Into<String>) -> Invalid {
     Invalid {
         ty,
         detail: detail.into(),
+        bomb: false,
     }
 }
 
@@ -120,12 +123,10 @@ fn csv_rectangular(bytes: &[u8], shape: Option<&CsvShape>) -> Result<(), Invalid
                     .zip(header)
                     .any(|(got, want)| got != want.as_bytes()))
         {
+            // Not the row itself: it is the program's, and may hold anything.
             return Err(bad(format!(
-                "the header is {:?}, expected {header:?}",
-                record
-                    .iter()
-                    .map(|f| String::from_utf8_lossy(f).into_owned())
-                    .collect::<Vec<_>>()
+                "the first row ({} fields) is not the header {header:?}",
+                record.len()
             )));
         }
         match width {
@@ -207,15 +208,26 @@ fn gunzip(bytes: &[u8], max_bytes: u64) -> Result<Vec<u8>, Invalid> {
         .read_to_end(&mut out)
         .map_err(|e| bad(format!("does not decompress: {e}")))?;
     if out.len() as u64 > cap {
-        return Err(bad(format!(
-            "decompresses to more than {cap} bytes (at most {MAX_GZIP_RATIO}x its size and the \
-             rule's maxBytes): a decompression bomb"
-        )));
+        return Err(Invalid {
+            bomb: true,
+            ..bad(format!(
+                "decompresses to more than {cap} bytes (at most {MAX_GZIP_RATIO}x its size and \
+                 the rule's maxBytes): a decompression bomb"
+            ))
+        });
+    }
+    // What it holds is judged by its bytes too: an executable does not
+    // leave inside a gzip.
+    if let crate::detect::Kind::Executable(what) = crate::detect::detect(&out) {
+        return Err(bad(format!("it holds an executable ({what})")));
     }
     Ok(out)
 }
 
-/// A tar archive of regular files and directories only, its headers sane.
+/// A tar archive of regular files and directories only: headers whose
+/// checksum holds, names (the ustar prefix included) inside the archive, no
+/// member that is an executable. Entries are named by their number, never
+/// by their name (which the program chose).
 fn untar(bytes: &[u8]) -> Result<(), Invalid> {
     let bad = |detail: String| invalid(ExportType::Tar, detail);
     let mut at = 0usize;
@@ -226,32 +238,70 @@ fn untar(bytes: &[u8]) -> Result<(), Invalid> {
             return Ok(());
         }
         entries += 1;
+        let n = entries;
         if entries > MAX_TAR_ENTRIES {
             return Err(bad(format!("more than {MAX_TAR_ENTRIES} entries")));
         }
-        let name = String::from_utf8_lossy(&header[..100])
-            .trim_end_matches('\0')
-            .to_owned();
+        let stored = octal(&header[148..156])
+            .ok_or_else(|| bad(format!("entry {n}: a checksum that does not parse")))?;
+        let sum: u64 = header
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u64::from(b)
+                }
+            })
+            .sum();
+        if sum != stored {
+            return Err(bad(format!(
+                "entry {n}: its header's checksum does not match"
+            )));
+        }
+        let field = |range: std::ops::Range<usize>| {
+            String::from_utf8_lossy(&header[range])
+                .trim_end_matches('\0')
+                .to_owned()
+        };
+        let (name, prefix) = (field(0..100), field(345..500));
+        let full = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
         let size = octal(&header[124..136])
-            .ok_or_else(|| bad(format!("entry {name:?}: a size that does not parse")))?;
-        match header[156] {
-            b'0' | 0 | b'5' => {}
+            .ok_or_else(|| bad(format!("entry {n}: a size that does not parse")))?;
+        let regular = match header[156] {
+            b'0' | 0 => true,
+            b'5' => false,
             other => {
                 return Err(bad(format!(
-                    "entry {name:?} is not a regular file or directory (type {:?})",
+                    "entry {n} is not a regular file or directory (type {:?})",
                     other as char
                 )));
             }
+        };
+        if full.starts_with('/') || full.split('/').any(|c| c == "..") {
+            return Err(bad(format!("entry {n} points outside the archive")));
         }
-        if name.starts_with('/') || name.split('/').any(|c| c == "..") {
-            return Err(bad(format!("entry {name:?} points outside the archive")));
-        }
+        let start = at
+            .checked_add(512)
+            .ok_or_else(|| bad(format!("entry {n} runs past the end")))?;
         let blocks = size.div_ceil(512);
         at = usize::try_from(blocks.saturating_mul(512))
             .ok()
-            .and_then(|n| at.checked_add(512)?.checked_add(n))
+            .and_then(|len| start.checked_add(len))
             .filter(|&end| end <= bytes.len())
-            .ok_or_else(|| bad(format!("entry {name:?} runs past the end")))?;
+            .ok_or_else(|| bad(format!("entry {n} runs past the end")))?;
+        let content = usize::try_from(size)
+            .ok()
+            .and_then(|len| bytes.get(start..start.checked_add(len)?))
+            .unwrap_or_default();
+        if regular && let crate::detect::Kind::Executable(what) = crate::detect::detect(content) {
+            return Err(bad(format!("entry {n} is an executable ({what})")));
+        }
     }
     Err(bad("no end-of-archive marker".into()))
 }
@@ -310,7 +360,7 @@ mod tests {
         let bomb = gz.finish().unwrap_or_default();
         let err = unpack(ExportType::Gzip, &bomb, 1 << 30).err();
         assert!(
-            err.is_some_and(|e| e.detail.contains("bomb")),
+            err.is_some_and(|e| e.bomb && e.detail.contains("bomb")),
             "{} bytes",
             bomb.len()
         );
@@ -321,6 +371,56 @@ mod tests {
             unpack(ExportType::Gzip, &ok, 1 << 20).ok(),
             Some(b"hello, world\n".to_vec())
         );
+    }
+
+    fn tar_entry(name: &str, prefix: &str, data: &[u8]) -> Vec<u8> {
+        let mut h = vec![0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..136].copy_from_slice(format!("{:011o}\0", data.len()).as_bytes());
+        h[148..156].copy_from_slice(b"        ");
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[345..345 + prefix.len()].copy_from_slice(prefix.as_bytes());
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        let mut out = h;
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+        out
+    }
+
+    fn tar(entries: &[Vec<u8>]) -> Vec<u8> {
+        let mut out: Vec<u8> = entries.concat();
+        out.extend_from_slice(&[0u8; 1024]);
+        out
+    }
+
+    #[test]
+    fn a_tar_is_checked_header_by_header() {
+        let fine = tar(&[tar_entry("a.csv", "", b"id\n1\n")]);
+        assert!(unpack(ExportType::Tar, &fine, 1 << 20).is_ok());
+        let outside = tar(&[tar_entry("x.csv", "../..", b"id\n")]);
+        let err = unpack(ExportType::Tar, &outside, 1 << 20).err();
+        assert!(err.is_some_and(|e| e.detail.contains("outside")));
+        let elf = tar(&[tar_entry("tool", "", b"\x7fELF\x02\x01\x01\0\0\0\0\0")]);
+        let err = unpack(ExportType::Tar, &elf, 1 << 20).err();
+        assert!(err.is_some_and(|e| e.detail.contains("executable")));
+        let mut forged = fine.clone();
+        forged[0] = b'b';
+        let err = unpack(ExportType::Tar, &forged, 1 << 20).err();
+        assert!(err.is_some_and(|e| e.detail.contains("checksum")));
+    }
+
+    #[test]
+    fn an_executable_inside_a_gzip_is_refused() {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(b"\x7fELF\x02\x01\x01\0\0\0\0\0")
+            .unwrap_or_default();
+        let packed = gz.finish().unwrap_or_default();
+        let err = unpack(ExportType::Gzip, &packed, 1 << 20).err();
+        assert!(err.is_some_and(|e| e.detail.contains("executable") && !e.bomb));
     }
 
     #[test]

@@ -179,6 +179,46 @@ impl Verifier {
         )
     }
 
+    /// The host's own checks of a file the sandboxed (so possibly
+    /// compromised) verifier promoted, on the bytes about to leave. Cheap
+    /// ones that parse no structure: a rule takes the path and lists the
+    /// type, the size fits, the magic bytes are no executable or unlisted
+    /// archive and agree with the type, and the scan finds nothing.
+    pub fn recheck(&self, path: &str, bytes: &[u8], exported_as: ExportType) -> Result<(), String> {
+        let rule = self
+            .rules
+            .rule_for(path)
+            .ok_or("no export rule's path matches it")?;
+        if !rule.types.contains(&exported_as) {
+            return Err(format!("its rule does not list {}", exported_as.as_str()));
+        }
+        if bytes.len() as u64 > max_bytes(rule) {
+            return Err("over its rule's maxBytes".into());
+        }
+        let kind = detect(bytes);
+        let agrees = match kind {
+            Kind::Text => exported_as.is_text(),
+            Kind::Script => exported_as.is_text() && rule.allow_shebang,
+            Kind::Png => exported_as == ExportType::Png,
+            Kind::Pdf => exported_as == ExportType::Pdf,
+            Kind::Parquet => exported_as == ExportType::Parquet,
+            Kind::Gzip => exported_as == ExportType::Gzip,
+            Kind::Tar => exported_as == ExportType::Tar,
+            Kind::Executable(_) | Kind::OtherArchive(_) | Kind::Binary(_) => false,
+        };
+        if !agrees {
+            return Err(format!(
+                "{} is not what the verifier said ({})",
+                kind.describe(),
+                exported_as.as_str()
+            ));
+        }
+        if self.rules.secret_scan && !self.scanner.scan(bytes).is_empty() {
+            return Err("holds a secret or something shaped like a credential".into());
+        }
+        Ok(())
+    }
+
     /// The size cap of the rule for `rel`, `None` when no rule takes it.
     fn max_bytes(&self, rel: &str) -> Option<u64> {
         self.rules
@@ -294,7 +334,7 @@ fn type_check(rule: &ExportRule, kind: Kind, bytes: &[u8]) -> (Option<ExportType
         {
             Ok(()) => (Some(ty), Vec::new()),
             Err(e) => {
-                let rule = if e.detail.contains("bomb") {
+                let rule = if e.bomb {
                     RejectRule::ArchiveBomb
                 } else {
                     RejectRule::InvalidContent

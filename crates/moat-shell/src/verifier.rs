@@ -31,8 +31,10 @@ pub struct VerifierRun<'a> {
     pub rules: &'a ExportRules,
     /// The directory of candidates.
     pub from: &'a Path,
-    /// Paths under `from` not to judge.
-    pub skip: BTreeSet<String>,
+    /// The only files under `from` to judge (`None`: every file). A
+    /// verdict on any other path is dropped, and a listed path the
+    /// verifier says nothing of is rejected.
+    pub only: Option<BTreeSet<String>>,
     /// A JSON object of secret name to value, or nothing.
     pub secrets: Vec<u8>,
     pub memory_bytes: u64,
@@ -60,23 +62,26 @@ pub enum VerifierError {
 }
 
 /// Judges `run.from`, restarting the worker past each file it dies on.
-pub fn verify(mut run: VerifierRun<'_>) -> Result<ExportReport, VerifierError> {
+pub fn verify(run: VerifierRun<'_>) -> Result<ExportReport, VerifierError> {
     let compiled = moat_export::compile(run.rules)?;
     // The binary and the rules go in as copies in a private directory: the
     // binary's own may sit where the launch policy refuses roots (a home).
     let scratch = Scratch::new()?;
     std::fs::copy(run.exe, scratch.0.join("moat"))
         .map_err(|e| VerifierError::Io("copying the moat binary", e))?;
-    let rules =
-        serde_json::to_vec(run.rules).map_err(|e| VerifierError::Io("the rules", e.into()))?;
-    std::fs::write(scratch.0.join("rules.json"), rules)
-        .map_err(|e| VerifierError::Io("writing the rules", e))?;
+    let write = |name: &str, bytes: serde_json::Result<Vec<u8>>| {
+        bytes
+            .map_err(std::io::Error::from)
+            .and_then(|b| std::fs::write(scratch.0.join(name), b))
+            .map_err(|e| VerifierError::Io("writing the verifier's inputs", e))
+    };
+    write("rules.json", serde_json::to_vec(run.rules))?;
+    write("only.json", serde_json::to_vec(&run.only))?;
     let mut judged: Vec<FileVerdict> = Vec::new();
+    // Judged already, or died on: what the next worker skips.
+    let mut done: BTreeSet<String> = BTreeSet::new();
     for _ in 0..=MAX_RESTARTS {
-        let skip = serde_json::to_vec(&run.skip)
-            .map_err(|e| VerifierError::Io("the skip list", e.into()))?;
-        std::fs::write(scratch.0.join("skip.json"), skip)
-            .map_err(|e| VerifierError::Io("writing the skip list", e))?;
+        write("skip.json", serde_json::to_vec(&done))?;
         let worker = run_worker(&run, &scratch.0)?;
         let mut reading: Option<String> = None;
         for line in worker
@@ -86,17 +91,23 @@ pub fn verify(mut run: VerifierRun<'_>) -> Result<ExportReport, VerifierError> {
         {
             match serde_json::from_slice::<Progress>(line) {
                 Ok(Progress::Reading(path)) => reading = Some(path),
+                // One verdict per path, the first: a worker cannot count a
+                // file twice.
                 Ok(Progress::Judged(verdict)) => {
                     reading = None;
-                    run.skip.insert(verdict.path.clone());
-                    judged.push(verdict);
+                    if done.insert(verdict.path.clone()) {
+                        judged.push(verdict);
+                    }
                 }
                 // A line cut short by the worker's death is not a verdict.
                 Err(_) => break,
             }
         }
         let Some(why) = worker.failure else {
-            return Ok(moat_export::totals(&compiled, judged));
+            return Ok(moat_export::totals(
+                &compiled,
+                reconcile(judged, run.only.as_ref()),
+            ));
         };
         let Some(path) = reading else {
             return Err(VerifierError::Died {
@@ -105,21 +116,48 @@ pub fn verify(mut run: VerifierRun<'_>) -> Result<ExportReport, VerifierError> {
             });
         };
         let size = std::fs::symlink_metadata(run.from.join(&path)).map_or(0, |m| m.len());
-        run.skip.insert(path.clone());
-        judged.push(FileVerdict {
-            path,
-            size,
-            sha256: None,
-            detected: "not judged".into(),
-            exported_as: None,
-            verdict: Verdict::Rejected,
-            reasons: vec![Rejection {
-                rule: RejectRule::VerifierFailed,
-                detail: format!("the verifier died on it: {why}"),
-            }],
-        });
+        if done.insert(path.clone()) {
+            judged.push(failed(
+                path,
+                size,
+                format!("the verifier died on it: {why}"),
+            ));
+        }
     }
     Err(VerifierError::TooManyDeaths(MAX_RESTARTS + 1))
+}
+
+/// Only verdicts on `only`'s paths, and one for each of them: a listed
+/// file the verifier said nothing of is rejected.
+fn reconcile(mut judged: Vec<FileVerdict>, only: Option<&BTreeSet<String>>) -> Vec<FileVerdict> {
+    let Some(only) = only else {
+        return judged;
+    };
+    judged.retain(|v| only.contains(&v.path));
+    let seen: BTreeSet<String> = judged.iter().map(|v| v.path.clone()).collect();
+    for path in only.difference(&seen) {
+        judged.push(failed(
+            path.clone(),
+            0,
+            "the verifier gave no verdict on it (under a directory it could not enter?)".into(),
+        ));
+    }
+    judged
+}
+
+fn failed(path: String, size: u64, detail: String) -> FileVerdict {
+    FileVerdict {
+        path,
+        size,
+        sha256: None,
+        detected: "not judged".into(),
+        exported_as: None,
+        verdict: Verdict::Rejected,
+        reasons: vec![Rejection {
+            rule: RejectRule::VerifierFailed,
+            detail,
+        }],
+    }
 }
 
 /// One sandboxed worker's output, and why it ended early if it did.
@@ -141,6 +179,8 @@ fn run_worker(run: &VerifierRun<'_>, scratch: &Path) -> Result<Worker, VerifierE
             inside("rules.json"),
             "--skip".into(),
             inside("skip.json"),
+            "--only".into(),
+            inside("only.json"),
             "--from".into(),
             inside("candidates"),
         ],
@@ -164,6 +204,7 @@ fn run_worker(run: &VerifierRun<'_>, scratch: &Path) -> Result<Worker, VerifierE
         bind(scratch.join("moat"), "moat"),
         bind(scratch.join("rules.json"), "rules.json"),
         bind(scratch.join("skip.json"), "skip.json"),
+        bind(scratch.join("only.json"), "only.json"),
         bind(run.from.to_path_buf(), "candidates"),
     ];
     let outcome = moat_sandbox::run(spec, OutputMode::Capture, &mut Discard)?;

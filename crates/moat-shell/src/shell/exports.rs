@@ -45,10 +45,17 @@ impl Shell {
             .into_iter()
             .filter(|r| !filesystem.is_artifact_only(r))
             .collect();
-        let (changed, rest) = before.changes(&after, &roots);
+        let (changed, _) = before.changes(&after, &roots);
+        // Past the snapshot's bounds, a written file may go unseen: it is
+        // not judged, and not exported either. The result says so.
+        let incomplete = before.incomplete || after.incomplete;
         if changed.is_empty() {
-            return json!({"promoted": [], "rejected": []});
+            return json!({"promoted": [], "rejected": [], "incomplete": incomplete});
         }
+        let host = match moat_export::Verifier::new(rules, &[]) {
+            Ok(host) => host,
+            Err(e) => return json!({"promoted": [], "rejected": [], "error": e.to_string()}),
+        };
         let limits = &self.config.manifest.limits;
         let judged = std::env::current_exe()
             .map_err(|e| e.to_string())
@@ -57,7 +64,7 @@ impl Shell {
                     exe: &exe,
                     rules,
                     from: &self.workspace.path,
-                    skip: rest,
+                    only: Some(changed.clone()),
                     secrets: Vec::new(),
                     memory_bytes: limits.memory_bytes,
                     timeout: Duration::from_millis(limits.timeout_ms),
@@ -83,7 +90,8 @@ impl Shell {
                         path, 0, None, reasons,
                     )));
                 }
-                return json!({"promoted": [], "rejected": rejected, "error": why});
+                return json!({"promoted": [], "rejected": rejected, "error": why,
+                    "incomplete": incomplete});
             }
         };
         let mut promoted = Vec::new();
@@ -93,9 +101,15 @@ impl Shell {
             if let (Verdict::Promoted, Some(sha256), Some(ty)) =
                 (file.verdict, &file.sha256, file.exported_as)
             {
-                let stored = moat_export::read_verified(&self.workspace.path, &file.path, sha256)
-                    .map_err(|e| e.to_string())
-                    .and_then(|bytes| self.artifact(op, "export", &file.path, &bytes));
+                // Read again as it was judged, checked again by the host
+                // (the verifier's sandbox may have been subverted).
+                let stored =
+                    moat_export::read_verified(&self.workspace.path, &file.path, sha256, file.size)
+                        .map_err(|e| e.to_string())
+                        .and_then(|bytes| {
+                            host.recheck(&file.path, &bytes, ty)?;
+                            self.artifact(op, "export", &file.path, &bytes)
+                        });
                 match stored {
                     Ok(reference) => {
                         op.event(EventData::ArtifactPromoted(ArtifactPromoted {
@@ -127,7 +141,7 @@ impl Shell {
                 reasons,
             )));
         }
-        json!({"promoted": promoted, "rejected": rejected})
+        json!({"promoted": promoted, "rejected": rejected, "incomplete": incomplete})
     }
 }
 

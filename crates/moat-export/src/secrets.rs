@@ -82,7 +82,7 @@ impl Scanner {
         // Base64 is often wrapped (76 columns): its forms are also looked
         // for with line breaks taken out.
         let unwrapped: Option<Vec<u8>> = (self.needles.iter().any(|(_, _, f)| *f == "base64")
-            && memchr::memchr2(b'\n', b'\r', bytes).is_some())
+            && wrapped_base64(bytes))
         .then(|| {
             bytes
                 .iter()
@@ -179,6 +179,18 @@ fn forms(value: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
+/// Whether some line of `bytes` ends in a long run of base64 characters,
+/// as wrapped base64 does (64 or 76 columns): only then is a copy without
+/// line breaks worth making.
+fn wrapped_base64(bytes: &[u8]) -> bool {
+    const RUN: usize = 48;
+    let b64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_');
+    memchr::memchr_iter(b'\n', bytes).any(|end| {
+        let line = bytes[..end].strip_suffix(b"\r").unwrap_or(&bytes[..end]);
+        line.len() >= RUN && line[line.len() - RUN..].iter().rev().all(|&b| b64(b))
+    })
+}
+
 /// `%2D` as `%2d`: the hex digits of each escape in lower case, the rest
 /// as it was.
 fn lower_hex_escapes(encoded: &str) -> String {
@@ -268,6 +280,20 @@ mod tests {
         ] {
             assert!(!odd.scan(text.as_bytes()).is_empty(), "{text}");
         }
+    }
+
+    #[test]
+    fn only_wrapped_base64_is_unwrapped() {
+        let line = "QUJD".repeat(19);
+        assert!(wrapped_base64(format!("{line}\n{line}\n").as_bytes()));
+        assert!(wrapped_base64(format!("{line}\r\n").as_bytes()));
+        assert!(!wrapped_base64(
+            b"id,name,email\n1,Customer number 1,customer1@example.com\n"
+        ));
+        assert!(
+            !wrapped_base64(line.as_bytes()),
+            "one line, nothing wrapped"
+        );
     }
 
     #[test]

@@ -9,7 +9,6 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
-use sha2::{Digest as _, Sha256};
 
 use crate::ExportError;
 
@@ -50,7 +49,7 @@ pub fn read_verified(
         .take(size.saturating_add(1))
         .read_to_end(&mut content)
         .map_err(|e| err("reading", e))?;
-    if content.len() as u64 != size || hex::encode(Sha256::digest(&content)) != sha256 {
+    if content.len() as u64 != size || moat_core::hash::sha256_hex(&content) != sha256 {
         return Err(ExportError::Changed(rel.to_owned()));
     }
     Ok(content)

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
 use crate::ExportError;
 use crate::detect::{Kind, detect};
@@ -229,7 +228,7 @@ impl Verifier {
     fn verify_candidate(&self, candidate: Candidate) -> FileVerdict {
         let Candidate { path, bytes } = candidate;
         let size = bytes.len() as u64;
-        let hash = || hex::encode(Sha256::digest(&bytes));
+        let hash = || moat_core::hash::sha256_hex(&bytes);
         // A large file is hashed beside its judgement, on the other core.
         let (sha256, verdict) = if bytes.len() < PARALLEL_HASH {
             (Some(hash()), self.judge(&path, &bytes))
@@ -257,7 +256,7 @@ impl Verifier {
     }
 
     /// What `bytes` are, the type they pass as, and every broken rule.
-    pub fn judge(&self, path: &str, bytes: &[u8]) -> (String, Option<ExportType>, Vec<Rejection>) {
+    fn judge(&self, path: &str, bytes: &[u8]) -> (String, Option<ExportType>, Vec<Rejection>) {
         let kind = detect(bytes);
         let detected = kind.describe();
         let Some(rule) = self.rules.rule_for(path) else {

@@ -45,7 +45,7 @@ impl Shell {
             .into_iter()
             .filter(|r| !filesystem.is_artifact_only(r))
             .collect();
-        let (changed, _) = before.changes(&after, &roots);
+        let changed = before.changes(&after, &roots);
         // Past the snapshot's bounds, a written file may go unseen: it is
         // not judged, and not exported either. The result says so.
         let incomplete = before.incomplete || after.incomplete;

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -159,18 +158,6 @@ fn every_run_emits_started_and_finished_events() {
     let run_id = &run.events[0]["runId"];
     assert!(run.events.iter().all(|e| &e["runId"] == run_id));
     assert_eq!(run.events[1]["data"]["exitCode"], 0);
-}
-
-/// Copies the binary and the probe where an unprivileged user can run them.
-fn unprivileged_copy() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    make_world_accessible(dir.path());
-    for (from, name) in [(std::path::PathBuf::from(MOAT), "moat"), (probe(), "probe")] {
-        let to = dir.path().join(name);
-        std::fs::copy(from, &to).unwrap();
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    dir
 }
 
 #[test]

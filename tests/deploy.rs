@@ -32,9 +32,9 @@ const PYTHON: &str = "/usr/bin/python3";
 fn moat_under(dir: &Path, profile: &Value) -> PathBuf {
     let file = dir.join("profile.json");
     std::fs::write(&file, profile.to_string()).expect("writing the profile");
-    let script = dir.join("moat-under-profile");
+    let text = dir.join("moat-under-profile.sh");
     std::fs::write(
-        &script,
+        &text,
         format!(
             "#!/bin/sh\nexec {PYTHON} {} {} {} \"$@\"\n",
             root().join("tests/deploy/apply-seccomp.py").display(),
@@ -43,14 +43,10 @@ fn moat_under(dir: &Path, profile: &Value) -> PathBuf {
         ),
     )
     .expect("writing the wrapper");
-    make_executable(&script);
+    let script = dir.join("moat-under-profile");
+    install_executable(&text, &script);
     make_world_accessible(dir);
     script
-}
-
-fn make_executable(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
 
 /// `program` under `profile`: its exit code and standard error.

@@ -83,19 +83,6 @@ fn sandboxed_programs_are_the_first_the_kernel_kills_when_memory_runs_out() {
     }
 }
 
-/// Copies the binary and the probe where an unprivileged user can run them.
-fn unprivileged_copy() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    make_world_accessible(dir.path());
-    for (from, name) in [(std::path::PathBuf::from(MOAT), "moat"), (probe(), "probe")] {
-        let to = dir.path().join(name);
-        std::fs::copy(from, &to).unwrap();
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    dir
-}
-
 /// An ordinary user has no cgroup it may write on these machines (cgroup v1
 /// hybrid; the cgroup2 hierarchy offers no memory controller). With
 /// `--allow-degraded` the memory limit still holds for each process, as

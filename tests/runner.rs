@@ -132,10 +132,10 @@ fn a_tampered_or_foreign_manifest_makes_no_runner_and_no_shell() {
         .rposition(|w| w == b"\"local\"")
         .expect("the environment in the trailer");
     bytes[at + 1] = b'L';
+    let bytes_file = dir.path().join("tampered.bytes");
+    std::fs::write(&bytes_file, &bytes).unwrap();
     let tampered = dir.path().join("tampered");
-    std::fs::write(&tampered, &bytes).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tampered, std::fs::Permissions::from_mode(0o755)).unwrap();
+    install_executable(&bytes_file, &tampered);
     let inspect = Command::new(&tampered)
         .args(["runner", "inspect"])
         .output()

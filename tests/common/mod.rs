@@ -161,6 +161,35 @@ pub fn probe_run(args: &[&str], check: &[&str]) -> Run {
     exec(&all, &program)
 }
 
+/// `from` copied to `to` as an executable (mode 0755) by a child process.
+/// A file this test process opened for writing could be inherited by a
+/// program another test thread forks at that moment; exec'ing it would
+/// then fail with ETXTBSY. A child's descriptors are gone once it exits.
+pub fn install_executable(from: &Path, to: &Path) {
+    let status = std::process::Command::new("install")
+        .args(["-m", "0755"])
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("running install");
+    assert!(
+        status.success(),
+        "install {} {}",
+        from.display(),
+        to.display()
+    );
+}
+
+/// The binary and the probe copied where an unprivileged user can run them.
+pub fn unprivileged_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_world_accessible(dir.path());
+    for (from, name) in [(PathBuf::from(MOAT), "moat"), (probe(), "probe")] {
+        install_executable(&from, &dir.path().join(name));
+    }
+    dir
+}
+
 pub fn make_world_accessible(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");

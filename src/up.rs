@@ -54,6 +54,10 @@ pub struct UpArgs {
     /// default from CPUs and memory, at least 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     slots: Option<u16>,
+    /// Also serve the control plane's Prometheus metrics at
+    /// http://ADDR/metrics (runs, ops, refusals, export rejections by rule).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 /// The fewest slots `moat up`'s runner gets by default: the demo's run,
@@ -206,6 +210,11 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
         .arg(path("admin-token"))
         .arg("--secrets-key")
         .arg(path("secrets.key"))
+        .args(
+            args.metrics_listen
+                .iter()
+                .flat_map(|a| ["--metrics-listen", a.as_str()]),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(path("serve.log"))?)
@@ -263,6 +272,12 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     // nothing lands there without the policy's decision on that write.
     sample.filesystem.write_roots.push("export".into());
     sample.filesystem.artifact_only.push("export".into());
+    // What programs write under output/ leaves only through the export
+    // boundary: data and documents, judged by content, scanned for
+    // secrets; everything else is quarantined. A program may write at most
+    // 100 MiB there per operation.
+    sample.exports = Some(sample_exports());
+    sample.limits.max_write_bytes = Some(100 << 20);
     let signed = sample.sign(&key).context("signing the sample manifest")?;
     let signed_json = serde_json::to_value(&signed)?;
     files::write_atomic(
@@ -519,5 +534,31 @@ fn wait_for_stop(children: &mut Children) -> anyhow::Result<()> {
             Ok(())
         }
         Some(why) => bail!("{why}; stopping"),
+    }
+}
+
+/// The sample manifest's export rules: data and documents under output/,
+/// each at most 64 MiB.
+fn sample_exports() -> moat_core::exports::ExportRules {
+    use moat_core::exports::{ExportRule, ExportRules, ExportType};
+    ExportRules {
+        rules: vec![ExportRule {
+            path: "output/**".into(),
+            types: vec![
+                ExportType::Csv,
+                ExportType::Json,
+                ExportType::Ndjson,
+                ExportType::Text,
+                ExportType::Png,
+                ExportType::Pdf,
+                ExportType::Parquet,
+            ],
+            max_bytes: Some(64 << 20),
+            csv: None,
+            allow_shebang: false,
+        }],
+        max_files: None,
+        max_total_bytes: None,
+        secret_scan: None,
     }
 }

@@ -65,18 +65,17 @@ fn block<'a>(text: &'a str, first: &str, last: &str) -> Vec<&'a str> {
     lines[start..=end].to_vec()
 }
 
-#[test]
-fn moat_up_prints_first_steps_that_work_as_printed_while_the_demo_waits() {
-    let home = tempfile::tempdir().unwrap();
-    let state = home.path().join("state");
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
+/// `moat up ARGS` in a fresh home, once it says it serves: the process,
+/// what it printed, and its standard error (read to the end when joined).
+fn start_up(home: &Path, args: &[&str]) -> (Up, String, std::thread::JoinHandle<String>) {
+    let state = home.join("state");
     let mut child = Command::new(MOAT)
-        .args(["up", "--demo", "--listen", &listen])
+        .arg("up")
+        .args(args)
         .env_remove("MOAT_STATE")
-        .env("HOME", home.path())
+        .env("HOME", home)
         .env("XDG_STATE_HOME", &state)
-        .current_dir(home.path())
+        .current_dir(home)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -109,6 +108,15 @@ fn moat_up_prints_first_steps_that_work_as_printed_while_the_demo_waits() {
             errors.join().unwrap()
         }
     );
+    (up, printed, errors)
+}
+
+#[test]
+fn moat_up_prints_first_steps_that_work_as_printed_while_the_demo_waits() {
+    let home = tempfile::tempdir().unwrap();
+    let state = home.path().join("state");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (up, printed, errors) = start_up(home.path(), &["--demo", "--listen", &listen]);
 
     // Its state is in the per-user state directory, and it says where.
     let dir = state.join("moat/up");
@@ -209,4 +217,263 @@ fn moat_up_on_a_taken_address_says_so_and_names_listen() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     // Nothing was made or started.
     assert!(!Path::new(&dir).exists());
+}
+
+/// The program the agent generated to clean the client's spreadsheets:
+/// it writes what it should (a cleaned CSV, a summary) and, as generated
+/// code may, what it should not: a copy of an executable, a symlink to a
+/// host file, a file far past the write budget, and a CSV holding one of
+/// the org's secrets, put together from two halves (`HEAD` and `TAIL`,
+/// replaced by the test): the control plane scrubs a whole secret out of
+/// an operation's arguments, so generated code that leaks one builds it.
+const CLEANING: &str = r#"
+import csv, glob, json, os, shutil
+rows = []
+for name in sorted(glob.glob('input/*.csv')):
+    with open(name, newline='') as f:
+        for row in csv.DictReader(f):
+            rows.append({k.strip().lower(): (v or '').strip() for k, v in row.items()})
+seen, clean = set(), []
+for r in rows:
+    email = r.get('email', '').lower()
+    if email and email not in seen:
+        seen.add(email)
+        clean.append({'name': r['name'].title(), 'email': email, 'amount': '%.2f' % float(r['amount'])})
+os.makedirs('output', exist_ok=True)
+with open('output/clean.csv', 'w', newline='') as f:
+    w = csv.DictWriter(f, fieldnames=['name', 'email', 'amount'], lineterminator='\n')
+    w.writeheader()
+    w.writerows(clean)
+with open('output/summary.json', 'w') as f:
+    json.dump({'rowsIn': len(rows), 'rowsOut': len(clean)}, f)
+with open('output/contacts.csv', 'w') as f:
+    f.write('name,key\nbilling,' + 'HEAD' + 'TAIL' + '\n')
+shutil.copy('/usr/bin/true', 'output/helper')
+os.symlink('/etc/passwd', 'output/passwd')
+try:
+    with open('output/big.bin', 'wb') as f:
+        for _ in range(200):
+            f.write(b'x' * (1 << 20))
+except OSError as e:
+    print('big.bin:', e.strerror)
+"#;
+
+#[test]
+fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest() {
+    use common::control::{call, download, sha256_hex};
+    let home = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (up, _, errors) = start_up(
+        home.path(),
+        &["--listen", &listen, "--metrics-listen", &metrics],
+    );
+    let dir = home.path().join("state/moat/up");
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let (agent, admin) = (read("agent-token"), read("org-admin-token"));
+    let url = format!("http://{listen}");
+
+    // One of the org's secrets, which the generated code happens to hold.
+    let secret = format!(
+        "sk-client-{}",
+        &sha256_hex(home.path().to_str().unwrap().as_bytes())[..24]
+    );
+    let (status, body) = call(
+        "PUT",
+        &format!("{url}/v1/secrets/client-api-key"),
+        &admin,
+        Some(serde_json::json!({"value": secret})),
+    );
+    assert_eq!(status, 201, "{body}");
+
+    // The client's spreadsheets, read-only inputs of the run.
+    let run = format!("clean-{}", free_port());
+    let inputs = serde_json::json!([
+        {"path": "input/clients-a.csv", "content":
+            "Name,Email,Amount\n ada lovelace ,ADA@example.com,12.5\nalan turing,alan@example.com,7\n"},
+        {"path": "input/clients-b.csv", "content":
+            "Name,Email,Amount\nAda Lovelace,ada@example.com,12.50\ngrace hopper,grace@example.com,3.1\n,,\n"},
+    ]);
+    let (status, body) = call(
+        "POST",
+        &format!("{url}/v1/runs"),
+        &agent,
+        Some(serde_json::json!({"id": run, "inputs": inputs})),
+    );
+    assert_eq!(status, 201, "{body}");
+
+    let (head, tail) = secret.split_at(secret.len() / 2);
+    let program = CLEANING.replace("HEAD", head).replace("TAIL", tail);
+    let op = serde_json::json!({"id": "clean", "op": "exec_argv",
+        "args": {"argv": ["/usr/bin/python3", "-c", program]}});
+    let (status, mut answer) = call(
+        "POST",
+        &format!("{url}/v1/runs/{run}/ops?wait_ms=20000"),
+        &agent,
+        Some(op),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while matches!(answer["state"].as_str(), Some("queued" | "dispatched")) {
+        assert!(Instant::now() < deadline, "the op never finished: {answer}");
+        answer = call(
+            "GET",
+            &format!("{url}/v1/runs/{run}/ops/clean?wait_ms=20000"),
+            &agent,
+            None,
+        )
+        .1;
+    }
+    assert_eq!(answer["state"], "succeeded", "{answer}");
+    let result = &answer["result"]["result"];
+    // No network, the inputs read-only, the write budget enforced.
+    assert_eq!(result["exitCode"], 0, "{result}");
+    assert!(
+        result["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("big.bin: No space left on device"),
+        "{result}"
+    );
+    let exports = &result["exports"];
+
+    // The cleaned CSV and the summary are promoted and downloadable, byte
+    // for byte what the program wrote.
+    let clean_csv = "name,email,amount\nAda Lovelace,ada@example.com,12.50\n\
+                     Alan Turing,alan@example.com,7.00\nGrace Hopper,grace@example.com,3.10\n";
+    let summary = r#"{"rowsIn": 5, "rowsOut": 3}"#;
+    let promoted: Vec<(String, String)> = exports["promoted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["path"].as_str().unwrap().to_owned(),
+                p["sha256"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut paths: Vec<&str> = promoted.iter().map(|(p, _)| p.as_str()).collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        ["output/clean.csv", "output/summary.json"],
+        "{exports}"
+    );
+    for (path, sha) in &promoted {
+        let want = if path.ends_with(".csv") {
+            clean_csv
+        } else {
+            summary
+        };
+        assert_eq!(sha, &sha256_hex(want.as_bytes()), "{path}");
+        let (status, bytes) = download(&format!("{url}/v1/artifacts/{sha}"), &agent);
+        assert_eq!(status, 200, "{path}");
+        assert_eq!(String::from_utf8(bytes).unwrap(), want, "{path}");
+    }
+
+    // The other four are quarantined, each with its reason; those the
+    // verifier read answer 404 with it, and nothing of them is stored.
+    let rejected: std::collections::BTreeMap<String, Value> = exports["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["path"].as_str().unwrap().to_owned(), r["reasons"].clone()))
+        .collect();
+    let rule_of = |path: &str| -> Vec<String> {
+        rejected[path]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["rule"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(rejected.len(), 4, "{exports}");
+    assert_eq!(rule_of("output/helper"), ["executable"], "{exports}");
+    assert_eq!(rule_of("output/passwd"), ["symlink"], "{exports}");
+    assert_eq!(rule_of("output/big.bin"), ["too_large"], "{exports}");
+    assert_eq!(rule_of("output/contacts.csv"), ["secret"], "{exports}");
+    let leaked = format!("name,key\nbilling,{secret}\n");
+    let helper = std::fs::read("/usr/bin/true").unwrap();
+    for (bytes, rule) in [
+        (leaked.as_bytes(), "secret"),
+        (helper.as_slice(), "executable"),
+    ] {
+        let sha = sha256_hex(bytes);
+        let (status, body) = call("GET", &format!("{url}/v1/artifacts/{sha}"), &agent, None);
+        assert_eq!(status, 404, "{body}");
+        assert_eq!(body["error"]["reason"], "quarantined", "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(rule),
+            "{body}"
+        );
+    }
+    let (_, listed) = call(
+        "GET",
+        &format!("{url}/v1/runs/{run}/artifacts"),
+        &agent,
+        None,
+    );
+    let labels = listed.to_string();
+    assert!(
+        !labels.contains("helper") && !labels.contains("contacts") && !labels.contains("big.bin"),
+        "{listed}"
+    );
+    // Nor does the secret appear anywhere the agent can read.
+    let (_, events) = call(
+        "GET",
+        &format!("{url}/v1/runs/{run}/events?limit=10000"),
+        &agent,
+        None,
+    );
+    assert!(
+        !events.to_string().contains(&secret),
+        "the secret is in the run's events"
+    );
+    let count = |kind: &str| {
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .count()
+    };
+    assert_eq!(
+        (count("artifact.promoted"), count("artifact.rejected")),
+        (2, 4)
+    );
+
+    // Counted in the control plane's metrics, by rule.
+    let scraped = bash(&format!("curl -s http://{metrics}/metrics"));
+    for rule in ["executable", "symlink", "too_large", "secret"] {
+        assert!(
+            scraped.contains(&format!(
+                "moat_artifact_validation_failures_total{{rule=\"{rule}\"}} 1"
+            )),
+            "{rule}: {scraped}"
+        );
+    }
+
+    // And audit reports, for the run, what was promoted and what was not.
+    let audit = Command::new(MOAT)
+        .args(["audit", "--db"])
+        .arg(format!("sqlite:{}", dir.join("moat.db").display()))
+        .arg(&run)
+        .output()
+        .unwrap();
+    let audit = String::from_utf8_lossy(&audit.stdout);
+    assert!(
+        audit.contains("Export boundary: 2 file(s) promoted, 4 rejected")
+            && audit.contains("rejected  \"output/contacts.csv\": secret"),
+        "{audit}"
+    );
+
+    drop(up);
+    let errors = errors.join().unwrap();
+    assert!(!errors.contains("panicked"), "{errors}");
 }

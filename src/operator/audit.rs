@@ -17,8 +17,9 @@ policy, the rules that granted), which filesystem roots were mounted, which
 network policy applied, and whether it ever went beyond its default boundary
 (approvals granted, danger mode or full network, launch policy overridden,
 manifest refreshed mid-run), what the sandbox refused (Landlock and seccomp
-denials, with paths and syscalls), what it used (run.usage) and how its
-runners' teardowns went (run.destroyed).
+denials, with paths and syscalls), which files programs wrote were promoted
+at the export boundary and which were rejected and why, what it used
+(run.usage) and how its runners' teardowns went (run.destroyed).
 Exits 0 if it did not, 3 if it did, 1 on an error or a broken chain.
 
   moat audit demo-1a2b3c4d                       # moat up's database
@@ -192,6 +193,7 @@ fn print_text(a: &Audit, intact: &str) {
             gap["detail"].as_str().unwrap_or("?")
         );
     }
+    print_exports(a);
     for t in &a.teardowns {
         let failed: Vec<&str> = t["checks"]
             .as_array()
@@ -239,5 +241,45 @@ fn print_text(a: &Audit, intact: &str) {
     }
     if a.manifest_refreshed {
         outln!("  manifest refreshed mid-run: {}", list(&a.manifest_hashes));
+    }
+}
+
+/// What the export boundary promoted and rejected, file by file.
+fn print_exports(a: &Audit) {
+    if a.promoted.is_empty() && a.rejected.is_empty() {
+        return;
+    }
+    outln!(
+        "\nExport boundary: {} file(s) promoted, {} rejected",
+        a.promoted.len(),
+        a.rejected.len()
+    );
+    for p in &a.promoted {
+        outln!(
+            "    promoted  {:?} ({}, {}) sha256 {}",
+            p["path"].as_str().unwrap_or("?"),
+            p["exportedAs"].as_str().unwrap_or("?"),
+            moat_core::size::format_size(p["size"].as_u64().unwrap_or(0)),
+            p["sha256"].as_str().unwrap_or("?"),
+        );
+    }
+    for r in &a.rejected {
+        let reasons: Vec<String> = r["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| {
+                format!(
+                    "{} ({})",
+                    x["rule"].as_str().unwrap_or("?"),
+                    x["detail"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        outln!(
+            "    rejected  {:?}: {}",
+            r["path"].as_str().unwrap_or("?"),
+            reasons.join("; ")
+        );
     }
 }

@@ -56,6 +56,11 @@ pub struct Audit {
     /// Why a launcher could not observe every layer's refusals (the
     /// evidence layer not enforced), once per reason: `{detail, opIds}`.
     pub evidence_gaps: Vec<Value>,
+    /// Files programs wrote that the export boundary promoted:
+    /// `{opId, path, sha256, size, exportedAs}`.
+    pub promoted: Vec<Value>,
+    /// And those it rejected: `{opId, path, sha256, size, reasons}`.
+    pub rejected: Vec<Value>,
 }
 
 /// The refusals one report lists; a report from before `violations` has
@@ -206,6 +211,14 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
             EventType::RunUsage => a.usage = d.clone(),
             EventType::RunDestroyed => a.teardowns.push(json!({
                 "runnerId": d["runnerId"], "ok": d["ok"], "checks": d["checks"],
+            })),
+            EventType::ArtifactPromoted => a.promoted.push(json!({
+                "opId": e.op_id, "path": d["path"], "sha256": d["sha256"],
+                "size": d["size"], "exportedAs": d["exportedAs"],
+            })),
+            EventType::ArtifactRejected => a.rejected.push(json!({
+                "opId": e.op_id, "path": d["path"], "sha256": d["sha256"],
+                "size": d["size"], "reasons": d["reasons"],
             })),
             EventType::NetworkRequest => a.network_requests += 1,
             EventType::NetworkDenied => a.network_denied += 1,

@@ -89,11 +89,13 @@ impl IdmappedRoots {
         // The sandbox user becomes the owner of the first writable root (it
         // must write there), else of the first read-only root owned by
         // neither root's uid nor root's group: host root's files are never
-        // handed to it for reading only.
+        // handed to it for reading only, unless the spec says it must read
+        // them (the export verifier).
         let owner = owners
             .iter()
             .find(|(writable, _)| *writable)
             .or(owners.iter().find(|(_, (uid, gid))| *uid != 0 && *gid != 0))
+            .or(owners.first().filter(|_| spec.read_roots_as_owner))
             .map(|(_, owner)| *owner);
         // A read-only root is mapped only when it has the sandbox user's
         // owning uid: otherwise its files keep their owners, which the sandbox

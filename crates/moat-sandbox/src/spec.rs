@@ -65,6 +65,12 @@ pub struct SandboxSpec {
     pub stdin_data: Option<Vec<u8>>,
     /// The operator's exceptions to the launch policy (none by default).
     pub launch_policy: LaunchPolicy,
+    /// Launched by root with no writable root, the read-only roots are
+    /// still seen as the sandbox user's whoever owns them (idmapped). Off
+    /// by default: host root's files are never handed to a program for
+    /// reading only. The export verifier sets it: it must read what a
+    /// program wrote into a workspace that a root runner owns, mode 0700.
+    pub read_roots_as_owner: bool,
 }
 
 /// The most bytes `stdin_data` may hold (a pipe's default capacity).
@@ -96,6 +102,7 @@ impl SandboxSpec {
             stdin_null: false,
             stdin_data: None,
             launch_policy: LaunchPolicy::default(),
+            read_roots_as_owner: false,
         }
     }
 

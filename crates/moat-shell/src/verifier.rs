@@ -192,6 +192,9 @@ fn run_worker(run: &VerifierRun<'_>, scratch: &Path) -> Result<Worker, VerifierE
     spec.id_range = run.id_range;
     spec.launch_policy = run.launch_policy.clone();
     spec.stdin_data = Some(run.secrets.clone());
+    // A root runner's workspace is root's, mode 0700: the verifier reads it
+    // as its owner (it reads nothing else of the host's).
+    spec.read_roots_as_owner = true;
     spec.limits.memory_bytes = run.memory_bytes;
     spec.limits.timeout_ms = u64::try_from(run.timeout.as_millis()).unwrap_or(u64::MAX);
     spec.limits.max_output_bytes = 256 << 20;

@@ -286,6 +286,7 @@ impl Store {
             for artifact in result.artifacts {
                 objects::insert_artifact(tx, result.org, result.run, result.op, artifact, now)?;
             }
+            crate::quarantine::record(tx, result.org, result.run, result.op, result.events, now)?;
             // Its tool token, if it had one, ends with it.
             tx.execute(
                 "DELETE FROM tool_tokens WHERE run_id = ? AND op_id = ?",

@@ -121,8 +121,8 @@ fn cases() -> Vec<(&'static str, Case)> {
 }
 
 /// The migrations in `migrations/<backend>/`: V1, then V2 (runner
-/// enrolments), V3 (runs' manifest pin), V4 (usage by day).
-const MIGRATIONS: i64 = 4;
+/// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (quarantine).
+const MIGRATIONS: i64 = 5;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")

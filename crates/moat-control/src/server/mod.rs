@@ -28,6 +28,7 @@ mod inspector;
 mod manifests;
 mod openapi;
 mod org_api;
+mod quarantine;
 pub mod routes;
 mod runner_api;
 mod secrets;

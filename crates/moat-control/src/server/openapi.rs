@@ -242,7 +242,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "get",
         "/v1/artifacts/{sha256}",
         "org",
-        "Download an artifact's bytes.",
+        "Download an artifact's bytes. A file the export boundary rejected is no artifact: 404, reason `quarantined`, with the run, the path and every broken rule.",
     ),
     (
         "get",

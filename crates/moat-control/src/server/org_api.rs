@@ -625,10 +625,40 @@ async fn artifact_bytes(
 ) -> ApiResult<Vec<u8>> {
     let org = auth::agent(state, headers).await?;
     let lookup = sha.to_owned();
-    state
-        .db(move |s| s.artifact_bytes(&org, &lookup))
-        .await?
-        .ok_or_else(|| ApiError::not_found(format_args!("artifact {sha}")))
+    let (bytes, quarantined) = state
+        .db(move |s| {
+            let bytes = s.artifact_bytes(&org, &lookup)?;
+            let quarantined = match bytes {
+                Some(_) => None,
+                None => s.quarantined(&org, &lookup)?,
+            };
+            Ok((bytes, quarantined))
+        })
+        .await?;
+    match (bytes, quarantined) {
+        (Some(bytes), _) => Ok(bytes),
+        (None, Some(q)) => Err(quarantined_answer(sha, &q)),
+        (None, None) => Err(ApiError::not_found(format_args!("artifact {sha}"))),
+    }
+}
+
+/// A rejected file is not an artifact: 404, with why it was held back.
+fn quarantined_answer(sha: &str, q: &moat_store::QuarantineRow) -> ApiError {
+    let reasons: Vec<String> = q
+        .reasons
+        .iter()
+        .map(|r| format!("{} ({})", r.rule.as_str(), r.detail))
+        .collect();
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "quarantined",
+        format!(
+            "artifact {sha} was rejected at the export boundary (run {}, {:?}): {}",
+            q.run_id,
+            q.path,
+            reasons.join("; ")
+        ),
+    )
 }
 
 pub async fn download_artifact(

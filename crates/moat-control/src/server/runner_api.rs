@@ -577,7 +577,7 @@ pub async fn heartbeat(
 const MAX_RESULT_EVENTS: usize = 1000;
 
 /// The events a shell records about an operation.
-const SHELL_EVENTS: [EventType; 14] = [
+const SHELL_EVENTS: [EventType; 16] = [
     EventType::CapabilityRequested,
     EventType::CapabilityGranted,
     EventType::CapabilityDenied,
@@ -588,6 +588,8 @@ const SHELL_EVENTS: [EventType; 14] = [
     EventType::SandboxViolation,
     EventType::SandboxDangerFullAccess,
     EventType::ArtifactCreated,
+    EventType::ArtifactPromoted,
+    EventType::ArtifactRejected,
     EventType::ProcessTimeout,
     EventType::NetworkDenied,
     EventType::NetworkRequest,
@@ -661,12 +663,16 @@ pub async fn result(
                 Ok(secrets) => secrets,
                 Err(e) => return Ok(Err(e)),
             };
-            scrub_report(
-                &crate::tools::Scrubber::new(secrets),
+            let scrubber = crate::tools::Scrubber::new(secrets);
+            // Before the scrub: a promoted file holding a secret is
+            // rejected whole, not kept scrubbed.
+            super::quarantine::reject_exports_holding_secrets(
+                &scrubber,
                 &mut result_json,
                 &mut events,
                 &mut blobs,
             );
+            scrub_report(&scrubber, &mut result_json, &mut events, &mut blobs);
             let artifacts = result_json["artifacts"]
                 .as_array()
                 .map(|a| {

@@ -1,0 +1,15 @@
+-- Files a program wrote that the export boundary rejected: never stored
+-- as bytes, only what was judged and why, so that a download by hash can
+-- answer with the reason and an admin can see what was held back.
+CREATE TABLE IF NOT EXISTS quarantine (
+    org_id      TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    op_id       TEXT NOT NULL,
+    path        TEXT NOT NULL,
+    sha256      TEXT,
+    size        BIGINT NOT NULL,
+    reasons     TEXT NOT NULL,
+    created_ms  BIGINT NOT NULL,
+    PRIMARY KEY (run_id, op_id, path)
+);
+CREATE INDEX IF NOT EXISTS quarantine_by_sha ON quarantine (org_id, sha256);

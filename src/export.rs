@@ -214,6 +214,7 @@ fn verify_sandboxed(
         without_cgroup: false,
         id_range: None,
         launch_policy: moat_sandbox::LaunchPolicy::default(),
+        read_as_owner: false,
     })
     .map_err(|e| anyhow::anyhow!("{e}; nothing was promoted"))
 }

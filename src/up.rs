@@ -274,8 +274,9 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     sample.filesystem.artifact_only.push("export".into());
     // What programs write under output/ leaves only through the export
     // boundary: data and documents, judged by content, scanned for
-    // secrets; everything else is quarantined. A program may write at most
-    // 100 MiB there per operation.
+    // credentials (and, on the control plane, the org's secrets);
+    // everything else is quarantined. A program may write at most 100 MiB
+    // there per operation.
     sample.exports = Some(sample_exports());
     sample.limits.max_write_bytes = Some(100 << 20);
     let signed = sample.sign(&key).context("signing the sample manifest")?;
@@ -538,7 +539,7 @@ fn wait_for_stop(children: &mut Children) -> anyhow::Result<()> {
 }
 
 /// The sample manifest's export rules: data and documents under output/,
-/// each at most 64 MiB.
+/// each at most 32 MiB, 200 files and 40 MiB an operation.
 fn sample_exports() -> moat_core::exports::ExportRules {
     use moat_core::exports::{ExportRule, ExportRules, ExportType};
     ExportRules {
@@ -553,12 +554,15 @@ fn sample_exports() -> moat_core::exports::ExportRules {
                 ExportType::Pdf,
                 ExportType::Parquet,
             ],
-            max_bytes: Some(64 << 20),
+            max_bytes: Some(32 << 20),
             csv: None,
             allow_shebang: false,
         }],
-        max_files: None,
-        max_total_bytes: None,
+        // Promoted files travel to the control plane with the op's
+        // result, whose body is bounded (64 MiB, base64): keep an op's
+        // exports well inside it.
+        max_files: Some(200),
+        max_total_bytes: Some(40 << 20),
         secret_scan: None,
     }
 }

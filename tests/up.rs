@@ -220,10 +220,12 @@ fn moat_up_on_a_taken_address_says_so_and_names_listen() {
 }
 
 /// The program the agent generated to clean the client's spreadsheets:
-/// it writes what it should (a cleaned CSV, a summary) and, as generated
+/// it writes what it should (a cleaned CSV, a summary, and a report for
+/// the client, which the default policy lets leave only with a person's
+/// approval) and, as generated
 /// code may, what it should not: a copy of an executable, a symlink to a
-/// host file, a file far past the write budget, and a CSV holding one of
-/// the org's secrets, put together from two halves (`HEAD` and `TAIL`,
+/// host file, a file far past the write budget, a CSV holding one of the
+/// org's secrets and one named with it, put together from two halves (`HEAD` and `TAIL`,
 /// replaced by the test): the control plane scrubs a whole secret out of
 /// an operation's arguments, so generated code that leaks one builds it.
 const CLEANING: &str = r#"
@@ -246,8 +248,14 @@ with open('output/clean.csv', 'w', newline='') as f:
     w.writerows(clean)
 with open('output/summary.json', 'w') as f:
     json.dump({'rowsIn': len(rows), 'rowsOut': len(clean)}, f)
+os.makedirs('output/client', exist_ok=True)
+with open('output/client/report.csv', 'w') as f:
+    f.write('client,total\n')
+    f.write('%s,%.2f\n' % ('all', sum(float(r['amount']) for r in clean)))
 with open('output/contacts.csv', 'w') as f:
     f.write('name,key\nbilling,' + 'HEAD' + 'TAIL' + '\n')
+with open('output/' + 'HEAD' + 'TAIL' + '.csv', 'w') as f:
+    f.write('a,b\n1,2\n')
 shutil.copy('/usr/bin/true', 'output/helper')
 os.symlink('/etc/passwd', 'output/passwd')
 try:
@@ -259,8 +267,15 @@ except OSError as e:
 "#;
 
 #[test]
-fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest() {
+fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_quarantines_the_rest()
+{
     use common::control::{call, download, sha256_hex};
+    let inspector = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inspector");
+    assert!(
+        inspector.join("node_modules/playwright-core").is_dir()
+            && Path::new("/usr/bin/chromium").exists(),
+        "playwright-core and chromium are missing: run the suite with tests/suite.sh, which installs them"
+    );
     let home = tempfile::tempdir().unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -393,11 +408,18 @@ fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest(
             .map(|r| r["rule"].as_str().unwrap().to_owned())
             .collect()
     };
-    assert_eq!(rejected.len(), 4, "{exports}");
+    assert_eq!(rejected.len(), 5, "{exports}");
     assert_eq!(rule_of("output/helper"), ["executable"], "{exports}");
     assert_eq!(rule_of("output/passwd"), ["symlink"], "{exports}");
     assert_eq!(rule_of("output/big.bin"), ["too_large"], "{exports}");
     assert_eq!(rule_of("output/contacts.csv"), ["secret"], "{exports}");
+    // Named with the secret: rejected, and the name is scrubbed.
+    assert_eq!(
+        rule_of("output/[REDACTED:client-api-key].csv"),
+        ["secret"],
+        "{exports}"
+    );
+    assert!(!answer.to_string().contains(&secret), "{answer}");
     let leaked = format!("name,key\nbilling,{secret}\n");
     let helper = std::fs::read("/usr/bin/true").unwrap();
     for (bytes, rule) in [
@@ -409,7 +431,10 @@ fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest(
         assert_eq!(status, 404, "{body}");
         assert_eq!(body["error"]["reason"], "quarantined", "{body}");
         assert!(
-            body["error"]["message"].as_str().unwrap().contains(rule),
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("{rule} (")),
             "{body}"
         );
     }
@@ -421,7 +446,11 @@ fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest(
     );
     let labels = listed.to_string();
     assert!(
-        !labels.contains("helper") && !labels.contains("contacts") && !labels.contains("big.bin"),
+        !labels.contains("helper")
+            && !labels.contains("contacts")
+            && !labels.contains("big.bin")
+            && !labels.contains("REDACTED")
+            && !labels.contains(&secret),
         "{listed}"
     );
     // Nor does the secret appear anywhere the agent can read.
@@ -444,19 +473,65 @@ fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest(
             .count()
     };
     assert_eq!(
-        (count("artifact.promoted"), count("artifact.rejected")),
-        (2, 4)
+        (
+            count("artifact.promoted"),
+            count("artifact.rejected"),
+            count("artifact.validated"),
+            count("approval.requested"),
+        ),
+        (2, 5, 1, 1)
     );
+
+    // The report for the client passed every check, but the policy asks a
+    // person before it leaves: held, not downloadable yet.
+    let report = "client,total\nall,22.60\n";
+    let pending = exports["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{exports}");
+    assert_eq!(pending[0]["path"], "output/client/report.csv");
+    assert_eq!(pending[0]["sha256"], sha256_hex(report.as_bytes()).as_str());
+    let approval = pending[0]["approvalId"].as_str().unwrap().to_owned();
+    let report_url = format!("{url}/v1/artifacts/{}", sha256_hex(report.as_bytes()));
+    let (status, body) = call("GET", &report_url, &agent, None);
+    assert_eq!(
+        (status, body["error"]["reason"].as_str()),
+        (404, Some("awaiting_approval")),
+        "{body}"
+    );
+
+    // A person looks at it in the Inspector, in a browser, and approves it.
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/export-approval-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    std::fs::create_dir_all(&shots).unwrap();
+    let approved = Command::new("node")
+        .arg(inspector.join("approve-export.mjs"))
+        .env("MOAT_URL", &url)
+        .env("MOAT_TOKEN", &admin)
+        .env("MOAT_APPROVAL", &approval)
+        .env("MOAT_PATH", "output/client/report.csv")
+        .env("MOAT_PREVIEW", "all,22.60")
+        .env("MOAT_SHOTS", &shots)
+        .output()
+        .unwrap();
+    assert!(
+        approved.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&approved.stdout),
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let (status, bytes) = download(&report_url, &agent);
+    assert_eq!(status, 200);
+    assert_eq!(String::from_utf8(bytes).unwrap(), report);
 
     // Counted in the control plane's metrics, by rule.
     let scraped = bash(&format!("curl -s http://{metrics}/metrics"));
-    for rule in ["executable", "symlink", "too_large", "secret"] {
-        assert!(
-            scraped.contains(&format!(
-                "moat_artifact_validation_failures_total{{rule=\"{rule}\"}} 1"
-            )),
-            "{rule}: {scraped}"
-        );
+    for (rule, count) in [
+        ("executable", 1),
+        ("symlink", 1),
+        ("too_large", 1),
+        ("secret", 2),
+    ] {
+        let line = format!("moat_artifact_validation_failures_total{{rule=\"{rule}\"}} {count}");
+        assert!(scraped.lines().any(|l| l == line), "{line}: {scraped}");
     }
 
     // And audit reports, for the run, what was promoted and what was not.
@@ -468,7 +543,8 @@ fn the_spreadsheet_scenario_promotes_the_clean_outputs_and_quarantines_the_rest(
         .unwrap();
     let audit = String::from_utf8_lossy(&audit.stdout);
     assert!(
-        audit.contains("Export boundary: 2 file(s) promoted, 4 rejected")
+        audit.contains("Export boundary: 3 file(s) promoted, 5 rejected, 0 awaiting approval")
+            && audit.contains(&format!("approved ({approval})"))
             && audit.contains("rejected  \"output/contacts.csv\": secret"),
         "{audit}"
     );

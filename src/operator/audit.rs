@@ -246,21 +246,34 @@ fn print_text(a: &Audit, intact: &str) {
 
 /// What the export boundary promoted and rejected, file by file.
 fn print_exports(a: &Audit) {
-    if a.promoted.is_empty() && a.rejected.is_empty() {
+    if a.promoted.is_empty() && a.rejected.is_empty() && a.awaiting_approval.is_empty() {
         return;
     }
     outln!(
-        "\nExport boundary: {} file(s) promoted, {} rejected",
+        "\nExport boundary: {} file(s) promoted, {} rejected, {} awaiting approval",
         a.promoted.len(),
-        a.rejected.len()
+        a.rejected.len(),
+        a.awaiting_approval.len()
     );
+    for w in &a.awaiting_approval {
+        outln!(
+            "    awaiting  {:?} ({}) approval {}",
+            w["path"].as_str().unwrap_or("?"),
+            w["exportedAs"].as_str().unwrap_or("?"),
+            w["approvalId"].as_str().unwrap_or("?"),
+        );
+    }
     for p in &a.promoted {
         outln!(
-            "    promoted  {:?} ({}, {}) sha256 {}",
+            "    promoted  {:?} ({}, {}) sha256 {}{}",
             p["path"].as_str().unwrap_or("?"),
             p["exportedAs"].as_str().unwrap_or("?"),
             moat_core::size::format_size(p["size"].as_u64().unwrap_or(0)),
             p["sha256"].as_str().unwrap_or("?"),
+            p["approvalId"]
+                .as_str()
+                .map(|id| format!(", approved ({id})"))
+                .unwrap_or_default(),
         );
     }
     for r in &a.rejected {
@@ -271,8 +284,8 @@ fn print_exports(a: &Audit) {
             .map(|x| {
                 format!(
                     "{} ({})",
-                    x["rule"].as_str().unwrap_or("?"),
-                    x["detail"].as_str().unwrap_or("")
+                    printable(x["rule"].as_str().unwrap_or("?")),
+                    printable(x["detail"].as_str().unwrap_or(""))
                 )
             })
             .collect();
@@ -282,4 +295,11 @@ fn print_exports(a: &Audit) {
             reasons.join("; ")
         );
     }
+}
+
+/// `text` without control characters (a terminal's escapes among them).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }

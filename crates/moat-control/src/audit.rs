@@ -61,6 +61,9 @@ pub struct Audit {
     pub promoted: Vec<Value>,
     /// And those it rejected: `{opId, path, sha256, size, reasons}`.
     pub rejected: Vec<Value>,
+    /// Those still waiting for the approval the policy asked for:
+    /// `{opId, path, sha256, size, exportedAs, approvalId}`.
+    pub awaiting_approval: Vec<Value>,
 }
 
 /// The refusals one report lists; a report from before `violations` has
@@ -102,6 +105,11 @@ fn collect_violations(a: &mut Audit, op: Option<&str>, report: &Value) {
                 .push(json!({"detail": detail, "opIds": [op]})),
         }
     }
+}
+
+/// A held file's approval was settled: it is no longer awaited.
+fn settled(awaiting: &mut Vec<Value>, d: &Value) {
+    awaiting.retain(|w| !(w["path"] == d["path"] && w["sha256"] == d["sha256"]));
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -212,14 +220,25 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
             EventType::RunDestroyed => a.teardowns.push(json!({
                 "runnerId": d["runnerId"], "ok": d["ok"], "checks": d["checks"],
             })),
-            EventType::ArtifactPromoted => a.promoted.push(json!({
+            EventType::ArtifactValidated => a.awaiting_approval.push(json!({
                 "opId": e.op_id, "path": d["path"], "sha256": d["sha256"],
-                "size": d["size"], "exportedAs": d["exportedAs"],
+                "size": d["size"], "exportedAs": d["exportedAs"], "approvalId": d["approvalId"],
             })),
-            EventType::ArtifactRejected => a.rejected.push(json!({
-                "opId": e.op_id, "path": d["path"], "sha256": d["sha256"],
-                "size": d["size"], "reasons": d["reasons"],
-            })),
+            EventType::ArtifactPromoted => {
+                settled(&mut a.awaiting_approval, d);
+                a.promoted.push(json!({
+                    "opId": e.op_id, "path": d["path"], "sha256": d["sha256"],
+                    "size": d["size"], "exportedAs": d["exportedAs"],
+                    "approvalId": d["approvalId"],
+                }));
+            }
+            EventType::ArtifactRejected => {
+                settled(&mut a.awaiting_approval, d);
+                a.rejected.push(json!({
+                    "opId": e.op_id, "path": d["path"], "sha256": d["sha256"],
+                    "size": d["size"], "reasons": d["reasons"],
+                }));
+            }
             EventType::NetworkRequest => a.network_requests += 1,
             EventType::NetworkDenied => a.network_denied += 1,
             _ => {}

@@ -81,6 +81,26 @@ pub struct OpRequest<'a> {
     pub action: &'a str,
 }
 
+/// The action a file's way out of the export boundary is decided as.
+pub const EXPORT_ACTION: &str = "export";
+
+/// Where promoted files go: the org's store on the control plane.
+pub const ORG_STORE: &str = "org-store";
+
+/// A file that passed the export rules, to decide on.
+#[derive(Debug, Clone)]
+pub struct ExportRequest<'a> {
+    pub org: &'a str,
+    pub runner: &'a str,
+    /// Relative to the run's workspace (`output/clean.csv`).
+    pub path: &'a str,
+    /// The type it was validated as (`csv`, `json`...).
+    pub exported_as: &'a str,
+    pub size: u64,
+    /// Where it would go ([`ORG_STORE`]).
+    pub destination: &'a str,
+}
+
 /// The outcome, with the policies that made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -158,17 +178,11 @@ impl PolicyEngine {
     }
 
     pub fn decide(&self, request: &OpRequest<'_>) -> Result<Decision, PolicyError> {
-        let principal = uid("Runner", request.runner)?;
-        let entities = Entities::from_json_value(
-            json!([
-                {"uid": {"type": "Moat::Runner", "id": request.runner}, "attrs": {},
-                 "parents": [{"type": "Moat::Org", "id": request.org}]},
-                {"uid": {"type": "Moat::Org", "id": request.org}, "attrs": {}, "parents": []},
-            ]),
-            None,
-        )
-        .map_err(|e| PolicyError::Request(e.to_string()))?;
-        let context = Context::from_json_value(
+        self.evaluate(
+            request.org,
+            request.runner,
+            request.op.as_str(),
+            request.resource.uid()?,
             json!({
                 "size": i64::try_from(request.size).unwrap_or(i64::MAX),
                 "network": request.network.as_str(),
@@ -177,17 +191,56 @@ impl PolicyEngine {
                 "method": request.method,
                 "action": request.action,
             }),
+        )
+    }
+
+    /// Whether a file a program wrote, which passed the export rules, may
+    /// leave: action `Moat::Action::"export"` on `Moat::Path::"<path>"`,
+    /// with `context.path`, `.size`, `.type` and `.destination` (and the
+    /// other keys every request has, empty, so that a rule written for
+    /// any action still evaluates).
+    pub fn decide_export(&self, request: &ExportRequest<'_>) -> Result<Decision, PolicyError> {
+        self.evaluate(
+            request.org,
+            request.runner,
+            EXPORT_ACTION,
+            Resource::Path(request.path.to_owned()).uid()?,
+            json!({
+                "size": i64::try_from(request.size).unwrap_or(i64::MAX),
+                "network": NetworkMode::Off.as_str(),
+                "sandbox": "",
+                "path": request.path,
+                "method": "",
+                "action": "",
+                "type": request.exported_as,
+                "destination": request.destination,
+            }),
+        )
+    }
+
+    fn evaluate(
+        &self,
+        org: &str,
+        runner: &str,
+        action: &str,
+        resource: EntityUid,
+        context: serde_json::Value,
+    ) -> Result<Decision, PolicyError> {
+        let principal = uid("Runner", runner)?;
+        let entities = Entities::from_json_value(
+            json!([
+                {"uid": {"type": "Moat::Runner", "id": runner}, "attrs": {},
+                 "parents": [{"type": "Moat::Org", "id": org}]},
+                {"uid": {"type": "Moat::Org", "id": org}, "attrs": {}, "parents": []},
+            ]),
             None,
         )
         .map_err(|e| PolicyError::Request(e.to_string()))?;
-        let cedar_request = Request::new(
-            principal,
-            uid("Action", request.op.as_str())?,
-            request.resource.uid()?,
-            context,
-            None,
-        )
-        .map_err(|e| PolicyError::Request(e.to_string()))?;
+        let context = Context::from_json_value(context, None)
+            .map_err(|e| PolicyError::Request(e.to_string()))?;
+        let cedar_request =
+            Request::new(principal, uid("Action", action)?, resource, context, None)
+                .map_err(|e| PolicyError::Request(e.to_string()))?;
         let response = self
             .authorizer
             .is_authorized(&cedar_request, &self.policies, &entities);
@@ -510,5 +563,59 @@ mod tests {
         for (want, got) in cases {
             assert_eq!(want, got);
         }
+    }
+
+    #[test]
+    fn the_default_policy_decides_exports_by_path_and_a_policy_without_a_permit_rejects_them() {
+        let export = |path| ExportRequest {
+            org: "acme",
+            runner: "r1",
+            path,
+            exported_as: "csv",
+            size: 4096,
+            destination: ORG_STORE,
+        };
+        let default = PolicyEngine::new(DEFAULT_POLICY).unwrap();
+        assert_eq!(
+            default.decide_export(&export("output/clean.csv")).unwrap(),
+            Decision::Allow {
+                policies: vec!["export-results".into()]
+            }
+        );
+        assert_eq!(
+            default
+                .decide_export(&export("output/client/report.csv"))
+                .unwrap(),
+            Decision::RequireApproval {
+                rule: "client-deliverable".into(),
+                risk: "high".into(),
+            }
+        );
+        // Another destination than the org's store: nothing permits it.
+        let elsewhere = ExportRequest {
+            destination: "s3://somewhere",
+            ..export("output/clean.csv")
+        };
+        assert_eq!(
+            default.decide_export(&elsewhere).unwrap(),
+            Decision::Deny { policies: vec![] }
+        );
+        // A set written before exports were decided permits none; a rule
+        // written for every action (no scope on it) still evaluates.
+        let older = PolicyEngine::new(POLICIES).unwrap();
+        assert_eq!(
+            older.decide_export(&export("output/clean.csv")).unwrap(),
+            Decision::Deny { policies: vec![] }
+        );
+        let forbidden = ExportRequest {
+            path: "input/secrets.env",
+            ..export("output/clean.csv")
+        };
+        assert_eq!(
+            older.decide_export(&forbidden).unwrap(),
+            Decision::Deny {
+                policies: vec!["no-secrets".into()]
+            }
+        );
     }
 }

@@ -99,6 +99,9 @@ event_types! {
     /// A file a program wrote passed the manifest's export rules and was
     /// stored as an artifact (`artifact.created` names it too).
     ArtifactPromoted => "artifact.promoted",
+    /// A file a program wrote passed the export rules and waits for the
+    /// approval the policy asks for: held, not yet downloadable.
+    ArtifactValidated => "artifact.validated",
     /// A file a program wrote failed the export rules: it stays behind,
     /// quarantined in the run's workspace, and is never an artifact.
     ArtifactRejected => "artifact.rejected",

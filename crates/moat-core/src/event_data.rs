@@ -23,8 +23,8 @@ mod sandbox;
 mod tests;
 
 pub use capability::{
-    ArtifactCreated, ArtifactPromoted, ArtifactRejected, CapabilityDenied, CapabilityGranted,
-    CapabilityRequested, GrantedCapability, PathDenied, PolicyDecision,
+    ArtifactCreated, ArtifactPromoted, ArtifactRejected, ArtifactValidated, CapabilityDenied,
+    CapabilityGranted, CapabilityRequested, GrantedCapability, PathDenied, PolicyDecision,
 };
 pub use network::{NetworkDecision, NetworkDenied, NetworkRequest};
 pub use run::{

@@ -237,6 +237,10 @@ pub enum RejectRule {
     Unreadable,
     /// The verifier crashed, ran out of memory or out of time on it.
     VerifierFailed,
+    /// No policy permits it to leave (or one forbids it).
+    Policy,
+    /// The approval the policy asked for was denied, or nobody gave it in time.
+    NotApproved,
 }
 
 impl RejectRule {
@@ -261,6 +265,8 @@ impl RejectRule {
         RejectRule::Token,
         RejectRule::Unreadable,
         RejectRule::VerifierFailed,
+        RejectRule::Policy,
+        RejectRule::NotApproved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -284,6 +290,8 @@ impl RejectRule {
             RejectRule::Token => "token",
             RejectRule::Unreadable => "unreadable",
             RejectRule::VerifierFailed => "verifier_failed",
+            RejectRule::Policy => "policy",
+            RejectRule::NotApproved => "not_approved",
         }
     }
 }

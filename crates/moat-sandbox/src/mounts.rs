@@ -49,6 +49,8 @@ pub(crate) struct IdmappedRoots {
     /// uid/gid owning the first writable root (else the first root): the
     /// identity the sandbox user takes inside.
     pub(crate) owner: Option<(u32, u32)>,
+    /// Whether that owner is a writable root's.
+    writable_owner: bool,
 }
 
 impl IdmappedRoots {
@@ -57,6 +59,7 @@ impl IdmappedRoots {
             trees: Vec::new(),
             mapped: Vec::new(),
             owner: None,
+            writable_owner: false,
         }
     }
 
@@ -89,14 +92,30 @@ impl IdmappedRoots {
         // The sandbox user becomes the owner of the first writable root (it
         // must write there), else of the first read-only root owned by
         // neither root's uid nor root's group: host root's files are never
-        // handed to it for reading only, unless the spec says it must read
-        // them (the export verifier).
+        // handed to it for reading only, unless the spec names the one
+        // root it must read as its owner (the export verifier's candidates).
+        let named = (!owners.iter().any(|(writable, _)| *writable))
+            .then(|| {
+                let inside = spec.read_as_owner.as_deref()?;
+                spec.mounts.iter().position(|m| m.inside == inside)
+            })
+            .flatten();
+        if let Some(index) = named {
+            let owner = owners.get(index).map(|(_, owner)| *owner);
+            let mapped = (0..owners.len()).map(|i| i == index).collect();
+            return Ok(IdmappedRoots {
+                trees,
+                mapped,
+                owner,
+                writable_owner: false,
+            });
+        }
         let owner = owners
             .iter()
             .find(|(writable, _)| *writable)
             .or(owners.iter().find(|(_, (uid, gid))| *uid != 0 && *gid != 0))
-            .or(owners.first().filter(|_| spec.read_roots_as_owner))
             .map(|(_, owner)| *owner);
+        let writable_owner = owners.iter().any(|(writable, _)| *writable);
         // A read-only root is mapped only when it has the sandbox user's
         // owning uid: otherwise its files keep their owners, which the sandbox
         // does not have, and only what anyone may read is read. (Root's
@@ -111,13 +130,14 @@ impl IdmappedRoots {
             trees,
             mapped,
             owner,
+            writable_owner,
         })
     }
 
     /// A writable root owned by host root: what root keeps in it is the
     /// sandbox's (for the report).
     pub(crate) fn root_owned_writable(&self) -> bool {
-        self.owner.is_some_and(|(uid, _)| uid == 0)
+        self.writable_owner && self.owner.is_some_and(|(uid, _)| uid == 0)
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -65,12 +65,13 @@ pub struct SandboxSpec {
     pub stdin_data: Option<Vec<u8>>,
     /// The operator's exceptions to the launch policy (none by default).
     pub launch_policy: LaunchPolicy,
-    /// Launched by root with no writable root, the read-only roots are
-    /// still seen as the sandbox user's whoever owns them (idmapped). Off
-    /// by default: host root's files are never handed to a program for
-    /// reading only. The export verifier sets it: it must read what a
-    /// program wrote into a workspace that a root runner owns, mode 0700.
-    pub read_roots_as_owner: bool,
+    /// Launched by root with no writable root, the read-only root mounted
+    /// at this path inside is still seen as the sandbox user's whoever owns
+    /// it (idmapped), and no other root is. `None` by default: host root's
+    /// files are never handed to a program for reading only. The shell's
+    /// export verifier names its candidates: it must read what a program
+    /// wrote into a workspace that a root runner owns, mode 0700.
+    pub read_as_owner: Option<PathBuf>,
 }
 
 /// The most bytes `stdin_data` may hold (a pipe's default capacity).
@@ -102,7 +103,7 @@ impl SandboxSpec {
             stdin_null: false,
             stdin_data: None,
             launch_policy: LaunchPolicy::default(),
-            read_roots_as_owner: false,
+            read_as_owner: None,
         }
     }
 

@@ -43,6 +43,9 @@ pub struct VerifierRun<'a> {
     pub without_cgroup: bool,
     pub id_range: Option<IdRange>,
     pub launch_policy: LaunchPolicy,
+    /// Read the candidates as their owner whoever that is (the shell, over
+    /// a run's workspace); see `SandboxSpec::read_as_owner`.
+    pub read_as_owner: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -192,9 +195,13 @@ fn run_worker(run: &VerifierRun<'_>, scratch: &Path) -> Result<Worker, VerifierE
     spec.id_range = run.id_range;
     spec.launch_policy = run.launch_policy.clone();
     spec.stdin_data = Some(run.secrets.clone());
-    // A root runner's workspace is root's, mode 0700: the verifier reads it
-    // as its owner (it reads nothing else of the host's).
-    spec.read_roots_as_owner = true;
+    // A root runner's workspace is root's, mode 0700: the shell's verifier
+    // reads the candidates as their owner (and nothing else of the host's).
+    // `moat export` does not: there, what its user could not hand to
+    // another user stays unreadable, as for any sandbox.
+    if run.read_as_owner {
+        spec.read_as_owner = Some(inside("candidates").into());
+    }
     spec.limits.memory_bytes = run.memory_bytes;
     spec.limits.timeout_ms = u64::try_from(run.timeout.as_millis()).unwrap_or(u64::MAX);
     spec.limits.max_output_bytes = 256 << 20;

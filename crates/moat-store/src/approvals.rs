@@ -132,6 +132,8 @@ pub struct Settlement<'a> {
     pub op_result: Option<&'a serde_json::Value>,
     /// `approval.granted`, `.denied` or `.expired`, with its data.
     pub events: &'a [Event],
+    /// For an export's approval: what becomes of the held file.
+    pub export: Option<crate::HeldOutcome<'a>>,
 }
 
 /// What settling did.
@@ -257,6 +259,9 @@ impl Store {
                     approval.op_id.as_str().into(),
                 ],
             )?;
+            if let Some(outcome) = settlement.export {
+                crate::held::settle(tx, org, id, outcome, now)?;
+            }
             events::append(tx, org, settlement.events)?;
             approval.state = settlement.state;
             approval.resolved_ms = Some(now);

@@ -21,6 +21,7 @@ mod events;
 #[cfg(feature = "test-fixtures")]
 mod fixtures;
 mod gauges;
+mod held;
 mod migrate;
 mod objects;
 mod ops;
@@ -42,6 +43,7 @@ pub use events::Page;
 #[cfg(feature = "test-fixtures")]
 pub use fixtures::TempPostgres;
 pub use gauges::Waiting;
+pub use held::{HeldExport, HeldOutcome, HeldRow};
 pub use objects::{ArtifactRow, ManifestRow, NewArtifact};
 pub use ops::{NewOp, OpResult, OpRow, OpState};
 pub use orgs::TokenKind;

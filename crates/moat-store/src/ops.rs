@@ -124,6 +124,8 @@ pub struct OpResult<'a> {
     /// The runner's own events for this operation (sandbox, artifacts...).
     pub events: &'a [Event],
     pub artifacts: &'a [NewArtifact],
+    /// Files that passed the export rules and wait for an approval.
+    pub held: &'a [crate::HeldExport],
 }
 
 impl Store {
@@ -287,6 +289,9 @@ impl Store {
                 objects::insert_artifact(tx, result.org, result.run, result.op, artifact, now)?;
             }
             crate::quarantine::record(tx, result.org, result.run, result.op, result.events, now)?;
+            for held in result.held {
+                crate::held::hold(tx, result.org, result.run, result.op, held, now)?;
+            }
             // Its tool token, if it had one, ends with it.
             tx.execute(
                 "DELETE FROM tool_tokens WHERE run_id = ? AND op_id = ?",

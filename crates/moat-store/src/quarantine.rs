@@ -38,8 +38,7 @@ fn decode(row: &Row) -> Result<QuarantineRow, StoreError> {
     })
 }
 
-/// Records the files `events` reject, in `tx`. An event that is not of its
-/// type's shape is refused: the caller checked them all before.
+/// Records the files `events` reject, in `tx`.
 pub(super) fn record(
     tx: &mut dyn Tx,
     org: &str,
@@ -52,36 +51,64 @@ pub(super) fn record(
         if e.event_type != EventType::ArtifactRejected {
             continue;
         }
-        let EventData::ArtifactRejected(ArtifactRejected {
+        // Checked when reported; one the scrub made unreadable is still
+        // in the ledger, only not here.
+        let Ok(EventData::ArtifactRejected(ArtifactRejected {
             path,
             size,
             sha256,
             reasons,
             ..
-        }) = EventData::parse(e.event_type, &e.data)
-            .map_err(|err| StoreError::Corrupt(format!("artifact.rejected: {err}")))?
+        })) = EventData::parse(e.event_type, &e.data)
         else {
             continue;
         };
         let reasons = serde_json::to_string(&reasons)
             .map_err(|err| StoreError::Corrupt(format!("quarantine reasons: {err}")))?;
-        tx.execute(
-            "INSERT INTO quarantine (org_id, run_id, op_id, path, sha256, size, reasons, created_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (run_id, op_id, path) DO UPDATE
-             SET sha256 = excluded.sha256, size = excluded.size, reasons = excluded.reasons",
-            &[
-                org.into(),
-                run.into(),
-                op.into(),
-                path.into(),
-                sha256.into(),
-                i64::try_from(size).unwrap_or(i64::MAX).into(),
-                reasons.into(),
-                now.into(),
-            ],
+        insert(
+            tx,
+            org,
+            run,
+            op,
+            &path,
+            sha256.as_deref(),
+            i64::try_from(size).unwrap_or(i64::MAX),
+            &reasons,
+            now,
         )?;
     }
+    Ok(())
+}
+
+/// One rejected file (`reasons`: JSON), in `tx`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn insert(
+    tx: &mut dyn Tx,
+    org: &str,
+    run: &str,
+    op: &str,
+    path: &str,
+    sha256: Option<&str>,
+    size: i64,
+    reasons: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO quarantine (org_id, run_id, op_id, path, sha256, size, reasons, created_ms)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (run_id, op_id, path) DO UPDATE
+         SET sha256 = excluded.sha256, size = excluded.size, reasons = excluded.reasons",
+        &[
+            org.into(),
+            run.into(),
+            op.into(),
+            path.into(),
+            sha256.into(),
+            size.into(),
+            reasons.into(),
+            now.into(),
+        ],
+    )?;
     Ok(())
 }
 
@@ -96,7 +123,7 @@ impl Store {
             tx.query_one(
                 &format!(
                     "SELECT {COLUMNS} FROM quarantine WHERE org_id = ? AND sha256 = ?
-                     ORDER BY created_ms DESC LIMIT 1"
+                     ORDER BY created_ms DESC, run_id, op_id, path LIMIT 1"
                 ),
                 &[org.into(), sha256.into()],
             )?

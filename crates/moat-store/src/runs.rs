@@ -181,10 +181,14 @@ fn end(
             run.id.as_str().into(),
         ],
     )?;
-    // Approvals still asked for have nothing left to approve.
+    // Approvals still asked for have nothing left to approve; but a file
+    // held for an export's approval is stored here, not on the runner, and
+    // waits for its approver (or its expiry) after the run.
     let expired = tx.query(
         "UPDATE approvals SET state = 'expired', resolved_ms = ?, reason = 'the run ended'
-         WHERE run_id = ? AND state = 'pending' RETURNING id, op_id, rule, risk",
+         WHERE run_id = ? AND state = 'pending'
+           AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.approval_id = approvals.id)
+         RETURNING id, op_id, rule, risk",
         &[now.into(), run.id.as_str().into()],
     )?;
     let mut ended = Vec::with_capacity(expired.len() + 1);

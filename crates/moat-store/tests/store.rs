@@ -233,6 +233,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             result: &result,
             events: std::slice::from_ref(&ev),
             artifacts: std::slice::from_ref(&artifact),
+            held: &[],
         };
         // An artifact under a wrong hash fails the whole report: nothing recorded.
         let forged = NewArtifact {
@@ -684,6 +685,7 @@ fn a_released_run_is_queued_again_uncounted_only_between_operations() {
                     result: &result,
                     events: &[],
                     artifacts: &[],
+                    held: &[],
                 },
                 14
             )
@@ -714,5 +716,137 @@ fn a_released_run_is_queued_again_uncounted_only_between_operations() {
             .expect("claim");
         assert_eq!(again.run.attempts, 1);
         assert!(s.release_run(&a, "runner-1", "r", 17).unwrap().is_none());
+    }
+}
+
+#[test]
+fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
+    use moat_core::event_data::ArtifactRejected;
+    use moat_core::exports::{RejectRule, Rejection};
+    use moat_store::{ApprovalState, HeldExport, HeldOutcome, Settled, Settlement, typed_event};
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        let other = org(s, "b");
+        run(s, &a, "r", 1);
+        s.claim_run(&a, "test", "runner-1", "m", 20, 1_000)
+            .unwrap()
+            .expect("claim");
+        let (envelope, decision) = (json!({"id": "clean"}), json!({"decision": "allow"}));
+        let clean = NewOp {
+            org: &a,
+            run: "r",
+            id: "clean",
+            op: "exec_argv",
+            state: OpState::Queued,
+            envelope: &envelope,
+            decision: &decision,
+            result: None,
+            events: &[],
+            approval: None,
+        };
+        s.insert_op(&clean, 21).unwrap().expect("op");
+        s.dispatch_op(&a, "runner-1", "r", 22)
+            .unwrap()
+            .expect("dispatch");
+        let tool = b"\x7fELF...".to_vec();
+        let reasons = vec![Rejection {
+            rule: RejectRule::Executable,
+            detail: "an executable (ELF) never leaves".into(),
+        }];
+        let mut rejected = typed_event(
+            moat_core::EventData::ArtifactRejected(ArtifactRejected {
+                path: "output/tool".into(),
+                size: tool.len() as u64,
+                sha256: Some(moat_core::hash::sha256_hex(&tool)),
+                reasons: reasons.clone(),
+                runner_id: Some("runner-1".into()),
+                runner_hash: None,
+                manifest_hash: None,
+            }),
+            "r",
+            23,
+        );
+        rejected.op_id = Some("clean".into());
+        let report = b"client,total\nall,1.00\n".to_vec();
+        let held = HeldExport {
+            path: "output/client/report.csv".into(),
+            sha256: moat_core::hash::sha256_hex(&report),
+            exported_as: "csv".into(),
+            data: report.clone(),
+            approval_id: "apr_held".into(),
+            rule: "client-deliverable".into(),
+            risk: "high".into(),
+            summary: json!({"op": "export", "args": {"path": "output/client/report.csv"}}),
+            expires_ms: 10_000,
+        };
+        let result = json!({"status": "ok"});
+        assert!(
+            s.finish_op(
+                &OpResult {
+                    org: &a,
+                    runner: "runner-1",
+                    run: "r",
+                    op: "clean",
+                    succeeded: true,
+                    result: &result,
+                    events: std::slice::from_ref(&rejected),
+                    artifacts: &[],
+                    held: std::slice::from_ref(&held),
+                },
+                24,
+            )
+            .unwrap()
+        );
+
+        // The rejected file: its reasons, by hash, in its org only.
+        let sha = moat_core::hash::sha256_hex(&tool);
+        let q = s.quarantined(&a, &sha).unwrap().expect("quarantined");
+        assert_eq!((q.run_id.as_str(), q.path.as_str()), ("r", "output/tool"));
+        assert_eq!(q.reasons, reasons);
+        assert!(s.quarantined(&other, &sha).unwrap().is_none());
+        assert_eq!(s.run_quarantine(&a, "r").unwrap().len(), 1);
+        assert!(s.artifact_bytes(&a, &sha).unwrap().is_none());
+
+        // The held one: stored, not downloadable, its approval pending.
+        assert!(s.artifact_bytes(&a, &held.sha256).unwrap().is_none());
+        let h = s.held_export(&a, &held.sha256).unwrap().expect("held");
+        assert_eq!(h.approval_id, "apr_held");
+        assert!(s.held_export(&other, &held.sha256).unwrap().is_none());
+        assert_eq!(s.held_bytes(&a, "apr_held").unwrap(), Some(report.clone()));
+        assert!(s.held_bytes(&other, "apr_held").unwrap().is_none());
+        let pending = s.approvals(&a, Some(ApprovalState::Pending), 10).unwrap();
+        assert_eq!(pending.len(), 1);
+
+        // Approved: an artifact of its op, no longer held.
+        let settled = s
+            .settle_approval(
+                &a,
+                "apr_held",
+                &Settlement {
+                    state: ApprovalState::Approved,
+                    by: Some("admin"),
+                    reason: None,
+                    op_result: None,
+                    events: &[],
+                    export: Some(HeldOutcome::Promote),
+                },
+                25,
+            )
+            .unwrap();
+        assert!(matches!(settled, Settled::Done(_)));
+        assert_eq!(s.artifact_bytes(&a, &held.sha256).unwrap(), Some(report));
+        assert!(s.held_export(&a, &held.sha256).unwrap().is_none());
+        let listed = s.artifacts(&a, "r").unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].kind.as_str(), listed[0].label.as_str()),
+            ("export", "output/client/report.csv")
+        );
+        // The op it came from is as it was.
+        assert_eq!(
+            s.op(&a, "r", "clean").unwrap().expect("op").state,
+            OpState::Succeeded
+        );
     }
 }

@@ -121,7 +121,8 @@ fn cases() -> Vec<(&'static str, Case)> {
 }
 
 /// The migrations in `migrations/<backend>/`: V1, then V2 (runner
-/// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (quarantine).
+/// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
+/// boundary's quarantine and held exports).
 const MIGRATIONS: i64 = 5;
 
 fn history(raw: &mut dyn Raw) -> i64 {

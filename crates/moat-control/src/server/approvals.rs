@@ -5,12 +5,14 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use moat_core::event_data::{
-    ApprovalDenied, ApprovalExpired, ApprovalGranted, CapabilityDenied, CapabilityGranted,
-    PolicyDecision,
+    ApprovalDenied, ApprovalExpired, ApprovalGranted, ArtifactPromoted, ArtifactRejected,
+    CapabilityDenied, CapabilityGranted, PolicyDecision,
 };
+use moat_core::exports::{RejectRule, Rejection};
 use moat_core::{DenialReason, EventData};
 use moat_store::{
-    ApprovalRow, ApprovalState, Settled, Settlement, Store, StoreError, stamp, typed_event,
+    ApprovalRow, ApprovalState, HeldOutcome, Settled, Settlement, Store, StoreError, stamp,
+    typed_event,
 };
 
 use super::AppState;
@@ -126,6 +128,9 @@ fn settle(
         e.correlation_id = Some(correlation.clone());
         e
     };
+    if approval.summary["op"] == crate::policy::EXPORT_ACTION {
+        return settle_export(store, approval, verdict, by, reason, via, now);
+    }
     let (state, events, op_result) = match verdict {
         Verdict::Approved => {
             // The grant reads like any other: the decision it completes
@@ -149,14 +154,7 @@ fn settle(
                 ApprovalState::Approved,
                 vec![
                     with_op(typed_event(
-                        EventData::ApprovalGranted(ApprovalGranted {
-                            approval_id: approval.id.clone(),
-                            rule: approval.rule.clone(),
-                            risk: approval.risk.clone(),
-                            via: via.to_owned(),
-                            by: by.unwrap_or_default().to_owned(),
-                            reason: reason.map(str::to_owned),
-                        }),
+                        settled_event(approval, verdict, by, reason, via),
                         run,
                         now,
                     )),
@@ -166,25 +164,7 @@ fn settle(
             )
         }
         Verdict::Denied | Verdict::Expired => {
-            let settled = if verdict == Verdict::Denied {
-                EventData::ApprovalDenied(ApprovalDenied {
-                    approval_id: approval.id.clone(),
-                    rule: approval.rule.clone(),
-                    risk: approval.risk.clone(),
-                    via: via.to_owned(),
-                    by: by.unwrap_or_default().to_owned(),
-                    reason: reason.map(str::to_owned),
-                })
-            } else {
-                EventData::ApprovalExpired(ApprovalExpired {
-                    approval_id: approval.id.clone(),
-                    rule: Some(approval.rule.clone()),
-                    risk: Some(approval.risk.clone()),
-                    via: Some(via.to_owned()),
-                    by: by.map(str::to_owned),
-                    reason: reason.map(str::to_owned),
-                })
-            };
+            let settled = settled_event(approval, verdict, by, reason, via);
             let (denial, message, state) = if verdict == Verdict::Denied {
                 (
                     DenialReason::ApprovalDenied,
@@ -234,6 +214,144 @@ fn settle(
             reason,
             op_result: op_result.as_ref(),
             events: &events,
+            export: None,
+        },
+        now,
+    )
+}
+
+/// The approval event a verdict records.
+fn settled_event(
+    approval: &ApprovalRow,
+    verdict: Verdict,
+    by: Option<&str>,
+    reason: Option<&str>,
+    via: &str,
+) -> EventData {
+    match verdict {
+        Verdict::Approved => EventData::ApprovalGranted(ApprovalGranted {
+            approval_id: approval.id.clone(),
+            rule: approval.rule.clone(),
+            risk: approval.risk.clone(),
+            via: via.to_owned(),
+            by: by.unwrap_or_default().to_owned(),
+            reason: reason.map(str::to_owned),
+        }),
+        Verdict::Denied => EventData::ApprovalDenied(ApprovalDenied {
+            approval_id: approval.id.clone(),
+            rule: approval.rule.clone(),
+            risk: approval.risk.clone(),
+            via: via.to_owned(),
+            by: by.unwrap_or_default().to_owned(),
+            reason: reason.map(str::to_owned),
+        }),
+        Verdict::Expired => EventData::ApprovalExpired(ApprovalExpired {
+            approval_id: approval.id.clone(),
+            rule: Some(approval.rule.clone()),
+            risk: Some(approval.risk.clone()),
+            via: Some(via.to_owned()),
+            by: by.map(str::to_owned),
+            reason: reason.map(str::to_owned),
+        }),
+    }
+}
+
+/// Settles an export's approval: the held file is promoted (an artifact,
+/// `artifact.promoted`) or rejected (quarantined, `artifact.rejected` with
+/// rule `not_approved`); the operation, long finished, is left as it is.
+fn settle_export(
+    store: &Store,
+    approval: &ApprovalRow,
+    verdict: Verdict,
+    by: Option<&str>,
+    reason: Option<&str>,
+    via: &str,
+    now: i64,
+) -> Result<Settled, StoreError> {
+    let run = approval.run_id.as_str();
+    let args = &approval.summary["args"];
+    let path = args["path"].as_str().unwrap_or_default().to_owned();
+    let sha256 = args["sha256"].as_str().unwrap_or_default().to_owned();
+    let size = args["size"].as_u64().unwrap_or(0);
+    let with_op = |mut e: moat_core::Event| {
+        e.op_id = Some(approval.op_id.clone());
+        e
+    };
+    let mut events = vec![with_op(typed_event(
+        settled_event(approval, verdict, by, reason, via),
+        run,
+        now,
+    ))];
+    let reasons;
+    let (state, outcome) = match verdict {
+        Verdict::Approved => {
+            let exported_as = serde_json::from_value(args["type"].clone()).map_err(|e| {
+                StoreError::Corrupt(format!("export approval {}: {e}", approval.id))
+            })?;
+            events.push(with_op(typed_event(
+                EventData::ArtifactPromoted(ArtifactPromoted {
+                    path,
+                    sha256,
+                    size,
+                    exported_as,
+                    approval_id: Some(approval.id.clone()),
+                    runner_id: None,
+                    runner_hash: None,
+                    manifest_hash: None,
+                }),
+                run,
+                now,
+            )));
+            (ApprovalState::Approved, HeldOutcome::Promote)
+        }
+        Verdict::Denied | Verdict::Expired => {
+            let (detail, state) = if verdict == Verdict::Denied {
+                (
+                    format!(
+                        "denied by the approver: {}",
+                        reason.unwrap_or("no reason given")
+                    ),
+                    ApprovalState::Denied,
+                )
+            } else {
+                (
+                    format!(
+                        "nobody approved it by {}: failed closed",
+                        stamp(approval.expires_ms)
+                    ),
+                    ApprovalState::Expired,
+                )
+            };
+            reasons = vec![Rejection {
+                rule: RejectRule::NotApproved,
+                detail,
+            }];
+            events.push(with_op(typed_event(
+                EventData::ArtifactRejected(ArtifactRejected {
+                    path,
+                    size,
+                    sha256: Some(sha256),
+                    reasons: reasons.clone(),
+                    runner_id: None,
+                    runner_hash: None,
+                    manifest_hash: None,
+                }),
+                run,
+                now,
+            )));
+            (state, HeldOutcome::Reject(&reasons))
+        }
+    };
+    store.settle_approval(
+        &approval.org_id,
+        &approval.id,
+        &Settlement {
+            state,
+            by,
+            reason,
+            op_result: None,
+            events: &events,
+            export: Some(outcome),
         },
         now,
     )

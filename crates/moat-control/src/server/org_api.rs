@@ -625,20 +625,32 @@ async fn artifact_bytes(
 ) -> ApiResult<Vec<u8>> {
     let org = auth::agent(state, headers).await?;
     let lookup = sha.to_owned();
-    let (bytes, quarantined) = state
+    let (bytes, held, quarantined) = state
         .db(move |s| {
             let bytes = s.artifact_bytes(&org, &lookup)?;
-            let quarantined = match bytes {
+            if bytes.is_some() {
+                return Ok((bytes, None, None));
+            }
+            let held = s.held_export(&org, &lookup)?;
+            let quarantined = match held {
                 Some(_) => None,
                 None => s.quarantined(&org, &lookup)?,
             };
-            Ok((bytes, quarantined))
+            Ok((None, held, quarantined))
         })
         .await?;
-    match (bytes, quarantined) {
-        (Some(bytes), _) => Ok(bytes),
-        (None, Some(q)) => Err(quarantined_answer(sha, &q)),
-        (None, None) => Err(ApiError::not_found(format_args!("artifact {sha}"))),
+    match (bytes, held, quarantined) {
+        (Some(bytes), _, _) => Ok(bytes),
+        (None, Some(h), _) => Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "awaiting_approval",
+            format!(
+                "artifact {sha} (run {}, {:?}) waits for approval {} before it leaves",
+                h.run_id, h.path, h.approval_id
+            ),
+        )),
+        (None, None, Some(q)) => Err(quarantined_answer(sha, &q)),
+        (None, None, None) => Err(ApiError::not_found(format_args!("artifact {sha}"))),
     }
 }
 

@@ -1,19 +1,34 @@
-//! The export boundary's last check, on the control plane: a runner's shell
-//! holds none of the org's secrets, so its scan looks for credential shapes
-//! only. Here, where the secrets are, a file the shell promoted that holds
-//! one of them (in any encoding the scrubber knows) is turned back into a
-//! rejection before anything is stored: its bytes are dropped, its
-//! `artifact.promoted` becomes `artifact.rejected` (rule `secret`), and the
-//! op result says so. Scrubbing it and keeping the rest, as is done for
-//! stdout and tool responses, would promote a file its author never wrote.
+//! The export boundary's last checks, on the control plane, over the files
+//! a runner's shell promoted, before anything of them is stored:
+//!
+//! 1. The shell holds none of the org's secrets, so its scan looks for
+//!    credential shapes only. Here, where the secrets are, a file holding
+//!    one of them, or named with one, is rejected whole (rule `secret`),
+//!    found by the same scanner `moat export --secrets` uses (as is,
+//!    percent-encoded, JSON-escaped, base64 at any alignment, wrapped or
+//!    not; not inside compressed formats). Scrubbing it and keeping the
+//!    rest, as is done for stdout and tool responses, would promote a file
+//!    its author never wrote.
+//! 2. The policy decides whether each file may leave (action `export`):
+//!    no permit rejects it (rule `policy`); a permit marked
+//!    `@approval("required")` holds it for a person (`artifact.validated`,
+//!    `approval.requested`): its bytes are stored, but it is no artifact
+//!    until the approval promotes it.
+//!
+//! Each changes the op result (`exports.promoted`, `.rejected`, `.pending`,
+//! `artifacts`) and the runner's events to match.
 
-use moat_core::event_data::ArtifactRejected;
-use moat_core::exports::{RejectRule, Rejection};
+use moat_core::event_data::{
+    ApprovalRequested, ApprovalSummary, ArtifactRejected, ArtifactValidated,
+};
+use moat_core::exports::{ExportType, RejectRule, Rejection};
 use moat_core::{Event, EventData, EventType};
-use moat_store::NewArtifact;
+use moat_store::{HeldExport, NewArtifact, RunnerRow, stamp, typed_event};
 use serde_json::{Value, json};
 
-use crate::tools::Scrubber;
+use crate::policy::{Decision, ExportRequest, ORG_STORE, PolicyEngine};
+use crate::vault::Secret;
+use moat_export::secrets::Finding;
 
 /// The kind of artifact the shell makes of a promoted file.
 const EXPORT_KIND: &str = "export";
@@ -21,78 +36,315 @@ const EXPORT_KIND: &str = "export";
 /// What a rejection for an org secret says: never which secret.
 const SECRET_DETAIL: &str = "holds one of the org's stored secrets";
 
-/// Rejects every promoted file among `blobs` that holds one of the org's
-/// secrets, rewriting `result` (the op result as JSON) and `events` to
-/// match. Returns how many were rejected.
-pub fn reject_exports_holding_secrets(
-    scrubber: &Scrubber,
-    result: &mut Value,
-    events: &mut Vec<Event>,
-    blobs: &mut Vec<NewArtifact>,
-) -> usize {
-    if scrubber.is_empty() {
-        return 0;
+/// The most of a text file the approver is shown.
+const PREVIEW_BYTES: usize = 4096;
+
+/// One op's report, as the control plane rewrites it.
+pub struct Report<'a> {
+    pub result: &'a mut Value,
+    pub events: &'a mut Vec<Event>,
+    pub blobs: &'a mut Vec<NewArtifact>,
+}
+
+/// What the policy's decisions need besides the report.
+pub struct Deciding<'a> {
+    pub policy: &'a PolicyEngine,
+    /// The org's name: policies name orgs by it (`Moat::Org::"acme"`).
+    pub org_name: &'a str,
+    pub runner: &'a RunnerRow,
+    pub run: &'a str,
+    pub op: &'a str,
+    pub now: i64,
+    pub approval_ttl_ms: i64,
+}
+
+/// A file the shell promoted, as its `artifact.promoted` names it.
+struct Promoted {
+    path: String,
+    sha256: String,
+    size: u64,
+    exported_as: ExportType,
+}
+
+fn promoted(events: &[Event]) -> Vec<Promoted> {
+    events
+        .iter()
+        .filter(|e| e.event_type == EventType::ArtifactPromoted)
+        .filter_map(|e| {
+            Some(Promoted {
+                path: e.data["path"].as_str()?.to_owned(),
+                sha256: e.data["sha256"].as_str()?.to_owned(),
+                size: e.data["size"].as_u64()?,
+                exported_as: serde_json::from_value(e.data["exportedAs"].clone()).ok()?,
+            })
+        })
+        .collect()
+}
+
+/// What becomes of one promoted file.
+enum Fate {
+    Reject(Vec<Rejection>),
+    Hold(Box<HeldExport>),
+}
+
+impl Report<'_> {
+    /// The bytes the runner sent for the file at `path`, taken out of
+    /// what will be stored as artifacts.
+    fn take_blob(&mut self, file: &Promoted) -> Option<NewArtifact> {
+        let at = self.blobs.iter().position(|b| {
+            b.kind == EXPORT_KIND && b.label == file.path && b.sha256 == file.sha256
+        })?;
+        Some(self.blobs.remove(at))
     }
-    let mut rejected_shas = Vec::new();
-    blobs.retain(|blob| {
-        let holds_secret = blob.kind == EXPORT_KIND && scrubber.bytes(&blob.data).is_some();
-        if holds_secret {
-            rejected_shas.push(blob.sha256.clone());
-        }
-        !holds_secret
-    });
-    if rejected_shas.is_empty() {
-        return 0;
+
+    fn blob(&self, file: &Promoted) -> Option<&NewArtifact> {
+        self.blobs
+            .iter()
+            .find(|b| b.kind == EXPORT_KIND && b.label == file.path && b.sha256 == file.sha256)
     }
-    let is_rejected = |v: &Value| {
-        v["sha256"]
-            .as_str()
-            .is_some_and(|s| rejected_shas.iter().any(|r| r == s))
-    };
-    if let Some(refs) = result["artifacts"].as_array_mut() {
-        refs.retain(|r| !(r["kind"] == EXPORT_KIND && is_rejected(r)));
-    }
-    let reasons = vec![Rejection {
-        rule: RejectRule::Secret,
-        detail: SECRET_DETAIL.to_owned(),
-    }];
-    if let Some(exports) = result.pointer_mut("/result/exports") {
-        let mut moved = Vec::new();
-        if let Some(promoted) = exports["promoted"].as_array_mut() {
-            promoted.retain(|p| {
-                let keep = !is_rejected(p);
-                if !keep {
-                    moved.push(json!({"path": p["path"], "reasons": reasons}));
-                }
-                keep
+
+    /// Rewrites the result and events for `file`'s fate.
+    fn apply(&mut self, file: &Promoted, fate: &Fate) {
+        let named = |v: &Value| v["sha256"] == file.sha256.as_str();
+        if let Some(refs) = self.result["artifacts"].as_array_mut() {
+            refs.retain(|r| {
+                !(r["kind"] == EXPORT_KIND && r["label"] == file.path.as_str() && named(r))
             });
         }
-        if let Some(rejected) = exports["rejected"].as_array_mut() {
-            rejected.extend(moved);
+        if let Some(exports) = self.result.pointer_mut("/result/exports")
+            && let Some(map) = exports.as_object_mut()
+        {
+            if let Some(list) = map.get_mut("promoted").and_then(Value::as_array_mut) {
+                list.retain(|p| !(p["path"] == file.path.as_str() && named(p)));
+            }
+            let (key, entry) = match fate {
+                Fate::Reject(reasons) => {
+                    ("rejected", json!({"path": file.path, "reasons": reasons}))
+                }
+                Fate::Hold(held) => (
+                    "pending",
+                    json!({"path": file.path, "sha256": file.sha256,
+                           "type": file.exported_as, "approvalId": held.approval_id}),
+                ),
+            };
+            if let Some(list) = map
+                .entry(key)
+                .or_insert_with(|| Value::Array(Vec::new()))
+                .as_array_mut()
+            {
+                list.push(entry);
+            }
+        }
+        self.events.retain(|e| {
+            !(e.event_type == EventType::ArtifactCreated
+                && e.data["kind"] == EXPORT_KIND
+                && e.data["label"] == file.path.as_str()
+                && named(&e.data))
+        });
+        for e in self.events.iter_mut() {
+            if e.event_type != EventType::ArtifactPromoted
+                || e.data["path"] != file.path.as_str()
+                || !named(&e.data)
+            {
+                continue;
+            }
+            let text = |key: &str| e.data[key].as_str().map(str::to_owned);
+            let data = match fate {
+                Fate::Reject(reasons) => EventData::ArtifactRejected(ArtifactRejected {
+                    path: file.path.clone(),
+                    size: file.size,
+                    sha256: Some(file.sha256.clone()),
+                    reasons: reasons.clone(),
+                    runner_id: text("runnerId"),
+                    runner_hash: text("runnerHash"),
+                    manifest_hash: text("manifestHash"),
+                }),
+                Fate::Hold(held) => EventData::ArtifactValidated(ArtifactValidated {
+                    path: file.path.clone(),
+                    sha256: file.sha256.clone(),
+                    size: file.size,
+                    exported_as: file.exported_as,
+                    approval_id: held.approval_id.clone(),
+                    runner_id: text("runnerId"),
+                    runner_hash: text("runnerHash"),
+                    manifest_hash: text("manifestHash"),
+                }),
+            };
+            e.event_type = data.event_type();
+            e.data = data.into_data();
         }
     }
-    events.retain(|e| {
-        !(e.event_type == EventType::ArtifactCreated
-            && e.data["kind"] == EXPORT_KIND
-            && is_rejected(&e.data))
-    });
-    for e in events.iter_mut() {
-        if e.event_type != EventType::ArtifactPromoted || !is_rejected(&e.data) {
+}
+
+/// Rejects every promoted file that holds one of the org's secrets (or
+/// whose path does). Returns how many were rejected; a scanner that cannot
+/// be built rejects them all.
+pub fn reject_secrets(secrets: &[(String, Secret)], report: &mut Report<'_>) -> usize {
+    if secrets.is_empty() {
+        return 0;
+    }
+    let values: Vec<(String, Vec<u8>)> = secrets
+        .iter()
+        .map(|(name, value)| (name.clone(), value.as_bytes().to_vec()))
+        .collect();
+    let scanner = moat_export::secrets::Scanner::new(&values);
+    let holds_secret = |bytes: &[u8]| match &scanner {
+        Ok(scanner) => scanner
+            .scan(bytes)
+            .iter()
+            .any(|f| matches!(f, Finding::Secret { .. })),
+        Err(_) => true,
+    };
+    let mut rejected = 0;
+    for file in promoted(report.events) {
+        let holds = holds_secret(file.path.as_bytes())
+            || report.blob(&file).is_some_and(|b| holds_secret(&b.data));
+        if holds {
+            report.take_blob(&file);
+            let fate = Fate::Reject(vec![Rejection {
+                rule: RejectRule::Secret,
+                detail: SECRET_DETAIL.to_owned(),
+            }]);
+            report.apply(&file, &fate);
+            rejected += 1;
+        }
+    }
+    rejected
+}
+
+/// Asks the policy about every file still promoted: rejects what it does
+/// not permit, holds what needs an approval (returned, to be stored with
+/// the op; its `approval.requested` is added to the events).
+pub fn decide(deciding: &Deciding<'_>, report: &mut Report<'_>) -> Vec<HeldExport> {
+    let mut held = Vec::new();
+    for file in promoted(report.events) {
+        if report.blob(&file).is_none() {
+            // A promotion the runner sent no bytes for is no artifact:
+            // refused like any other report that does not add up.
+            let fate = Fate::Reject(vec![Rejection {
+                rule: RejectRule::Unreadable,
+                detail: "the runner sent no content for it".into(),
+            }]);
+            report.apply(&file, &fate);
             continue;
         }
-        let text = |key: &str| e.data[key].as_str().map(str::to_owned);
-        let rejected = ArtifactRejected {
-            path: text("path").unwrap_or_default(),
-            size: e.data["size"].as_u64().unwrap_or(0),
-            sha256: text("sha256"),
-            reasons: reasons.clone(),
-            runner_id: text("runnerId"),
-            runner_hash: text("runnerHash"),
-            manifest_hash: text("manifestHash"),
+        let request = ExportRequest {
+            org: deciding.org_name,
+            runner: &deciding.runner.id,
+            path: &file.path,
+            exported_as: file.exported_as.as_str(),
+            size: file.size,
+            destination: ORG_STORE,
         };
-        let data = EventData::ArtifactRejected(rejected);
-        e.event_type = data.event_type();
-        e.data = data.into_data();
+        let fate = match deciding.policy.decide_export(&request) {
+            Ok(Decision::Allow { .. }) => continue,
+            Ok(Decision::Deny { policies }) => Fate::Reject(vec![Rejection {
+                rule: RejectRule::Policy,
+                detail: if policies.is_empty() {
+                    "no policy permits exporting it".into()
+                } else {
+                    format!("forbidden by {}", policies.join(", "))
+                },
+            }]),
+            Err(e) => Fate::Reject(vec![Rejection {
+                rule: RejectRule::Policy,
+                detail: format!("the policy could not decide: {e}"),
+            }]),
+            Ok(Decision::RequireApproval { rule, risk }) => {
+                let Some(blob) = report.take_blob(&file) else {
+                    continue;
+                };
+                let hold = hold(deciding, &file, blob, rule, risk);
+                report.events.push(requested(deciding, &hold));
+                let fate = Fate::Hold(Box::new(hold));
+                report.apply(&file, &fate);
+                if let Fate::Hold(h) = fate {
+                    held.push(*h);
+                }
+                continue;
+            }
+        };
+        report.take_blob(&file);
+        report.apply(&file, &fate);
     }
-    rejected_shas.len()
+    held
+}
+
+fn hold(
+    deciding: &Deciding<'_>,
+    file: &Promoted,
+    blob: NewArtifact,
+    rule: String,
+    risk: String,
+) -> HeldExport {
+    let summary = ApprovalSummary {
+        op: crate::policy::EXPORT_ACTION.to_owned(),
+        resource: Some(format!("Moat::Path::{:?}", file.path)),
+        size: Some(file.size),
+        network: None,
+        args: json!({
+            "path": file.path,
+            "sha256": file.sha256,
+            "size": file.size,
+            "type": file.exported_as,
+            "destination": ORG_STORE,
+            "checks": [
+                format!("content validated as {}", file.exported_as.as_str()),
+                "no executable, link, device or set-id bits; within its rule's size",
+                "no credential-shaped strings (runner) and none of the org's secrets (control plane)",
+            ],
+        }),
+    };
+    HeldExport {
+        path: file.path.clone(),
+        sha256: file.sha256.clone(),
+        exported_as: file.exported_as.as_str().to_owned(),
+        data: blob.data,
+        approval_id: moat_core::random::new_id("apr_"),
+        rule,
+        risk,
+        summary: serde_json::to_value(&summary).unwrap_or(Value::Null),
+        expires_ms: deciding.now.saturating_add(deciding.approval_ttl_ms),
+    }
+}
+
+/// The start of a text file, cut at a character boundary, and whether it
+/// was cut; nothing for other types (the approver is never shown raw
+/// binary). Read from the held bytes when the page is shown, never kept
+/// in the approval or the ledger.
+pub fn preview(ty: ExportType, data: &[u8]) -> Option<(String, bool)> {
+    if !ty.is_text() {
+        return None;
+    }
+    let mut end = data.len().min(PREVIEW_BYTES);
+    while end > 0 && std::str::from_utf8(&data[..end]).is_err() {
+        end -= 1;
+    }
+    let text = String::from_utf8_lossy(&data[..end]).into_owned();
+    Some((text, end < data.len()))
+}
+
+fn requested(deciding: &Deciding<'_>, held: &HeldExport) -> Event {
+    let summary = serde_json::from_value(held.summary.clone()).unwrap_or(ApprovalSummary {
+        op: crate::policy::EXPORT_ACTION.to_owned(),
+        resource: None,
+        size: None,
+        network: None,
+        args: Value::Null,
+    });
+    let mut e = typed_event(
+        EventData::ApprovalRequested(ApprovalRequested {
+            approval_id: held.approval_id.clone(),
+            rule: held.rule.clone(),
+            risk: held.risk.clone(),
+            expires_at: stamp(held.expires_ms),
+            summary,
+            policy_hash: deciding.policy.hash().to_owned(),
+            manifest_hash: deciding.runner.manifest_hash.clone(),
+        }),
+        deciding.run,
+        deciding.now,
+    );
+    e.op_id = Some(deciding.op.to_owned());
+    e
 }

@@ -663,14 +663,32 @@ pub async fn result(
                 Ok(secrets) => secrets,
                 Err(e) => return Ok(Err(e)),
             };
-            let scrubber = crate::tools::Scrubber::new(secrets);
             // Before the scrub: a promoted file holding a secret is
-            // rejected whole, not kept scrubbed.
-            super::quarantine::reject_exports_holding_secrets(
-                &scrubber,
-                &mut result_json,
-                &mut events,
-                &mut blobs,
+            // rejected whole, not kept scrubbed; then the policy decides
+            // what may leave.
+            let mut report = super::quarantine::Report {
+                result: &mut result_json,
+                events: &mut events,
+                blobs: &mut blobs,
+            };
+            super::quarantine::reject_secrets(&secrets, &mut report);
+            let org_name = s
+                .op_context(&runner.org_id, &run_id)?
+                .map(|(_, name, _)| name)
+                .unwrap_or_default();
+            let scrubber = crate::tools::Scrubber::new(secrets);
+            let held = super::quarantine::decide(
+                &super::quarantine::Deciding {
+                    policy: &st.config.policy,
+                    org_name: &org_name,
+                    runner: &runner,
+                    run: &run_id,
+                    op: &op_id,
+                    now,
+                    approval_ttl_ms: i64::try_from(st.config.approval_ttl.as_millis())
+                        .unwrap_or(i64::MAX),
+                },
+                &mut report,
             );
             scrub_report(&scrubber, &mut result_json, &mut events, &mut blobs);
             let artifacts = result_json["artifacts"]
@@ -702,6 +720,7 @@ pub async fn result(
                     result: &result_json,
                     events: &events,
                     artifacts: &blobs,
+                    held: &held,
                 },
                 now,
             )
@@ -728,6 +747,8 @@ fn scrub_report(
         scrubber.json(&mut e.data);
     }
     for blob in blobs {
+        // A label can be a program's file name.
+        blob.label = scrubber.text(&blob.label);
         if let Some(clean) = scrubber.bytes(&blob.data) {
             let sha = moat_core::hash::sha256_hex(&clean);
             let old = std::mem::replace(&mut blob.sha256, sha.clone());

@@ -262,6 +262,7 @@ pub async fn call(
                     result: &stored,
                     events: &events,
                     artifacts: &[],
+                    held: &[],
                 },
                 now,
             )

@@ -184,6 +184,30 @@ pub struct ArtifactPromoted {
     pub size: u64,
     /// The type it was validated as (`csv`, `json`...).
     pub exported_as: crate::exports::ExportType,
+    /// The approval it waited for (`artifact.validated` came first), if
+    /// the policy asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// A file a program wrote passed the export rules, and the policy asks a
+/// person before it leaves: it is held (stored, not downloadable) until
+/// the approval is settled (`artifact.promoted` or `artifact.rejected`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactValidated {
+    /// Relative to the workspace.
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+    pub exported_as: crate::exports::ExportType,
+    pub approval_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -210,6 +210,15 @@ fn samples(t: EventType) -> Vec<Value> {
                 relayed(),
             ),
         ],
+        EventType::ArtifactValidated => vec![
+            json!({"path": "output/client/r.csv", "sha256": HASH, "size": 8,
+                "exportedAs": "csv", "approvalId": "apr_1"}),
+            with(
+                json!({"path": "output/client/s.json", "sha256": HASH, "size": 2,
+                    "exportedAs": "json", "approvalId": "apr_2"}),
+                relayed(),
+            ),
+        ],
         EventType::ArtifactRejected => vec![
             json!({"path": "output/tool", "size": 35664, "sha256": HASH,
                 "reasons": [{"rule": "executable", "detail": "an executable (ELF) never leaves"}]}),

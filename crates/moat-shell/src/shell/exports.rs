@@ -20,6 +20,10 @@ use super::{Op, Shell};
 use crate::collect::Snapshot;
 use crate::verifier::{self, VerifierRun};
 
+/// Most `artifact.rejected` events one op records (the result lists
+/// every rejection).
+pub const MAX_REJECTION_EVENTS: usize = 256;
+
 /// How the program's own sandbox was degraded, for the verifier's.
 #[derive(Clone, Copy)]
 pub(super) struct Degrade {
@@ -72,6 +76,7 @@ impl Shell {
                     without_cgroup: degrade.without_cgroup,
                     id_range: self.config.id_range,
                     launch_policy: self.config.launch_policy.clone(),
+                    read_as_owner: true,
                 })
                 .map_err(|e| e.to_string())
             });
@@ -117,6 +122,7 @@ impl Shell {
                             sha256: reference.sha256.clone(),
                             size: reference.size,
                             exported_as: ty,
+                            approval_id: None,
                             runner_id: None,
                             runner_hash: None,
                             manifest_hash: None,
@@ -134,14 +140,21 @@ impl Shell {
                 }
             }
             rejected.push(json!({"path": file.path, "reasons": reasons}));
-            op.event(EventData::ArtifactRejected(rejection(
-                file.path,
-                file.size,
-                file.sha256,
-                reasons,
-            )));
+            // Past a bound, rejections are listed in the result only: a
+            // program that writes thousands of files must not make the
+            // op's report too large to record, its evidence with it.
+            if rejected.len() <= MAX_REJECTION_EVENTS {
+                op.event(EventData::ArtifactRejected(rejection(
+                    file.path,
+                    file.size,
+                    file.sha256,
+                    reasons,
+                )));
+            }
         }
-        json!({"promoted": promoted, "rejected": rejected, "incomplete": incomplete})
+        let unrecorded = rejected.len().saturating_sub(MAX_REJECTION_EVENTS);
+        json!({"promoted": promoted, "rejected": rejected, "incomplete": incomplete,
+               "rejectionsWithoutEvent": unrecorded})
     }
 }
 

@@ -276,16 +276,39 @@ async fn artifact(
 
 async fn approvals(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page {
     let op = operator(&state, &headers).await?;
+    let page = approvals_page(&state, &op, None).await?;
+    Ok(Html(page).into_response())
+}
+
+/// The approvals page: pending requests (an export's with a preview of
+/// the held file, read now, never stored with the request) and recent ones.
+async fn approvals_page(
+    state: &Arc<AppState>,
+    op: &Operator,
+    problem: Option<&str>,
+) -> Result<String, Response> {
     let org = op.org.clone();
-    let (pending, recent) = state
+    let (pending, recent, previews) = state
         .db(move |s| {
             let pending = s.approvals(&org, Some(moat_store::ApprovalState::Pending), 500)?;
             let recent = s.approvals(&org, None, 50)?;
-            Ok((pending, recent))
+            let mut previews = std::collections::HashMap::new();
+            for a in &pending {
+                if a.summary["op"] != crate::policy::EXPORT_ACTION {
+                    continue;
+                }
+                let ty = serde_json::from_value(a.summary["args"]["type"].clone()).ok();
+                if let (Some(ty), Some(bytes)) = (ty, s.held_bytes(&org, &a.id)?)
+                    && let Some(preview) = super::quarantine::preview(ty, &bytes)
+                {
+                    previews.insert(a.id.clone(), preview);
+                }
+            }
+            Ok((pending, recent, previews))
         })
         .await
         .map_err(failure)?;
-    Ok(Html(pages::approvals(&pending, &recent, None)).into_response())
+    Ok(pages::approvals(&pending, &recent, &previews, problem))
 }
 
 #[derive(Deserialize)]
@@ -310,21 +333,8 @@ async fn resolve(
     match super::approvals::resolve(&state, &op, &id, approve, reason, "inspector").await {
         Ok(_) => Ok(Redirect::to("/ui/approvals").into_response()),
         Err(e) => {
-            let org = op.org.clone();
-            let (pending, recent) = state
-                .db(move |s| {
-                    Ok((
-                        s.approvals(&org, Some(moat_store::ApprovalState::Pending), 500)?,
-                        s.approvals(&org, None, 50)?,
-                    ))
-                })
-                .await
-                .map_err(failure)?;
-            Ok((
-                e.status,
-                Html(pages::approvals(&pending, &recent, Some(&e.message))),
-            )
-                .into_response())
+            let page = approvals_page(&state, &op, Some(&e.message)).await?;
+            Ok((e.status, Html(page)).into_response())
         }
     }
 }

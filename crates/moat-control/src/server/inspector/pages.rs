@@ -359,7 +359,40 @@ pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]
     )
 }
 
-pub fn approvals(pending: &[ApprovalRow], recent: &[ApprovalRow], problem: Option<&str>) -> String {
+/// An export's request: the file, its type and size, the checks it
+/// passed, and the start of it when it is text.
+fn export_request(a: &ApprovalRow, preview: Option<&(String, bool)>) -> Markup {
+    let args = &a.summary["args"];
+    html! {
+        div.export {
+            strong { "export" } " "
+            code.path { (text(&args["path"])) }
+            " → " (text(&args["destination"]))
+            div.muted {
+                (text(&args["type"])) ", " (args["size"].as_u64().unwrap_or(0)) " bytes, sha256 "
+                code { (truncate(&text(&args["sha256"]), 16)) }
+            }
+            ul.checks {
+                @for check in args["checks"].as_array().into_iter().flatten() {
+                    li { (text(check)) }
+                }
+            }
+            @if let Some((preview, cut)) = preview {
+                pre.preview { (preview) }
+                @if *cut { div.muted { "(the first 4 KiB)" } }
+            } @else {
+                div.muted { "no preview (not text)" }
+            }
+        }
+    }
+}
+
+pub fn approvals(
+    pending: &[ApprovalRow],
+    recent: &[ApprovalRow],
+    previews: &std::collections::HashMap<String, (String, bool)>,
+    problem: Option<&str>,
+) -> String {
     layout(
         "Approvals",
         "approvals",
@@ -369,8 +402,9 @@ pub fn approvals(pending: &[ApprovalRow], recent: &[ApprovalRow], problem: Optio
                 p.error { (problem) }
             }
             p.muted {
-                (pending.len()) " waiting. Approving runs the operation at once; denying refuses it \
-                 with your reason. Unanswered requests expire and fail closed."
+                (pending.len()) " waiting. Approving runs the operation at once (or lets an export \
+                 leave); denying refuses it with your reason. Unanswered requests expire and fail \
+                 closed."
             }
             table #approvals {
                 thead { tr {
@@ -383,9 +417,13 @@ pub fn approvals(pending: &[ApprovalRow], recent: &[ApprovalRow], problem: Optio
                             td { code { (a.id) } div.muted { (stamp(a.requested_ms)) } }
                             td { a href={ "/ui/runs/" (seg(&a.run_id)) } { (a.run_id) } " / " (a.op_id) }
                             td {
-                                strong { (text(&a.summary["op"])) } " "
-                                code { (text(&a.summary["resource"])) }
-                                div.muted { code { (truncate(&a.summary["args"].to_string(), 300)) } }
+                                @if a.summary["op"] == "export" {
+                                    (export_request(a, previews.get(&a.id)))
+                                } @else {
+                                    strong { (text(&a.summary["op"])) } " "
+                                    code { (text(&a.summary["resource"])) }
+                                    div.muted { code { (truncate(&a.summary["args"].to_string(), 300)) } }
+                                }
                             }
                             td { code { (a.rule) } }
                             td { (state_badge(&a.risk)) }

@@ -1,0 +1,104 @@
+// An operator approves a file's export in the Inspector, in Debian's
+// Chromium: log in, find the request on the approvals page, check that it
+// shows what would leave (path, type, size, the checks it passed, the start
+// of the file), approve it, and see it settled.
+//
+//   MOAT_URL=http://127.0.0.1:7411 MOAT_TOKEN=... MOAT_APPROVAL=apr_... \
+//   MOAT_PATH=output/client/report.csv MOAT_PREVIEW='client,total' \
+//   MOAT_SHOTS=/some/dir node tests/inspector/approve-export.mjs
+//
+// Prints one JSON line on success; on failure says what was missing on
+// stderr, leaves failure.png in MOAT_SHOTS and exits 1 (2 for a bad
+// environment).
+
+import { chromium } from 'playwright-core';
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+
+const CHROMIUM = '/usr/bin/chromium';
+const WAIT_MS = 12_000;
+
+const env = {};
+for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_SHOTS']) {
+  env[name] = process.env[name];
+  if (!env[name]) {
+    console.error(`approve-export: ${name} is not set`);
+    process.exit(2);
+  }
+}
+if (!existsSync(CHROMIUM)) {
+  console.error(`approve-export: ${CHROMIUM} is missing (apt-get install chromium)`);
+  process.exit(2);
+}
+const base = env.MOAT_URL.replace(/\/+$/, '');
+const row = `table#approvals tr[data-approval-id="${env.MOAT_APPROVAL.replace(/["\\]/g, '\\$&')}"]`;
+
+const profile = await mkdtemp(path.join(tmpdir(), 'moat-export-approval-'));
+let context = null;
+let page = null;
+let exitCode = 0;
+try {
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1280, height: 900 },
+    args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+  });
+  context.setDefaultTimeout(WAIT_MS);
+  page = context.pages()[0] ?? (await context.newPage());
+
+  await go(page, '/ui/login');
+  await page.locator('form#login input[name=token]').fill(env.MOAT_TOKEN);
+  await navigating(page, () => page.locator('form#login button[type=submit]').click());
+
+  await go(page, '/ui/approvals');
+  const request = page.locator(row);
+  await request.waitFor({ state: 'attached' });
+  const shown = {
+    path: (await request.locator('div.export code.path').innerText()).trim(),
+    checks: await request.locator('div.export ul.checks li').allInnerTexts(),
+    preview: await request.locator('div.export pre.preview').innerText(),
+    details: (await request.locator('div.export div.muted').first().innerText()).trim(),
+  };
+  if (shown.path !== env.MOAT_PATH) throw new Error(`the request shows ${shown.path}, not ${env.MOAT_PATH}`);
+  if (shown.checks.length === 0) throw new Error('the request lists no checks');
+  if (!shown.preview.includes(env.MOAT_PREVIEW)) {
+    throw new Error(`the preview does not show ${JSON.stringify(env.MOAT_PREVIEW)}: ${JSON.stringify(shown.preview)}`);
+  }
+  if (!/^csv, \d+ bytes/.test(shown.details)) throw new Error(`type and size not shown: ${shown.details}`);
+  await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-request.png'), fullPage: true });
+
+  await request.locator('form.approve input[name=reason]').fill('checked the preview');
+  await navigating(page, () => request.locator('form.approve button[type=submit]').click());
+  const settled = page.locator(`table#approval-history tr[data-approval-id="${env.MOAT_APPROVAL}"]`);
+  await settled.waitFor({ state: 'attached' });
+  const state = await settled.getAttribute('data-state');
+  if (state !== 'approved') throw new Error(`the request is ${state} after approving`);
+  if ((await page.locator(row).count()) !== 0) throw new Error('the request is still pending');
+  await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-approved.png'), fullPage: true });
+  console.log(JSON.stringify({ ok: true, shown }));
+} catch (err) {
+  exitCode = 1;
+  console.error(`approve-export failed: ${String(err?.message ?? err).replace(/\x1b\[[0-9;]*m/g, '')}`);
+  await page?.screenshot({ path: path.join(env.MOAT_SHOTS, 'failure.png'), fullPage: true }).catch(() => {});
+} finally {
+  await context?.close().catch(() => {});
+  await rm(profile, { recursive: true, force: true });
+}
+process.exit(exitCode);
+
+async function go(page, pathname) {
+  const response = await page.goto(base + pathname, { waitUntil: 'load' });
+  if (!response?.ok()) throw new Error(`GET ${pathname} answered ${response?.status()}`);
+}
+
+// A click that leads to a new document (the server redirects back).
+async function navigating(page, act) {
+  const navigated = page.waitForEvent('framenavigated', (f) => f === page.mainFrame());
+  await act();
+  await navigated;
+  await page.waitForLoadState('load');
+}

@@ -509,6 +509,12 @@ fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_qu
         .env("MOAT_APPROVAL", &approval)
         .env("MOAT_PATH", "output/client/report.csv")
         .env("MOAT_PREVIEW", "all,22.60")
+        .env("MOAT_RUN", &run)
+        .env(
+            "MOAT_REJECTED",
+            "output/helper executable\noutput/passwd symlink\noutput/big.bin too_large\n\
+             output/contacts.csv secret",
+        )
         .env("MOAT_SHOTS", &shots)
         .output()
         .unwrap();

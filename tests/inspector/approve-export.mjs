@@ -1,10 +1,13 @@
 // An operator approves a file's export in the Inspector, in Debian's
 // Chromium: log in, find the request on the approvals page, check that it
 // shows what would leave (path, type, size, the checks it passed, the start
-// of the file), approve it, and see it settled.
+// of the file), approve it, and see it settled; then, on the run's page,
+// find the files held back at the export boundary, each with its reason
+// and none downloadable (MOAT_REJECTED: one "path rule" per line).
 //
 //   MOAT_URL=http://127.0.0.1:7411 MOAT_TOKEN=... MOAT_APPROVAL=apr_... \
 //   MOAT_PATH=output/client/report.csv MOAT_PREVIEW='client,total' \
+//   MOAT_RUN=... MOAT_REJECTED='output/tool executable' \
 //   MOAT_SHOTS=/some/dir node tests/inspector/approve-export.mjs
 //
 // Prints one JSON line on success; on failure says what was missing on
@@ -21,7 +24,7 @@ const CHROMIUM = '/usr/bin/chromium';
 const WAIT_MS = 12_000;
 
 const env = {};
-for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_SHOTS']) {
+for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_RUN', 'MOAT_REJECTED', 'MOAT_SHOTS']) {
   env[name] = process.env[name];
   if (!env[name]) {
     console.error(`approve-export: ${name} is not set`);
@@ -79,7 +82,22 @@ try {
   if (state !== 'approved') throw new Error(`the request is ${state} after approving`);
   if ((await page.locator(row).count()) !== 0) throw new Error('the request is still pending');
   await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-approved.png'), fullPage: true });
-  console.log(JSON.stringify({ ok: true, shown }));
+
+  await go(page, `/ui/runs/${encodeURIComponent(env.MOAT_RUN)}`);
+  const held = page.locator('table#quarantine tr.rejected');
+  await held.first().waitFor({ state: 'attached' });
+  const rows = (await held.allInnerTexts()).map((t) => t.replace(/\s+/g, ' '));
+  for (const want of env.MOAT_REJECTED.split('\n')) {
+    const [file, rule] = want.split(' ');
+    if (!rows.some((r) => r.includes(file) && r.includes(rule))) {
+      throw new Error(`the run page does not show ${file} held back (${rule}): ${JSON.stringify(rows)}`);
+    }
+  }
+  if ((await page.locator('table#quarantine a').count()) !== 0) {
+    throw new Error('a file held back at the export boundary has a link');
+  }
+  await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-quarantine.png'), fullPage: true });
+  console.log(JSON.stringify({ ok: true, shown, heldBack: rows.length }));
 } catch (err) {
   exitCode = 1;
   console.error(`approve-export failed: ${String(err?.message ?? err).replace(/\x1b\[[0-9;]*m/g, '')}`);

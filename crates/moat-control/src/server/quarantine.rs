@@ -216,6 +216,25 @@ pub fn reject_secrets(secrets: &[(String, Secret)], report: &mut Report<'_>) -> 
 /// not permit, holds what needs an approval (returned, to be stored with
 /// the op; its `approval.requested` is added to the events).
 pub fn decide(deciding: &Deciding<'_>, report: &mut Report<'_>) -> Vec<HeldExport> {
+    // Only what the boundary promoted leaves as an export: bytes of that
+    // kind that no `artifact.promoted` names are dropped, not stored.
+    let named: Vec<(String, String)> = promoted(report.events)
+        .into_iter()
+        .map(|f| (f.path, f.sha256))
+        .collect();
+    let is_named = |label: &str, sha: &str| named.iter().any(|(p, s)| p == label && s == sha);
+    report
+        .blobs
+        .retain(|b| b.kind != EXPORT_KIND || is_named(&b.label, &b.sha256));
+    if let Some(refs) = report.result["artifacts"].as_array_mut() {
+        refs.retain(|r| {
+            r["kind"] != EXPORT_KIND
+                || is_named(
+                    r["label"].as_str().unwrap_or_default(),
+                    r["sha256"].as_str().unwrap_or_default(),
+                )
+        });
+    }
     let mut held = Vec::new();
     for file in promoted(report.events) {
         if report.blob(&file).is_none() {

@@ -187,14 +187,15 @@ async fn run(
             let ops = s.ops(&org, &lookup)?;
             let events = s.events(&org, Some(&lookup), 0, pages::EVENTS_SHOWN)?;
             let artifacts = s.artifacts(&org, &lookup)?;
-            Ok(Some((run, ops, events, artifacts)))
+            let quarantined = s.run_quarantine(&org, &lookup)?;
+            Ok(Some((run, ops, events, artifacts, quarantined)))
         })
         .await
         .map_err(failure)?;
-    let Some((run, ops, events, artifacts)) = found else {
+    let Some((run, ops, events, artifacts, quarantined)) = found else {
         return Err(failure(ApiError::not_found(format_args!("run {id}"))));
     };
-    Ok(Html(pages::run(&run, &ops, &events, &artifacts)).into_response())
+    Ok(Html(pages::run(&run, &ops, &events, &artifacts, &quarantined)).into_response())
 }
 
 /// The run page's cancel button: the run ends `cancelled`, its runner stops

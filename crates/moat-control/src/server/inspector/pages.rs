@@ -8,8 +8,8 @@ use moat_core::size::format_size;
 use moat_core::url::encode_component as seg;
 use moat_ledger::StoredEvent;
 use moat_store::{
-    ApprovalRow, ArtifactRow, ManifestRow, OpRow, OpState, Page, RunRow, RunState, RunnerRow,
-    UsageDay, stamp,
+    ApprovalRow, ArtifactRow, ManifestRow, OpRow, OpState, Page, QuarantineRow, RunRow, RunState,
+    RunnerRow, UsageDay, stamp,
 };
 use serde_json::Value;
 
@@ -298,7 +298,13 @@ pub fn usage(days: &[UsageDay]) -> String {
     )
 }
 
-pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]) -> String {
+pub fn run(
+    run: &RunRow,
+    ops: &[OpRow],
+    events: &Page,
+    artifacts: &[ArtifactRow],
+    quarantined: &[QuarantineRow],
+) -> String {
     layout(
         &format!("Run {}", run.id),
         "runs",
@@ -351,6 +357,30 @@ pub fn run(run: &RunRow, ops: &[OpRow], events: &Page, artifacts: &[ArtifactRow]
                             td { (a.kind) } td { (a.label) } td { (a.op_id) } td { (a.size) }
                             td { code.sha256 { (a.sha256) } }
                             td { a.download download href={ "/ui/artifacts/" (a.sha256) } { "download" } }
+                        }
+                    }
+                }
+            }
+            @if !quarantined.is_empty() {
+                h2 { "Held back at the export boundary" }
+                p.muted {
+                    "Files programs wrote that did not pass: what was judged and why.                      Their bytes were never stored; they cannot be downloaded."
+                }
+                table #quarantine {
+                    thead { tr {
+                        th { "Path" } th { "Op" } th { "Size" } th { "SHA-256" } th { "Why" }
+                    } }
+                    tbody {
+                        @for q in quarantined {
+                            tr.rejected {
+                                td { code { (q.path) } } td { (q.op_id) } td { (q.size) }
+                                td { code { (q.sha256.as_deref().map(|s| truncate(s, 16)).unwrap_or_default()) } }
+                                td { ul.reasons {
+                                    @for r in &q.reasons {
+                                        li { code { (r.rule.as_str()) } " " (r.detail) }
+                                    }
+                                } }
+                            }
                         }
                     }
                 }

@@ -509,11 +509,13 @@ fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_qu
         .env("MOAT_APPROVAL", &approval)
         .env("MOAT_PATH", "output/client/report.csv")
         .env("MOAT_PREVIEW", "all,22.60")
+        .env("MOAT_DETAILS", format!("csv, {} bytes", report.len()))
         .env("MOAT_RUN", &run)
+        .env("MOAT_SECRET", &secret)
         .env(
             "MOAT_REJECTED",
             "output/helper executable\noutput/passwd symlink\noutput/big.bin too_large\n\
-             output/contacts.csv secret",
+             output/contacts.csv secret\noutput/[REDACTED:client-api-key].csv secret",
         )
         .env("MOAT_SHOTS", &shots)
         .output()

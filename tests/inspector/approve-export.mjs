@@ -24,7 +24,7 @@ const CHROMIUM = '/usr/bin/chromium';
 const WAIT_MS = 12_000;
 
 const env = {};
-for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_RUN', 'MOAT_REJECTED', 'MOAT_SHOTS']) {
+for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_DETAILS', 'MOAT_RUN', 'MOAT_REJECTED', 'MOAT_SECRET', 'MOAT_SHOTS']) {
   env[name] = process.env[name];
   if (!env[name]) {
     console.error(`approve-export: ${name} is not set`);
@@ -71,7 +71,9 @@ try {
   if (!shown.preview.includes(env.MOAT_PREVIEW)) {
     throw new Error(`the preview does not show ${JSON.stringify(env.MOAT_PREVIEW)}: ${JSON.stringify(shown.preview)}`);
   }
-  if (!/^csv, \d+ bytes/.test(shown.details)) throw new Error(`type and size not shown: ${shown.details}`);
+  if (!shown.details.startsWith(env.MOAT_DETAILS)) {
+    throw new Error(`type and size: ${shown.details}, expected ${env.MOAT_DETAILS}`);
+  }
   await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-request.png'), fullPage: true });
 
   await request.locator('form.approve input[name=reason]').fill('checked the preview');
@@ -86,16 +88,23 @@ try {
   await go(page, `/ui/runs/${encodeURIComponent(env.MOAT_RUN)}`);
   const held = page.locator('table#quarantine tr.rejected');
   await held.first().waitFor({ state: 'attached' });
-  const rows = (await held.allInnerTexts()).map((t) => t.replace(/\s+/g, ' '));
-  for (const want of env.MOAT_REJECTED.split('\n')) {
+  // Each row: its path (first cell) and its rules (the code of each reason).
+  const rows = [];
+  for (const row of await held.all()) {
+    rows.push({
+      path: (await row.locator('td').first().innerText()).trim(),
+      rules: (await row.locator('ul.reasons li code').allInnerTexts()).map((t) => t.trim()),
+    });
+  }
+  const wanted = env.MOAT_REJECTED.split('\n');
+  for (const want of wanted) {
     const [file, rule] = want.split(' ');
-    if (!rows.some((r) => r.includes(file) && r.includes(rule))) {
-      throw new Error(`the run page does not show ${file} held back (${rule}): ${JSON.stringify(rows)}`);
+    if (!rows.some((r) => r.path === file && r.rules.length === 1 && r.rules[0] === rule)) {
+      throw new Error(`the run page does not show ${file} held back for ${rule} alone: ${JSON.stringify(rows)}`);
     }
   }
-  if ((await page.locator('table#quarantine a').count()) !== 0) {
-    throw new Error('a file held back at the export boundary has a link');
-  }
+  if (rows.length !== wanted.length) throw new Error(`${rows.length} rows held back: ${JSON.stringify(rows)}`);
+  if ((await page.content()).includes(env.MOAT_SECRET)) throw new Error('the run page shows the secret');
   await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-quarantine.png'), fullPage: true });
   console.log(JSON.stringify({ ok: true, shown, heldBack: rows.length }));
 } catch (err) {

@@ -207,7 +207,10 @@ impl PolicyEngine {
             Resource::Path(request.path.to_owned()).uid()?,
             json!({
                 "size": i64::try_from(request.size).unwrap_or(i64::MAX),
-                "network": NetworkMode::Off.as_str(),
+                // Empty, not "off": an older rule without a scope on the
+                // action (`when { context.network == "off" }`) must not
+                // permit exports by accident.
+                "network": "",
                 "sandbox": "",
                 "path": request.path,
                 "method": "",
@@ -606,6 +609,15 @@ mod tests {
         assert_eq!(
             older.decide_export(&export("output/clean.csv")).unwrap(),
             Decision::Deny { policies: vec![] }
+        );
+        let unscoped = PolicyEngine::new(
+            r#"permit(principal, action, resource) when { context.network == "off" };"#,
+        )
+        .unwrap();
+        assert_eq!(
+            unscoped.decide_export(&export("output/clean.csv")).unwrap(),
+            Decision::Deny { policies: vec![] },
+            "a rule for programs without network permits no export"
         );
         let forbidden = ExportRequest {
             path: "input/secrets.env",

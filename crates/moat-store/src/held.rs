@@ -167,6 +167,16 @@ pub(super) fn settle(
         "DELETE FROM held_exports WHERE approval_id = ?",
         &[approval.into()],
     )?;
+    if let HeldOutcome::Reject(_) = outcome {
+        // A rejected file's bytes are not kept, unless something else
+        // (an artifact, an input, another held file) is the same bytes.
+        tx.execute(
+            "DELETE FROM blobs WHERE sha256 = ?
+               AND NOT EXISTS (SELECT 1 FROM artifacts a WHERE a.sha256 = blobs.sha256)
+               AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.sha256 = blobs.sha256)",
+            &[held.sha256.as_str().into()],
+        )?;
+    }
     Ok(())
 }
 
@@ -187,17 +197,66 @@ impl Store {
         })
     }
 
-    /// The bytes held for approval `approval` of the org (what the
-    /// Inspector previews), if it is still held.
-    pub fn held_bytes(&self, org: &str, approval: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    /// The file held for approval `approval` of the org, if it still is.
+    pub fn held_for(&self, org: &str, approval: &str) -> Result<Option<HeldRow>, StoreError> {
         self.read(|tx| {
             tx.query_one(
-                "SELECT b.data FROM blobs b JOIN held_exports h ON h.sha256 = b.sha256
-                 WHERE h.org_id = ? AND h.approval_id = ?",
+                &format!("SELECT {COLUMNS} FROM held_exports WHERE org_id = ? AND approval_id = ?"),
                 &[org.into(), approval.into()],
             )?
-            .map(|r| r.blob("data"))
+            .as_ref()
+            .map(decode)
             .transpose()
+        })
+    }
+
+    /// At most the first `max` bytes held for approval `approval` of the
+    /// org (what the Inspector previews), if it is still held: never the
+    /// whole of a large file.
+    pub fn held_prefix(
+        &self,
+        org: &str,
+        approval: &str,
+        max: usize,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        self.read(|tx| {
+            let sql = match tx.dialect() {
+                crate::Dialect::Sqlite => {
+                    "SELECT substr(b.data, 1, ?) AS head FROM blobs b
+                     JOIN held_exports h ON h.sha256 = b.sha256
+                     WHERE h.org_id = ? AND h.approval_id = ?"
+                }
+                crate::Dialect::Postgres => {
+                    "SELECT substring(b.data from 1 for ?::int) AS head FROM blobs b
+                     JOIN held_exports h ON h.sha256 = b.sha256
+                     WHERE h.org_id = ? AND h.approval_id = ?"
+                }
+            };
+            tx.query_one(sql, &[max.into(), org.into(), approval.into()])?
+                .map(|r| r.blob("head"))
+                .transpose()
+        })
+    }
+
+    /// Whether an artifact of one of `kinds` names `sha256` in the org.
+    pub fn artifact_of_kind(
+        &self,
+        org: &str,
+        sha256: &str,
+        kinds: &[&str],
+    ) -> Result<bool, StoreError> {
+        self.read(|tx| {
+            for kind in kinds {
+                let found = tx.query_one(
+                    "SELECT 1 FROM artifacts WHERE org_id = ? AND sha256 = ? AND kind = ?",
+                    &[org.into(), sha256.into(), (*kind).into()],
+                )?;
+                if found.is_some() {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
         })
     }
 }

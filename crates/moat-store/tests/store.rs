@@ -813,8 +813,19 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
         let h = s.held_export(&a, &held.sha256).unwrap().expect("held");
         assert_eq!(h.approval_id, "apr_held");
         assert!(s.held_export(&other, &held.sha256).unwrap().is_none());
-        assert_eq!(s.held_bytes(&a, "apr_held").unwrap(), Some(report.clone()));
-        assert!(s.held_bytes(&other, "apr_held").unwrap().is_none());
+        assert_eq!(
+            s.held_prefix(&a, "apr_held", 6).unwrap().as_deref(),
+            Some(&b"client"[..])
+        );
+        assert_eq!(
+            s.held_prefix(&a, "apr_held", 4096).unwrap(),
+            Some(report.clone())
+        );
+        assert!(s.held_prefix(&other, "apr_held", 4096).unwrap().is_none());
+        assert_eq!(
+            s.held_for(&a, "apr_held").unwrap().expect("held").path,
+            "output/client/report.csv"
+        );
         let pending = s.approvals(&a, Some(ApprovalState::Pending), 10).unwrap();
         assert_eq!(pending.len(), 1);
 

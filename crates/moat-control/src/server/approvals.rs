@@ -269,10 +269,16 @@ fn settle_export(
     now: i64,
 ) -> Result<Settled, StoreError> {
     let run = approval.run_id.as_str();
-    let args = &approval.summary["args"];
-    let path = args["path"].as_str().unwrap_or_default().to_owned();
-    let sha256 = args["sha256"].as_str().unwrap_or_default().to_owned();
-    let size = args["size"].as_u64().unwrap_or(0);
+    // What is promoted or rejected is the held file, as stored.
+    let Some(held) = store.held_for(&approval.org_id, &approval.id)? else {
+        return Err(StoreError::Corrupt(format!(
+            "export approval {} holds no file",
+            approval.id
+        )));
+    };
+    let path = held.path.clone();
+    let sha256 = held.sha256.clone();
+    let size = u64::try_from(held.size).unwrap_or(0);
     let with_op = |mut e: moat_core::Event| {
         e.op_id = Some(approval.op_id.clone());
         e
@@ -285,9 +291,11 @@ fn settle_export(
     let reasons;
     let (state, outcome) = match verdict {
         Verdict::Approved => {
-            let exported_as = serde_json::from_value(args["type"].clone()).map_err(|e| {
-                StoreError::Corrupt(format!("export approval {}: {e}", approval.id))
-            })?;
+            let exported_as =
+                serde_json::from_value(serde_json::Value::String(held.exported_as.clone()))
+                    .map_err(|e| {
+                        StoreError::Corrupt(format!("export approval {}: {e}", approval.id))
+                    })?;
             events.push(with_op(typed_event(
                 EventData::ArtifactPromoted(ArtifactPromoted {
                     path,

@@ -627,16 +627,23 @@ async fn artifact_bytes(
     let lookup = sha.to_owned();
     let (bytes, held, quarantined) = state
         .db(move |s| {
-            let bytes = s.artifact_bytes(&org, &lookup)?;
-            if bytes.is_some() {
-                return Ok((bytes, None, None));
-            }
+            // Bytes held for an approval or rejected at the boundary do not
+            // leave under another name (a copy a later artifact_read made,
+            // a stdout that printed them), unless the boundary promoted
+            // them or the agent gave them as an input.
             let held = s.held_export(&org, &lookup)?;
             let quarantined = match held {
                 Some(_) => None,
                 None => s.quarantined(&org, &lookup)?,
             };
-            Ok((None, held, quarantined))
+            let bytes = if (held.is_some() || quarantined.is_some())
+                && !s.artifact_of_kind(&org, &lookup, &["export", "input"])?
+            {
+                None
+            } else {
+                s.artifact_bytes(&org, &lookup)?
+            };
+            Ok((bytes, held, quarantined))
         })
         .await?;
     match (bytes, held, quarantined) {

@@ -37,7 +37,7 @@ const EXPORT_KIND: &str = "export";
 const SECRET_DETAIL: &str = "holds one of the org's stored secrets";
 
 /// The most of a text file the approver is shown.
-const PREVIEW_BYTES: usize = 4096;
+pub const PREVIEW_BYTES: usize = 4096;
 
 /// One op's report, as the control plane rewrites it.
 pub struct Report<'a> {
@@ -236,14 +236,18 @@ pub fn decide(deciding: &Deciding<'_>, report: &mut Report<'_>) -> Vec<HeldExpor
         });
     }
     let mut held = Vec::new();
+    let mut allowed: Vec<(String, String)> = Vec::new();
     for file in promoted(report.events) {
-        if report.blob(&file).is_none() {
-            // A promotion the runner sent no bytes for is no artifact:
-            // refused like any other report that does not add up.
+        let sent = report.blob(&file).map(|b| b.data.len() as u64);
+        if sent != Some(file.size) {
+            // A promotion the runner sent no bytes for, or other bytes
+            // than it judged, is no artifact: refused like any other report
+            // that does not add up.
             let fate = Fate::Reject(vec![Rejection {
                 rule: RejectRule::Unreadable,
-                detail: "the runner sent no content for it".into(),
+                detail: "the runner sent no content of its judged size for it".into(),
             }]);
+            report.take_blob(&file);
             report.apply(&file, &fate);
             continue;
         }
@@ -256,7 +260,10 @@ pub fn decide(deciding: &Deciding<'_>, report: &mut Report<'_>) -> Vec<HeldExpor
             destination: ORG_STORE,
         };
         let fate = match deciding.policy.decide_export(&request) {
-            Ok(Decision::Allow { .. }) => continue,
+            Ok(Decision::Allow { .. }) => {
+                allowed.push((file.path.clone(), file.sha256.clone()));
+                continue;
+            }
             Ok(Decision::Deny { policies }) => Fate::Reject(vec![Rejection {
                 rule: RejectRule::Policy,
                 detail: if policies.is_empty() {
@@ -286,6 +293,11 @@ pub fn decide(deciding: &Deciding<'_>, report: &mut Report<'_>) -> Vec<HeldExpor
         report.take_blob(&file);
         report.apply(&file, &fate);
     }
+    // What is stored as an export is what the policy let out, and nothing
+    // else (a second copy of a held or refused file included).
+    report.blobs.retain(|b| {
+        b.kind != EXPORT_KIND || allowed.iter().any(|(p, s)| *p == b.label && *s == b.sha256)
+    });
     held
 }
 
@@ -308,9 +320,13 @@ fn hold(
             "type": file.exported_as,
             "destination": ORG_STORE,
             "checks": [
-                format!("content validated as {}", file.exported_as.as_str()),
-                "no executable, link, device or set-id bits; within its rule's size",
-                "no credential-shaped strings (runner) and none of the org's secrets (control plane)",
+                format!(
+                    "validated as {} by the runner's sandboxed verifier",
+                    file.exported_as.as_str()
+                ),
+                "no executable, link, device or set-id bits, within its rule's size (runner)".to_owned(),
+                "no credential-shaped strings (runner)".to_owned(),
+                "none of the org's secrets (control plane)".to_owned(),
             ],
         }),
     };
@@ -331,16 +347,20 @@ fn hold(
 /// was cut; nothing for other types (the approver is never shown raw
 /// binary). Read from the held bytes when the page is shown, never kept
 /// in the approval or the ledger.
-pub fn preview(ty: ExportType, data: &[u8]) -> Option<(String, bool)> {
+pub fn preview(ty: ExportType, data: &[u8], total: u64) -> Option<(String, bool)> {
     if !ty.is_text() {
         return None;
     }
-    let mut end = data.len().min(PREVIEW_BYTES);
-    while end > 0 && std::str::from_utf8(&data[..end]).is_err() {
-        end -= 1;
-    }
-    let text = String::from_utf8_lossy(&data[..end]).into_owned();
-    Some((text, end < data.len()))
+    let head = &data[..data.len().min(PREVIEW_BYTES)];
+    // Cut where the first 4 KiB end mid-character; anything else not
+    // UTF-8 is shown replaced (the verifier passed it as text).
+    let end = match std::str::from_utf8(head) {
+        Ok(_) => head.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => head.len(),
+    };
+    let text = String::from_utf8_lossy(&head[..end]).into_owned();
+    Some((text, total > end as u64))
 }
 
 fn requested(deciding: &Deciding<'_>, held: &HeldExport) -> Event {

@@ -622,6 +622,17 @@ pub async fn result(
                 a.label, a.sha256
             )));
         }
+        if blobs
+            .iter()
+            .any(|b| b.kind == a.kind && b.label == a.label && b.sha256 == a.sha256)
+        {
+            // One file, one artifact: a second copy would be stored past
+            // the export boundary's decision on the first.
+            return Err(ApiError::bad_request(format!(
+                "artifact {} reported twice",
+                a.label
+            )));
+        }
         blobs.push(NewArtifact {
             sha256: a.sha256,
             kind: a.kind,
@@ -641,6 +652,18 @@ pub async fn result(
         if !SHELL_EVENTS.contains(&e.event_type) {
             return Err(ApiError::bad_request(format!(
                 "a runner does not report {} with a result",
+                e.event_type.as_str()
+            )));
+        }
+        // Only the control plane settles an approval.
+        if e.data.get("approvalId").is_some()
+            && matches!(
+                e.event_type,
+                EventType::ArtifactPromoted | EventType::ArtifactRejected
+            )
+        {
+            return Err(ApiError::bad_request(format!(
+                "a runner does not report {} with an approval",
                 e.event_type.as_str()
             )));
         }

@@ -298,9 +298,19 @@ async fn approvals_page(
                 if a.summary["op"] != crate::policy::EXPORT_ACTION {
                     continue;
                 }
-                let ty = serde_json::from_value(a.summary["args"]["type"].clone()).ok();
-                if let (Some(ty), Some(bytes)) = (ty, s.held_bytes(&org, &a.id)?)
-                    && let Some(preview) = super::quarantine::preview(ty, &bytes)
+                let ty: Option<moat_core::exports::ExportType> =
+                    serde_json::from_value(a.summary["args"]["type"].clone()).ok();
+                // Text only, and only its first bytes: never a whole file.
+                let Some(ty) = ty.filter(|t| t.is_text()) else {
+                    continue;
+                };
+                let max = super::quarantine::PREVIEW_BYTES;
+                if let Some(head) = s.held_prefix(&org, &a.id, max)?
+                    && let Some(preview) = super::quarantine::preview(
+                        ty,
+                        &head,
+                        a.summary["args"]["size"].as_u64().unwrap_or(0),
+                    )
                 {
                     previews.insert(a.id.clone(), preview);
                 }

@@ -364,7 +364,7 @@ pub fn run(
             @if !quarantined.is_empty() {
                 h2 { "Held back at the export boundary" }
                 p.muted {
-                    "Files programs wrote that did not pass: what was judged and why.                      Their bytes were never stored; they cannot be downloaded."
+                    "Files programs wrote that did not pass: what was judged and why. Their bytes are not kept; they cannot be downloaded."
                 }
                 table #quarantine {
                     thead { tr {

@@ -252,6 +252,8 @@ os.makedirs('output/client', exist_ok=True)
 with open('output/client/report.csv', 'w') as f:
     f.write('client,total\n')
     f.write('%s,%.2f\n' % ('all', sum(float(r['amount']) for r in clean)))
+with open('output/client/draft.csv', 'w') as f:
+    f.write('client,total\ndraft,0.00\n')
 with open('output/contacts.csv', 'w') as f:
     f.write('name,key\nbilling,' + 'HEAD' + 'TAIL' + '\n')
 with open('output/' + 'HEAD' + 'TAIL' + '.csv', 'w') as f:
@@ -479,17 +481,62 @@ fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_qu
             count("artifact.validated"),
             count("approval.requested"),
         ),
-        (2, 5, 1, 1)
+        (2, 5, 2, 2)
     );
 
     // The report for the client passed every check, but the policy asks a
     // person before it leaves: held, not downloadable yet.
     let report = "client,total\nall,22.60\n";
     let pending = exports["pending"].as_array().unwrap();
-    assert_eq!(pending.len(), 1, "{exports}");
-    assert_eq!(pending[0]["path"], "output/client/report.csv");
-    assert_eq!(pending[0]["sha256"], sha256_hex(report.as_bytes()).as_str());
-    let approval = pending[0]["approvalId"].as_str().unwrap().to_owned();
+    assert_eq!(pending.len(), 2, "{exports}");
+    let held = |path: &str| {
+        pending
+            .iter()
+            .find(|p| p["path"] == path)
+            .unwrap_or_else(|| panic!("{path} is not pending: {exports}"))
+    };
+    assert_eq!(
+        held("output/client/report.csv")["sha256"],
+        sha256_hex(report.as_bytes()).as_str()
+    );
+    let approval = held("output/client/report.csv")["approvalId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The agent cannot approve what its own program wrote.
+    let (status, body) = call(
+        "POST",
+        &format!("{url}/v1/approvals/{approval}/approve"),
+        &agent,
+        Some(serde_json::json!({})),
+    );
+    assert!(matches!(status, 401 | 403), "{status} {body}");
+    // The draft is denied: quarantined with the approver's reason.
+    let draft = "client,total\ndraft,0.00\n";
+    let draft_approval = held("output/client/draft.csv")["approvalId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = call(
+        "POST",
+        &format!("{url}/v1/approvals/{draft_approval}/deny"),
+        &admin,
+        Some(serde_json::json!({"reason": "not for the client yet"})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(
+        "GET",
+        &format!("{url}/v1/artifacts/{}", sha256_hex(draft.as_bytes())),
+        &agent,
+        None,
+    );
+    assert_eq!(status, 404, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        body["error"]["reason"] == "quarantined"
+            && message.contains("not_approved (denied by the approver: not for the client yet)"),
+        "{body}"
+    );
     let report_url = format!("{url}/v1/artifacts/{}", sha256_hex(report.as_bytes()));
     let (status, body) = call("GET", &report_url, &agent, None);
     assert_eq!(
@@ -515,7 +562,8 @@ fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_qu
         .env(
             "MOAT_REJECTED",
             "output/helper executable\noutput/passwd symlink\noutput/big.bin too_large\n\
-             output/contacts.csv secret\noutput/[REDACTED:client-api-key].csv secret",
+             output/contacts.csv secret\noutput/[REDACTED:client-api-key].csv secret\n\
+             output/client/draft.csv not_approved",
         )
         .env("MOAT_SHOTS", &shots)
         .output()
@@ -551,7 +599,7 @@ fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_qu
         .unwrap();
     let audit = String::from_utf8_lossy(&audit.stdout);
     assert!(
-        audit.contains("Export boundary: 3 file(s) promoted, 5 rejected, 0 awaiting approval")
+        audit.contains("Export boundary: 3 file(s) promoted, 6 rejected, 0 awaiting approval")
             && audit.contains(&format!("approved ({approval})"))
             && audit.contains("rejected  \"output/contacts.csv\": secret"),
         "{audit}"

@@ -859,5 +859,71 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
             s.op(&a, "r", "clean").unwrap().expect("op").state,
             OpState::Succeeded
         );
+
+        // Denied: quarantined with its reasons, not downloadable.
+        let draft_op = NewOp {
+            id: "draft",
+            ..clean
+        };
+        s.insert_op(&draft_op, 26).unwrap().expect("op");
+        s.dispatch_op(&a, "runner-1", "r", 27)
+            .unwrap()
+            .expect("dispatch");
+        let draft = b"client,total\ndraft,0.00\n".to_vec();
+        let held_draft = HeldExport {
+            path: "output/client/draft.csv".into(),
+            sha256: moat_core::hash::sha256_hex(&draft),
+            data: draft,
+            approval_id: "apr_draft".into(),
+            ..held.clone()
+        };
+        assert!(
+            s.finish_op(
+                &OpResult {
+                    org: &a,
+                    runner: "runner-1",
+                    run: "r",
+                    op: "draft",
+                    succeeded: true,
+                    result: &result,
+                    events: &[],
+                    artifacts: &[],
+                    held: std::slice::from_ref(&held_draft),
+                },
+                28,
+            )
+            .unwrap()
+        );
+        let denial = vec![Rejection {
+            rule: RejectRule::NotApproved,
+            detail: "denied by the approver: no".into(),
+        }];
+        let settled = s
+            .settle_approval(
+                &a,
+                "apr_draft",
+                &Settlement {
+                    state: ApprovalState::Denied,
+                    by: Some("admin"),
+                    reason: Some("no"),
+                    op_result: None,
+                    events: &[],
+                    export: Some(HeldOutcome::Reject(&denial)),
+                },
+                29,
+            )
+            .unwrap();
+        assert!(matches!(settled, Settled::Done(_)));
+        let q = s
+            .quarantined(&a, &held_draft.sha256)
+            .unwrap()
+            .expect("quarantined");
+        assert_eq!(q.reasons, denial);
+        assert!(s.held_for(&a, "apr_draft").unwrap().is_none());
+        assert!(s.artifact_bytes(&a, &held_draft.sha256).unwrap().is_none());
+        assert!(
+            !s.artifact_of_kind(&a, &held_draft.sha256, &["export", "input"])
+                .unwrap()
+        );
     }
 }

@@ -10,7 +10,7 @@ use clap::Args;
 use moat_control::PolicyEngine;
 use moat_control::clock::SystemClock;
 use moat_control::server::{self, AppState, Config};
-use moat_store::Store;
+use moat_store::{Outputs, Store};
 
 use crate::manifest;
 
@@ -46,6 +46,17 @@ pub struct ServeArgs {
     /// `sqlite:PATH` or `postgres://USER@HOST/DB` (or a libpq key=value string).
     #[arg(long, value_name = "URL", default_value = "sqlite:moat-control.db")]
     db: String,
+    /// Where files promoted at the export boundary are kept (the trusted
+    /// output store), by content: a directory (an absolute path or
+    /// file:///DIR), s3://BUCKET[/PREFIX] (credentials, region and endpoint
+    /// from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and
+    /// AWS_ENDPOINT for an S3-compatible server, with AWS_ALLOW_HTTP=true
+    /// for one without TLS), or `database`. Default: the directory
+    /// PATH-outputs beside an SQLite database; the database itself over
+    /// PostgreSQL, which every replica shares. Checked at start-up with a
+    /// small probe object (moat/probe).
+    #[arg(long, value_name = "WHERE")]
+    outputs: Option<String>,
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
     listen: String,
@@ -137,6 +148,19 @@ fn read_password(path: &std::path::Path) -> anyhow::Result<zeroize::Zeroizing<St
     Ok(zeroize::Zeroizing::new(password.to_owned()))
 }
 
+/// The output store when `--outputs` is not given: `PATH-outputs` beside
+/// an SQLite file at PATH (named like SQLite's own `-wal` and `-shm`), the
+/// database over PostgreSQL (a directory would be one replica's).
+fn default_outputs(db: &str) -> anyhow::Result<Outputs> {
+    let Some(path) = db.strip_prefix("sqlite:") else {
+        return Ok(Outputs::database());
+    };
+    let path = std::path::absolute(path).with_context(|| format!("--db {db}"))?;
+    let mut dir = path.into_os_string();
+    dir.push("-outputs");
+    Outputs::directory(std::path::Path::new(&dir)).context("the default --outputs")
+}
+
 pub fn main(args: ServeArgs) -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -171,6 +195,10 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
     if admin.len() < 16 {
         bail!("the admin token must be at least 16 characters");
     }
+    let outputs = match &args.outputs {
+        Some(spec) => Outputs::parse(spec).with_context(|| format!("--outputs {spec}"))?,
+        None => default_outputs(&args.db)?,
+    };
     let password = match &args.db_password_file {
         Some(path) => Some(
             read_password(path)
@@ -211,6 +239,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         vault,
         tools_allow_private: args.tools_allow_private_addresses,
         run_idle_timeout: args.run_idle_timeout,
+        outputs,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -223,14 +252,18 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
+    runtime
+        .block_on(state.config.outputs.check())
+        .with_context(|| format!("--outputs {}", state.config.outputs.describe()))?;
     let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("--listen {}", args.listen))?;
         let local = listener.local_addr()?;
         eprintln!(
-            "moat serve: listening on {scheme}://{local} ({backend}; policy {})",
-            state.config.policy.hash()
+            "moat serve: listening on {scheme}://{local} ({backend}; policy {}; promoted files in {})",
+            state.config.policy.hash(),
+            state.config.outputs.describe()
         );
         let (stop_metrics, metrics_stopped) = tokio::sync::watch::channel(false);
         if let Some(address) = &args.metrics_listen {

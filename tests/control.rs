@@ -1183,3 +1183,87 @@ fn serve_speaks_tls_and_runners_and_operators_trust_a_private_ca_with_ca_file() 
     let _ = runner.kill();
     let _ = runner.wait();
 }
+
+#[test]
+fn serve_keeps_promoted_files_where_outputs_says_and_refuses_a_store_it_cannot_use() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let db = format!("sqlite:{}", dir.path().join("cp.db").display());
+    let serve = |extra: &[&str], env: &[(&str, &str)]| {
+        std::process::Command::new(MOAT)
+            .args(["serve", "--db", &db, "--listen", "127.0.0.1:0"])
+            .args(["--key", path_str(&setup.key)])
+            .args(["--policy", path_str(&setup.policy)])
+            .args(["--admin-token-file", path_str(&setup.admin)])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    // Where promoted files go is checked before anything is opened.
+    for spec in [
+        "relative/dir",
+        "gs://bucket",
+        "s3://Not_A_Bucket",
+        "file://x",
+    ] {
+        let out = serve(&["--outputs", spec], &[]).wait_with_output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{spec}: {e}");
+        assert!(
+            e.contains(&format!("--outputs {spec}")) && e.contains("expected `database`"),
+            "{spec}: {e}"
+        );
+    }
+    assert!(
+        !dir.path().join("cp.db").exists(),
+        "a refused start wrote a database"
+    );
+
+    // A bucket nobody answers for: refused at start-up, by the probe, on
+    // the endpoint the environment names (loopback, nothing listening).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let aws = [
+        ("AWS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "moat-test"),
+        ("AWS_SECRET_ACCESS_KEY", "moat-test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let out = serve(&["--outputs", "s3://moat-outputs/acme"], &aws)
+        .wait_with_output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("--outputs s3://moat-outputs/acme") && e.contains(&endpoint),
+        "{e}"
+    );
+
+    // By default, a directory of its own beside the SQLite file.
+    let mut started = serve(&[], &[]);
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(started.stderr.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let _ = std::process::Command::new("kill")
+        .arg(started.id().to_string())
+        .status();
+    let _ = started.wait();
+    let outputs = dir.path().join("cp.db-outputs");
+    assert!(
+        first.contains(&format!("promoted files in file://{}", outputs.display())),
+        "{first}"
+    );
+    let mode = std::fs::metadata(&outputs).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    assert!(outputs.join("moat/probe").is_file(), "the start-up probe");
+}

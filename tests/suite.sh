@@ -10,8 +10,8 @@
 #     images, and Node.js with npm if there is no `node`), with apt-get;
 #   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
 #     in the system's Python), checkov and kubernetes-validate in another,
-#     target/deploy-venv, Debian's kubectl and prometheus unpacked in
-#     target/deploy-tools,
+#     target/deploy-venv, moto's S3 server in target/s3-venv, Debian's
+#     kubectl and prometheus unpacked in target/deploy-tools,
 #     and the Inspector walkthrough's npm package
 #     (playwright-core, which never downloads a browser) in
 #     tests/inspector/node_modules;
@@ -88,6 +88,16 @@ if ! "$deploy_venv/bin/checkov" --version >/dev/null 2>&1 || ! [ -x "$deploy_ven
   "$deploy_venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check checkov==3.3.30 kubernetes-validate==1.37.0
 fi
 export MOAT_TEST_DEPLOY_VENV=$deploy_venv
+
+# The output store's S3 backend (crates/moat-control/tests/outputs.rs) is
+# tested against moto's S3 server, from a venv of its own, on loopback.
+s3_venv=$PWD/target/s3-venv
+if ! [ -x "$s3_venv/bin/moto_server" ]; then
+  echo "tests/suite.sh: installing moto's S3 server into $s3_venv"
+  /usr/bin/python3 -m venv "$s3_venv"
+  "$s3_venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check 'moto[server]==5.1.22'
+fi
+export MOAT_TEST_MOTO=$s3_venv/bin/moto_server
 
 # The Inspector walkthrough drives Debian's Chromium with playwright-core.
 (cd tests/inspector && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)

@@ -605,6 +605,22 @@ fn the_spreadsheet_scenario_promotes_clean_outputs_holds_one_for_approval_and_qu
         "{audit}"
     );
 
+    // The three promoted files, and only they, are in the trusted output
+    // store: the directory beside the database, by hash.
+    let outputs = dir.join("moat.db-outputs/sha256");
+    let mut stored: Vec<String> = std::fs::read_dir(&outputs)
+        .unwrap()
+        .flat_map(|fan| std::fs::read_dir(fan.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    stored.sort_unstable();
+    let mut want: Vec<String> = [clean_csv, summary, report]
+        .iter()
+        .map(|text| sha256_hex(text.as_bytes()))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(stored, want, "what {} holds", outputs.display());
+
     drop(up);
     let errors = errors.join().unwrap();
     assert!(!errors.contains("panicked"), "{errors}");

@@ -112,6 +112,7 @@ fn bench(c: &mut Criterion) {
             vault: None,
             tools_allow_private: false,
             run_idle_timeout: Duration::from_secs(900),
+            outputs: moat_store::Outputs::database(),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

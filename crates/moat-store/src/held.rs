@@ -41,8 +41,10 @@ pub struct HeldRow {
 /// How settling an export's approval ends for its file.
 #[derive(Debug, Clone, Copy)]
 pub enum HeldOutcome<'a> {
-    /// An artifact of the op, downloadable.
-    Promote,
+    /// An artifact of the op, downloadable, its bytes kept there (with
+    /// `Kept::Outputs`, the caller stored them in the output store first,
+    /// and they leave `blobs`).
+    Promote(crate::Kept),
     /// Quarantined, with these reasons.
     Reject(&'a [Rejection]),
 }
@@ -132,7 +134,10 @@ pub(super) fn settle(
     };
     let held = decode(&row)?;
     match outcome {
-        HeldOutcome::Promote => {
+        HeldOutcome::Promote(kept) => {
+            if kept == crate::Kept::Outputs {
+                crate::objects::insert_output(tx, &held.sha256, held.size, now)?;
+            }
             tx.execute(
                 "INSERT INTO artifacts (org_id, run_id, op_id, sha256, size, kind, label, created_ms)
                  VALUES (?, ?, ?, ?, ?, 'export', ?, ?) ON CONFLICT DO NOTHING",
@@ -167,15 +172,30 @@ pub(super) fn settle(
         "DELETE FROM held_exports WHERE approval_id = ?",
         &[approval.into()],
     )?;
-    if let HeldOutcome::Reject(_) = outcome {
-        // A rejected file's bytes are not kept, unless something else
-        // (an artifact, an input, another held file) is the same bytes.
-        tx.execute(
-            "DELETE FROM blobs WHERE sha256 = ?
-               AND NOT EXISTS (SELECT 1 FROM artifacts a WHERE a.sha256 = blobs.sha256)
-               AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.sha256 = blobs.sha256)",
-            &[held.sha256.as_str().into()],
-        )?;
+    match outcome {
+        HeldOutcome::Reject(_) => {
+            // A rejected file's bytes are not kept, unless something else
+            // (an artifact, an input, another held file) is the same bytes.
+            tx.execute(
+                "DELETE FROM blobs WHERE sha256 = ?
+                   AND NOT EXISTS (SELECT 1 FROM artifacts a WHERE a.sha256 = blobs.sha256)
+                   AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.sha256 = blobs.sha256)",
+                &[held.sha256.as_str().into()],
+            )?;
+        }
+        HeldOutcome::Promote(crate::Kept::Outputs) => {
+            // Promoted into the output store: the database keeps the bytes
+            // only for what else is the same bytes (an input, a stdout
+            // capture, another held file); promoted files are read from
+            // the store.
+            tx.execute(
+                "DELETE FROM blobs WHERE sha256 = ?
+                   AND NOT EXISTS (SELECT 1 FROM artifacts a WHERE a.sha256 = blobs.sha256 AND a.kind <> 'export')
+                   AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.sha256 = blobs.sha256)",
+                &[held.sha256.as_str().into()],
+            )?;
+        }
+        HeldOutcome::Promote(crate::Kept::Database) => {}
     }
     Ok(())
 }
@@ -206,6 +226,20 @@ impl Store {
             )?
             .as_ref()
             .map(decode)
+            .transpose()
+        })
+    }
+
+    /// The whole of the file held for approval `approval` of the org, if it
+    /// still is (to stage it in the output store before it is promoted).
+    pub fn held_bytes(&self, org: &str, approval: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(|tx| {
+            tx.query_one(
+                "SELECT b.data FROM blobs b JOIN held_exports h ON h.sha256 = b.sha256
+                 WHERE h.org_id = ? AND h.approval_id = ?",
+                &[org.into(), approval.into()],
+            )?
+            .map(|r| r.blob("data"))
             .transpose()
         })
     }

@@ -10,6 +10,18 @@ pub struct NewArtifact {
     pub kind: String,
     pub label: String,
     pub data: Vec<u8>,
+    /// Where its bytes are kept.
+    pub kept: Kept,
+}
+
+/// Where an artifact's bytes are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// In the database's `blobs`.
+    Database,
+    /// In the trusted output store (`crate::Outputs`), which the caller
+    /// wrote them to before this transaction: only an `outputs` row here.
+    Outputs,
 }
 
 /// An artifact as listed.
@@ -55,14 +67,19 @@ pub(super) fn insert_artifact(
         )));
     }
     let size = i64::try_from(artifact.data.len()).unwrap_or(i64::MAX);
-    tx.execute(
-        "INSERT INTO blobs (sha256, size, data) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
-        &[
-            sha.as_str().into(),
-            size.into(),
-            artifact.data.clone().into(),
-        ],
-    )?;
+    match artifact.kept {
+        Kept::Database => {
+            tx.execute(
+                "INSERT INTO blobs (sha256, size, data) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+                &[
+                    sha.as_str().into(),
+                    size.into(),
+                    artifact.data.clone().into(),
+                ],
+            )?;
+        }
+        Kept::Outputs => insert_output(tx, &sha, size, now)?,
+    }
     tx.execute(
         "INSERT INTO artifacts (org_id, run_id, op_id, sha256, size, kind, label, created_ms)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -76,6 +93,20 @@ pub(super) fn insert_artifact(
             artifact.label.as_str().into(),
             now.into(),
         ],
+    )?;
+    Ok(())
+}
+
+/// Records that the output store holds `sha256`'s bytes.
+pub(super) fn insert_output(
+    tx: &mut dyn Tx,
+    sha256: &str,
+    size: i64,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO outputs (sha256, size, created_ms) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+        &[sha256.into(), size.into(), now.into()],
     )?;
     Ok(())
 }
@@ -167,6 +198,30 @@ impl Store {
             )?
             .map(|r| r.blob("data"))
             .transpose()
+        })
+    }
+
+    /// The size of `sha256`'s bytes if the output store holds them for one
+    /// of the org's promoted files (`None`: ask [`Store::artifact_bytes`]).
+    pub fn promoted_output(&self, org: &str, sha256: &str) -> Result<Option<i64>, StoreError> {
+        self.read(|tx| {
+            tx.query_one(
+                "SELECT o.size FROM outputs o WHERE o.sha256 = ? AND EXISTS
+                 (SELECT 1 FROM artifacts a WHERE a.org_id = ? AND a.sha256 = o.sha256 AND a.kind = 'export')",
+                &[sha256.into(), org.into()],
+            )?
+            .map(|r| r.int("size"))
+            .transpose()
+        })
+    }
+
+    /// Whether any promoted file names `sha256` as kept in the output store
+    /// (a staged object nothing promoted may then be removed).
+    pub fn output_named(&self, sha256: &str) -> Result<bool, StoreError> {
+        self.read(|tx| {
+            Ok(tx
+                .query_one("SELECT 1 FROM outputs WHERE sha256 = ?", &[sha256.into()])?
+                .is_some())
         })
     }
 

@@ -210,6 +210,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             kind: "file".into(),
             label: "out.txt".into(),
             data,
+            kept: moat_store::Kept::Database,
         };
         let ev = moat_store::typed_event(
             moat_core::EventData::OpFinished(moat_core::event_data::OpFinished {
@@ -822,6 +823,8 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
             Some(report.clone())
         );
         assert!(s.held_prefix(&other, "apr_held", 4096).unwrap().is_none());
+        assert_eq!(s.held_bytes(&a, "apr_held").unwrap(), Some(report.clone()));
+        assert!(s.held_bytes(&other, "apr_held").unwrap().is_none());
         assert_eq!(
             s.held_for(&a, "apr_held").unwrap().expect("held").path,
             "output/client/report.csv"
@@ -840,7 +843,7 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
                     reason: None,
                     op_result: None,
                     events: &[],
-                    export: Some(HeldOutcome::Promote),
+                    export: Some(HeldOutcome::Promote(moat_store::Kept::Database)),
                 },
                 25,
             )

@@ -123,7 +123,7 @@ fn cases() -> Vec<(&'static str, Case)> {
 /// The migrations in `migrations/<backend>/`: V1, then V2 (runner
 /// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
 /// boundary's quarantine and held exports).
-const MIGRATIONS: i64 = 5;
+const MIGRATIONS: i64 = 6;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")

@@ -11,7 +11,7 @@ use moat_core::event_data::{
 use moat_core::exports::{RejectRule, Rejection};
 use moat_core::{DenialReason, EventData};
 use moat_store::{
-    ApprovalRow, ApprovalState, HeldOutcome, Settled, Settlement, Store, StoreError, stamp,
+    ApprovalRow, ApprovalState, HeldOutcome, Kept, Settled, Settlement, Store, StoreError, stamp,
     typed_event,
 };
 
@@ -47,6 +47,17 @@ pub async fn resolve(
             "a denial needs a reason (the agent and the ledger get it)",
         ));
     }
+    // An export's file goes into the output store before the approval
+    // that promotes it is recorded (a store that cannot take it leaves the
+    // request pending, to approve again).
+    let staged = match approve {
+        true => stage_held_export(state, &operator.org, id).await?,
+        false => None,
+    };
+    let kept = match staged {
+        Some(_) => Kept::Outputs,
+        None => Kept::Database,
+    };
     let now = state.now();
     let (org, who, lookup) = (operator.org.clone(), operator.who.clone(), id.to_owned());
     let settled = state
@@ -55,7 +66,7 @@ pub async fn resolve(
                 return Ok(Settled::Missing);
             };
             let verdict = if approve {
-                Verdict::Approved
+                Verdict::Approved(kept)
             } else {
                 Verdict::Denied
             };
@@ -75,8 +86,11 @@ pub async fn resolve(
                 other => Ok(other),
             }
         })
-        .await?;
-    match settled {
+        .await;
+    if let Some(sha256) = staged {
+        unstage_unless_promoted(state, sha256).await;
+    }
+    match settled? {
         Settled::Done(row) => {
             state.notify_run(&row.run_id);
             Ok(row)
@@ -98,9 +112,67 @@ pub async fn resolve(
     }
 }
 
+/// Writes the file an export approval holds into the output store; its
+/// hash, if it did (`None`: not an export, no longer held, or promoted
+/// files stay in the database).
+async fn stage_held_export(
+    state: &Arc<AppState>,
+    org: &str,
+    approval: &str,
+) -> ApiResult<Option<String>> {
+    if state.config.outputs.in_database() {
+        return Ok(None);
+    }
+    let (org, approval) = (org.to_owned(), approval.to_owned());
+    let held = state
+        .db(move |s| {
+            Ok(match s.held_for(&org, &approval)? {
+                Some(row) => s.held_bytes(&org, &approval)?.map(|b| (row.sha256, b)),
+                None => None,
+            })
+        })
+        .await?;
+    let Some((sha256, bytes)) = held else {
+        return Ok(None);
+    };
+    if moat_core::hash::sha256_hex(&bytes) != sha256 {
+        return Err(
+            StoreError::Corrupt(format!("held file {sha256} does not hash to its name")).into(),
+        );
+    }
+    state
+        .config
+        .outputs
+        .put(&sha256, &bytes)
+        .await
+        .map_err(super::error::outputs_unavailable)?;
+    Ok(Some(sha256))
+}
+
+/// Removes a staged file from the output store unless a promotion names
+/// it now (the approval was late, settled already, or failed): a file no
+/// person approved does not stay in trusted storage.
+async fn unstage_unless_promoted(state: &Arc<AppState>, sha256: String) {
+    let lookup = sha256.clone();
+    match state.db(move |s| s.output_named(&lookup)).await {
+        Ok(true) => {}
+        Ok(false) => {
+            if let Err(e) = state.config.outputs.remove(&sha256).await {
+                eprintln!("moat serve: {e} (staged file {sha256} left behind)");
+            }
+        }
+        Err(e) => eprintln!(
+            "moat serve: staged file {sha256}: {} (left in the output store)",
+            e.message
+        ),
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Verdict {
-    Approved,
+    /// Approved; an export's held file is then kept there (already written
+    /// to the output store with `Kept::Outputs`).
+    Approved(Kept),
     Denied,
     Expired,
 }
@@ -132,7 +204,7 @@ fn settle(
         return settle_export(store, approval, verdict, by, reason, via, now);
     }
     let (state, events, op_result) = match verdict {
-        Verdict::Approved => {
+        Verdict::Approved(_) => {
             // The grant reads like any other: the decision it completes
             // (policy, manifest, resource, sandbox), then the approval.
             let decided = op
@@ -229,7 +301,7 @@ fn settled_event(
     via: &str,
 ) -> EventData {
     match verdict {
-        Verdict::Approved => EventData::ApprovalGranted(ApprovalGranted {
+        Verdict::Approved(_) => EventData::ApprovalGranted(ApprovalGranted {
             approval_id: approval.id.clone(),
             rule: approval.rule.clone(),
             risk: approval.risk.clone(),
@@ -290,7 +362,7 @@ fn settle_export(
     ))];
     let reasons;
     let (state, outcome) = match verdict {
-        Verdict::Approved => {
+        Verdict::Approved(kept) => {
             let exported_as =
                 serde_json::from_value(serde_json::Value::String(held.exported_as.clone()))
                     .map_err(|e| {
@@ -310,7 +382,7 @@ fn settle_export(
                 run,
                 now,
             )));
-            (ApprovalState::Approved, HeldOutcome::Promote)
+            (ApprovalState::Approved, HeldOutcome::Promote(kept))
         }
         Verdict::Denied | Verdict::Expired => {
             let (detail, state) = if verdict == Verdict::Denied {
@@ -468,7 +540,7 @@ mod tests {
             Case {
                 name: "approved in time",
                 settled_before: false,
-                verdict: Verdict::Approved,
+                verdict: Verdict::Approved(Kept::Database),
                 now: 5_000,
                 outcome: "Done",
                 approval: ApprovalState::Approved,
@@ -501,7 +573,7 @@ mod tests {
             Case {
                 name: "approved too late: nothing changes here",
                 settled_before: false,
-                verdict: Verdict::Approved,
+                verdict: Verdict::Approved(Kept::Database),
                 now: EXPIRES,
                 outcome: "Late",
                 approval: ApprovalState::Pending,
@@ -529,7 +601,7 @@ mod tests {
                 let first = settle(
                     &store,
                     &current(&store),
-                    Verdict::Approved,
+                    Verdict::Approved(Kept::Database),
                     Some("alice"),
                     None,
                     "api",

@@ -76,3 +76,15 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The trusted output store did not take or give back a promoted file:
+/// 503, retried by runners (details in the server's log: a backend's
+/// message can name a bucket or a path).
+pub fn outputs_unavailable(e: moat_store::OutputsError) -> ApiError {
+    eprintln!("moat serve: {e}");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "outputs_unavailable",
+        "the output store could not be reached; retry",
+    )
+}

@@ -20,6 +20,7 @@ mod approvals;
 mod approvals_api;
 mod auth;
 mod body;
+mod content;
 mod enrolments;
 mod error;
 mod event_stream;
@@ -78,6 +79,8 @@ pub struct Config {
     /// A run with no operation and no approval pending for this long is
     /// finished (`idle_timeout`), freeing its runner's slot.
     pub run_idle_timeout: Duration,
+    /// Where files promoted at the export boundary are kept.
+    pub outputs: moat_store::Outputs,
 }
 
 /// Shared state of the handlers.

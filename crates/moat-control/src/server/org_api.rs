@@ -72,6 +72,7 @@ pub async fn create_run(
             kind: "input".into(),
             label: input.path.into_string(),
             data,
+            kept: moat_store::Kept::Database,
         });
     }
     let mut environment = body
@@ -625,7 +626,7 @@ async fn artifact_bytes(
 ) -> ApiResult<Vec<u8>> {
     let org = auth::agent(state, headers).await?;
     let lookup = sha.to_owned();
-    let (bytes, held, quarantined) = state
+    let (stored, held, quarantined) = state
         .db(move |s| {
             // Bytes held for an approval or rejected at the boundary do not
             // leave under another name (a copy a later artifact_read made,
@@ -636,18 +637,18 @@ async fn artifact_bytes(
                 Some(_) => None,
                 None => s.quarantined(&org, &lookup)?,
             };
-            let bytes = if (held.is_some() || quarantined.is_some())
+            let stored = if (held.is_some() || quarantined.is_some())
                 && !s.artifact_of_kind(&org, &lookup, &["export", "input"])?
             {
                 None
             } else {
-                s.artifact_bytes(&org, &lookup)?
+                super::content::locate(s, &org, &lookup)?
             };
-            Ok((bytes, held, quarantined))
+            Ok((stored, held, quarantined))
         })
         .await?;
-    match (bytes, held, quarantined) {
-        (Some(bytes), _, _) => Ok(bytes),
+    match (stored, held, quarantined) {
+        (Some(stored), _, _) => super::content::fetch(state, stored, sha).await,
         (None, Some(h), _) => Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             "awaiting_approval",
@@ -685,7 +686,7 @@ pub async fn download_artifact(
     headers: HeaderMap,
     Path(sha): Path<String>,
 ) -> ApiResult<Response> {
-    let bytes = artifact_bytes(&state, &headers, &sha).await?;
+    let bytes = super::content::checked(artifact_bytes(&state, &headers, &sha).await?, &sha)?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),

@@ -17,7 +17,9 @@ use moat_core::event_data::{
     RunnerRejection, TeardownCheck,
 };
 use moat_core::{Envelope, Event, EventData, EventType, OpKind, SandboxMode, SignedManifest};
-use moat_store::{NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp, typed_event};
+use moat_store::{
+    Kept, NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp, typed_event,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -638,6 +640,7 @@ pub async fn result(
             kind: a.kind,
             label: a.label,
             data,
+            kept: Kept::Database,
         });
     }
     let now = state.now();
@@ -677,7 +680,8 @@ pub async fn result(
         serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
     let st = Arc::clone(&state);
     let changed = run_id.clone();
-    let recorded = state
+    let (org, rid, oid) = (runner.org_id.clone(), run_id.clone(), op_id.clone());
+    let judged = state
         .db(move |s| {
             // No secret of the org is kept, whatever a program printed or
             // wrote (read in the same trip to the store as the write).
@@ -733,12 +737,19 @@ pub async fn result(
             let mut finished = typed_event(data, &run_id, now);
             finished.op_id = Some(op_id.clone());
             events.push(finished);
+            Ok(Ok((runner, result_json, events, blobs, held)))
+        })
+        .await??;
+    let (runner, result_json, events, mut blobs, held) = judged;
+    keep_promoted(&state, &mut blobs).await?;
+    let recorded = state
+        .db(move |s| {
             s.finish_op(
                 &StoreOpResult {
-                    org: &runner.org_id,
+                    org: &org,
                     runner: &runner.id,
-                    run: &run_id,
-                    op: &op_id,
+                    run: &rid,
+                    op: &oid,
                     succeeded,
                     result: &result_json,
                     events: &events,
@@ -747,11 +758,28 @@ pub async fn result(
                 },
                 now,
             )
-            .map(Ok)
         })
-        .await??;
+        .await?;
     state.notify_run(&changed);
     Ok(Json(Recorded { recorded }))
+}
+
+/// Writes each promoted file into the trusted output store, before the
+/// transaction that records it: a store that cannot take it fails the
+/// result with 503, which the runner sends again.
+async fn keep_promoted(state: &AppState, blobs: &mut [NewArtifact]) -> ApiResult<()> {
+    let outputs = &state.config.outputs;
+    if outputs.in_database() {
+        return Ok(());
+    }
+    for blob in blobs.iter_mut().filter(|b| b.kind == "export") {
+        outputs
+            .put(&blob.sha256, &blob.data)
+            .await
+            .map_err(super::error::outputs_unavailable)?;
+        blob.kept = Kept::Outputs;
+    }
+    Ok(())
 }
 
 /// Every known secret out of a runner's report; an artifact that held one

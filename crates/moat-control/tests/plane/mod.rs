@@ -39,19 +39,46 @@ pub struct Plane {
     pub key: PrivateKey,
     pub pg: Option<TempPostgres>,
     pub dir: tempfile::TempDir,
+    /// Where promoted files are kept.
+    pub outputs: moat_store::Outputs,
+    /// The hash of the policy it decides by (manifests name it).
+    pub policy_hash: String,
 }
 
 impl Plane {
+    /// Over SQLite, promoted files in the directory `moat serve` would
+    /// choose (`c.db-outputs` beside the database).
     pub fn sqlite() -> Plane {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
-        start(store, None, dir)
+        Plane::sqlite_with(POLICY, |dir| {
+            moat_store::Outputs::directory(&dir.join("c.db-outputs")).unwrap()
+        })
     }
 
+    /// Over SQLite, with this policy and output store (made in the
+    /// plane's directory).
+    pub fn sqlite_with(
+        policy: &str,
+        outputs: impl FnOnce(&std::path::Path) -> moat_store::Outputs,
+    ) -> Plane {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite:{}", dir.path().join("c.db").display())).unwrap();
+        let outputs = outputs(dir.path());
+        start(store, None, dir, policy, outputs)
+    }
+
+    /// Over PostgreSQL, promoted files in the database (`moat serve`'s
+    /// default there).
     pub fn postgres() -> Plane {
         let pg = TempPostgres::create().expect("PostgreSQL (see .ci/run)");
         let store = Store::open(&pg.url).unwrap();
-        start(store, Some(pg), tempfile::tempdir().unwrap())
+        let outputs = moat_store::Outputs::database();
+        start(
+            store,
+            Some(pg),
+            tempfile::tempdir().unwrap(),
+            POLICY,
+            outputs,
+        )
     }
 
     /// Both backends, SQLite first.
@@ -66,7 +93,11 @@ impl Plane {
             None => {
                 let mut all = Vec::new();
                 for entry in std::fs::read_dir(self.dir.path()).unwrap() {
-                    all.extend(std::fs::read(entry.unwrap().path()).unwrap());
+                    let path = entry.unwrap().path();
+                    // The output store's directory is not the database.
+                    if path.is_file() {
+                        all.extend(std::fs::read(path).unwrap());
+                    }
                 }
                 assert!(all.len() > 4096, "an empty database proves nothing");
                 all
@@ -99,15 +130,23 @@ impl Plane {
     }
 }
 
-fn start(store: Store, pg: Option<TempPostgres>, dir: tempfile::TempDir) -> Plane {
+fn start(
+    store: Store,
+    pg: Option<TempPostgres>,
+    dir: tempfile::TempDir,
+    policy: &str,
+    outputs: moat_store::Outputs,
+) -> Plane {
     let clock = ManualClock::new(T0);
     let key = PrivateKey::from_seed([9; 32]);
     let store = Arc::new(store);
     let secrets_key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let engine = PolicyEngine::new(policy).unwrap();
+    let policy_hash = engine.hash().to_owned();
     let state = AppState::new(Config {
         store: Arc::clone(&store),
         key: PrivateKey::from_seed([9; 32]),
-        policy: PolicyEngine::new(POLICY).unwrap(),
+        policy: engine,
         admin_token_hash: moat_core::hash::sha256_hex(ADMIN.as_bytes()),
         environment: "prod".into(),
         clock: Arc::new(clock.clone()),
@@ -117,6 +156,7 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: tempfile::TempDir) -> Plan
         vault: Some(moat_control::vault::Vault::from_base64(&secrets_key).unwrap()),
         tools_allow_private: false,
         run_idle_timeout: Duration::from_secs(900),
+        outputs: outputs.clone(),
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -137,6 +177,8 @@ fn start(store: Store, pg: Option<TempPostgres>, dir: tempfile::TempDir) -> Plan
         _rt: rt,
         pg,
         dir,
+        outputs,
+        policy_hash,
     }
 }
 
@@ -232,7 +274,7 @@ pub fn manifest_with(
     let stamp = moat_store::stamp;
     let mut m = json!({
         "runnerVersion": "1.0.0", "environment": "prod",
-        "policyHash": moat_core::hash::sha256_hex(POLICY.as_bytes()),
+        "policyHash": plane.policy_hash,
         "allowedOps": ["artifact_read"], "allowedExecutables": [], "sandboxModes": ["workspace-write"],
         "networkPolicy": {"mode": "off", "allowDomains": []},
         "filesystem": {"readRoots": ["."], "writeRoots": ["output"]},

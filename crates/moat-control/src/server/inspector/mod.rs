@@ -258,11 +258,15 @@ async fn artifact(
         return Err(failure(ApiError::bad_request("not a SHA-256")));
     }
     let lookup = sha.clone();
-    let bytes = state
-        .db(move |s| s.artifact_bytes(&op.org, &lookup))
+    let stored = state
+        .db(move |s| super::content::locate(s, &op.org, &lookup))
         .await
         .map_err(failure)?
         .ok_or_else(|| failure(ApiError::not_found(format_args!("artifact {sha}"))))?;
+    let bytes = super::content::fetch(&state, stored, &sha)
+        .await
+        .and_then(|bytes| super::content::checked(bytes, &sha))
+        .map_err(failure)?;
     let disposition = format!("attachment; filename=\"{sha}\"");
     Ok((
         [

@@ -248,6 +248,113 @@ fn a_file_the_verifier_dies_on_is_rejected_and_the_others_still_judged() {
     assert_eq!(copied, ["clean/a.csv", "clean/c.csv"]);
 }
 
+/// zip archives as Python's zipfile writes them (another writer than the
+/// verifier's own tests): a plain one, a bomb, a symlink, a name that
+/// climbs out, an executable inside, a zip inside a zip, and a
+/// self-extracting stub in front.
+const ZIPS: &str = r#"
+import io, os, stat, sys, zipfile
+out = sys.argv[1]
+def make(name, members, prefix=b""):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for info, data in members:
+            z.writestr(info, data)
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(prefix + buf.getvalue())
+    return buf.getvalue()
+def entry(name, mode=0o644 | stat.S_IFREG):
+    info = zipfile.ZipInfo(name)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = mode << 16
+    info.create_system = 3
+    return info
+plain = make("plain.zip", [(entry("report/a.csv"), b"id,total\n1,2\n"), (entry("notes.txt"), b"ok\n")])
+make("bomb.zip", [(entry("zeros.txt"), b"0" * (64 << 20))])
+make("link.zip", [(entry("passwd", 0o777 | stat.S_IFLNK), b"/etc/passwd")])
+make("climb.zip", [(entry("../../.bashrc"), b"echo hi\n")])
+make("tool.zip", [(entry("tool"), open("/usr/bin/true", "rb").read())])
+make("nested.zip", [(entry("inner.zip"), plain)])
+sfx = make("sfx-inner.zip", [(entry("a.txt"), b"a\n")])
+os.remove(os.path.join(out, "sfx-inner.zip"))
+with open(os.path.join(out, "sfx.zip"), "wb") as f:
+    f.write(b"MZ" + b"\0" * 62 + sfx)
+"#;
+
+#[test]
+fn zip_archives_leave_only_when_listed_and_every_entry_is_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    let made = Command::new("python3")
+        .args(["-c", ZIPS])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    std::fs::write(
+        dir.path().join("rules.json"),
+        r#"{"rules":[{"path":"*.zip","types":["zip"],"maxBytes":209715200}]}"#,
+    )
+    .unwrap();
+    let to = dir.path().join("trusted");
+    let output = export(dir.path(), &["--json", "--to", to.to_str().unwrap()]);
+    let got = verdicts(&output);
+    let want = [
+        ("bomb.zip", "rejected", "archive_bomb"),
+        ("climb.zip", "rejected", "invalid_content"),
+        ("link.zip", "rejected", "invalid_content"),
+        ("nested.zip", "rejected", "invalid_content"),
+        ("plain.zip", "promoted", ""),
+        // The stub in front is what it is detected as.
+        ("sfx.zip", "rejected", "executable"),
+        ("tool.zip", "rejected", "invalid_content"),
+    ];
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(got.len(), want.len(), "{report}");
+    for ((path, verdict, reasons), (want_path, want_verdict, want_rule)) in got.iter().zip(want) {
+        assert_eq!(
+            (path.as_str(), verdict.as_str()),
+            (want_path, want_verdict),
+            "{report}"
+        );
+        let want_reasons: Vec<String> = match want_rule {
+            "" => vec![],
+            rule => vec![rule.to_owned()],
+        };
+        assert_eq!(reasons, &want_reasons, "{path}: {report}");
+    }
+    for (path, says) in [
+        ("link.zip", "symlink"),
+        ("climb.zip", "outside the archive"),
+        ("tool.zip", "executable"),
+        ("nested.zip", "nested archives"),
+    ] {
+        assert!(
+            report.contains(says),
+            "{path} should be refused for {says:?}: {report}"
+        );
+    }
+    assert_eq!(walk(&to), ["plain.zip"]);
+
+    // Without zip among the rule's types, none leaves.
+    std::fs::write(
+        dir.path().join("rules.json"),
+        r#"{"rules":[{"path":"*.zip","types":["csv","gzip"]}]}"#,
+    )
+    .unwrap();
+    let output = export(dir.path(), &["--json"]);
+    assert!(
+        verdicts(&output).iter().all(|(p, v, r)| v == "rejected"
+            && (r == &["archive".to_owned()] || p == "sfx.zip" && r == &["executable".to_owned()])),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
 #[test]
 fn bad_rules_and_paths_exit_2_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();

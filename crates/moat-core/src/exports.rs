@@ -94,6 +94,9 @@ pub enum ExportType {
     Gzip,
     /// A tar archive of regular files; scanned.
     Tar,
+    /// A zip archive of regular files, stored or deflated; decompressed
+    /// within limits, checked entry by entry and scanned.
+    Zip,
 }
 
 impl ExportType {
@@ -108,6 +111,7 @@ impl ExportType {
             ExportType::Parquet => "parquet",
             ExportType::Gzip => "gzip",
             ExportType::Tar => "tar",
+            ExportType::Zip => "zip",
         }
     }
 

@@ -18,7 +18,9 @@ pub enum Kind {
     Parquet,
     Gzip,
     Tar,
-    /// Another archive or compressed format (zip, 7z, xz, bzip2, zstd, rar...).
+    Zip,
+    /// Another archive or compressed format (7z, xz, bzip2, zstd, rar,
+    /// Office documents, Java archives...).
     OtherArchive(&'static str),
 }
 
@@ -36,6 +38,7 @@ impl Kind {
             Kind::Parquet => "parquet".into(),
             Kind::Gzip => "gzip".into(),
             Kind::Tar => "tar".into(),
+            Kind::Zip => "zip".into(),
             Kind::OtherArchive(mime) => format!("an archive ({mime})"),
         }
     }
@@ -58,6 +61,7 @@ pub fn detect(bytes: &[u8]) -> Kind {
                 return match mime {
                     "application/gzip" => Kind::Gzip,
                     "application/x-tar" => Kind::Tar,
+                    "application/zip" => Kind::Zip,
                     "application/pdf" => Kind::Pdf,
                     _ => Kind::OtherArchive(mime),
                 };
@@ -100,10 +104,7 @@ mod tests {
         assert_eq!(detect(b"a\0b"), Kind::Binary(None));
         assert_eq!(detect(b"\xff\xfe"), Kind::Binary(None));
         assert_eq!(detect(b"\x1f\x8b\x08\0\0\0\0\0\0\x03"), Kind::Gzip);
-        assert_eq!(
-            detect(b"PK\x03\x04\x14\0\0\0"),
-            Kind::OtherArchive("application/zip")
-        );
+        assert_eq!(detect(b"PK\x03\x04\x14\0\0\0"), Kind::Zip);
         assert_eq!(detect(b"%PDF-1.7\n%%EOF\n"), Kind::Pdf);
         assert_eq!(detect(b"PAR1\0\0\0\0PAR1"), Kind::Parquet);
         assert_eq!(detect(b""), Kind::Text);

@@ -15,6 +15,7 @@ pub mod secrets;
 pub mod validate;
 mod verify;
 mod walk;
+mod zip;
 
 pub use promote::{promote, read_verified};
 pub use rules::{CsvShape, ExportRule, ExportRules, ExportType, compile, parse};

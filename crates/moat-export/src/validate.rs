@@ -44,7 +44,7 @@ pub fn validate(ty: ExportType, bytes: &[u8], csv: Option<&CsvShape>) -> Result<
         ExportType::Pdf => pdf(bytes),
         ExportType::Parquet => parquet(bytes),
         // Archives are checked by `unpack`, which also yields their content.
-        ExportType::Gzip | ExportType::Tar => Ok(()),
+        ExportType::Gzip | ExportType::Tar | ExportType::Zip => Ok(()),
     }
 }
 
@@ -195,6 +195,7 @@ pub fn unpack(ty: ExportType, bytes: &[u8], max_bytes: u64) -> Result<Vec<u8>, I
     match ty {
         ExportType::Gzip => gunzip(bytes, max_bytes),
         ExportType::Tar => untar(bytes).map(|()| Vec::new()),
+        ExportType::Zip => crate::zip::unzip(bytes, max_bytes),
         _ => Ok(Vec::new()),
     }
 }

@@ -203,6 +203,7 @@ impl Verifier {
             Kind::Parquet => exported_as == ExportType::Parquet,
             Kind::Gzip => exported_as == ExportType::Gzip,
             Kind::Tar => exported_as == ExportType::Tar,
+            Kind::Zip => exported_as == ExportType::Zip,
             Kind::Executable(_) | Kind::OtherArchive(_) | Kind::Binary(_) => false,
         };
         if !agrees {
@@ -272,8 +273,8 @@ impl Verifier {
         let (ty, mut reasons) = type_check(rule, kind, bytes);
         if self.rules.secret_scan {
             let mut findings = self.scanner.scan(bytes);
-            if ty == Some(ExportType::Gzip)
-                && let Ok(inside) = unpack(ExportType::Gzip, bytes, max_bytes(rule))
+            if let Some(ty @ (ExportType::Gzip | ExportType::Zip)) = ty
+                && let Ok(inside) = unpack(ty, bytes, max_bytes(rule))
             {
                 findings.extend(self.scanner.scan(&inside));
             }
@@ -367,14 +368,14 @@ fn type_check(rule: &ExportRule, kind: Kind, bytes: &[u8]) -> (Option<ExportType
             None,
             vec![reject(
                 RejectRule::Archive,
-                format!("an archive ({mime}): only gzip and tar can be checked, when listed"),
+                format!("an archive ({mime}): only gzip, tar and zip can be checked, when listed"),
             )],
         ),
-        Kind::Gzip | Kind::Tar
-            if !listed(if kind == Kind::Gzip {
-                ExportType::Gzip
-            } else {
-                ExportType::Tar
+        Kind::Gzip | Kind::Tar | Kind::Zip
+            if !listed(match kind {
+                Kind::Gzip => ExportType::Gzip,
+                Kind::Tar => ExportType::Tar,
+                _ => ExportType::Zip,
             }) =>
         {
             (
@@ -390,6 +391,7 @@ fn type_check(rule: &ExportRule, kind: Kind, bytes: &[u8]) -> (Option<ExportType
         }
         Kind::Gzip => single(ExportType::Gzip),
         Kind::Tar => single(ExportType::Tar),
+        Kind::Zip => single(ExportType::Zip),
         Kind::Png => single(ExportType::Png),
         Kind::Pdf => single(ExportType::Pdf),
         Kind::Parquet => single(ExportType::Parquet),

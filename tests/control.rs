@@ -1267,3 +1267,123 @@ fn serve_keeps_promoted_files_where_outputs_says_and_refuses_a_store_it_cannot_u
     assert_eq!(mode & 0o777, 0o700);
     assert!(outputs.join("moat/probe").is_file(), "the start-up probe");
 }
+
+/// The program of `a_file_that_kills_the_verifier_...`: two small CSVs and,
+/// between them, one whose single field is 96 MB, written 1 MB at a time.
+const CRAFTED: &str = r#"
+with open("output/a.csv", "w") as f:
+    f.write("id,amount\n1,2\n")
+with open("output/b-crafted.csv", "w") as f:
+    f.write('id,amount\n1,"')
+    for _ in range(96):
+        f.write("x" * (1 << 20))
+    f.write('"\n')
+with open("output/c.csv", "w") as f:
+    f.write("id,amount\n3,4\n")
+"#;
+
+#[test]
+fn a_file_that_kills_the_verifier_is_rejected_and_the_runner_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    // The verifier gets the operation's limits: 48 MiB cannot hold the
+    // crafted file's one field.
+    let setup = setup_with(dir.path(), |m| {
+        m["limits"]["memoryBytes"] = json!(48u64 << 20);
+        m["exports"] = json!({"rules": [
+            {"path": "output/*.csv", "types": ["csv"], "maxBytes": 200u64 << 20}
+        ]});
+    });
+    let db = format!("sqlite:{}", dir.path().join("control.db").display());
+    let serve = Serve::start(&setup, &db, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let runner = Runner::start(&serve, &setup, &acme, "crafted");
+    let run =
+        json!({"id": "crafted", "inputs": [{"path": "input/data.txt", "content": "hello moat\n"}]});
+    let (status, body) = call("POST", &format!("{}/v1/runs", serve.url), &acme, Some(run));
+    assert_eq!(status, 201, "{body}");
+
+    let (status, op) = post_op(
+        &serve,
+        &acme,
+        "crafted",
+        envelope(
+            "1",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c", CRAFTED]}),
+        ),
+    );
+    assert_eq!(
+        (status, op["state"].as_str()),
+        (200, Some("succeeded")),
+        "{op}"
+    );
+    let exports = &op["result"]["result"]["exports"];
+    let mut promoted: Vec<&str> = exports["promoted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    promoted.sort_unstable();
+    assert_eq!(promoted, ["output/a.csv", "output/c.csv"], "{exports}");
+    let rejected = exports["rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 1, "{exports}");
+    assert_eq!(rejected[0]["path"], "output/b-crafted.csv", "{exports}");
+    assert_eq!(
+        rejected[0]["reasons"][0]["rule"], "verifier_failed",
+        "{exports}"
+    );
+    assert!(
+        rejected[0]["reasons"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("out of its 48M of memory"),
+        "{exports}"
+    );
+    // Recorded on the control plane, and never an artifact.
+    let (_, events) = call(
+        "GET",
+        &format!("{}/v1/runs/crafted/events", serve.url),
+        &acme,
+        None,
+    );
+    assert!(
+        events["events"].as_array().unwrap().iter().any(|e| {
+            e["type"] == "artifact.rejected"
+                && e["data"]["path"] == "output/b-crafted.csv"
+                && e["data"]["reasons"][0]["rule"] == "verifier_failed"
+        }),
+        "{events}"
+    );
+    let (_, listed) = call(
+        "GET",
+        &format!("{}/v1/runs/crafted/artifacts", serve.url),
+        &acme,
+        None,
+    );
+    assert!(!listed.to_string().contains("b-crafted"), "{listed}");
+
+    // The same runner takes the next operation.
+    let (status, op) = post_op(
+        &serve,
+        &acme,
+        "crafted",
+        envelope(
+            "2",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/wc", "-c", "input/data.txt"]}),
+        ),
+    );
+    assert_eq!(
+        (status, op["state"].as_str()),
+        (200, Some("succeeded")),
+        "{op}"
+    );
+    assert!(op["result"].to_string().contains("11"), "{op}");
+    let mut runner = runner;
+    assert!(
+        runner.child.try_wait().unwrap().is_none(),
+        "the runner process is still the one that started"
+    );
+}

@@ -42,6 +42,10 @@ permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",
        resource == Moat::Tool::"crm_lookup")
 when { context.method == "GET" };
 
+@id("exports")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"export", resource)
+when { context.path like "output/*" };
+
 @id("crm-write") @approval("required") @risk("high")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",
        resource == Moat::Tool::"crm_update");

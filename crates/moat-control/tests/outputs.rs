@@ -57,24 +57,30 @@ fn op_dispatched(plane: &Plane, org: &Org, runner: &Runner, run: &str) {
 }
 
 /// What a runner's shell reports for an op whose program wrote `files`,
-/// every one of them promoted by its verifier.
+/// every one of them promoted by its verifier as CSV.
 fn report(run: &str, files: &[(&str, &[u8])]) -> Vec<u8> {
+    let typed: Vec<(&str, &[u8], &str)> = files.iter().map(|(p, d)| (*p, *d, "csv")).collect();
+    report_typed(run, &typed)
+}
+
+/// `report`, each file promoted as the type given.
+fn report_typed(run: &str, files: &[(&str, &[u8], &str)]) -> Vec<u8> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let sha = |data: &[u8]| moat_core::hash::sha256_hex(data);
     json!({
         "result": {
             "id": "clean", "status": "ok",
-            "artifacts": files.iter().map(|(path, data)| json!({
+            "artifacts": files.iter().map(|(path, data, _)| json!({
                 "kind": "export", "label": path, "sha256": sha(data), "size": data.len()}))
                 .collect::<Vec<_>>(),
-            "result": {"exports": {"promoted": files.iter().map(|(path, data)| json!({
-                "path": path, "sha256": sha(data), "type": "csv"})).collect::<Vec<_>>()}},
+            "result": {"exports": {"promoted": files.iter().map(|(path, data, ty)| json!({
+                "path": path, "sha256": sha(data), "type": ty})).collect::<Vec<_>>()}},
         },
-        "events": files.iter().map(|(path, data)| json!({
+        "events": files.iter().map(|(path, data, ty)| json!({
             "type": "artifact.promoted", "at": "2030-01-01T00:00:00Z", "runId": run,
-            "data": {"path": path, "sha256": sha(data), "size": data.len(), "exportedAs": "csv"},
+            "data": {"path": path, "sha256": sha(data), "size": data.len(), "exportedAs": ty},
         })).collect::<Vec<_>>(),
-        "artifacts": files.iter().map(|(path, data)| json!({
+        "artifacts": files.iter().map(|(path, data, _)| json!({
             "kind": "export", "label": path, "sha256": sha(data),
             "contentBase64": b64.encode(data)})).collect::<Vec<_>>(),
     })
@@ -371,4 +377,79 @@ fn promoted_files_go_to_an_s3_compatible_bucket() {
     let missing = Outputs::s3("no-such-bucket-here", "", &settings).unwrap();
     let e = rt.block_on(missing.check()).unwrap_err().to_string();
     assert!(e.contains("s3://no-such-bucket-here"), "{e}");
+}
+
+#[test]
+fn an_org_secret_inside_a_compressed_export_is_found_on_the_control_plane() {
+    use std::io::Write as _;
+    let plane = Plane::sqlite_with(EXPORT_POLICY, |dir| {
+        Outputs::directory(&dir.join("outputs")).unwrap()
+    });
+    let acme = org(&plane, "acme");
+    let secret = format!("sk-live-{}", moat_core::random::new_id(""));
+    let (s, b) = call(
+        "PUT",
+        &format!("{}/v1/secrets/client-key", plane.url),
+        &bearer(&acme.token),
+        json!({"value": secret}).to_string().as_bytes(),
+    );
+    assert_eq!(s, 201, "{b}");
+    let runner = registered(&plane, &acme, 5);
+    op_dispatched(&plane, &acme, &runner, "r1");
+    // The secret deflated: not in the bytes as they travel.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    // Repeated, so that deflate codes it rather than storing it as is.
+    let rows = format!("1,{secret}\n").repeat(200);
+    gz.write_all(format!("id,key\n{rows}").as_bytes()).unwrap();
+    let leaky = gz.finish().unwrap();
+    assert!(!leaky.windows(secret.len()).any(|w| w == secret.as_bytes()));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(b"id,total\n1,2\n").unwrap();
+    let clean = gz.finish().unwrap();
+    let broken: &[u8] = b"\x1f\x8b\x08\0\0\0\0\0\0\x03not deflate";
+    let body = report_typed(
+        "r1",
+        &[
+            ("output/leaky.csv.gz", &leaky, "gzip"),
+            ("output/clean.csv.gz", &clean, "gzip"),
+            ("output/broken.gz", broken, "gzip"),
+        ],
+    );
+    let (s, b) = runner_post(
+        &plane,
+        &runner,
+        "/v1/runner/runs/r1/ops/clean/result",
+        &body,
+    );
+    assert_eq!(s, 200, "{b}");
+    let sha = |data: &[u8]| moat_core::hash::sha256_hex(data);
+    let (s, bytes) = get(&plane, &acme, &format!("/v1/artifacts/{}", sha(&clean)));
+    assert_eq!((s, bytes), (200, clean.clone()));
+    for (file, says) in [
+        (&leaky, "holds one of the org's stored secrets"),
+        (&broken.to_vec(), "could not unpack"),
+    ] {
+        let (s, b) = get(&plane, &acme, &format!("/v1/artifacts/{}", sha(file)));
+        assert_eq!((s, error_reason(&b).as_str()), (404, "quarantined"));
+        assert!(
+            String::from_utf8_lossy(&b).contains(says),
+            "{}",
+            String::from_utf8_lossy(&b)
+        );
+        assert!(!String::from_utf8_lossy(&b).contains(&secret));
+    }
+    let rejected = plane.events_named("artifact.rejected");
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
+    assert!(
+        rejected
+            .iter()
+            .all(|e| e.data["reasons"][0]["rule"] == "secret")
+    );
+    // Nothing of them in the store, or in the database.
+    let root = plane.dir.path().join("outputs");
+    for file in [&leaky, &broken.to_vec()] {
+        let h = sha(file);
+        assert!(!root.join(format!("sha256/{}/{h}", &h[..2])).exists());
+        assert!(!String::from_utf8_lossy(&plane.database_bytes()).contains(&secret));
+    }
 }

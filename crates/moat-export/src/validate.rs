@@ -218,9 +218,24 @@ fn gunzip(bytes: &[u8], max_bytes: u64) -> Result<Vec<u8>, Invalid> {
         });
     }
     // What it holds is judged by its bytes too: an executable does not
-    // leave inside a gzip.
-    if let crate::detect::Kind::Executable(what) = crate::detect::detect(&out) {
-        return Err(bad(format!("it holds an executable ({what})")));
+    // leave inside a gzip, a tar inside one (.tar.gz) is checked as a tar,
+    // and other archives inside are not opened, so they do not leave.
+    match crate::detect::detect(&out) {
+        crate::detect::Kind::Executable(what) => {
+            return Err(bad(format!("it holds an executable ({what})")));
+        }
+        crate::detect::Kind::Tar => {
+            untar(&out).map_err(|e| bad(format!("the tar inside: {}", e.detail)))?;
+        }
+        kind @ (crate::detect::Kind::Gzip
+        | crate::detect::Kind::Zip
+        | crate::detect::Kind::OtherArchive(_)) => {
+            return Err(bad(format!(
+                "it holds {}: nested archives are not opened",
+                kind.describe()
+            )));
+        }
+        _ => {}
     }
     Ok(out)
 }
@@ -300,8 +315,22 @@ fn untar(bytes: &[u8]) -> Result<(), Invalid> {
             .ok()
             .and_then(|len| bytes.get(start..start.checked_add(len)?))
             .unwrap_or_default();
-        if regular && let crate::detect::Kind::Executable(what) = crate::detect::detect(content) {
-            return Err(bad(format!("entry {n} is an executable ({what})")));
+        if regular {
+            match crate::detect::detect(content) {
+                crate::detect::Kind::Executable(what) => {
+                    return Err(bad(format!("entry {n} is an executable ({what})")));
+                }
+                kind @ (crate::detect::Kind::Gzip
+                | crate::detect::Kind::Tar
+                | crate::detect::Kind::Zip
+                | crate::detect::Kind::OtherArchive(_)) => {
+                    return Err(bad(format!(
+                        "entry {n} is {}: nested archives are not opened",
+                        kind.describe()
+                    )));
+                }
+                _ => {}
+            }
         }
     }
     Err(bad("no end-of-archive marker".into()))

@@ -31,6 +31,12 @@ const END_OF_DIRECTORY: u32 = 0x0605_4b50;
 const DIRECTORY_ENTRY: u32 = 0x0201_4b50;
 const LOCAL_HEADER: u32 = 0x0403_4b50;
 const DATA_DESCRIPTOR: u32 = 0x0807_4b50;
+const ZIP64_LOCATOR: u32 = 0x0706_4b50;
+/// The extra fields common writers add and no reader takes a name, a size
+/// or an offset from: NTFS times (7-Zip, Windows), extended timestamps and
+/// Unix owners (Info-ZIP, macOS). Any other (zip64 sizes, a Unicode path
+/// that some readers use instead of the checked name) is refused.
+const KNOWN_EXTRA: [u16; 3] = [0x000a, 0x5455, 0x7875];
 /// The end-of-directory record without its comment.
 const END_LEN: usize = 22;
 
@@ -58,7 +64,7 @@ struct Entry<'a> {
     compressed: u64,
     size: u64,
     name: &'a [u8],
-    /// Unix mode bits, when the archive was made on Unix.
+    /// Unix mode bits, when recorded.
     mode: Option<u32>,
     offset: u64,
 }
@@ -123,6 +129,14 @@ pub fn unzip(bytes: &[u8], max_bytes: u64) -> Result<Vec<u8>, Invalid> {
             Kind::Executable(what) => {
                 return Err(bad(format!("entry {n} is an executable ({what})")));
             }
+            Kind::Script => {
+                return Err(bad(format!(
+                    "entry {n} is a script (#!): a script leaves as a file of its own, under a rule that allows it"
+                )));
+            }
+            Kind::Binary(None) => {
+                return Err(bad(format!("entry {n} is binary data of no known type")));
+            }
             Kind::Gzip | Kind::Tar | Kind::Zip | Kind::OtherArchive(_) => {
                 return Err(bad(format!(
                     "entry {n} is an archive itself ({}): nested archives are not opened",
@@ -144,25 +158,23 @@ pub fn unzip(bytes: &[u8], max_bytes: u64) -> Result<Vec<u8>, Invalid> {
     Ok(inside)
 }
 
-/// Where the end-of-directory record is: it must end the file exactly
-/// (its comment included), so nothing follows the archive.
+/// Where the end-of-directory record is: the last 22 bytes, without a
+/// comment. A comment could hold a second end record (or a zip64 locator
+/// could sit before it) that another reader takes instead of this one.
 fn end_of_directory(bytes: &[u8]) -> Result<usize, Invalid> {
-    let lowest = bytes.len().saturating_sub(END_LEN + usize::from(u16::MAX));
-    let mut at = bytes
+    let at = bytes
         .len()
         .checked_sub(END_LEN)
         .ok_or_else(|| bad("too short"))?;
-    loop {
-        if u32_at(bytes, at) == Some(END_OF_DIRECTORY)
-            && u16_at(bytes, at + 20).map(|c| at + END_LEN + usize::from(c)) == Some(bytes.len())
-        {
-            return Ok(at);
-        }
-        if at == lowest {
-            return Err(bad("no end-of-directory record ends the file"));
-        }
-        at -= 1;
+    if u32_at(bytes, at) != Some(END_OF_DIRECTORY) || u16_at(bytes, at + 20) != Some(0) {
+        return Err(bad(
+            "the file does not end with an end-of-directory record without a comment",
+        ));
     }
+    if at >= 20 && u32_at(bytes, at - 20) == Some(ZIP64_LOCATOR) {
+        return Err(bad("zip64 is not supported"));
+    }
+    Ok(at)
 }
 
 /// The entry at `at` of the central directory and its length there.
@@ -173,7 +185,6 @@ fn directory_entry(bytes: &[u8], at: usize, n: usize) -> Result<(Entry<'_>, usiz
             "entry {n}: no directory record where one should be"
         )));
     }
-    let made_by = u16_at(bytes, at + 4).ok_or_else(short)?;
     let flags = u16_at(bytes, at + 8).ok_or_else(short)?;
     let method = u16_at(bytes, at + 10).ok_or_else(short)?;
     let crc = u32_at(bytes, at + 16).ok_or_else(short)?;
@@ -192,9 +203,17 @@ fn directory_entry(bytes: &[u8], at: usize, n: usize) -> Result<(Entry<'_>, usiz
         return Err(bad("it spans several disks"));
     }
     let name = bytes.get(at + 46..at + 46 + name_len).ok_or_else(short)?;
-    let len = 46 + name_len + extra_len + comment_len;
-    // Made on Unix: the mode is in the high half of the external attributes.
-    let mode = (made_by >> 8 == 3).then_some(external >> 16);
+    if comment_len != 0 {
+        return Err(bad(format!("entry {n} has a comment")));
+    }
+    let extra = bytes
+        .get(at + 46 + name_len..at + 46 + name_len + extra_len)
+        .ok_or_else(short)?;
+    check_extra(extra, n)?;
+    let len = 46 + name_len + extra_len;
+    // The mode in the high half of the external attributes, whatever host
+    // made it (some readers honour it for others than Unix).
+    let mode = Some(external >> 16).filter(|&m| m != 0);
     Ok((
         Entry {
             flags,
@@ -208,6 +227,24 @@ fn directory_entry(bytes: &[u8], at: usize, n: usize) -> Result<(Entry<'_>, usiz
         },
         len,
     ))
+}
+
+/// Extra fields tile their space exactly, and each is a known one.
+fn check_extra(mut extra: &[u8], n: usize) -> Result<(), Invalid> {
+    while !extra.is_empty() {
+        let (Some(id), Some(len)) = (u16_at(extra, 0), u16_at(extra, 2)) else {
+            return Err(bad(format!("entry {n}: an extra field is cut short")));
+        };
+        if !KNOWN_EXTRA.contains(&id) {
+            return Err(bad(format!(
+                "entry {n}: extra field {id:#06x} (zip64 or a path some readers use instead of the name)"
+            )));
+        }
+        extra = extra
+            .get(4 + usize::from(len)..)
+            .ok_or_else(|| bad(format!("entry {n}: an extra field is cut short")))?;
+    }
+    Ok(())
 }
 
 fn check_entry(entry: &Entry<'_>, n: usize) -> Result<(), Invalid> {
@@ -227,7 +264,8 @@ fn check_entry(entry: &Entry<'_>, n: usize) -> Result<(), Invalid> {
     let outside = name.starts_with(['/', '\\'])
         || name.contains('\0')
         || name.split(['/', '\\']).any(|c| c == "..")
-        || name.as_bytes().get(1) == Some(&b':');
+        // A drive letter, or an alternate data stream on Windows.
+        || name.contains(':');
     if name.is_empty() || outside {
         return Err(bad(format!("entry {n} points outside the archive")));
     }
@@ -242,6 +280,9 @@ fn check_entry(entry: &Entry<'_>, n: usize) -> Result<(), Invalid> {
         }
         if mode & 0o6000 != 0 {
             return Err(bad(format!("entry {n} is setuid or setgid")));
+        }
+        if kind != 0o040_000 && mode & 0o111 != 0 {
+            return Err(bad(format!("entry {n} is marked executable")));
         }
     }
     if name.ends_with('/') && entry.size != 0 {
@@ -271,7 +312,18 @@ fn local_data<'a>(
     let name_len = usize::from(u16_at(bytes, at + 26).ok_or_else(short)?);
     let extra_len = usize::from(u16_at(bytes, at + 28).ok_or_else(short)?);
     let name = bytes.get(at + 30..at + 30 + name_len).ok_or_else(short)?;
+    let extra = bytes
+        .get(at + 30 + name_len..at + 30 + name_len + extra_len)
+        .ok_or_else(short)?;
+    check_extra(extra, n)?;
     let deferred = flags & (1 << 3) != 0;
+    if deferred && entry.method == 0 {
+        // A stored entry's end is known only from the directory: a
+        // streaming reader would look for it in the data.
+        return Err(bad(format!(
+            "entry {n} is stored with its sizes after the data"
+        )));
+    }
     let sizes_agree = if deferred {
         // Sizes and CRC follow the data; a header may leave them zero.
         (crc == 0 || crc == entry.crc)
@@ -334,12 +386,20 @@ fn inflate(
         0 => data.to_vec(),
         _ => {
             let mut out = Vec::new();
-            flate2::read::DeflateDecoder::new(data)
+            let mut decoder = flate2::read::DeflateDecoder::new(data);
+            (&mut decoder)
                 .take(room.saturating_add(1))
                 .read_to_end(&mut out)
                 .map_err(|e| bad(format!("entry {n} does not decompress: {e}")))?;
             if out.len() as u64 > room {
                 return Err(bomb(n, cap));
+            }
+            // Bytes after the stream would be hidden from this check and
+            // seen by a reader that looks for the next header in the data.
+            if decoder.total_in() != data.len() as u64 {
+                return Err(bad(format!(
+                    "entry {n}: bytes follow its compressed stream"
+                )));
             }
             out
         }
@@ -491,7 +551,14 @@ mod tests {
 
     #[test]
     fn names_links_and_modes_that_could_escape_are_refused() {
-        for name in ["../up.txt", "/etc/cron.d/x", "a/../../b", "C:/x", "..\\x"] {
+        for name in [
+            "../up.txt",
+            "/etc/cron.d/x",
+            "a/../../b",
+            "C:/x",
+            "..\\x",
+            "a.txt:stream",
+        ] {
             let zip = build(b"", &[member(name, b"x")], |_, _| {});
             let e = refused(&zip);
             assert!(e.detail.contains("outside the archive"), "{name}: {e:?}");
@@ -504,6 +571,7 @@ mod tests {
             (0o120_777, "symlink"),
             (0o020_644, "device"),
             (0o104_755, "setuid"),
+            (0o100_755, "marked executable"),
         ] {
             let zip = build(
                 b"",
@@ -546,6 +614,50 @@ mod tests {
         let mut trailing = build(b"", &[member("a.txt", b"a")], |_, _| {});
         trailing.extend_from_slice(b"more");
         assert!(refused(&trailing).detail.contains("end-of-directory"));
+    }
+
+    #[test]
+    fn what_another_reader_would_see_differently_is_refused() {
+        // A comment after the end record (it could hold another one).
+        let mut zip = build(b"", &[member("a.txt", b"a")], |_, _| {});
+        let n = zip.len();
+        zip[n - 2..].copy_from_slice(&4u16.to_le_bytes());
+        zip.extend_from_slice(b"note");
+        assert!(refused(&zip).detail.contains("without a comment"));
+        // A Unicode path extra field, which some readers use for the name.
+        let mut unicode = 0x7075u16.to_le_bytes().to_vec();
+        unicode.extend_from_slice(&9u16.to_le_bytes());
+        unicode.extend_from_slice(b"\x01\0\0\0\0../x");
+        let zip = build(b"", &[member("a.txt", b"a")], |_, r| {
+            r[30..32].copy_from_slice(&(unicode.len() as u16).to_le_bytes());
+            r.extend_from_slice(&unicode);
+        });
+        assert!(refused(&zip).detail.contains("extra field 0x7075"));
+        // Bytes after a deflate stream, inside the entry's compressed size.
+        let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(b"abc").unwrap();
+        let mut packed = enc.finish().unwrap();
+        packed.extend_from_slice(b"PK\x03\x04hidden");
+        let entry = Entry {
+            flags: 0,
+            method: 8,
+            crc: crc(b"abc"),
+            compressed: packed.len() as u64,
+            size: 3,
+            name: b"a.txt",
+            mode: None,
+            offset: 0,
+        };
+        let e = inflate(&entry, &packed, 1, 1 << 20, 1 << 20).expect_err("trailing bytes");
+        assert!(e.detail.contains("follow its compressed stream"), "{e:?}");
+        // A script, or binary data of no known type, inside.
+        for (data, says) in [
+            (&b"#!/bin/sh\nid\n"[..], "script"),
+            (b"\0\x01\x02\x03", "no known type"),
+        ] {
+            let e = refused(&build(b"", &[member("x", data)], |_, _| {}));
+            assert!(e.detail.contains(says), "{says}: {e:?}");
+        }
     }
 
     #[test]

@@ -145,9 +145,13 @@ impl Outputs {
         let mut builder = object_store::aws::AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_retry(retry);
-        // Set one by one: client options as a whole would replace what the
-        // environment set (AWS_ALLOW_HTTP among them).
+        // Set one by one, and only where the environment says nothing:
+        // client options as a whole would replace what it set
+        // (AWS_ALLOW_HTTP among them).
         for (name, value) in [("aws_connect_timeout", "5s"), ("aws_timeout", "60s")] {
+            if std::env::var_os(name.to_ascii_uppercase()).is_some() {
+                continue;
+            }
             let key = name
                 .parse::<object_store::aws::AmazonS3ConfigKey>()
                 .map_err(backend)?;

@@ -49,16 +49,18 @@ pub async fn resolve(
     }
     // An export's file goes into the output store before the approval
     // that promotes it is recorded (a store that cannot take it leaves the
-    // request pending, to approve again).
+    // request pending, to approve again). A staged file is never removed:
+    // another promotion of the same bytes may be writing it too, and an
+    // object no `outputs` row names is never served.
+    let now = state.now();
     let staged = match approve {
-        true => stage_held_export(state, &operator.org, id).await?,
+        true => stage_held_export(state, &operator.org, id, now).await?,
         false => None,
     };
     let kept = match staged {
         Some(_) => Kept::Outputs,
         None => Kept::Database,
     };
-    let now = state.now();
     let (org, who, lookup) = (operator.org.clone(), operator.who.clone(), id.to_owned());
     let settled = state
         .db(move |s| {
@@ -86,11 +88,8 @@ pub async fn resolve(
                 other => Ok(other),
             }
         })
-        .await;
-    if let Some(sha256) = staged {
-        unstage_unless_promoted(state, sha256).await;
-    }
-    match settled? {
+        .await?;
+    match settled {
         Settled::Done(row) => {
             state.notify_run(&row.run_id);
             Ok(row)
@@ -113,12 +112,14 @@ pub async fn resolve(
 }
 
 /// Writes the file an export approval holds into the output store; its
-/// hash, if it did (`None`: not an export, no longer held, or promoted
-/// files stay in the database).
+/// hash, if it did (`None`: not an export, no longer pending, past its
+/// time, or promoted files stay in the database). A request past its time
+/// is expired by the settling that follows, so nothing is staged for it.
 async fn stage_held_export(
     state: &Arc<AppState>,
     org: &str,
     approval: &str,
+    now: i64,
 ) -> ApiResult<Option<String>> {
     if state.config.outputs.in_database() {
         return Ok(None);
@@ -126,6 +127,12 @@ async fn stage_held_export(
     let (org, approval) = (org.to_owned(), approval.to_owned());
     let held = state
         .db(move |s| {
+            let pending = s
+                .approval(&org, &approval)?
+                .is_some_and(|a| a.state == ApprovalState::Pending && a.expires_ms > now);
+            if !pending {
+                return Ok(None);
+            }
             Ok(match s.held_for(&org, &approval)? {
                 Some(row) => s.held_bytes(&org, &approval)?.map(|b| (row.sha256, b)),
                 None => None,
@@ -147,25 +154,6 @@ async fn stage_held_export(
         .await
         .map_err(super::error::outputs_unavailable)?;
     Ok(Some(sha256))
-}
-
-/// Removes a staged file from the output store unless a promotion names
-/// it now (the approval was late, settled already, or failed): a file no
-/// person approved does not stay in trusted storage.
-async fn unstage_unless_promoted(state: &Arc<AppState>, sha256: String) {
-    let lookup = sha256.clone();
-    match state.db(move |s| s.output_named(&lookup)).await {
-        Ok(true) => {}
-        Ok(false) => {
-            if let Err(e) = state.config.outputs.remove(&sha256).await {
-                eprintln!("moat serve: {e} (staged file {sha256} left behind)");
-            }
-        }
-        Err(e) => eprintln!(
-            "moat serve: staged file {sha256}: {} (left in the output store)",
-            e.message
-        ),
-    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

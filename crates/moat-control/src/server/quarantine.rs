@@ -6,7 +6,8 @@
 //!    one of them, or named with one, is rejected whole (rule `secret`),
 //!    found by the same scanner `moat export --secrets` uses (as is,
 //!    percent-encoded, JSON-escaped, base64 at any alignment, wrapped or
-//!    not; not inside compressed formats). Scrubbing it and keeping the
+//!    not; inside a gzip or zip, decompressed with the verifier's code, too:
+//!    one that does not unpack within bounds is rejected). Scrubbing it and keeping the
 //!    rest, as is done for stdout and tool responses, would promote a file
 //!    its author never wrote.
 //! 2. The policy decides whether each file may leave (action `export`):
@@ -35,6 +36,14 @@ const EXPORT_KIND: &str = "export";
 
 /// What a rejection for an org secret says: never which secret.
 const SECRET_DETAIL: &str = "holds one of the org's stored secrets";
+/// What it says of a compressed file the control plane could not look into.
+const UNSCANNED_DETAIL: &str =
+    "compressed content the control plane could not unpack to look for the org's secrets";
+
+/// The most a promoted gzip or zip may hold, decompressed, for the control
+/// plane to look into it for the org's secrets (past it, the file is
+/// rejected as holding one: it cannot be shown not to).
+const MAX_UNPACKED: u64 = 256 << 20;
 
 /// The most of a text file the approver is shown.
 pub const PREVIEW_BYTES: usize = 4096;
@@ -195,15 +204,31 @@ pub fn reject_secrets(secrets: &[(String, Secret)], report: &mut Report<'_>) -> 
             .any(|f| matches!(f, Finding::Secret { .. })),
         Err(_) => true,
     };
+    // A compressed file is looked into as well: what a gzip or a zip holds,
+    // decompressed with the verifier's own code and bounds; one that does
+    // not unpack here is not let out unscanned.
+    let inside = |file: &Promoted, bytes: &[u8]| match file.exported_as {
+        ExportType::Gzip | ExportType::Zip => {
+            match moat_export::validate::unpack(file.exported_as, bytes, MAX_UNPACKED) {
+                Ok(inside) => holds_secret(&inside).then_some(SECRET_DETAIL),
+                Err(_) => Some(UNSCANNED_DETAIL),
+            }
+        }
+        _ => None,
+    };
     let mut rejected = 0;
     for file in promoted(report.events) {
-        let holds = holds_secret(file.path.as_bytes())
-            || report.blob(&file).is_some_and(|b| holds_secret(&b.data));
-        if holds {
+        let detail = match report.blob(&file) {
+            _ if holds_secret(file.path.as_bytes()) => Some(SECRET_DETAIL),
+            Some(b) if holds_secret(&b.data) => Some(SECRET_DETAIL),
+            Some(b) => inside(&file, &b.data),
+            None => None,
+        };
+        if let Some(detail) = detail {
             report.take_blob(&file);
             let fate = Fate::Reject(vec![Rejection {
                 rule: RejectRule::Secret,
-                detail: SECRET_DETAIL.to_owned(),
+                detail: detail.to_owned(),
             }]);
             report.apply(&file, &fate);
             rejected += 1;

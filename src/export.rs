@@ -125,7 +125,7 @@ fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
         Some(path) => serde_json::from_slice(&std::fs::read(path)?)?,
         None => None,
     };
-    let skipped = |p: &str| skip.contains(p) || only.as_ref().is_some_and(|o| !o.contains(p));
+    let skipped = |p: &str| not_wanted(p, &skip, only.as_ref());
     let mut out = std::io::stdout().lock();
     let mut failed = None;
     Verifier::new(&rules, &secrets)?.judge_dir(&args.from, &skipped, &mut |step| {
@@ -142,6 +142,21 @@ fn worker(args: &ExportArgs) -> anyhow::Result<u8> {
         Some(e) => Err(e.into()),
         None => Ok(0),
     }
+}
+
+/// Whether the worker leaves `path` alone: judged already (`skip`), or not
+/// among the candidates (`only`). A directory (`dir/`) is walked unless a
+/// list of candidates names nothing under it, so a large input tree beside
+/// the outputs costs nothing.
+fn not_wanted(path: &str, skip: &BTreeSet<String>, only: Option<&BTreeSet<String>>) -> bool {
+    if path.ends_with('/') {
+        return only.is_some_and(|o| {
+            !o.range(path.to_owned()..)
+                .next()
+                .is_some_and(|c| c.starts_with(path))
+        });
+    }
+    skip.contains(path) || only.is_some_and(|o| !o.contains(path))
 }
 
 fn export(args: &ExportArgs) -> anyhow::Result<u8> {
@@ -300,4 +315,40 @@ fn print_table(report: &ExportReport, to: Option<&Path>) {
             .unwrap_or_default(),
         report.rejected
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::not_wanted;
+
+    #[test]
+    fn only_directories_that_lead_to_a_candidate_are_walked() {
+        let set = |items: &[&str]| {
+            items
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<BTreeSet<_>>()
+        };
+        let only = set(&["output/a.csv", "output/deep/b.csv", "out-2/c.csv"]);
+        let skip = set(&["output/a.csv"]);
+        for (path, left_alone) in [
+            ("output/", false),
+            ("output/deep/", false),
+            ("out-2/", false),
+            ("input/", true),
+            ("out/", true),
+            ("output/deeper/", true),
+            ("output/a.csv", true),
+            ("output/deep/b.csv", false),
+            ("input/data.csv", true),
+        ] {
+            assert_eq!(not_wanted(path, &skip, Some(&only)), left_alone, "{path}");
+        }
+        // Without a list, every directory is walked and only `skip` is left.
+        assert!(!not_wanted("input/", &skip, None));
+        assert!(not_wanted("output/a.csv", &skip, None));
+        assert!(!not_wanted("output/x.csv", &skip, None));
+    }
 }

@@ -49,7 +49,8 @@ pub struct Visit<'a> {
     /// A relative path's size cap, `None` when no rule takes it (it is then
     /// not read).
     pub max_bytes: &'a dyn Fn(&str) -> Option<u64>,
-    /// Paths not to look at (judged already).
+    /// Paths not to look at (judged already, or not candidates); a
+    /// directory's path ends with `/`, and skipping it skips all under it.
     pub skip: &'a dyn Fn(&str) -> bool,
     /// Told of a file before its content is read.
     pub reading: &'a mut dyn FnMut(&str),
@@ -92,9 +93,14 @@ fn descend(
         let stat = rustix::fs::statat(dir, raw.as_slice(), AtFlags::SYMLINK_NOFOLLOW);
         let is_dir =
             matches!(&stat, Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory);
-        // Directories are walked whatever the skip list says: what it
-        // leaves in may be under them. Skipped entries count for nothing.
-        if !is_dir && (visit.skip)(&path) {
+        // A directory is asked about by its path and a slash: skipped when
+        // nothing under it is wanted. Skipped entries count for nothing.
+        let asked = if is_dir {
+            format!("{path}/")
+        } else {
+            path.clone()
+        };
+        if (visit.skip)(&asked) {
             continue;
         }
         *seen += 1;

@@ -647,7 +647,7 @@ impl Shell {
         let exports = self.config.manifest.exports.clone();
         let before = exports
             .as_ref()
-            .map(|_| Snapshot::take(&self.workspace.path));
+            .map(|_| Snapshot::take(&self.workspace.path, &self.export_roots()));
         let degrade = exports::Degrade {
             allow_degraded: plan.spec.allow_degraded,
             without_cgroup: plan.spec.without_cgroup,

@@ -32,6 +32,17 @@ pub(super) struct Degrade {
 }
 
 impl Shell {
+    /// Where export candidates come from: the writable roots a program
+    /// writes (not the artifact-only ones).
+    pub(super) fn export_roots(&self) -> Vec<PathBuf> {
+        let (_, write) = self.workspace.roots();
+        let filesystem = &self.config.manifest.filesystem;
+        write
+            .into_iter()
+            .filter(|r| !filesystem.is_artifact_only(r))
+            .collect()
+    }
+
     /// Judges what changed since `before`; returns the op result's
     /// `exports` and adds promoted files to `artifacts`.
     pub(super) fn collect_exports(
@@ -42,13 +53,8 @@ impl Shell {
         degrade: Degrade,
         artifacts: &mut Vec<ArtifactRef>,
     ) -> Value {
-        let after = Snapshot::take(&self.workspace.path);
-        let (_, write) = self.workspace.roots();
-        let filesystem = &self.config.manifest.filesystem;
-        let roots: Vec<PathBuf> = write
-            .into_iter()
-            .filter(|r| !filesystem.is_artifact_only(r))
-            .collect();
+        let roots = self.export_roots();
+        let after = Snapshot::take(&self.workspace.path, &roots);
         let changed = before.changes(&after, &roots);
         // Past the snapshot's bounds, a written file may go unseen: it is
         // not judged, and not exported either. The result says so.

@@ -231,20 +231,20 @@ fn org_id(plane: &Plane, org: &Org) -> String {
 
 impl Plane {
     fn outputs_put(&self, sha: &str, data: &[u8]) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(self.outputs.put(sha, data)).unwrap();
+        block_on(self.outputs.put(sha, data)).unwrap();
     }
 
     fn outputs_remove(&self, sha: &str) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(self.outputs.remove(sha)).unwrap();
+        block_on(self.outputs.remove(sha)).unwrap();
     }
+}
+
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
 }
 
 #[test]
@@ -354,11 +354,7 @@ fn promoted_files_go_to_an_s3_compatible_bucket() {
         ("aws_region", "us-east-1"),
     ];
     let outputs = Outputs::s3(&bucket, "org-outputs", &settings).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(outputs.check()).expect("the probe object");
+    block_on(outputs.check()).expect("the probe object");
     let plane = Plane::sqlite_with(EXPORT_POLICY, |_| outputs);
     // Read straight from the bucket, not through object_store: moto wants
     // an Authorization header, and does not check its signature.
@@ -375,7 +371,7 @@ fn promoted_files_go_to_an_s3_compatible_bucket() {
 
     // No such bucket: the start-up probe says so.
     let missing = Outputs::s3("no-such-bucket-here", "", &settings).unwrap();
-    let e = rt.block_on(missing.check()).unwrap_err().to_string();
+    let e = block_on(missing.check()).unwrap_err().to_string();
     assert!(e.contains("s3://no-such-bucket-here"), "{e}");
 }
 

@@ -215,16 +215,6 @@ impl Store {
         })
     }
 
-    /// Whether any promoted file names `sha256` as kept in the output store
-    /// (a staged object nothing promoted may then be removed).
-    pub fn output_named(&self, sha256: &str) -> Result<bool, StoreError> {
-        self.read(|tx| {
-            Ok(tx
-                .query_one("SELECT 1 FROM outputs WHERE sha256 = ?", &[sha256.into()])?
-                .is_some())
-        })
-    }
-
     /// Adds a runner build (SHA-256 of a sealed runner) to the org's allowlist.
     pub fn allow_runner_build(
         &self,

@@ -278,8 +278,9 @@ impl Outputs {
         }
     }
 
-    /// Removes the object of `sha256`, if any (a staged file whose
-    /// approval did not promote it).
+    /// Removes the object of `sha256`, if any. The control plane itself
+    /// never removes one (another promotion of the same bytes may be
+    /// writing it); this is for an operator's clean-up and for tests.
     pub async fn remove(&self, sha256: &str) -> Result<(), OutputsError> {
         let Place::Objects { store, url } = &self.place else {
             return Ok(());

@@ -9,9 +9,12 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use moat_core::size::parse_size;
-use moat_core::{Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode};
+use moat_core::{
+    Event, EventSink, ExitStatus, Limits, NetworkMode, RootView, SandboxMode, WorkloadClass,
+};
 use moat_egress::{EgressConfig, EgressLimits, EgressPolicy, parse_resolve};
 use moat_sandbox::hostid::IdRange;
+use moat_sandbox::microvm::VmOptions;
 use moat_sandbox::{BindMount, LaunchPolicy, OutputMode, SandboxSpec};
 use moat_shell::egress::OneRunEgress;
 
@@ -23,6 +26,13 @@ Examples:
   moat exec --memory 128M --pids 64 --timeout 10s --report - -- ./build.sh
   moat exec --network allowlist --allow-domain pypi.org --allow-domain '*.pythonhosted.org' \
       --events - -- pip download requests
+  moat exec --class microvm --workspace ./project -- ./third-party-tool
+
+With --class microvm the program runs in a disposable virtual machine with a
+kernel of its own (QEMU's microvm machine, moat as its init), and QEMU in a
+sandbox as below: same flags, exit codes and report (which names the
+accelerator). Without usable KVM it needs --allow-degraded to run under
+software emulation.
 
 Inside the sandbox the program sees only the system directories (/usr, /bin,
 /lib...), a private /tmp, /proc and a minimal /dev, plus the roots you declare:
@@ -56,6 +66,25 @@ pub struct ExecArgs {
     /// What the program may write: read-only, workspace-write or danger-full-access.
     #[arg(long, value_name = "MODE", default_value = "workspace-write")]
     mode: SandboxMode,
+
+    /// Workload class: namespace (Moat's Linux sandbox on the host's kernel)
+    /// or microvm (a disposable QEMU virtual machine with a kernel of its
+    /// own, whose emulator runs inside a namespace sandbox). microvm needs
+    /// qemu-system-x86 and a guest kernel (linux-image-amd64); without usable
+    /// hardware virtualization it needs --allow-degraded to run under
+    /// software emulation, and the report says which accelerator ran.
+    #[arg(long, value_name = "CLASS", default_value = "namespace")]
+    class: WorkloadClass,
+
+    /// microvm: the guest kernel (default: the newest /boot/vmlinuz-* whose
+    /// modules are installed).
+    #[arg(long, value_name = "FILE")]
+    vm_kernel: Option<PathBuf>,
+
+    /// microvm: the guest kernel's modules directory (default:
+    /// /lib/modules/VERSION, VERSION from the kernel's file name).
+    #[arg(long, value_name = "DIR")]
+    vm_modules: Option<PathBuf>,
 
     /// Network: off (only loopback), allowlist (only --allow-domain names, through
     /// Moat's egress proxy), proxy-only (the same proxy; for the tool proxy's
@@ -264,10 +293,21 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     }
     let memory = spec.limits.memory_bytes;
     let timeout = spec.limits.timeout_ms;
-    let outcome = match egress_setup(&args, &spec.run_id)? {
-        None => moat_sandbox::run(spec, output, &mut events)?,
-        Some(mut hook) => {
-            moat_sandbox::run_with_egress(spec, output, &mut events, Some(&mut hook))?
+    let mut egress = egress_setup(&args, &spec.run_id)?;
+    let hook = egress
+        .as_mut()
+        .map(|hook| hook as &mut dyn moat_sandbox::EgressHook);
+    let outcome = match args.class {
+        WorkloadClass::Namespace => moat_sandbox::run_with_egress(spec, output, &mut events, hook)?,
+        WorkloadClass::Microvm => {
+            let vm = VmOptions {
+                moat: std::env::current_exe()
+                    .context("finding the moat binary (the guest's init)")?,
+                kernel: args.vm_kernel.clone(),
+                modules: args.vm_modules.clone(),
+                qemu: None,
+            };
+            moat_sandbox::microvm::run(spec, &vm, output, &mut events, hook)?
         }
     };
     let report = &outcome.report;
@@ -308,6 +348,11 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
             "--mode artifact-write belongs to the capability shell (`moat shell`); \
              moat exec takes read-only, workspace-write or danger-full-access"
         ),
+        _ if args.class != WorkloadClass::Microvm
+            && (args.vm_kernel.is_some() || args.vm_modules.is_some()) =>
+        {
+            bail!("--vm-kernel and --vm-modules choose the guest of --class microvm: add it")
+        }
         _ if !args.network.uses_egress_proxy() && has_egress_flags(args) => {
             bail!(
                 "--allow-domain, --deny-domain, --allow-address and --resolve configure the \

@@ -71,9 +71,39 @@ struct ExecCli {
     args: exec::ExecArgs,
 }
 
+/// `moat vm-relay PORT`, which QEMU starts inside a `microvm` jail for each
+/// connection the guest opens to the egress proxy (not for people to run).
+fn vm_relay(port: Option<std::ffi::OsString>) -> ExitCode {
+    let Some(port) = port.and_then(|p| p.to_str()?.parse::<u16>().ok()) else {
+        eprintln!("moat vm-relay: usage: moat vm-relay PORT (started by QEMU in a microvm jail)");
+        return ExitCode::from(2);
+    };
+    match moat_sandbox::microvm::relay::relay(port) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moat vm-relay: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    // The same binary is the init of every `microvm` guest.
+    if moat_sandbox::microvm::guest::is_guest_init() {
+        moat_sandbox::microvm::guest::main();
+    }
     let mut argv = std::env::args_os();
-    if argv.nth(1).is_some_and(|first| first == "exec") {
+    let first = argv.nth(1);
+    if first.as_ref().is_some_and(|first| first == "vm-relay") {
+        return vm_relay(argv.next());
+    }
+    if first.as_ref().is_some_and(|first| first == "vm-qemu") {
+        let args: Vec<_> = argv.collect();
+        let error = moat_sandbox::microvm::relay::exec_qemu(&args);
+        eprintln!("moat vm-qemu: cannot start the emulator: {error}");
+        return ExitCode::from(126);
+    }
+    if first.is_some_and(|first| first == "exec") {
         let cli = ExecCli::parse_from(std::iter::once("moat exec".into()).chain(argv));
         return exec::main(cli.args);
     }

@@ -269,3 +269,26 @@ fn set_id_files_cannot_be_made_in_a_writable_root() {
         }
     }
 }
+
+/// The same attacks from inside a `microvm` guest, where they apply (not
+/// the host-ro view or a file as a root, which the class refuses, nor the
+/// symbolic-link checks on declared roots, made before any class).
+mod in_a_microvm {
+    macro_rules! again {
+        ($($name:ident),+ $(,)?) => {
+            $(#[test]
+            fn $name() {
+                super::in_microvm(super::$name);
+            })+
+        };
+    }
+
+    again!(
+        path_traversal_out_of_the_workspace_reaches_nothing_on_the_host,
+        symlinks_in_the_workspace_cannot_point_outside_it,
+        absolute_host_paths_are_invisible_in_the_minimal_root,
+        writes_outside_writable_roots_fail_and_change_nothing,
+        read_only_mode_makes_the_workspace_read_only,
+        set_id_files_cannot_be_made_in_a_writable_root,
+    );
+}

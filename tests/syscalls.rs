@@ -146,3 +146,61 @@ fn tiocsti_cannot_inject_into_the_launchers_terminal() {
     drop(pty);
     assert_eq!(pending, 0);
 }
+
+/// The deny list inside a `microvm` guest: the checks above, in one boot,
+/// each refused with EPERM (clone3 steered with ENOSYS) and recorded.
+#[test]
+fn the_deny_list_holds_inside_a_microvm_guest() {
+    in_microvm(every_check_in_one_run);
+}
+
+fn every_check_in_one_run() {
+    let checks = [
+        ("ptrace", "ptrace"),
+        ("mount", "mount"),
+        ("umount", "umount2"),
+        ("unshare", "unshare"),
+        ("unshare-net", "unshare"),
+        ("setns", "setns"),
+        ("clone-newuser", "clone"),
+        ("keyctl", "keyctl"),
+        ("add_key", "add_key"),
+        ("bpf", "bpf"),
+        ("io_uring", "io_uring_setup"),
+        ("perf_event_open", "perf_event_open"),
+        ("userfaultfd", "userfaultfd"),
+        ("chroot", "chroot"),
+        ("pivot_root", "pivot_root"),
+        ("packet-socket", "socket"),
+        ("raw-socket", "socket"),
+        ("vsock", "socket"),
+        ("x32", "x32-abi"),
+        ("int80", "i386-abi"),
+    ];
+    let script: Vec<String> = checks
+        .iter()
+        .map(|(check, _)| check)
+        .chain(std::iter::once(&"clone3"))
+        .map(|check| format!("echo \"{check}: $(/probe/probe {check})\""))
+        .collect();
+    let run = probe_script(&script.join("; "));
+    assert_eq!(run.report["class"], "microvm", "{}", run.report);
+    for (check, syscall) in checks {
+        assert!(
+            run.stdout.contains(&format!("{check}: errno=1\n")),
+            "{check}: {}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        run.assert_syscall_denied_event(syscall);
+    }
+    assert!(run.stdout.contains("clone3: errno=38\n"), "{}", run.stdout);
+    assert_all_layers_enforced(&run);
+}
+
+/// `sh -c SCRIPT` with the probe at /probe.
+fn probe_script(script: &str) -> Run {
+    let args = with_probe();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    exec(&args, &["/bin/sh", "-c", script])
+}

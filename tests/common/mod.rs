@@ -88,6 +88,30 @@ pub fn check_event(event: &Value, whence: &str) {
     }
 }
 
+/// One `microvm` guest at a time per test binary: two emulated machines on
+/// two cores only make each slower, and a test checks that no emulator is
+/// left once its run ended.
+pub static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    static IN_MICROVM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `test` with every `exec` of this thread in a `microvm` guest
+/// (`--class microvm --allow-degraded`): the namespace class's attack tests
+/// run again against the other boundary.
+pub fn in_microvm(test: fn()) {
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    IN_MICROVM.with(|c| c.set(true));
+    let result = std::panic::catch_unwind(test);
+    IN_MICROVM.with(|c| c.set(false));
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    let emulators = host_processes_with("qemu-system-x86_64");
+    assert!(emulators.is_empty(), "emulator left running: {emulators:?}");
+}
+
 /// Runs `moat exec ARGS -- PROGRAM...` with report and events captured.
 pub fn exec(args: &[&str], program: &[&str]) -> Run {
     exec_as(MOAT, args, program, None)
@@ -102,8 +126,11 @@ pub fn exec_as(moat: &str, args: &[&str], program: &[&str], uid: Option<u32>) ->
     let report = dir.path().join("report.json");
     let events = dir.path().join("events.jsonl");
     let mut command = command_as(moat, uid);
+    command.arg("exec");
+    if IN_MICROVM.with(|c| c.get()) {
+        command.args(["--class", "microvm", "--allow-degraded"]);
+    }
     command
-        .arg("exec")
         .arg("--report")
         .arg(&report)
         .arg("--events")

@@ -31,9 +31,9 @@ pub use denial::DenialReason;
 pub use event::{Event, EventData, EventSink, EventType};
 pub use limits::Limits;
 pub use manifest::{Manifest, ManifestError, NetworkPolicy, NetworkProfile, SignedManifest};
-pub use mode::{NetworkMode, RootView, SandboxMode};
+pub use mode::{NetworkMode, RootView, SandboxMode, WorkloadClass};
 pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{
-    Enforcement, ExitStatus, LayerReport, LayerStatus, LimitMechanism, LimitReport, OutputReport,
-    SandboxReport, SyscallDenial, Violation,
+    Accelerator, Enforcement, ExitStatus, LayerReport, LayerStatus, LimitMechanism, LimitReport,
+    OutputReport, SandboxReport, SyscallDenial, Violation, VmReport,
 };

@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::mode::{NetworkMode, RootView, SandboxMode};
+use crate::mode::{NetworkMode, RootView, SandboxMode, WorkloadClass};
 
 /// How a sandboxed program ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -266,5 +266,55 @@ pub struct SandboxReport {
     /// Why the sandbox could not be set up, naming the layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup_error: Option<String>,
+    /// The workload class the program ran under (absent: `namespace`).
+    #[serde(default, skip_serializing_if = "WorkloadClass::is_namespace")]
+    pub class: WorkloadClass,
+    /// For the `microvm` class: the virtual machine the program ran in.
+    /// `enforcement` is then what confined the emulator (the jailer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<VmReport>,
     pub enforcement: Enforcement,
+}
+
+/// How a hardware-virtualized or emulated guest was run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Accelerator {
+    /// The host's hardware virtualization (KVM).
+    #[serde(rename = "kvm")]
+    Kvm,
+    /// QEMU's software emulation: slower, and allowed only when degrading
+    /// was (KVM was not usable).
+    #[serde(rename = "tcg")]
+    Tcg,
+}
+
+impl Accelerator {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accelerator::Kvm => "kvm",
+            Accelerator::Tcg => "tcg",
+        }
+    }
+}
+
+/// The virtual machine of a `microvm` run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmReport {
+    pub accelerator: Accelerator,
+    /// Why hardware virtualization was not used, when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+    /// The guest's memory (the VM's size).
+    pub memory_bytes: u64,
+    pub vcpus: u32,
+    /// SHA-256 of the guest kernel image and of the init image Moat built.
+    pub kernel_sha256: String,
+    pub initramfs_sha256: String,
+    /// What the guest's init applied to the program, layer by layer.
+    pub guest_layers: Vec<String>,
+    /// Milliseconds from the emulator's start to the program's start, as
+    /// the guest measured them (absent when the program never started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_ms: Option<u64>,
 }

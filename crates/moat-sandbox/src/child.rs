@@ -80,6 +80,42 @@ pub(crate) struct ChildPlan<'a> {
     pub(crate) log_denials: bool,
 }
 
+/// The program's whole environment: a few fixed names, the spec's own, and,
+/// in the proxy network modes, the proxy's address under every usual name.
+/// Nothing of the launcher's environment.
+pub(crate) fn program_env(spec: &SandboxSpec) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), SANDBOX_PATH.into()),
+        ("HOME".into(), "/tmp".into()),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    for (name, value) in &spec.env {
+        match env.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = value.clone(),
+            None => env.push((name.clone(), value.clone())),
+        }
+    }
+    env.retain(|(name, _)| name != "RUN_ID");
+    env.push(("RUN_ID".into(), spec.run_id.clone()));
+    if spec.network.uses_egress_proxy() {
+        let proxy = format!("http://127.0.0.1:{EGRESS_PORT}");
+        let no_proxy = "localhost,127.0.0.1,::1".to_owned();
+        for (name, value) in [
+            ("HTTP_PROXY", &proxy),
+            ("HTTPS_PROXY", &proxy),
+            ("ALL_PROXY", &proxy),
+            ("NO_PROXY", &no_proxy),
+        ] {
+            for name in [name.to_owned(), name.to_ascii_lowercase()] {
+                env.retain(|(n, _)| *n != name);
+                env.push((name, value.clone()));
+            }
+        }
+    }
+    env
+}
+
 impl ExecPlan {
     fn from_spec(
         spec: &SandboxSpec,
@@ -87,35 +123,7 @@ impl ExecPlan {
         log_denials: bool,
     ) -> Result<ExecPlan, SetupError> {
         let bad = |what: &str| SetupError::new(Layer::Exec, format!("{what} contains a NUL byte"));
-        let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), SANDBOX_PATH.into()),
-            ("HOME".into(), "/tmp".into()),
-            ("TMPDIR".into(), "/tmp".into()),
-            ("LANG".into(), "C.UTF-8".into()),
-        ];
-        for (name, value) in &spec.env {
-            match env.iter_mut().find(|(n, _)| n == name) {
-                Some(slot) => slot.1 = value.clone(),
-                None => env.push((name.clone(), value.clone())),
-            }
-        }
-        env.retain(|(name, _)| name != "RUN_ID");
-        env.push(("RUN_ID".into(), spec.run_id.clone()));
-        if spec.network.uses_egress_proxy() {
-            let proxy = format!("http://127.0.0.1:{EGRESS_PORT}");
-            let no_proxy = "localhost,127.0.0.1,::1".to_owned();
-            for (name, value) in [
-                ("HTTP_PROXY", &proxy),
-                ("HTTPS_PROXY", &proxy),
-                ("ALL_PROXY", &proxy),
-                ("NO_PROXY", &no_proxy),
-            ] {
-                for name in [name.to_owned(), name.to_ascii_lowercase()] {
-                    env.retain(|(n, _)| *n != name);
-                    env.push((name, value.clone()));
-                }
-            }
-        }
+        let env = program_env(spec);
         let path = env
             .iter()
             .find(|(n, _)| n == "PATH")
@@ -168,10 +176,14 @@ impl ExecPlan {
                 readable,
                 log_denials,
                 everything_writable: spec.mode == SandboxMode::DangerFullAccess,
-                tcp_connect_only: spec.network.uses_egress_proxy().then_some(EGRESS_PORT),
+                tcp_connect_only: (spec.network.uses_egress_proxy() && !spec.tcp_on_loopback)
+                    .then_some(EGRESS_PORT),
                 allow_degraded: spec.allow_degraded,
             },
-            seccomp: seccomp::compile(spec.network.uses_egress_proxy())?,
+            seccomp: seccomp::compile(
+                spec.network.uses_egress_proxy(),
+                spec.network.uses_egress_proxy() && !spec.tcp_on_loopback,
+            )?,
             floors: [
                 rlimit(libc::RLIMIT_NPROC, limits.pids, limits.pids),
                 rlimit(libc::RLIMIT_DATA, limits.memory_bytes, limits.memory_bytes),

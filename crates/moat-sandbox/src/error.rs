@@ -21,6 +21,8 @@ pub enum Layer {
     Landlock,
     Seccomp,
     Exec,
+    /// The `microvm` class: emulator, guest kernel, init image, accelerator.
+    Microvm,
 }
 
 impl Layer {
@@ -39,6 +41,7 @@ impl Layer {
             Layer::Landlock => "landlock",
             Layer::Seccomp => "seccomp",
             Layer::Exec => "exec",
+            Layer::Microvm => "microvm",
         }
     }
 
@@ -58,6 +61,7 @@ impl Layer {
             Layer::Landlock,
             Layer::Seccomp,
             Layer::Exec,
+            Layer::Microvm,
         ]
         .into_iter()
         .find(|layer| layer.as_str() == name)
@@ -107,6 +111,8 @@ pub enum SpecError {
     UnsupportedNetwork(moat_core::NetworkMode),
     #[error("stdin bytes: at most {max} (they must fit in a pipe)")]
     StdinTooLarge { max: usize },
+    #[error("the microvm class does not support {0}")]
+    NotInMicrovm(&'static str),
 }
 
 /// Why a run could not be set up. The run never reached the program.

@@ -11,7 +11,7 @@ use moat_core::event_data::{
 };
 use moat_core::{
     Enforcement, Event, EventData, EventSink, ExitStatus, LayerReport, NetworkMode, OutputReport,
-    SandboxMode, SandboxReport, SyscallDenial, Violation,
+    SandboxMode, SandboxReport, SyscallDenial, Violation, WorkloadClass,
 };
 
 use crate::cgroup::{self, RunCgroup};
@@ -135,8 +135,44 @@ pub fn run_with_egress(
         }
     }
     let report = state.into_report(&spec, result, started);
+    emit_ending(
+        &mut |data| events.emit(data),
+        &report,
+        spec.limits.timeout_ms,
+        "process tree",
+    );
+    Ok(RunOutcome {
+        report,
+        stdout,
+        stderr,
+    })
+}
+
+/// The event of a syscall the seccomp layer refused (with EPERM).
+pub(crate) fn syscall_denied(name: &str, arch: u32, nr: i32) -> EventData {
+    EventData::SandboxSyscallDenied(SandboxSyscallDenied {
+        syscall: name.to_owned(),
+        arch: format!("0x{arch:x}"),
+        nr,
+        layer: "seccomp".into(),
+        errno: "EPERM".into(),
+        sandbox_run_id: None,
+        runner_id: None,
+        runner_hash: None,
+        manifest_hash: None,
+    })
+}
+
+/// The events that close a run, after the program's own: its refusal (a
+/// setup error), its timeout (what was `killed`), and its report.
+pub(crate) fn emit_ending(
+    emit: &mut dyn FnMut(EventData),
+    report: &SandboxReport,
+    timeout_ms: u64,
+    killed: &str,
+) {
     if let Some(error) = &report.setup_error {
-        events.emit(EventData::SandboxExecDenied(SandboxExecDenied {
+        emit(EventData::SandboxExecDenied(SandboxExecDenied {
             reason: error.clone(),
             sandbox_run_id: None,
             runner_id: None,
@@ -145,27 +181,32 @@ pub fn run_with_egress(
         }));
     }
     if report.timed_out {
-        events.emit(EventData::ProcessTimeout(ProcessTimeout {
-            timeout_ms: spec.limits.timeout_ms,
-            killed: "process tree".into(),
+        emit(EventData::ProcessTimeout(ProcessTimeout {
+            timeout_ms,
+            killed: killed.into(),
             sandbox_run_id: None,
             runner_id: None,
             runner_hash: None,
             manifest_hash: None,
         }));
     }
-    events.emit(EventData::SandboxExecFinished(SandboxExecFinished {
+    emit(EventData::SandboxExecFinished(SandboxExecFinished {
         report: report.clone(),
         sandbox_run_id: None,
         runner_id: None,
         runner_hash: None,
         manifest_hash: None,
     }));
-    Ok(RunOutcome {
-        report,
-        stdout,
-        stderr,
-    })
+}
+
+/// The report of a run refused before anything was started (the
+/// `microvm` class's own preparation failed).
+pub(crate) fn refused_report(
+    spec: &SandboxSpec,
+    error: SetupError,
+    started: Instant,
+) -> SandboxReport {
+    RunState::new(spec).into_report(spec, Err(error), started)
 }
 
 struct Emitter<'a> {
@@ -202,6 +243,7 @@ fn started_data(spec: &SandboxSpec) -> SandboxExecStarted {
         root_view: spec.root_view,
         roots,
         limits: spec.limits.clone(),
+        class: WorkloadClass::Namespace,
         sandbox_run_id: None,
         runner_id: None,
         runner_hash: None,
@@ -347,6 +389,8 @@ impl RunState {
             denied_syscalls: self.denied,
             launcher_peak_rss_kib: launcher_peak_rss_kib(),
             setup_error: setup_error.map(|e| e.to_string()),
+            class: WorkloadClass::Namespace,
+            vm: None,
             enforcement: self.enforcement,
         }
     }
@@ -903,19 +947,7 @@ fn setup_and_supervise(
             audit: audit.as_mut().ok().map(|log| (log, &mut tracker)),
         },
         &mut |denial| match denial {
-            Denial::Syscall { name, arch, nr } => {
-                events.emit(EventData::SandboxSyscallDenied(SandboxSyscallDenied {
-                    syscall: name.to_string(),
-                    arch: format!("0x{arch:x}"),
-                    nr,
-                    layer: "seccomp".into(),
-                    errno: "EPERM".into(),
-                    sandbox_run_id: None,
-                    runner_id: None,
-                    runner_hash: None,
-                    manifest_hash: None,
-                }))
-            }
+            Denial::Syscall { name, arch, nr } => events.emit(syscall_denied(name, arch, nr)),
             Denial::Connect { address } => events.emit(EventData::NetworkDenied(NetworkDenied {
                 address: Some(address),
                 reason: Some(moat_core::DenialReason::DirectConnection),

@@ -17,6 +17,7 @@ pub mod helper;
 pub mod hostid;
 mod launch;
 mod launch_policy;
+pub mod microvm;
 mod mounts;
 mod netns;
 mod placement;

@@ -51,6 +51,9 @@ pub(crate) struct IdmappedRoots {
     pub(crate) owner: Option<(u32, u32)>,
     /// Whether that owner is a writable root's.
     writable_owner: bool,
+    /// The spec's KVM node, cloned here: root's node for the jail lies in a
+    /// directory the sandbox's init cannot traverse.
+    kvm: Option<OwnedFd>,
 }
 
 impl IdmappedRoots {
@@ -60,6 +63,7 @@ impl IdmappedRoots {
             mapped: Vec::new(),
             owner: None,
             writable_owner: false,
+            kvm: None,
         }
     }
 
@@ -108,6 +112,7 @@ impl IdmappedRoots {
                 mapped,
                 owner,
                 writable_owner: false,
+                kvm: None,
             });
         }
         let owner = owners
@@ -126,11 +131,27 @@ impl IdmappedRoots {
             .iter()
             .map(|(writable, of)| *writable || owner.is_some_and(|o| o.0 == of.0))
             .collect();
+        let kvm = match &spec.kvm {
+            Some(node) => {
+                let path = sys::cstring(node)
+                    .map_err(|e| SetupError::io(Layer::Filesystem, node.display(), e))?;
+                Some(
+                    sys::open_tree(
+                        libc::AT_FDCWD,
+                        &path,
+                        libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+                    )
+                    .map_err(|e| SetupError::io(Layer::Filesystem, node.display(), e))?,
+                )
+            }
+            None => None,
+        };
         Ok(IdmappedRoots {
             trees,
             mapped,
             owner,
             writable_owner,
+            kvm,
         })
     }
 
@@ -234,6 +255,14 @@ const ETC_ENTRIES: &[&str] = &[
 const COPY_LIMIT: u64 = 256 << 10;
 const COPY_DIR_ENTRIES: usize = 16;
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// The symbolic links of a sandbox's `/dev` (a `microvm` guest's too).
+pub(crate) const DEV_LINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("shm", "/tmp"),
+];
 /// The home where the decoys live: what a script looking for credentials
 /// tries first. Landlock grants nothing below it, so an attempt on a decoy
 /// is refused and, with the evidence layer on, recorded with its path
@@ -297,7 +326,10 @@ impl RootPlan {
             // the decoys instead of receiving them.
             plan.decoys();
         }
-        plan.devices();
+        plan.devices(
+            spec.kvm.as_deref(),
+            idmapped.kvm.as_ref().map(AsRawFd::as_raw_fd),
+        );
         plan.ops.push(Op::Dir("/proc".into()));
         plan.ops.push(Op::Proc("/proc".into()));
         plan.ops.push(Op::Dir("/tmp".into()));
@@ -568,22 +600,23 @@ impl RootPlan {
         }
     }
 
-    fn devices(&mut self) {
+    fn devices(&mut self, kvm: Option<&Path>, kvm_tree: Option<RawFd>) {
         self.ops.push(Op::Dir("/dev".into()));
-        for dev in DEVICES {
-            let path = Path::new("/dev").join(dev);
+        let host = |dev: &str| Path::new("/dev").join(dev);
+        let nodes = DEVICES
+            .iter()
+            .map(|dev| (host(dev), host(dev)))
+            .chain(kvm.map(|node| (node.to_path_buf(), host("kvm"))));
+        for (source, path) in nodes {
             self.ops.push(Op::MountPoint(path.clone()));
             // Device nodes can neither be executed nor be set-id: no flags to set.
-            let index = self.source(&path, false, 0);
+            let index = self.source(&source, false, 0);
+            if kvm.is_some_and(|node| node == source) {
+                self.sources[index].prepared = kvm_tree;
+            }
             self.ops.push(Op::Attach(path, index));
         }
-        for (link, target) in [
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-            ("shm", "/tmp"),
-        ] {
+        for (link, target) in DEV_LINKS {
             self.ops.push(Op::Symlink(
                 Path::new("/dev").join(link),
                 PathBuf::from(target),

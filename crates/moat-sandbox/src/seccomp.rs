@@ -210,8 +210,13 @@ pub(crate) struct SeccompPrograms {
     pub(crate) errno: BpfProgram,
 }
 
-/// The filter; `proxy_network` adds [`DENY_PROXY`].
-pub(crate) fn compile(proxy_network: bool) -> Result<SeccompPrograms, SetupError> {
+/// The filter; `proxy_network` adds [`DENY_PROXY`], `watch_connect` shows
+/// every `connect(2)` to the launcher (the proxy modes, but for a jail
+/// whose TCP stays on its own loopback).
+pub(crate) fn compile(
+    proxy_network: bool,
+    watch_connect: bool,
+) -> Result<SeccompPrograms, SetupError> {
     let err = |e: seccompiler::BackendError| SetupError::new(Layer::Seccomp, e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let extra: &[Deny] = if proxy_network { DENY_PROXY } else { &[] };
@@ -251,7 +256,7 @@ pub(crate) fn compile(proxy_network: bool) -> Result<SeccompPrograms, SetupError
         // refuses (and records) the ones that bypass the proxy and lets the
         // rest continue to Landlock's port rule, which is what enforces.
         // Without user notification Landlock alone decides, unobserved.
-        if proxy_network && deny_action == libc::SECCOMP_RET_USER_NOTIF {
+        if watch_connect && deny_action == libc::SECCOMP_RET_USER_NOTIF {
             program.push(jump(BPF_JEQ_K, libc::SYS_connect as u32, 0, 1));
             program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF));
         }
@@ -471,7 +476,7 @@ mod tests {
 
     #[test]
     fn both_programs_compile_and_start_with_the_arch_check() {
-        let programs = compile(false).map_err(|e| e.to_string());
+        let programs = compile(false, false).map_err(|e| e.to_string());
         let Ok(programs) = programs else {
             panic!("{programs:?}", programs = programs.err());
         };
@@ -557,7 +562,7 @@ mod tests {
 
     #[test]
     fn the_compiled_filter_decides_every_syscall_number_as_the_table_says() {
-        let programs = compile(false).ok().unwrap();
+        let programs = compile(false, false).ok().unwrap();
         let program = &programs.notify;
         for nr in 0..600i32 {
             let got = run(program, AUDIT_ARCH, nr, [0; 6]);
@@ -585,8 +590,8 @@ mod tests {
 
     #[test]
     fn proxy_modes_refuse_udp_sockets_and_keep_tcp_and_unix() {
-        let p = &compile(true).ok().unwrap().notify;
-        let off = &compile(false).ok().unwrap().notify;
+        let p = &compile(true, true).ok().unwrap().notify;
+        let off = &compile(false, false).ok().unwrap().notify;
         let socket = |p: &BpfProgram, family: i32, ty: i32| {
             run(
                 p,
@@ -658,7 +663,7 @@ mod tests {
 
     #[test]
     fn argument_rules_match_what_they_should_and_nothing_else() {
-        let p = &compile(false).ok().unwrap().notify;
+        let p = &compile(false, false).ok().unwrap().notify;
         let sys = |nr: i64, args: [u64; 6]| run(p, AUDIT_ARCH, nr as i32, args);
         let newuser = libc::CLONE_NEWUSER as u64;
         let sigchld = libc::SIGCHLD as u64;

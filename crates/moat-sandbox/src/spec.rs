@@ -72,6 +72,16 @@ pub struct SandboxSpec {
     /// export verifier names its candidates: it must read what a program
     /// wrote into a workspace that a root runner owns, mode 0700.
     pub read_as_owner: Option<PathBuf>,
+    /// A KVM device node bound at the sandbox's `/dev/kvm`: the jail of a
+    /// `microvm` guest run with hardware virtualization. Nothing else asks
+    /// for a device.
+    pub kvm: Option<PathBuf>,
+    /// In the proxy network modes, leave TCP bind and connect to the network
+    /// namespace (only loopback, where only the egress proxy listens)
+    /// rather than also to Landlock: the `microvm` jail's emulator pairs
+    /// each proxied connection's sockets through a listener of its own on
+    /// 127.0.0.1.
+    pub tcp_on_loopback: bool,
 }
 
 /// The most bytes `stdin_data` may hold (a pipe's default capacity).
@@ -104,6 +114,8 @@ impl SandboxSpec {
             stdin_data: None,
             launch_policy: LaunchPolicy::default(),
             read_as_owner: None,
+            kvm: None,
+            tcp_on_loopback: false,
         }
     }
 

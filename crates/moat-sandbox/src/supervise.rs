@@ -338,7 +338,7 @@ enum Slot {
 
 /// Takes one pending notification and refuses the syscall. A notified
 /// syscall is never allowed to continue.
-fn answer_notification(
+pub(crate) fn answer_notification(
     listener: RawFd,
     denied: &mut BTreeMap<&'static str, u64>,
     on_denial: &mut dyn FnMut(Denial<'_>),

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::limits::Limits;
-use crate::mode::{NetworkMode, RootView, SandboxMode};
+use crate::mode::{NetworkMode, RootView, SandboxMode, WorkloadClass};
 use crate::report::SandboxReport;
 
 /// A declared root as the program sees it (never the host path).
@@ -31,6 +31,10 @@ pub struct SandboxExecStarted {
     pub root_view: RootView,
     pub roots: Vec<SandboxRoot>,
     pub limits: Limits,
+    /// The workload class the program runs under (absent: `namespace`, as
+    /// in every record made before classes existed).
+    #[serde(default, skip_serializing_if = "WorkloadClass::is_namespace")]
+    pub class: WorkloadClass,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_run_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

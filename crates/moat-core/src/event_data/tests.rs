@@ -40,6 +40,8 @@ fn report() -> Value {
         write_budget_reached: false,
         launcher_peak_rss_kib: 4096,
         setup_error: None,
+        class: crate::WorkloadClass::Namespace,
+        vm: None,
         enforcement: Enforcement {
             mode: SandboxMode::WorkspaceWrite,
             network: NetworkMode::Off,
@@ -161,6 +163,7 @@ fn samples(t: EventType) -> Vec<Value> {
                 "network": "off", "rootView": "minimal", "roots": roots, "limits": limits});
             vec![
                 started.clone(),
+                with(started.clone(), json!({"class": "microvm"})),
                 with(with(started, json!({"sandboxRunId": "op-1"})), relayed()),
             ]
         }

@@ -1,0 +1,553 @@
+//! The `microvm` workload class: each program in a disposable virtual
+//! machine of its own.
+//!
+//! The host side builds (and caches) the guest's init image, finds out
+//! which accelerator boots a guest here, and starts QEMU's `microvm`
+//! machine as the program of an ordinary `namespace` sandbox: the jail. An
+//! escape from the guest lands in that sandbox, with no host uid 0, no
+//! network but the egress proxy's loopback port, and only the VM's files.
+//! The guest's init is `moat` itself (see [`guest`]).
+//!
+//! Files are shared over virtio-9p: QEMU serves them from inside the jail
+//! with no helper process (virtiofs needs a `virtiofsd` daemon beside the
+//! emulator, a block image needs copying in and out), and the declared
+//! roots keep the jail's idmapped mounts and read-only flags.
+
+mod accel;
+mod cache;
+pub(crate) mod config;
+pub mod guest;
+mod initramfs;
+mod qemu;
+pub mod relay;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use moat_core::event_data::{SandboxExecStarted, SandboxRoot};
+use moat_core::{
+    Accelerator, Event, EventData, EventSink, EventType, ExitStatus, Limits, SandboxMode,
+    SandboxReport, VmReport, WorkloadClass,
+};
+
+use self::config::{GuestConfig, GuestDenial, GuestRoot, SystemEntry};
+use crate::error::{Layer, SetupError, SpecError};
+use crate::launch::{EgressHook, RunOutcome, refused_report};
+use crate::spec::{BindMount, SandboxSpec};
+use crate::supervise::OutputMode;
+
+/// The smallest guest accepted: the kernel, the unpacked init image and a
+/// program must fit.
+pub const MIN_MEMORY: u64 = 128 << 20;
+/// What the emulator needs beyond the guest's memory (its own code and
+/// heap, the translation cache under TCG), in the jail's memory limit.
+const EMULATOR_OVERHEAD: u64 = 256 << 20;
+
+/// Where the pieces of a guest come from.
+#[derive(Debug, Clone, Default)]
+pub struct VmOptions {
+    /// The `moat` binary: the guest's init, and the relay of each proxied
+    /// connection. Must be static (it runs with no library in the guest).
+    pub moat: PathBuf,
+    /// The guest kernel; default the newest `/boot/vmlinuz-*` with its
+    /// modules under `/lib/modules`.
+    pub kernel: Option<PathBuf>,
+    /// The guest kernel's modules directory; default
+    /// `/lib/modules/<version of the kernel's file name>`.
+    pub modules: Option<PathBuf>,
+    /// The emulator; default `qemu-system-x86_64` on `PATH`.
+    pub qemu: Option<PathBuf>,
+}
+
+/// Runs `spec` in a fresh virtual machine and waits for it: the
+/// `microvm` counterpart of [`crate::run_with_egress`], with the same
+/// report, events and exit codes.
+pub fn run(
+    mut spec: SandboxSpec,
+    vm: &VmOptions,
+    output: OutputMode,
+    sink: &mut dyn EventSink,
+    egress: Option<&mut dyn EgressHook>,
+) -> Result<RunOutcome, SpecError> {
+    spec.validate()?;
+    check_supported(&spec)?;
+    if spec.network.uses_egress_proxy() != egress.is_some() {
+        return Err(SpecError::UnsupportedNetwork(spec.network));
+    }
+    let started = Instant::now();
+    let run_id = spec.run_id.clone();
+    let emit = |sink: &mut dyn EventSink, data: EventData| {
+        sink.emit(Event::of(
+            data,
+            moat_core::time::now_stamp(),
+            run_id.clone(),
+        ))
+    };
+    emit(sink, EventData::SandboxExecStarted(started_data(&spec)));
+    let (report, stdout, stderr) = match Prepared::new(&spec, vm) {
+        Err(error) => {
+            let mut report = refused_report(&spec, error, started);
+            report.class = WorkloadClass::Microvm;
+            (report, Vec::new(), Vec::new())
+        }
+        Ok(prepared) => {
+            let jail = prepared.jail_spec(&spec);
+            let mut jail_events = JailEvents { sink };
+            let outcome = crate::launch::run_with_egress(jail, output, &mut jail_events, egress)?;
+            let (report, denied) = prepared.report(&spec, outcome.report, started);
+            for denial in denied {
+                emit(
+                    sink,
+                    crate::launch::syscall_denied(&denial.syscall, denial.arch, denial.nr),
+                );
+            }
+            (report, outcome.stdout, outcome.stderr)
+        }
+    };
+    crate::launch::emit_ending(
+        &mut |data| emit(sink, data),
+        &report,
+        spec.limits.timeout_ms,
+        "virtual machine",
+    );
+    Ok(RunOutcome {
+        report,
+        stdout,
+        stderr,
+    })
+}
+
+/// What the class cannot give yet, refused before anything starts rather
+/// than quietly given less.
+fn check_supported(spec: &SandboxSpec) -> Result<(), SpecError> {
+    let refuse = |what| Err(SpecError::NotInMicrovm(what));
+    if spec.mode == SandboxMode::DangerFullAccess {
+        return refuse("danger-full-access (the guest has no host root to write)");
+    }
+    if spec.root_view == moat_core::RootView::HostRo {
+        return refuse("the host-ro root view (the guest sees /usr and /etc only)");
+    }
+    if spec.network == moat_core::NetworkMode::Full {
+        return refuse("--network full (the guest reaches nothing but the egress proxy)");
+    }
+    if spec.limits.max_write_bytes.is_some() {
+        return refuse("a storage budget (max-write) yet");
+    }
+    if spec.stdin_data.is_some() {
+        return refuse("bytes on stdin (the program's stdin is empty)");
+    }
+    if spec.mounts.iter().any(|m| !m.host.is_dir()) {
+        return refuse("a file as a root (9p shares directories: declare its directory)");
+    }
+    if spec.limits.memory_bytes < MIN_MEMORY {
+        return refuse("less than 128 MiB of memory (the guest kernel needs it)");
+    }
+    Ok(())
+}
+
+fn started_data(spec: &SandboxSpec) -> SandboxExecStarted {
+    SandboxExecStarted {
+        program: spec.argv.first().cloned().unwrap_or_default(),
+        argc: u64::try_from(spec.argv.len()).unwrap_or(u64::MAX),
+        mode: spec.mode,
+        network: spec.network,
+        root_view: spec.root_view,
+        roots: spec
+            .mounts
+            .iter()
+            .map(|m| SandboxRoot {
+                inside: m.inside.to_string_lossy().into_owned(),
+                writable: spec.is_writable(m),
+            })
+            .collect(),
+        limits: spec.limits.clone(),
+        class: WorkloadClass::Microvm,
+        sandbox_run_id: None,
+        runner_id: None,
+        runner_hash: None,
+        manifest_hash: None,
+    }
+}
+
+/// The jail's events go through, but for its start, end and timeout: those
+/// are the emulator's, and the run's own are emitted for the program.
+struct JailEvents<'a> {
+    sink: &'a mut dyn EventSink,
+}
+
+impl EventSink for JailEvents<'_> {
+    fn emit(&mut self, event: Event) {
+        match event.event_type {
+            EventType::SandboxExecStarted
+            | EventType::SandboxExecFinished
+            | EventType::SandboxExecDenied
+            | EventType::ProcessTimeout => {}
+            _ => self.sink.emit(event),
+        }
+    }
+}
+
+/// Everything made ready before the emulator starts.
+struct Prepared {
+    qemu: String,
+    kernel: cache::Cached,
+    initramfs: cache::Cached,
+    accelerator: Accelerator,
+    degraded: Option<String>,
+    state: cache::StateDir,
+    kvm: Option<cache::KvmNode>,
+    system: Vec<SystemEntry>,
+    roots: Vec<GuestRoot>,
+    memory_mib: u64,
+    vcpus: u32,
+    moat: PathBuf,
+}
+
+impl Prepared {
+    fn new(spec: &SandboxSpec, vm: &VmOptions) -> Result<Prepared, SetupError> {
+        let fail = |what: String| SetupError::new(Layer::Microvm, what);
+        let qemu = match &vm.qemu {
+            Some(path) => path.clone(),
+            None => find_on_path("qemu-system-x86_64").ok_or_else(|| {
+                fail(
+                    "qemu-system-x86_64 is not installed (Debian: apt-get install \
+                     qemu-system-x86)"
+                        .into(),
+                )
+            })?,
+        };
+        let kernel_path = match &vm.kernel {
+            Some(path) => path.clone(),
+            None => newest_kernel().ok_or_else(|| {
+                fail(
+                    "no guest kernel: none of /boot/vmlinuz-* has its modules under \
+                     /lib/modules (Debian: apt-get install linux-image-amd64), and none was \
+                     given"
+                        .into(),
+                )
+            })?,
+        };
+        let modules = match &vm.modules {
+            Some(dir) => dir.clone(),
+            None => modules_dir_of(&kernel_path).ok_or_else(|| {
+                fail(format!(
+                    "{}: cannot tell the kernel's version from its file name \
+                     (vmlinuz-VERSION): give its modules directory",
+                    kernel_path.display()
+                ))
+            })?,
+        };
+        let cache = cache::Cache::open().map_err(|e| fail(format!("the VM cache: {e}")))?;
+        let kernel = cache
+            .kernel(&kernel_path)
+            .map_err(|e| fail(format!("guest kernel: {e}")))?;
+        let initramfs = cache
+            .initramfs(&vm.moat, &modules)
+            .map_err(|e| fail(format!("guest init image: {e}")))?;
+        // The kernel unpacks the image while holding it: twice its size, and
+        // room for the kernel and a program.
+        let image_size = std::fs::metadata(&initramfs.path).map_or(0, |m| m.len());
+        let needed = (2 * image_size + (160 << 20)).max(MIN_MEMORY);
+        if spec.limits.memory_bytes < needed {
+            return Err(fail(format!(
+                "a guest with this init image ({} MiB) needs at least {} MiB of memory; \
+                 give --memory {}M or more",
+                image_size >> 20,
+                needed.div_ceil(1 << 20),
+                needed.div_ceil(1 << 20)
+            )));
+        }
+        let qemu = qemu.to_string_lossy().into_owned();
+        let (accelerator, degraded) =
+            match accel::choose(&cache, spec, &vm.moat, &qemu, &kernel, &initramfs) {
+                accel::Choice::Kvm => (Accelerator::Kvm, None),
+                accel::Choice::Tcg(reason) if spec.allow_degraded => {
+                    (Accelerator::Tcg, Some(reason))
+                }
+                accel::Choice::Tcg(reason) => {
+                    return Err(fail(format!(
+                        "hardware virtualization is not usable here ({reason}); \
+                     --allow-degraded runs the guest under QEMU's software emulation (TCG), \
+                     much slower"
+                    )));
+                }
+            };
+        let roots = spec
+            .mounts
+            .iter()
+            .enumerate()
+            .map(|(i, m)| GuestRoot {
+                tag: format!("r{i}"),
+                inside: m.inside.to_string_lossy().into_owned(),
+                writable: spec.is_writable(m),
+            })
+            .collect();
+        let owner = spec
+            .mounts
+            .iter()
+            .find(|m| spec.is_writable(m))
+            .and_then(|m| std::fs::metadata(&m.host).ok())
+            .map(|meta| {
+                use std::os::unix::fs::MetadataExt;
+                (meta.uid(), meta.gid())
+            });
+        let state = cache
+            .state_dir(&spec.run_id, owner)
+            .map_err(|e| fail(format!("the run's state directory: {e}")))?;
+        let kvm = match accelerator {
+            Accelerator::Kvm => Some(
+                cache
+                    .kvm_node()
+                    .map_err(|e| fail(format!("a KVM device node for the jail: {e}")))?,
+            ),
+            Accelerator::Tcg => None,
+        };
+        let memory_mib = spec.limits.memory_bytes >> 20;
+        let vcpus = spec
+            .limits
+            .cpu_millis
+            .map_or(1, |m| u32::try_from(m.div_ceil(1000)).unwrap_or(1).max(1));
+        Ok(Prepared {
+            qemu,
+            kernel,
+            initramfs,
+            accelerator,
+            degraded,
+            state,
+            kvm,
+            system: system_entries(),
+            roots,
+            memory_mib,
+            vcpus,
+            moat: vm.moat.clone(),
+        })
+        .and_then(|p| {
+            p.write_config(spec)?;
+            Ok(p)
+        })
+    }
+
+    fn write_config(&self, spec: &SandboxSpec) -> Result<(), SetupError> {
+        let config = GuestConfig {
+            argv: spec.argv.clone(),
+            env: crate::child::program_env(spec),
+            cwd: spec.effective_cwd().to_string_lossy().into_owned(),
+            system: self.system.clone(),
+            roots: self.roots.clone(),
+            proxy: spec.network.uses_egress_proxy(),
+            timeout_ms: spec.limits.timeout_ms,
+            tmp_size_bytes: spec.limits.tmp_size_bytes,
+            open_files: spec.limits.open_files,
+            pids: spec.limits.pids,
+        };
+        self.state
+            .write_config(&config)
+            .map_err(|e| SetupError::new(Layer::Microvm, format!("the guest's configuration: {e}")))
+    }
+
+    fn machine(&self, proxy: bool) -> qemu::Machine<'_> {
+        qemu::Machine {
+            qemu: &self.qemu,
+            accelerator: self.accelerator,
+            memory_mib: self.memory_mib,
+            vcpus: self.vcpus,
+            system: &self.system,
+            roots: &self.roots,
+            proxy,
+            probe: false,
+        }
+    }
+
+    /// The namespace sandbox QEMU runs in.
+    fn jail_spec(&self, spec: &SandboxSpec) -> SandboxSpec {
+        let proxy = spec.network.uses_egress_proxy();
+        let mut jail = SandboxSpec::new(spec.run_id.clone(), self.machine(proxy).argv());
+        jail.mode = SandboxMode::WorkspaceWrite;
+        jail.network = spec.network;
+        jail.allow_degraded = spec.allow_degraded;
+        jail.without_cgroup = spec.without_cgroup;
+        jail.id_range = spec.id_range;
+        jail.launch_policy = spec.launch_policy.clone();
+        jail.stdin_null = true;
+        jail.kvm = self.kvm.as_ref().map(|k| k.node.clone());
+        jail.tcp_on_loopback = proxy;
+        jail.limits = Limits {
+            // The guest ends the program at its timeout; the jail's is the
+            // backstop, with time to boot.
+            timeout_ms: spec
+                .limits
+                .timeout_ms
+                .saturating_add(accel::boot_allowance_ms(self.accelerator)),
+            memory_bytes: spec.limits.memory_bytes.saturating_add(EMULATOR_OVERHEAD),
+            pids: 64 + u64::from(self.vcpus) * 2 + if proxy { 64 } else { 0 },
+            cpu_millis: spec.limits.cpu_millis,
+            max_output_bytes: spec.limits.max_output_bytes,
+            tmp_size_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        // The declared roots first: the jail acts as the owner of the first
+        // writable one, as the program will in the guest.
+        for (i, mount) in spec.mounts.iter().enumerate() {
+            jail.mounts.push(BindMount {
+                host: mount.host.clone(),
+                inside: Path::new(qemu::ROOTS).join(i.to_string()),
+                writable: spec.is_writable(mount),
+            });
+        }
+        let mut add = |host: &Path, inside: &str, writable: bool| {
+            jail.mounts.push(BindMount {
+                host: host.to_path_buf(),
+                inside: PathBuf::from(inside),
+                writable,
+            })
+        };
+        add(self.state.path(), qemu::STATE, true);
+        add(&self.kernel.path, qemu::KERNEL, false);
+        add(&self.initramfs.path, qemu::INITRD, false);
+        add(&self.moat, qemu::RELAY, false);
+        jail
+    }
+
+    /// The run's report: the jail's (what confined the emulator), with the
+    /// program's exit and the syscalls refused to it from the guest's
+    /// status; and those refusals, for their events.
+    fn report(
+        &self,
+        spec: &SandboxSpec,
+        mut report: SandboxReport,
+        started: Instant,
+    ) -> (SandboxReport, Vec<GuestDenial>) {
+        let mut denied = Vec::new();
+        report.class = WorkloadClass::Microvm;
+        report.run_id = spec.run_id.clone();
+        let status = self.state.status();
+        let mut vm = VmReport {
+            accelerator: self.accelerator,
+            degraded: self.degraded.clone(),
+            memory_bytes: self.memory_mib << 20,
+            vcpus: self.vcpus,
+            kernel_sha256: self.kernel.sha256.clone(),
+            initramfs_sha256: self.initramfs.sha256.clone(),
+            guest_layers: Vec::new(),
+            boot_ms: None,
+        };
+        let jail_ended_it = report.setup_error.is_some()
+            || report.timed_out
+            || report.interrupted
+            || report.oom_killed;
+        match status {
+            Some(status) if !jail_ended_it => {
+                vm.guest_layers = status.layers;
+                vm.boot_ms = status.boot_ms;
+                for denial in &status.denied {
+                    report.denied_syscalls.push(moat_core::SyscallDenial {
+                        syscall: denial.syscall.clone(),
+                        count: denial.count,
+                    });
+                    report.violations.push(moat_core::Violation {
+                        layer: "seccomp".into(),
+                        access: "syscall".into(),
+                        object: Some(denial.syscall.clone()),
+                        count: denial.count,
+                    });
+                }
+                denied = status.denied;
+                report.timed_out = status.timed_out;
+                report.exit = status.exit;
+                report.exit_code = exit_code(status.exit, status.timed_out);
+                if let Some(error) = status.error {
+                    report.setup_error = Some(format!("microvm: guest init: {error}"));
+                }
+            }
+            Some(_) | None if jail_ended_it => {}
+            _ => {
+                let console = self.state.console_tail();
+                let emulator = describe_exit(report.exit);
+                report.exit = ExitStatus::NotStarted;
+                report.exit_code = 125;
+                report.setup_error = Some(format!(
+                    "microvm: the virtual machine ended without the program's status (the \
+                     emulator {emulator}); the guest console ended with: {console}"
+                ));
+            }
+        }
+        report.wall_ms = started.elapsed().as_millis() as u64;
+        report.vm = Some(vm);
+        (report, denied)
+    }
+}
+
+fn exit_code(exit: ExitStatus, timed_out: bool) -> i32 {
+    if timed_out {
+        return 124;
+    }
+    match exit {
+        ExitStatus::Exited { code } => code,
+        ExitStatus::Signaled { signal } => 128 + signal,
+        ExitStatus::ExecFailed { errno } if errno == libc::ENOENT => 127,
+        ExitStatus::ExecFailed { .. } => 126,
+        ExitStatus::NotStarted => 125,
+    }
+}
+
+fn describe_exit(exit: ExitStatus) -> String {
+    match exit {
+        ExitStatus::Exited { code } => format!("exited {code}"),
+        ExitStatus::Signaled { signal } => format!("killed by signal {signal}"),
+        ExitStatus::NotStarted => "never started".into(),
+        ExitStatus::ExecFailed { errno } => format!("could not be executed (errno {errno})"),
+    }
+}
+
+/// The guest's `/usr`, `/etc` and the merged-/usr links, as the jail has them.
+fn system_entries() -> Vec<SystemEntry> {
+    let mut entries = vec![
+        SystemEntry::Share {
+            name: "usr".into(),
+            tag: "usr".into(),
+        },
+        SystemEntry::Share {
+            name: "etc".into(),
+            tag: "etc".into(),
+        },
+    ];
+    for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let path = Path::new("/").join(name);
+        match std::fs::read_link(&path) {
+            Ok(target) => entries.push(SystemEntry::Link {
+                name: name.into(),
+                target: target.to_string_lossy().into_owned(),
+            }),
+            Err(_) if path.is_dir() => entries.push(SystemEntry::Share {
+                name: name.into(),
+                tag: name.into(),
+            }),
+            Err(_) => {}
+        }
+    }
+    entries
+}
+
+fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The newest `/boot/vmlinuz-VERSION` whose modules are installed.
+fn newest_kernel() -> Option<PathBuf> {
+    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| modules_dir_of(p).is_some_and(|m| m.join("modules.dep").is_file()))
+        .collect();
+    kernels.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    kernels.pop()
+}
+
+fn modules_dir_of(kernel: &Path) -> Option<PathBuf> {
+    let name = kernel.file_name()?.to_str()?;
+    let version = name.strip_prefix("vmlinuz-")?;
+    Some(Path::new("/lib/modules").join(version))
+}

@@ -36,6 +36,13 @@ fn vm_exec(args: &[&str], program: &[&str]) -> Run {
     run
 }
 
+/// `moat exec ARGS -- PROGRAM` while the caller holds [`ONE_VM`].
+fn vm_exec_locked(args: &[&str], program: &[&str]) -> Run {
+    let run = exec(args, program);
+    assert_nothing_left(&run);
+    run
+}
+
 fn assert_nothing_left(run: &Run) {
     let emulators = host_processes_with("qemu-system-x86_64");
     assert!(emulators.is_empty(), "emulator left running: {emulators:?}");
@@ -251,6 +258,18 @@ fn software_emulation_needs_consent_and_bad_specs_are_refused() {
             assert!(run.stderr.contains("--allow-degraded"), "{}", dump(&run));
         }
     }
+    // A program the guest does not have: 127, said as for any run.
+    let run = vm_exec_locked(
+        &["--class", "microvm", "--allow-degraded"],
+        &["/no/such/program"],
+    );
+    assert_eq!(run.code, 127, "{}", dump(&run));
+    assert!(
+        run.stderr.contains("cannot execute /no/such/program"),
+        "{}",
+        dump(&run)
+    );
+    assert_eq!(run.report["exit"]["kind"], "execFailed", "{}", dump(&run));
     // What the class cannot give is refused before anything starts.
     for (args, says) in [
         (vec!["--memory", "64M"], "128 MiB"),
@@ -266,4 +285,58 @@ fn software_emulation_needs_consent_and_bad_specs_are_refused() {
         assert!(run.events.is_empty(), "{args:?}: {}", dump(&run));
         assert_nothing_left(&run);
     }
+}
+
+#[test]
+fn an_unprivileged_user_gets_a_guest_too() {
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let copy = unprivileged_copy();
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    for dir in [home.path(), ws.path()] {
+        std::os::unix::fs::chown(dir, Some(65534), Some(65534)).unwrap();
+    }
+    let report = home.path().join("report.json");
+    let moat = copy.path().join("moat");
+    // Its own cache, under its own home.
+    let output = command_as("env", Some(65534))
+        .arg(format!("HOME={}", home.path().display()))
+        .arg(&moat)
+        .args(["exec", "--class", "microvm", "--allow-degraded", "--report"])
+        .arg(&report)
+        .args(["--workspace", path_str(ws.path()), "--"])
+        .args(["/bin/sh", "-c", "id -u > /workspace/who; id -u"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap_or_default())
+        .unwrap_or(Value::Null);
+    let all = format!("{stdout}\n{stderr}\n{report}");
+    assert_eq!(output.status.code(), Some(0), "{all}");
+    assert_eq!(stdout.trim(), "65534", "{all}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("who")).unwrap(),
+        "65534\n"
+    );
+    assert_eq!(report["class"], "microvm", "{all}");
+    // KVM only where nobody may open it and a guest boots; emulation with
+    // the reason otherwise.
+    let vm = &report["vm"];
+    match vm["accelerator"].as_str() {
+        Some("kvm") => assert!(vm["degraded"].is_null(), "{all}"),
+        _ => assert!(
+            vm["degraded"].as_str().is_some_and(|r| !r.is_empty()),
+            "{all}"
+        ),
+    }
+    assert_eq!(
+        report["enforcement"]["hostIdentity"]["status"],
+        "not_enforced"
+    );
+    let runs = home.path().join(".cache/moat/microvm/runs");
+    assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 0, "{all}");
+    let emulators = host_processes_with("qemu-system-x86_64");
+    assert!(emulators.is_empty(), "{emulators:?}");
 }

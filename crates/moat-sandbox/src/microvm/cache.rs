@@ -145,8 +145,9 @@ impl Cache {
         );
     }
 
-    /// A fresh directory for one run, owned by `owner` (the owner of its
-    /// first writable root, whom the jail acts as).
+    /// A fresh directory for one run, owned, when root makes it, by `owner`
+    /// (the owner of its first writable root, whom the jail acts as; anyone
+    /// else's jail acts as its launcher).
     pub(crate) fn state_dir(
         &self,
         run_id: &str,
@@ -158,7 +159,9 @@ impl Cache {
             .join(format!("{run_id}.{}", moat_core::random::hex(8)));
         fs::DirBuilder::new().mode(0o700).create(&path)?;
         let dir = StateDir { path };
-        if let Some((uid, gid)) = owner {
+        // SAFETY: a plain id query.
+        let root = unsafe { libc::geteuid() } == 0;
+        if let (Some((uid, gid)), true) = (owner, root) {
             std::os::unix::fs::chown(&dir.path, Some(uid), Some(gid))?;
         }
         Ok(dir)

@@ -7,8 +7,8 @@
 #     (util-linux, coreutils, procps, iproute2, hostname, curl, python3 with
 #     venv and libseccomp's bindings, postgresql, chromium, runc, systemd
 #     for systemd-analyze, podman and busybox-static for the container
-#     images, qemu-system-x86, linux-image-amd64 and cpio for the microvm
-#     class's guests, and Node.js with npm if there is no `node`), with
+#     images, qemu-system-x86, linux-image-amd64, cpio and xz-utils for the
+#     microvm class's guests, and Node.js with npm if there is no `node`), with
 #     apt-get;
 #   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
 #     in the system's Python), checkov and kubernetes-validate in another,
@@ -35,7 +35,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(util-linux coreutils procps iproute2 hostname curl ca-certificates python3 python3-venv python3-seccomp postgresql chromium runc systemd podman busybox-static qemu-system-x86 linux-image-amd64 cpio)
+packages=(util-linux coreutils procps iproute2 hostname curl ca-certificates python3 python3-venv python3-seccomp postgresql chromium runc systemd podman busybox-static qemu-system-x86 linux-image-amd64 cpio xz-utils)
 # Debian 12's nodejs (18) is enough for the pinned playwright-core; a newer
 # one already on the machine is used as it is.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)

@@ -40,8 +40,12 @@ use crate::supervise::OutputMode;
 /// program must fit.
 pub const MIN_MEMORY: u64 = 128 << 20;
 /// What the emulator needs beyond the guest's memory (its own code and
-/// heap, the translation cache under TCG), in the jail's memory limit.
-const EMULATOR_OVERHEAD: u64 = 256 << 20;
+/// heap, the translation cache under TCG, the kernel it loads), in the
+/// jail's memory limit. Where that limit falls back to RLIMIT_AS (no
+/// cgroup), it bounds address space, of which QEMU maps much more than it
+/// uses: thread stacks, libraries, reserved regions (measured here: about
+/// 500 MiB beyond a 512 MiB guest).
+const EMULATOR_OVERHEAD: u64 = 1 << 30;
 
 /// Where the pieces of a guest come from.
 #[derive(Debug, Clone, Default)]
@@ -244,6 +248,12 @@ impl Prepared {
         let initramfs = cache
             .initramfs(&vm.moat, &modules)
             .map_err(|e| fail(format!("guest init image: {e}")))?;
+        // Booted as is when it cannot be unpacked; its hash stays the
+        // kernel's either way.
+        let kernel = cache::Cached {
+            path: cache.uncompressed(&kernel).unwrap_or(kernel.path),
+            sha256: kernel.sha256,
+        };
         // The kernel unpacks the image while holding it: twice its size, and
         // room for the kernel and a program.
         let image_size = std::fs::metadata(&initramfs.path).map_or(0, |m| m.len());

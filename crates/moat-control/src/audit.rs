@@ -26,8 +26,10 @@ pub struct Audit {
     pub policy_hashes: BTreeSet<String>,
     /// Sandbox modes operations ran in (`read-only`, `workspace-write`...).
     pub sandbox_modes: BTreeSet<String>,
-    /// The sandbox class and, per layer, what the launcher reported.
+    /// The workload classes its programs ran under (`sandboxClass`, all of
+    /// them in one line) and, per layer, what the launcher last reported.
     pub sandbox_class: String,
+    pub classes: BTreeSet<String>,
     pub enforcement: Value,
     /// Filesystem roots mounted into the sandboxes (`/workspace (ro)`...).
     pub roots: BTreeSet<String>,
@@ -110,6 +112,26 @@ fn collect_violations(a: &mut Audit, op: Option<&str>, report: &Value) {
 /// A held file's approval was settled: it is no longer awaited.
 fn settled(awaiting: &mut Vec<Value>, d: &Value) {
     awaiting.retain(|w| !(w["path"] == d["path"] && w["sha256"] == d["sha256"]));
+}
+
+/// One line for the class a `sandbox.exec.finished` report names.
+fn describe_class(report: &Value) -> String {
+    match report["class"].as_str() {
+        Some("microvm") => {
+            let vm = &report["vm"];
+            let accelerator = vm["accelerator"].as_str().unwrap_or("unknown");
+            let degraded = text(&vm["degraded"])
+                .map(|why| format!(", degraded: {why}"))
+                .unwrap_or_default();
+            format!(
+                "microvm: a QEMU microvm guest of its own (accelerator {accelerator}{degraded}), \
+                 its emulator jailed in moat-sandbox"
+            )
+        }
+        _ => "namespace: moat-sandbox: Linux namespaces, pivot_root, Landlock, seccomp, \
+              cgroups, rlimits"
+            .into(),
+    }
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -201,9 +223,10 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
                 }
             }
             EventType::SandboxExecFinished => {
-                a.sandbox_class =
-                    "moat-sandbox: Linux namespaces, pivot_root, Landlock, seccomp, cgroups, rlimits"
-                        .into();
+                // Each class the run's programs ran under, as their reports
+                // say (a report without one is the namespace class's).
+                a.classes.insert(describe_class(d));
+                a.sandbox_class = a.classes.iter().cloned().collect::<Vec<_>>().join("; ");
                 a.enforcement = d["enforcement"].clone();
                 collect_violations(&mut a, e.op_id.as_deref(), d);
                 // Old reports have no launchPolicy; "not recorded" is no override.
@@ -248,4 +271,51 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
     a.beyond_default_boundary =
         !a.approvals.is_empty() || !a.danger.is_empty() || a.manifest_refreshed;
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moat_core::Event;
+
+    fn finished(data: Value) -> StoredEvent {
+        StoredEvent {
+            seq: 1,
+            prev_hash: String::new(),
+            hash: String::new(),
+            event: Event {
+                event_type: EventType::SandboxExecFinished,
+                at: "2026-12-03T00:00:00Z".into(),
+                run_id: "run-1".into(),
+                op_id: Some("op-1".into()),
+                correlation_id: None,
+                data,
+            },
+        }
+    }
+
+    #[test]
+    fn the_class_each_program_ran_under_is_told_with_its_accelerator() {
+        let events = [
+            finished(json!({"enforcement": {}})),
+            finished(json!({"class": "microvm", "enforcement": {},
+                "vm": {"accelerator": "tcg", "degraded": "/dev/kvm: Permission denied"}})),
+        ];
+        let a = audit("run-1", &events);
+        assert_eq!(a.classes.len(), 2, "{:?}", a.classes);
+        assert!(
+            a.sandbox_class.contains("namespace: moat-sandbox"),
+            "{}",
+            a.sandbox_class
+        );
+        assert!(
+            a.sandbox_class.contains(
+                "microvm: a QEMU microvm guest of its own (accelerator tcg, degraded: \
+                 /dev/kvm: Permission denied)"
+            ),
+            "{}",
+            a.sandbox_class
+        );
+        assert_eq!(audit("run-1", &[]).sandbox_class, "none (no program ran)");
+    }
 }

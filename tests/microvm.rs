@@ -276,6 +276,7 @@ fn software_emulation_needs_consent_and_bad_specs_are_refused() {
         (vec!["--network", "full"], "--network full"),
         (vec!["--max-write", "1M"], "storage budget"),
         (vec!["--mode", "danger-full-access"], "danger-full-access"),
+        (vec!["--ro", "/var/tmp:/run/data"], "the guest's init's"),
     ] {
         let mut all = vec!["--class", "microvm", "--allow-degraded"];
         all.extend_from_slice(&args);

@@ -62,12 +62,16 @@ pub(crate) fn choose(
     if let Some(found) = cache.probe_result(&key) {
         return parse(&found);
     }
-    let choice = probe(spec, qemu, kernel, initramfs, moat, &node.node);
-    let text = match &choice {
-        Choice::Kvm => "kvm".to_owned(),
-        Choice::Tcg(reason) => format!("tcg {reason}"),
-    };
-    cache.keep_probe_result(&key, &text);
+    let (choice, lasting) = probe(spec, qemu, kernel, initramfs, moat, &node.node);
+    // Only what would be found again is kept: a boot, or a guest that
+    // never booted; not a jail that could not be set up this time.
+    if lasting {
+        let text = match &choice {
+            Choice::Kvm => "kvm".to_owned(),
+            Choice::Tcg(reason) => format!("tcg {reason}"),
+        };
+        cache.keep_probe_result(&key, &text);
+    }
     choice
 }
 
@@ -84,7 +88,7 @@ fn host_release() -> String {
 }
 
 /// Boots the guest under KVM, in a jail like a run's, to an init that
-/// prints a marker and powers off.
+/// prints a marker and powers off; says whether the answer is one to keep.
 fn probe(
     spec: &SandboxSpec,
     qemu: &str,
@@ -92,7 +96,7 @@ fn probe(
     initramfs: &Cached,
     moat: &Path,
     kvm: &Path,
-) -> Choice {
+) -> (Choice, bool) {
     let machine = Machine {
         qemu,
         accelerator: Accelerator::Kvm,
@@ -103,7 +107,10 @@ fn probe(
         proxy: false,
         probe: true,
     };
-    let mut jail = SandboxSpec::new(format!("{}-kvm-probe", spec.run_id), machine.argv());
+    let mut jail = SandboxSpec::new(
+        format!("kvm-probe-{}", moat_core::random::hex(8)),
+        machine.argv(),
+    );
     jail.network = NetworkMode::Off;
     jail.allow_degraded = spec.allow_degraded;
     jail.without_cgroup = spec.without_cgroup;
@@ -131,27 +138,35 @@ fn probe(
     let mut events: Vec<Event> = Vec::new();
     let outcome = match crate::launch::run(jail, OutputMode::Capture, &mut events) {
         Ok(outcome) => outcome,
-        Err(e) => return Choice::Tcg(format!("the KVM probe could not start: {e}")),
+        Err(e) => {
+            return (
+                Choice::Tcg(format!("the KVM probe could not start: {e}")),
+                false,
+            );
+        }
     };
     let said = String::from_utf8_lossy(&outcome.stdout);
     if said.contains(PROBE_MARKER) {
-        return Choice::Kvm;
+        return (Choice::Kvm, true);
     }
     if let Some(error) = outcome.report.setup_error {
-        return Choice::Tcg(format!("the KVM probe's jail: {error}"));
+        return (Choice::Tcg(format!("the KVM probe's jail: {error}")), false);
     }
     if outcome.report.timed_out {
-        return Choice::Tcg(format!(
+        let choice = Choice::Tcg(format!(
             "a guest did not boot under KVM within {} s (a nested or paravirtual KVM that \
              runs only special guest kernels?)",
             PROBE_TIMEOUT_MS / 1000
         ));
+        return (choice, true);
     }
     let stderr = String::from_utf8_lossy(&outcome.stderr);
     let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
-    Choice::Tcg(format!(
+    let choice = Choice::Tcg(format!(
         "QEMU with KVM exited {} without booting the guest{}",
         outcome.report.exit_code,
-        last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
-    ))
+        last.map(|l| format!(": {}", super::printable(l.trim())))
+            .unwrap_or_default()
+    ));
+    (choice, true)
 }

@@ -53,6 +53,20 @@ impl Cache {
                 .create(dir.join(sub))
                 .map_err(|e| other(format!("{}: {e}", dir.join(sub).display())))?;
         }
+        // Root makes KVM nodes and state directories in it, and boots what
+        // it finds there: it must be root's alone.
+        // SAFETY: a plain id query.
+        if unsafe { libc::geteuid() } == 0 {
+            use std::os::unix::fs::MetadataExt;
+            let meta = fs::symlink_metadata(&dir)?;
+            if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+                return Err(other(format!(
+                    "{}: the VM cache of root must be a directory of root's that no one else \
+                     may write",
+                    dir.display()
+                )));
+            }
+        }
         Ok(Cache { dir })
     }
 
@@ -291,7 +305,7 @@ impl StateDir {
         if text.is_empty() {
             "(nothing)".into()
         } else {
-            text.replace(['\r', '\n'], " | ")
+            super::printable(&text.replace(['\r', '\n'], " | "))
         }
     }
 }

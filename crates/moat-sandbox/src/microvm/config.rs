@@ -58,6 +58,7 @@ pub(crate) struct GuestConfig {
     pub(crate) tmp_size_bytes: u64,
     pub(crate) open_files: u64,
     pub(crate) pids: u64,
+    pub(crate) file_size_bytes: u64,
 }
 
 /// A syscall the guest's seccomp layer refused, as the init observed it.

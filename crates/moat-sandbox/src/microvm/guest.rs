@@ -289,7 +289,9 @@ fn network(config: &GuestConfig, layers: &mut Vec<String>) -> Result<(), String>
     interface_up(&nic, Some(GUEST_ADDR))?;
     let listener = std::net::TcpListener::bind(("127.0.0.1", crate::EGRESS_PORT))
         .map_err(|e| format!("listening on 127.0.0.1:{}: {e}", crate::EGRESS_PORT))?;
-    std::thread::spawn(move || proxy_relay(listener));
+    std::thread::Builder::new()
+        .spawn(move || proxy_relay(listener))
+        .map_err(|e| format!("starting the proxy relay: {e}"))?;
     layers.push(format!(
         "network: {nic} reaches only the egress proxy (the emulator's user network, \
          restricted), relayed from 127.0.0.1:{}",
@@ -303,7 +305,9 @@ fn proxy_relay(listener: std::net::TcpListener) {
     let [a, b, c, d] = PROXY_GUEST_ADDR;
     let proxy = std::net::SocketAddr::from(([a, b, c, d], crate::EGRESS_PORT));
     for conn in listener.incoming().flatten() {
-        std::thread::spawn(move || {
+        // A thread the kernel refuses (the program used them up) drops this
+        // connection; a panic here would end the init and the machine.
+        let _ = std::thread::Builder::new().spawn(move || {
             let Ok(upstream) = std::net::TcpStream::connect(proxy) else {
                 return;
             };
@@ -312,13 +316,16 @@ fn proxy_relay(listener: std::net::TcpListener) {
             };
             let mut up_r = upstream;
             let mut conn_w = conn;
-            let t = std::thread::spawn(move || {
+            let upstream = std::thread::Builder::new().spawn(move || {
                 let _ = super::relay::copy(&mut conn_r, &mut up_w);
                 let _ = up_w.shutdown(std::net::Shutdown::Write);
             });
+            let Ok(upstream) = upstream else {
+                return;
+            };
             let _ = super::relay::copy(&mut up_r, &mut conn_w);
             let _ = conn_w.shutdown(std::net::Shutdown::Write);
-            let _ = t.join();
+            let _ = upstream.join();
         });
     }
 }
@@ -526,17 +533,37 @@ fn run_program(
     let limits = [
         (libc::RLIMIT_NOFILE, config.open_files),
         (libc::RLIMIT_NPROC, config.pids),
+        (libc::RLIMIT_FSIZE, config.file_size_bytes),
         (libc::RLIMIT_CORE, 0),
     ];
+    // Raised here first, by the init that may: the child sets them again
+    // after it has changed uid, when it could only lower them.
+    for (resource, value) in limits {
+        let limit = libc::rlimit {
+            rlim_cur: value,
+            rlim_max: value,
+        };
+        // SAFETY: a valid rlimit for a known resource.
+        cvt(unsafe { libc::setrlimit(resource, &limit) })
+            .map_err(|e| format!("rlimit {resource}: {e}"))?;
+    }
+    let nproc = if uid == 0 {
+        " (not applied to uid 0)"
+    } else {
+        ""
+    };
     layers.push(format!(
-        "rlimits: nofile {}, nproc {}, core 0",
-        config.open_files, config.pids
+        "rlimits: nofile {}, nproc {}{nproc}, fsize {}, core 0",
+        config.open_files, config.pids, config.file_size_bytes
     ));
     layers.push("no_new_privs".into());
     layers.push("seccomp: the namespace class's deny list, each refusal reported".into());
     layers.push("environment: scrubbed (the host's list only)".into());
-    // SAFETY: the closure runs in the child between fork and exec and makes
-    // only async-signal-safe system calls on memory prepared before the fork.
+    // SAFETY: the closure runs in the child between fork and exec, on memory
+    // prepared before the fork; its system calls are async-signal-safe, and
+    // the one allocation (send_fd's control buffer) relies on glibc's malloc
+    // being reset in the child of a fork (the only other thread, the proxy
+    // relay, may hold no lock of ours).
     unsafe {
         cmd.pre_exec(move || {
             cvt(libc::setsid())?;

@@ -140,6 +140,15 @@ fn check_supported(spec: &SandboxSpec) -> Result<(), SpecError> {
     if spec.stdin_data.is_some() {
         return refuse("bytes on stdin (the program's stdin is empty)");
     }
+    // The guest's init keeps these for itself (and removes /sys and /root).
+    const GUEST_RESERVED: &[&str] = &["/sys", "/run", "/root", "/init", "/modules"];
+    if spec
+        .mounts
+        .iter()
+        .any(|m| GUEST_RESERVED.iter().any(|r| m.inside.starts_with(r)))
+    {
+        return refuse("a root at /sys, /run, /root, /init or /modules (the guest's init's)");
+    }
     if spec.mounts.iter().any(|m| !m.host.is_dir()) {
         return refuse("a file as a root (9p shares directories: declare its directory)");
     }
@@ -349,6 +358,7 @@ impl Prepared {
             tmp_size_bytes: spec.limits.tmp_size_bytes,
             open_files: spec.limits.open_files,
             pids: spec.limits.pids,
+            file_size_bytes: spec.limits.file_size_bytes,
         };
         self.state
             .write_config(&config)
@@ -381,18 +391,27 @@ impl Prepared {
         jail.stdin_null = true;
         jail.kvm = self.kvm.as_ref().map(|k| k.node.clone());
         jail.tcp_on_loopback = proxy;
+        // The guest ends the program at its timeout; the jail's is the
+        // backstop, with time to boot. Its CPU rlimit follows from it, and
+        // QEMU burns a CPU-second per second per busy vCPU, plus its own.
+        let backstop = spec
+            .limits
+            .timeout_ms
+            .saturating_add(accel::boot_allowance_ms(self.accelerator))
+            .saturating_mul(u64::from(self.vcpus) + 1)
+            .min(crate::spec::MAX_TIMEOUT_MS);
         jail.limits = Limits {
-            // The guest ends the program at its timeout; the jail's is the
-            // backstop, with time to boot.
-            timeout_ms: spec
-                .limits
-                .timeout_ms
-                .saturating_add(accel::boot_allowance_ms(self.accelerator)),
+            timeout_ms: backstop,
             memory_bytes: spec.limits.memory_bytes.saturating_add(EMULATOR_OVERHEAD),
-            pids: 64 + u64::from(self.vcpus) * 2 + if proxy { 64 } else { 0 },
+            // QEMU's threads: main, RCU, one per vCPU, and a pool of up to
+            // 64 workers (9p requests); one relay process per proxied
+            // connection.
+            pids: 128 + u64::from(self.vcpus) * 2 + if proxy { 64 } else { 0 },
             cpu_millis: spec.limits.cpu_millis,
             max_output_bytes: spec.limits.max_output_bytes,
             tmp_size_bytes: 1 << 20,
+            // The guest holds the program to it; QEMU writes no bigger file.
+            file_size_bytes: spec.limits.file_size_bytes,
             ..Limits::default()
         };
         // The declared roots first: the jail acts as the owner of the first
@@ -446,6 +465,15 @@ impl Prepared {
             || report.interrupted
             || report.oom_killed;
         match status {
+            Some(status) if !jail_ended_it && !plausible(&status) => {
+                report.exit = ExitStatus::NotStarted;
+                report.exit_code = 125;
+                report.setup_error = Some(
+                    "microvm: the guest reported an impossible status (an exit code or signal \
+                     out of range): it is not trusted"
+                        .into(),
+                );
+            }
             Some(status) if !jail_ended_it => {
                 vm.guest_layers = status.layers;
                 vm.boot_ms = status.boot_ms;
@@ -466,7 +494,8 @@ impl Prepared {
                 report.exit = status.exit;
                 report.exit_code = exit_code(status.exit, status.timed_out);
                 if let Some(error) = status.error {
-                    report.setup_error = Some(format!("microvm: guest init: {error}"));
+                    report.setup_error =
+                        Some(format!("microvm: guest init: {}", printable(&error)));
                 }
             }
             Some(_) | None if jail_ended_it => {}
@@ -485,6 +514,26 @@ impl Prepared {
         report.vm = Some(vm);
         (report, denied)
     }
+}
+
+/// Whether the guest's status could be true: its init is the program's
+/// neighbour, and what it says is checked before it is believed.
+fn plausible(status: &config::GuestStatus) -> bool {
+    match status.exit {
+        ExitStatus::Exited { code } => (0..=255).contains(&code),
+        ExitStatus::Signaled { signal } => (1..=64).contains(&signal),
+        ExitStatus::ExecFailed { errno } => (1..=4095).contains(&errno),
+        ExitStatus::NotStarted => true,
+    }
+}
+
+/// Guest-written text made safe to print: control characters (a terminal's
+/// escape sequences) become `?`, and its length is bounded.
+pub(crate) fn printable(text: &str) -> String {
+    text.chars()
+        .take(4096)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 fn exit_code(exit: ExitStatus, timed_out: bool) -> i32 {
@@ -560,4 +609,33 @@ fn modules_dir_of(kernel: &Path) -> Option<PathBuf> {
     let name = kernel.file_name()?.to_str()?;
     let version = name.strip_prefix("vmlinuz-")?;
     Some(Path::new("/lib/modules").join(version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_text_loses_its_control_characters_and_is_bounded() {
+        assert_eq!(printable("ok \x1b]0;pwned\x07 done"), "ok ?]0;pwned? done");
+        assert_eq!(printable(&"x".repeat(10_000)).len(), 4096);
+    }
+
+    #[test]
+    fn a_status_out_of_range_is_not_believed() {
+        let status = |exit| config::GuestStatus {
+            exit,
+            timed_out: false,
+            boot_ms: None,
+            layers: Vec::new(),
+            denied: Vec::new(),
+            error: None,
+        };
+        assert!(plausible(&status(ExitStatus::Exited { code: 3 })));
+        assert!(!plausible(&status(ExitStatus::Exited { code: 300 })));
+        assert!(!plausible(&status(ExitStatus::Signaled {
+            signal: i32::MAX
+        })));
+        assert!(plausible(&status(ExitStatus::Signaled { signal: 9 })));
+    }
 }

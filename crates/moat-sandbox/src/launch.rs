@@ -225,7 +225,7 @@ impl Emitter<'_> {
 }
 
 /// Arguments are not recorded: they may carry data the caller considers secret.
-fn started_data(spec: &SandboxSpec) -> SandboxExecStarted {
+pub(crate) fn started_data(spec: &SandboxSpec) -> SandboxExecStarted {
     let roots = spec
         .mounts
         .iter()

@@ -24,7 +24,7 @@ pub mod relay;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use moat_core::event_data::{SandboxExecStarted, SandboxRoot};
+use moat_core::event_data::SandboxExecStarted;
 use moat_core::{
     Accelerator, Event, EventData, EventSink, EventType, ExitStatus, Limits, SandboxMode,
     SandboxReport, VmReport, WorkloadClass,
@@ -158,27 +158,11 @@ fn check_supported(spec: &SandboxSpec) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// The namespace class's record of the start, naming this class.
 fn started_data(spec: &SandboxSpec) -> SandboxExecStarted {
     SandboxExecStarted {
-        program: spec.argv.first().cloned().unwrap_or_default(),
-        argc: u64::try_from(spec.argv.len()).unwrap_or(u64::MAX),
-        mode: spec.mode,
-        network: spec.network,
-        root_view: spec.root_view,
-        roots: spec
-            .mounts
-            .iter()
-            .map(|m| SandboxRoot {
-                inside: m.inside.to_string_lossy().into_owned(),
-                writable: spec.is_writable(m),
-            })
-            .collect(),
-        limits: spec.limits.clone(),
         class: WorkloadClass::Microvm,
-        sandbox_run_id: None,
-        runner_id: None,
-        runner_hash: None,
-        manifest_hash: None,
+        ..crate::launch::started_data(spec)
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use moat_core::capability::{CapabilityClaims, MAX_LIFETIME, args_hash};
-use moat_core::{Envelope, OpKind};
+use moat_core::{Envelope, OpKind, WorkloadClass};
 
 use crate::manifest;
 
@@ -42,6 +42,10 @@ struct IssueArgs {
     /// When it was issued (RFC 3339; default: now).
     #[arg(long, value_name = "TIME")]
     issued_at: Option<String>,
+    /// The workload class an exec_argv program must run in (namespace or
+    /// microvm; the shell refuses a class it cannot give).
+    #[arg(long, value_name = "CLASS", default_value = "namespace")]
+    class: WorkloadClass,
     /// The envelope, as JSON (`-` = standard input).
     #[arg(value_name = "ENVELOPE", default_value = "-")]
     envelope: String,
@@ -97,6 +101,7 @@ fn run(args: IssueArgs) -> anyhow::Result<String> {
         issued_at: stamp(issued),
         expires_at: stamp(issued + args.ttl),
         nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
+        class: args.class,
     };
     envelope.capability = Some(claims.sign(&key));
     Ok(serde_json::to_string(&envelope)?)

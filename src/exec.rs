@@ -306,6 +306,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
                 kernel: args.vm_kernel.clone(),
                 modules: args.vm_modules.clone(),
                 qemu: None,
+                allow_emulation: false,
             };
             moat_sandbox::microvm::run(spec, &vm, output, &mut events, hook)?
         }

@@ -165,6 +165,7 @@ pub fn template(key: &PublicKey) -> Manifest {
         .map(|p| AllowedExecutable {
             path: (*p).into(),
             sha256: None,
+            origin: None,
         })
         .collect(),
         sandbox_modes: vec![SandboxMode::WorkspaceWrite, SandboxMode::ReadOnly],
@@ -182,6 +183,8 @@ pub fn template(key: &PublicKey) -> Manifest {
         limits: Limits::default(),
         exports: None,
         cgroup_limits: Default::default(),
+        workload_classes: Vec::new(),
+        allow_emulation: false,
         created_at: stamp(now),
         expires_at: stamp(now + Duration::from_secs(7 * 24 * 3600)),
         control_plane_public_key: key.to_base64(),

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use moat_core::{SandboxMode, SignedManifest};
+use moat_core::{SandboxMode, SignedManifest, WorkloadClass};
 use moat_sandbox::hostid::IdRange;
 use moat_shell::{Shell, ShellConfig};
 
@@ -77,6 +77,19 @@ pub struct ShellArgs {
     /// that every report records and `moat audit` lists.
     #[arg(long)]
     pub override_launch_policy: bool,
+    /// Offer this workload class besides namespace (repeatable): with
+    /// microvm, an exec_argv whose capability says microvm runs in a
+    /// disposable virtual machine (the manifest must list the class;
+    /// `allowEmulation` lets it run under software emulation).
+    #[arg(long = "class", value_name = "CLASS")]
+    pub classes: Vec<WorkloadClass>,
+    /// microvm: the guest kernel (default: the newest /boot/vmlinuz-*).
+    #[arg(long, value_name = "FILE")]
+    pub vm_kernel: Option<PathBuf>,
+    /// microvm: the guest kernel's modules directory (default:
+    /// /lib/modules/VERSION).
+    #[arg(long, value_name = "DIR")]
+    pub vm_modules: Option<PathBuf>,
 }
 
 impl ShellArgs {
@@ -125,6 +138,18 @@ impl ShellArgs {
         }
         if self.override_launch_policy {
             out.push("--override-launch-policy".into());
+        }
+        for class in &self.classes {
+            out.push("--class".into());
+            out.push(class.as_str().into());
+        }
+        if let Some(kernel) = &self.vm_kernel {
+            out.push("--vm-kernel".into());
+            out.push(kernel.clone().into());
+        }
+        if let Some(modules) = &self.vm_modules {
+            out.push("--vm-modules".into());
+            out.push(modules.clone().into());
         }
         out
     }
@@ -186,6 +211,21 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
             .first()
             .context("the manifest lists no sandbox mode")?,
     };
+    let microvm = args.classes.contains(&WorkloadClass::Microvm);
+    if !microvm && (args.vm_kernel.is_some() || args.vm_modules.is_some()) {
+        bail!("--vm-kernel and --vm-modules choose the guest of --class microvm: add it");
+    }
+    let vm = if microvm {
+        Some(moat_sandbox::microvm::VmOptions {
+            moat: std::env::current_exe().context("finding the moat binary (the guest's init)")?,
+            kernel: args.vm_kernel.clone(),
+            modules: args.vm_modules.clone(),
+            qemu: None,
+            allow_emulation: verified.allow_emulation,
+        })
+    } else {
+        None
+    };
     let session_id = format!("shell-{}", moat_core::random::hex(6));
     let mut egress_hosts = std::collections::BTreeMap::new();
     for entry in &args.resolve {
@@ -213,5 +253,6 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
             allow: args.launch_allow,
             overridden: args.override_launch_policy,
         },
+        vm,
     })?)
 }

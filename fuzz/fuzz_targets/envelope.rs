@@ -43,6 +43,8 @@ fn shell() -> &'static Mutex<Shell> {
             limits: Limits { file_size_bytes: 1 << 16, ..Limits::default() },
             exports: None,
             cgroup_limits: Default::default(),
+            workload_classes: Vec::new(),
+            allow_emulation: false,
             created_at: "2026-01-01T00:00:00Z".into(),
             expires_at: "2099-01-01T00:00:00Z".into(),
             control_plane_public_key: key.public().to_base64(),
@@ -60,6 +62,7 @@ fn shell() -> &'static Mutex<Shell> {
                 require_capabilities: false,
                 id_range: None,
                 launch_policy: Default::default(),
+                vm: None,
             })
             .expect("shell"),
         )

@@ -37,7 +37,7 @@ enum RunnerCommand {
         out: PathBuf,
     },
     /// Register with the control plane and serve its runs (sealed runners only).
-    Start(start::StartArgs),
+    Start(Box<start::StartArgs>),
     /// Print a runner's identity and sealed manifest as JSON (default: this binary).
     Inspect {
         #[arg(value_name = "FILE")]
@@ -53,7 +53,7 @@ pub fn main(args: RunnerArgs) -> ExitCode {
             out,
         } => build(manifest, trusted_key, out),
         RunnerCommand::Inspect { runner } => inspect(runner),
-        RunnerCommand::Start(args) => return start::main(args),
+        RunnerCommand::Start(args) => return start::main(*args),
     };
     match result {
         Ok(text) => {

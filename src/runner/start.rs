@@ -62,9 +62,33 @@ pub struct StartArgs {
     /// Prometheus reaches, e.g. 127.0.0.1:9465.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Offer this workload class besides namespace (repeatable): microvm
+    /// runs each program the policy puts there in a disposable QEMU
+    /// virtual machine (see `moat exec --help`). The manifest must list
+    /// it; at start the runner boots a probe guest to learn its
+    /// accelerator, and refuses to start when only software emulation
+    /// works and the manifest does not say `allowEmulation`.
+    #[arg(long = "class", value_name = "CLASS")]
+    classes: Vec<moat_core::WorkloadClass>,
+    /// microvm: the guest kernel (default: the newest /boot/vmlinuz-* whose
+    /// modules are installed).
+    #[arg(long, value_name = "FILE")]
+    vm_kernel: Option<PathBuf>,
+    /// microvm: the guest kernel's modules directory (default:
+    /// /lib/modules/VERSION).
+    #[arg(long, value_name = "DIR")]
+    vm_modules: Option<PathBuf>,
 }
 
 pub fn main(args: StartArgs) -> ExitCode {
+    let microvm = args.classes.contains(&moat_core::WorkloadClass::Microvm);
+    if !microvm && (args.vm_kernel.is_some() || args.vm_modules.is_some()) {
+        eprintln!(
+            "moat runner: error: --vm-kernel and --vm-modules choose the guest of --class \
+             microvm: add it"
+        );
+        return ExitCode::from(2);
+    }
     let program = match std::env::current_exe() {
         Ok(me) => me,
         Err(e) => {
@@ -96,6 +120,9 @@ pub fn main(args: StartArgs) -> ExitCode {
         ca_file: args.ca_file,
         program,
         metrics_listen: args.metrics_listen,
+        classes: args.classes,
+        vm_kernel: args.vm_kernel,
+        vm_modules: args.vm_modules,
     };
     match moat_runner::run(config) {
         Ok(()) => ExitCode::SUCCESS,

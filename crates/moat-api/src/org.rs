@@ -119,6 +119,11 @@ pub struct RunnerView {
     /// The enrolment it registered through (none: a bootstrap token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enrolment_id: Option<String>,
+    /// The workload classes it offers.
+    pub workload_classes: Vec<moat_core::WorkloadClass>,
+    /// What its host can give, as it said at registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<moat_core::host::HostFeatures>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -168,6 +173,11 @@ pub struct NewRun {
     /// Pin the run to a published manifest: only runners under it claim it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_hash: Option<String>,
+    /// Workload classes the run will need, beyond those the control plane
+    /// finds itself (the class the policy gives each program the manifest
+    /// allows): only a runner that offers them all claims the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_classes: Vec<moat_core::WorkloadClass>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -29,6 +29,14 @@ pub struct Registration {
     /// How many runs it serves at once (older runners do not say: one).
     #[serde(default = "one_slot")]
     pub slots: i64,
+    /// The workload classes it offers, each listed by its manifest (older
+    /// runners do not say: `namespace`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_classes: Vec<moat_core::WorkloadClass>,
+    /// What its host can give (kernel, Landlock ABI, cgroup version,
+    /// hardware virtualization).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<moat_core::host::HostFeatures>,
 }
 
 fn one_slot() -> i64 {

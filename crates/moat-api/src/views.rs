@@ -38,6 +38,15 @@ pub struct RunView {
     pub updated_at: String,
     /// Until when its runner's claim holds (`null`: not claimed).
     pub lease_until: Option<String>,
+    /// The workload classes a runner must offer to claim it (empty: any
+    /// runner of its environment).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_classes: Vec<moat_core::WorkloadClass>,
+    /// Why a queued run is not claimed: no runner of its environment offers
+    /// a class it needs, or none is registered (absent: a runner could take
+    /// it; it waits for a free slot at most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// A published manifest.

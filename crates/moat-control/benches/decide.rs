@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
         size: 4096,
         network: NetworkMode::Off,
         sandbox: SandboxMode::WorkspaceWrite,
+        origin: moat_core::ExecutableOrigin::Trusted,
         path: "input/a.csv",
         method: "",
         action: "",
@@ -54,8 +55,11 @@ fn bench(c: &mut Criterion) {
             assert!(matches!(decision, Decision::Allow { .. }));
             engine
                 .grant(
-                    &envelope,
-                    OpKind::ArtifactRead,
+                    (
+                        &envelope,
+                        OpKind::ArtifactRead,
+                        moat_core::WorkloadClass::Namespace,
+                    ),
                     &key,
                     SystemTime::now(),
                     Duration::from_secs(30),

@@ -40,6 +40,7 @@ fn fill(store: &Store) -> String {
                     blobs: &[],
                     max_attempts: 3,
                     manifest_hash: None,
+                    needs_classes: &[],
                 },
                 now + i as i64,
             )

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use moat_core::event_data::{CapabilityDenied, CapabilityGranted, PolicyDecision};
 use moat_core::{
-    DenialReason, Envelope, EventType, OpResult, OpStatus, SandboxMode, SignedManifest,
+    DenialReason, Envelope, EventType, OpKind, OpResult, OpStatus, SandboxMode, SignedManifest,
+    WorkloadClass,
 };
 use moat_store::{OpState, RunRow};
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,10 @@ pub struct DecisionRecord {
     pub resource: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxMode>,
+    /// The workload class the program runs in (`exec_argv` only): the
+    /// weakest the manifest lists that is as strong as the policy asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<WorkloadClass>,
     /// The policies that decided (for a denial by policy, those that
     /// forbade it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +65,7 @@ impl DecisionRecord {
             manifest_hash: manifest_hash.map(str::to_owned),
             resource: None,
             sandbox: None,
+            class: None,
             policies: None,
             rule: None,
             risk: None,
@@ -83,6 +89,7 @@ impl DecisionRecord {
             manifest_hash: self.manifest_hash.clone(),
             resource: self.resource.clone(),
             sandbox: self.sandbox,
+            class: self.class,
             policies: self.policies.clone(),
             rule: self.rule.clone(),
             risk: self.risk.clone(),
@@ -103,6 +110,7 @@ impl DecisionRecord {
             manifest_hash: self.manifest_hash.clone(),
             resource: self.resource.clone(),
             sandbox: self.sandbox,
+            class: self.class,
             policies: self.policies.clone(),
             rule: self.rule.clone(),
             risk: self.risk.clone(),
@@ -136,6 +144,8 @@ impl Decided {
     }
 }
 
+/// `offered`: the classes of the runner that holds the run (`None`: no
+/// runner holds it yet; the claim then looks for one that offers them).
 pub fn decide(
     policy: &PolicyEngine,
     org_name: &str,
@@ -143,6 +153,7 @@ pub fn decide(
     manifest: Option<&SignedManifest>,
     envelope: &Envelope,
     tool: Option<&ToolDef>,
+    offered: Option<&[WorkloadClass]>,
 ) -> Decided {
     let policy_hash = policy.hash().to_owned();
     let described = match describe(envelope) {
@@ -212,19 +223,46 @@ pub fn decide(
         size: described.size,
         network: described.network,
         sandbox,
+        origin: match &described.resource {
+            Resource::Executable(path) => manifest.manifest.origin_of(path),
+            _ => moat_core::ExecutableOrigin::Trusted,
+        },
         path: &described.path,
         method: &method,
         action: &described.action,
+    };
+    let decision = policy.decide(&request);
+    let class = match decision {
+        Ok(Decision::Allow { .. } | Decision::RequireApproval { .. })
+            if described.op == OpKind::ExecArgv =>
+        {
+            match class_of(policy, &request, &manifest.manifest, offered) {
+                Ok(class) => Some(class),
+                Err(refused) => {
+                    let record = DecisionRecord {
+                        manifest_hash: Some(manifest.manifest_hash.clone()),
+                        resource: Some(described.resource.to_string()),
+                        sandbox: Some(sandbox),
+                        class: refused.class,
+                        error: refused.error,
+                        ..DecisionRecord::denial(&policy_hash, None)
+                    };
+                    return Decided::denied(record, refused.reason, refused.message);
+                }
+            }
+        }
+        _ => None,
     };
     let with = |decision: PolicyDecision, policies: Vec<String>| DecisionRecord {
         decision,
         manifest_hash: Some(manifest.manifest_hash.clone()),
         resource: Some(described.resource.to_string()),
         sandbox: Some(sandbox),
+        class,
         policies: Some(policies),
         ..DecisionRecord::denial(&policy_hash, None)
     };
-    match policy.decide(&request) {
+    match decision {
         Ok(Decision::Allow { policies }) if tool_approval.is_some() => {
             let rule = tool_approval.unwrap_or_default();
             Decided {
@@ -278,6 +316,129 @@ pub fn decide(
             DenialReason::PolicyDenied,
             format!("the policy could not decide: {e}"),
         ),
+    }
+}
+
+/// The workload classes a new run needs: those it asks for, and the class
+/// the policy gives each program the manifest allows (run offline, the
+/// strictest context a classification rule can see at creation). A class
+/// an operation needs beyond these is found when it is decided: it is then
+/// refused unless the runner holding the run offers it.
+pub fn run_classes(
+    policy: &PolicyEngine,
+    org_name: &str,
+    manifest: Option<&SignedManifest>,
+    asked: &[WorkloadClass],
+) -> Result<Vec<WorkloadClass>, String> {
+    let mut needed: Vec<WorkloadClass> = Vec::new();
+    let mut add = |class: WorkloadClass| {
+        if !needed.contains(&class) {
+            needed.push(class);
+        }
+    };
+    let Some(signed) = manifest else {
+        if let Some(class) = asked.iter().find(|c| !c.is_namespace()) {
+            return Err(format!(
+                "workloadClasses: no manifest is published for the run's environment, so \
+                 none lists {class}"
+            ));
+        }
+        asked.iter().copied().for_each(&mut add);
+        return Ok(needed);
+    };
+    let manifest = &signed.manifest;
+    for class in asked {
+        let fitted = manifest.fit(*class).ok_or_else(|| {
+            format!(
+                "workloadClasses: {class} is not among the manifest's workloadClasses ({})",
+                manifest
+                    .classes()
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        add(fitted);
+    }
+    if policy.classifies() && manifest.allowed_ops.contains(&OpKind::ExecArgv) {
+        for exe in &manifest.allowed_executables {
+            let request = OpRequest {
+                org: org_name,
+                runner: "unassigned",
+                op: OpKind::ExecArgv,
+                resource: Resource::Executable(exe.path.clone()),
+                size: 0,
+                network: moat_core::NetworkMode::Off,
+                sandbox: sandbox_of(signed),
+                origin: exe.origin.unwrap_or_default(),
+                path: "",
+                method: "",
+                action: "",
+            };
+            // A program the policy cannot classify, or that no listed class
+            // fits, is refused when asked for: it needs no runner.
+            if let Some(class) = policy.classify(&request).ok().and_then(|c| manifest.fit(c)) {
+                add(class);
+            }
+        }
+    }
+    needed.sort_by_key(|c| c.bit());
+    Ok(needed)
+}
+
+/// Why a program cannot be given the class the policy asks for.
+struct ClassRefused {
+    reason: DenialReason,
+    message: String,
+    /// The class asked for, when the policy could say.
+    class: Option<WorkloadClass>,
+    error: Option<String>,
+}
+
+/// The class a program runs in: the policy's minimum, fitted to the
+/// manifest's classes, and offered by the runner that holds the run.
+fn class_of(
+    policy: &PolicyEngine,
+    request: &OpRequest<'_>,
+    manifest: &moat_core::Manifest,
+    offered: Option<&[WorkloadClass]>,
+) -> Result<WorkloadClass, ClassRefused> {
+    let needed = policy.classify(request).map_err(|e| ClassRefused {
+        reason: DenialReason::PolicyDenied,
+        message: format!("the policy could not classify the program: {e}"),
+        class: None,
+        error: Some(e.to_string()),
+    })?;
+    let listed = |classes: &[WorkloadClass]| {
+        classes
+            .iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let class = manifest.fit(needed).ok_or_else(|| ClassRefused {
+        reason: DenialReason::ClassNotAvailable,
+        message: format!(
+            "the policy runs this program in workload class {needed} at least; the manifest's \
+             workloadClasses ({}) has none as strong",
+            listed(&manifest.classes())
+        ),
+        class: Some(needed),
+        error: None,
+    })?;
+    match offered {
+        Some(offered) if !offered.contains(&class) => Err(ClassRefused {
+            reason: DenialReason::ClassNotAvailable,
+            message: format!(
+                "the policy runs this program in workload class {class}; the runner holding \
+                 the run offers {}",
+                listed(offered)
+            ),
+            class: Some(class),
+            error: None,
+        }),
+        _ => Ok(class),
     }
 }
 
@@ -337,6 +498,7 @@ pub fn decide_token_tools(
             size: 0,
             network: moat_core::NetworkMode::Off,
             sandbox,
+            origin: moat_core::ExecutableOrigin::Trusted,
             path: "",
             method: &def.method,
             action: "",
@@ -468,6 +630,7 @@ mod tests {
             created_ms: 0,
             claimed_ms: 0,
             updated_ms: 0,
+            needs_classes: 0,
         }
     }
 
@@ -630,7 +793,15 @@ mod tests {
             ),
         ];
         for (what, manifest, envelope, tool, expected) in cases {
-            let decided = decide(&policy, "org", &run(), manifest.as_ref(), &envelope, tool);
+            let decided = decide(
+                &policy,
+                "org",
+                &run(),
+                manifest.as_ref(),
+                &envelope,
+                tool,
+                None,
+            );
             assert_eq!(outcome(&decided), expected, "{what}: {:?}", decided.record);
             assert_eq!(
                 decided.record.to_json()["policyHash"],
@@ -643,6 +814,122 @@ mod tests {
                 Outcome::Approval(..) => "require_approval",
             };
             assert_eq!(decided.record.to_json()["decision"], word, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_policy_puts_untrusted_programs_in_a_stronger_class_the_runner_must_offer() {
+        const CLASSES: &str = r#"
+            @id("programs") permit(principal, action == Moat::Action::"exec_argv", resource)
+            when { resource != Moat::Executable::"/usr/bin/forbidden" };
+            @id("untrusted-in-a-vm") @workload_class("microvm")
+            permit(principal, action == Moat::Action::"exec_argv", resource)
+            when { context.origin != "trusted" };
+        "#;
+        let policy = PolicyEngine::new(CLASSES).expect("policy");
+        let with = |classes: Value| -> SignedManifest {
+            let mut m = manifest(&[OpKind::ExecArgv], &[]).manifest;
+            m.policy_hash = policy.hash().to_owned();
+            m.allowed_executables = serde_json::from_value(json!([
+                {"path": "/usr/bin/wc"},
+                {"path": "/usr/bin/python3", "origin": "generated"},
+                {"path": "/usr/bin/forbidden", "origin": "third-party"},
+            ]))
+            .expect("executables");
+            m.workload_classes = serde_json::from_value(classes).expect("classes");
+            m.sign(&PrivateKey::from_seed([7; 32])).expect("sign")
+        };
+        let both = with(json!(["namespace", "microvm"]));
+        let exec = |program: &str| envelope("exec_argv", json!({"argv": [program]}));
+        let class = |d: &Decided| d.record.class;
+        let ns_and_vm = [WorkloadClass::Namespace, WorkloadClass::Microvm];
+        let decided = |m: &SignedManifest, program: &str, offered: Option<&[WorkloadClass]>| {
+            decide(
+                &policy,
+                "org",
+                &run(),
+                Some(m),
+                &exec(program),
+                None,
+                offered,
+            )
+        };
+        // A trusted tool stays in the namespace class; generated code goes
+        // to a VM, in the record and the capability.granted event.
+        let wc = decided(&both, "/usr/bin/wc", Some(&ns_and_vm));
+        assert_eq!(
+            (outcome(&wc), class(&wc)),
+            (Outcome::Queued, Some(WorkloadClass::Namespace))
+        );
+        let py = decided(&both, "/usr/bin/python3", Some(&ns_and_vm));
+        assert_eq!(
+            (outcome(&py), class(&py)),
+            (Outcome::Queued, Some(WorkloadClass::Microvm))
+        );
+        assert_eq!(py.record.granted().class, Some(WorkloadClass::Microvm));
+        // Not yet claimed: decided, and the claim looks for a runner.
+        let unclaimed = decided(&both, "/usr/bin/python3", None);
+        assert_eq!(class(&unclaimed), Some(WorkloadClass::Microvm));
+        // A runner that offers only namespace: refused, never run weaker.
+        let weak = decided(&both, "/usr/bin/python3", Some(&[WorkloadClass::Namespace]));
+        assert_eq!(
+            outcome(&weak),
+            Outcome::Denied(DenialReason::ClassNotAvailable)
+        );
+        assert_eq!(class(&weak), Some(WorkloadClass::Microvm));
+        // A manifest without the class: refused, saying which it lists.
+        let only_ns = with(json!([]));
+        let refused = decided(&only_ns, "/usr/bin/python3", None);
+        assert_eq!(
+            outcome(&refused),
+            Outcome::Denied(DenialReason::ClassNotAvailable)
+        );
+        assert!(
+            refused
+                .denial
+                .as_ref()
+                .is_some_and(|(_, m)| m.contains("(namespace)")),
+            "{:?}",
+            refused.denial
+        );
+        // A manifest with only microvm runs even trusted tools there.
+        let only_vm = with(json!(["microvm"]));
+        let wc = decided(&only_vm, "/usr/bin/wc", None);
+        assert_eq!(class(&wc), Some(WorkloadClass::Microvm));
+        // A classification rule grants nothing: what no permit allows stays
+        // denied, third-party or not.
+        let forbidden = decided(&both, "/usr/bin/forbidden", Some(&ns_and_vm));
+        assert_eq!(
+            outcome(&forbidden),
+            Outcome::Denied(DenialReason::PolicyDenied)
+        );
+        // The classes a new run needs: those of the programs it may run.
+        assert_eq!(
+            run_classes(&policy, "org", Some(&both), &[]),
+            Ok(vec![WorkloadClass::Namespace, WorkloadClass::Microvm])
+        );
+        assert_eq!(
+            run_classes(&policy, "org", Some(&only_ns), &[]),
+            Ok(vec![WorkloadClass::Namespace])
+        );
+        assert!(run_classes(&policy, "org", Some(&only_ns), &[WorkloadClass::Microvm]).is_err());
+        assert!(run_classes(&policy, "org", None, &[WorkloadClass::Microvm]).is_err());
+    }
+
+    #[test]
+    fn a_classification_rule_must_be_a_plain_permit_with_a_known_class() {
+        for bad in [
+            r#"@workload_class("gvisor") permit(principal, action, resource);"#,
+            r#"@workload_class("microvm") forbid(principal, action, resource);"#,
+            r#"@workload_class("microvm") @approval("required") permit(principal, action, resource);"#,
+        ] {
+            assert!(
+                matches!(
+                    PolicyEngine::new(bad),
+                    Err(crate::policy::PolicyError::Class { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 
@@ -661,7 +948,7 @@ mod tests {
             updated_ms: 0,
         };
         let token = |tools: &[(String, Option<moat_store::ToolRow>)]| {
-            let mut decided = decide(&policy, "org", &run(), Some(&m), &exec, None);
+            let mut decided = decide(&policy, "org", &run(), Some(&m), &exec, None, None);
             decide_token_tools(&policy, "org", &run(), Some(&m), tools, &mut decided);
             decided
         };

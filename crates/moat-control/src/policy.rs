@@ -9,7 +9,7 @@ use cedar_policy::{
 };
 use moat_core::capability::{CapabilityClaims, MAX_LIFETIME, args_hash};
 use moat_core::sign::PrivateKey;
-use moat_core::{Envelope, NetworkMode, OpKind, SandboxMode};
+use moat_core::{Envelope, ExecutableOrigin, NetworkMode, OpKind, SandboxMode, WorkloadClass};
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +20,8 @@ pub enum PolicyError {
     Annotation { id: String },
     #[error("policy {id}: @risk takes low, medium, high or critical")]
     Risk { id: String },
+    #[error("policy {id}: {why}")]
+    Class { id: String, why: String },
     #[error("building the request: {0}")]
     Request(String),
     #[error("evaluating the policies: {0}")]
@@ -75,6 +77,9 @@ pub struct OpRequest<'a> {
     pub size: u64,
     pub network: NetworkMode,
     pub sandbox: SandboxMode,
+    /// `context.origin`: where the code an executable runs comes from (the
+    /// manifest says; `trusted` for every operation that runs none).
+    pub origin: ExecutableOrigin,
     /// `context.path`, `context.method`, `context.action` (see [`crate::describe::Described`]).
     pub path: &'a str,
     pub method: &'a str,
@@ -130,17 +135,58 @@ fn uid(kind: &str, id: &str) -> Result<EntityUid, PolicyError> {
     Ok(EntityUid::from_type_name_and_id(kind, EntityId::new(id)))
 }
 
+/// The annotation that makes a policy a classification rule.
+pub const CLASS_ANNOTATION: &str = "workload_class";
+
 /// A parsed policy set, and its hash (what manifests name as `policyHash`).
+///
+/// Policies annotated `@workload_class("...")` are classification rules:
+/// they grant nothing, and an operation they match needs at least that
+/// workload class (the strongest of those that match). Kept apart so that
+/// a rule written to classify can never widen what is permitted.
 pub struct PolicyEngine {
     policies: PolicySet,
+    classes: PolicySet,
     hash: String,
     authorizer: Authorizer,
 }
 
 impl PolicyEngine {
     pub fn new(source: &str) -> Result<Self, PolicyError> {
-        let policies =
-            PolicySet::from_str(source).map_err(|e| PolicyError::Parse(format!("{e:?}")))?;
+        let all = PolicySet::from_str(source).map_err(|e| PolicyError::Parse(format!("{e:?}")))?;
+        let mut policies = PolicySet::new();
+        let mut classes = PolicySet::new();
+        for policy in all.policies() {
+            let id = || policy.id().to_string();
+            let class_error = |why: &str| PolicyError::Class {
+                id: id(),
+                why: why.to_owned(),
+            };
+            let target = match policy.annotation(CLASS_ANNOTATION) {
+                None => &mut policies,
+                Some(value) => {
+                    value
+                        .parse::<WorkloadClass>()
+                        .map_err(|e| class_error(&e.to_string()))?;
+                    if policy.effect() != cedar_policy::Effect::Permit {
+                        return Err(class_error(
+                            "@workload_class classifies with a permit (it grants nothing); \
+                             a forbid cannot carry it",
+                        ));
+                    }
+                    if policy.annotation("approval").is_some() {
+                        return Err(class_error(
+                            "@workload_class rules grant nothing, so they cannot ask for an \
+                             approval: put @approval on a permit of its own",
+                        ));
+                    }
+                    &mut classes
+                }
+            };
+            target
+                .add(policy.clone())
+                .map_err(|e| PolicyError::Parse(e.to_string()))?;
+        }
         for policy in policies.policies() {
             if let Some(value) = policy.annotation("approval")
                 && value != "required"
@@ -159,6 +205,7 @@ impl PolicyEngine {
         }
         Ok(PolicyEngine {
             policies,
+            classes,
             hash: moat_core::hash::sha256_hex(source.as_bytes()),
             authorizer: Authorizer::new(),
         })
@@ -178,7 +225,47 @@ impl PolicyEngine {
     }
 
     pub fn decide(&self, request: &OpRequest<'_>) -> Result<Decision, PolicyError> {
-        self.evaluate(
+        let (principal, action, resource, context, entities) = Self::op_request(request)?;
+        self.evaluate(principal, action, resource, context, &entities)
+    }
+
+    /// The weakest workload class a program of this operation may run in:
+    /// the strongest class of the classification rules that match it
+    /// (`namespace` when none does).
+    pub fn classify(&self, request: &OpRequest<'_>) -> Result<WorkloadClass, PolicyError> {
+        let (principal, action, resource, context, entities) = Self::op_request(request)?;
+        let response = self.authorizer.is_authorized(
+            &Request::new(principal, action, resource, context, None)
+                .map_err(|e| PolicyError::Request(e.to_string()))?,
+            &self.classes,
+            &entities,
+        );
+        if let Some(error) = response.diagnostics().errors().next() {
+            // A rule that cannot be evaluated might have asked for more:
+            // nothing is run on a guess.
+            return Err(PolicyError::Evaluation(error.to_string()));
+        }
+        Ok(response
+            .diagnostics()
+            .reason()
+            .filter_map(|id| self.classes.policy(id))
+            .filter_map(|p| p.annotation(CLASS_ANNOTATION))
+            .filter_map(|c| c.parse::<WorkloadClass>().ok())
+            .fold(WorkloadClass::Namespace, |strongest, c| {
+                if c.satisfies(strongest) { c } else { strongest }
+            }))
+    }
+
+    /// Whether any classification rule exists (none: every operation is
+    /// `namespace`, with no evaluation).
+    pub fn classifies(&self) -> bool {
+        self.classes.policies().next().is_some()
+    }
+
+    fn op_request(
+        request: &OpRequest<'_>,
+    ) -> Result<(EntityUid, EntityUid, EntityUid, Context, Entities), PolicyError> {
+        Self::parts(
             request.org,
             request.runner,
             request.op.as_str(),
@@ -187,6 +274,7 @@ impl PolicyEngine {
                 "size": i64::try_from(request.size).unwrap_or(i64::MAX),
                 "network": request.network.as_str(),
                 "sandbox": request.sandbox.as_str(),
+                "origin": request.origin.as_str(),
                 "path": request.path,
                 "method": request.method,
                 "action": request.action,
@@ -200,7 +288,7 @@ impl PolicyEngine {
     /// other keys every request has, empty, so that a rule written for
     /// any action still evaluates).
     pub fn decide_export(&self, request: &ExportRequest<'_>) -> Result<Decision, PolicyError> {
-        self.evaluate(
+        let (principal, action, resource, context, entities) = Self::parts(
             request.org,
             request.runner,
             EXPORT_ACTION,
@@ -212,23 +300,25 @@ impl PolicyEngine {
                 // permit exports by accident.
                 "network": "",
                 "sandbox": "",
+                "origin": "",
                 "path": request.path,
                 "method": "",
                 "action": "",
                 "type": request.exported_as,
                 "destination": request.destination,
             }),
-        )
+        )?;
+        self.evaluate(principal, action, resource, context, &entities)
     }
 
-    fn evaluate(
-        &self,
+    /// A request's principal, action, resource, context and entities.
+    fn parts(
         org: &str,
         runner: &str,
         action: &str,
         resource: EntityUid,
         context: serde_json::Value,
-    ) -> Result<Decision, PolicyError> {
+    ) -> Result<(EntityUid, EntityUid, EntityUid, Context, Entities), PolicyError> {
         let principal = uid("Runner", runner)?;
         let entities = Entities::from_json_value(
             json!([
@@ -241,12 +331,28 @@ impl PolicyEngine {
         .map_err(|e| PolicyError::Request(e.to_string()))?;
         let context = Context::from_json_value(context, None)
             .map_err(|e| PolicyError::Request(e.to_string()))?;
-        let cedar_request =
-            Request::new(principal, uid("Action", action)?, resource, context, None)
-                .map_err(|e| PolicyError::Request(e.to_string()))?;
+        Ok((
+            principal,
+            uid("Action", action)?,
+            resource,
+            context,
+            entities,
+        ))
+    }
+
+    fn evaluate(
+        &self,
+        principal: EntityUid,
+        action: EntityUid,
+        resource: EntityUid,
+        context: Context,
+        entities: &Entities,
+    ) -> Result<Decision, PolicyError> {
+        let cedar_request = Request::new(principal, action, resource, context, None)
+            .map_err(|e| PolicyError::Request(e.to_string()))?;
         let response = self
             .authorizer
-            .is_authorized(&cedar_request, &self.policies, &entities);
+            .is_authorized(&cedar_request, &self.policies, entities);
         if let Some(error) = response.diagnostics().errors().next() {
             // A policy that cannot be evaluated decides nothing: fail closed.
             return Err(PolicyError::Evaluation(error.to_string()));
@@ -282,11 +388,11 @@ impl PolicyEngine {
     }
 
     /// The capability for an allowed operation: bound to its run, id, kind,
-    /// arguments and this policy set, valid `ttl` from `now`.
+    /// arguments and this policy set, valid `ttl` from `now`, naming the
+    /// workload class its program must run in.
     pub fn grant(
         &self,
-        envelope: &Envelope,
-        op: OpKind,
+        (envelope, op, class): (&Envelope, OpKind, WorkloadClass),
         key: &PrivateKey,
         now: SystemTime,
         ttl: Duration,
@@ -305,6 +411,7 @@ impl PolicyEngine {
             issued_at: stamp(now),
             expires_at: stamp(now + ttl),
             nonce,
+            class,
         };
         Ok(claims.sign(key))
     }
@@ -342,6 +449,7 @@ mod tests {
             size: 4096,
             network: NetworkMode::Off,
             sandbox: SandboxMode::WorkspaceWrite,
+            origin: ExecutableOrigin::Trusted,
             path: "",
             method: "",
             action: "",
@@ -446,8 +554,7 @@ mod tests {
         let now = SystemTime::now();
         let token = engine
             .grant(
-                &envelope,
-                OpKind::ArtifactRead,
+                (&envelope, OpKind::ArtifactRead, WorkloadClass::Namespace),
                 &key,
                 now,
                 Duration::from_secs(30),
@@ -460,8 +567,7 @@ mod tests {
         assert_eq!(bound, Ok(()));
         assert!(matches!(
             engine.grant(
-                &envelope,
-                OpKind::ArtifactRead,
+                (&envelope, OpKind::ArtifactRead, WorkloadClass::Microvm),
                 &key,
                 now,
                 Duration::from_secs(61),

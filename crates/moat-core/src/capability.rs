@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{canonical_hash, canonical_json};
+use crate::mode::WorkloadClass;
 use crate::op::{Envelope, OpKind};
 use crate::sign::{PrivateKey, PublicKey};
 
@@ -41,6 +42,10 @@ pub struct CapabilityClaims {
     pub expires_at: String,
     /// Random; a capability is used at most once.
     pub nonce: String,
+    /// The workload class a program of this operation must run in (left
+    /// out: `namespace`, as before classes existed).
+    #[serde(default, skip_serializing_if = "WorkloadClass::is_namespace")]
+    pub class: WorkloadClass,
 }
 
 /// Why a capability was refused (each maps to `capability_invalid`, with
@@ -176,6 +181,7 @@ mod tests {
             issued_at: at(issued),
             expires_at: at(issued + life),
             nonce: "n1".into(),
+            class: WorkloadClass::Namespace,
         }
     }
 

@@ -98,6 +98,8 @@ reasons! {
     CapabilityInvalid => "capability_invalid",
     /// The operation exists but this build cannot perform it (it never pretends to).
     Unsupported => "unsupported",
+    /// The policy puts the program in a workload class the manifest does not list or the runner does not offer.
+    ClassNotAvailable => "class_not_available",
 }
 
 #[cfg(test)]

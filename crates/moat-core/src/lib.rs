@@ -11,6 +11,7 @@ pub mod event;
 pub mod event_data;
 pub mod exports;
 pub mod hash;
+pub mod host;
 pub mod ids;
 pub mod lifecycle;
 pub mod limits;
@@ -31,7 +32,7 @@ pub use denial::DenialReason;
 pub use event::{Event, EventData, EventSink, EventType};
 pub use limits::Limits;
 pub use manifest::{Manifest, ManifestError, NetworkPolicy, NetworkProfile, SignedManifest};
-pub use mode::{NetworkMode, RootView, SandboxMode, WorkloadClass};
+pub use mode::{ExecutableOrigin, NetworkMode, RootView, SandboxMode, WorkloadClass};
 pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{
     Accelerator, Enforcement, ExitStatus, LayerReport, LayerStatus, LimitMechanism, LimitReport,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hash::{CanonicalError, canonical_hash};
 use crate::limits::Limits;
-use crate::mode::{NetworkMode, SandboxMode};
+use crate::mode::{ExecutableOrigin, NetworkMode, SandboxMode, WorkloadClass};
 use crate::op::OpKind;
 use crate::sign::{PrivateKey, PublicKey, SignError};
 
@@ -21,6 +21,11 @@ pub struct AllowedExecutable {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Where the code it runs comes from (`trusted` when left out): the
+    /// policy sees it as `context.origin` and may ask for a stronger
+    /// workload class for `generated` or `third-party` code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<ExecutableOrigin>,
 }
 
 /// The most network an operation may ask for, and where it may go.
@@ -150,6 +155,17 @@ pub struct Manifest {
     /// of the signed bytes when `per-run`, so older manifests keep their hash.
     #[serde(default, skip_serializing_if = "CgroupLimits::is_per_run")]
     pub cgroup_limits: CgroupLimits,
+    /// The workload classes runners under this manifest may run programs
+    /// in; left out (the signed bytes unchanged): `namespace` only. An
+    /// operation the policy puts in a class runs in the weakest listed
+    /// class at least as strong, or is denied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_classes: Vec<WorkloadClass>,
+    /// The `microvm` class may run under QEMU's software emulation (TCG)
+    /// where hardware virtualization does not work: far slower, and the
+    /// guest's isolation then rests on the emulator alone. Left out: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_emulation: bool,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -200,6 +216,32 @@ pub enum ManifestError {
 const SKEW: Duration = Duration::from_secs(300);
 
 impl Manifest {
+    /// The classes runners may use (`namespace` when none is listed).
+    pub fn classes(&self) -> Vec<WorkloadClass> {
+        if self.workload_classes.is_empty() {
+            vec![WorkloadClass::Namespace]
+        } else {
+            self.workload_classes.clone()
+        }
+    }
+
+    /// The weakest listed class at least as strong as `needed` (`None`:
+    /// none is).
+    pub fn fit(&self, needed: WorkloadClass) -> Option<WorkloadClass> {
+        let mut classes = self.classes();
+        classes.sort_by_key(|c| c.bit());
+        classes.into_iter().find(|c| c.satisfies(needed))
+    }
+
+    /// The origin of the allowed executable at `path` (inside the sandbox).
+    pub fn origin_of(&self, path: &str) -> ExecutableOrigin {
+        self.allowed_executables
+            .iter()
+            .find(|e| e.path == path)
+            .and_then(|e| e.origin)
+            .unwrap_or_default()
+    }
+
     pub fn hash(&self) -> Result<String, CanonicalError> {
         canonical_hash(self)
     }
@@ -284,6 +326,11 @@ impl Manifest {
                     )));
                 }
             }
+        }
+        if self.allow_emulation && self.fit(WorkloadClass::Microvm).is_none() {
+            return invalid(
+                "allowEmulation is about the microvm class: list it in workloadClasses",
+            );
         }
         if let Some(exports) = &self.exports {
             exports
@@ -378,6 +425,7 @@ mod tests {
             allowed_executables: vec![AllowedExecutable {
                 path: "/bin/echo".into(),
                 sha256: None,
+                origin: None,
             }],
             sandbox_modes: vec![SandboxMode::WorkspaceWrite],
             network_policy: NetworkPolicy {
@@ -394,10 +442,39 @@ mod tests {
             limits: Limits::default(),
             exports: None,
             cgroup_limits: CgroupLimits::PerRun,
+            workload_classes: Vec::new(),
+            allow_emulation: false,
             created_at: "2026-01-01T00:00:00Z".into(),
             expires_at: "2026-01-08T00:00:00Z".into(),
             control_plane_public_key: key.public().to_base64(),
         }
+    }
+
+    #[test]
+    fn classes_fit_the_weakest_listed_class_that_is_strong_enough() {
+        let key = PrivateKey::from_seed([1; 32]);
+        let mut m = sample(&key);
+        assert_eq!(m.classes(), vec![WorkloadClass::Namespace]);
+        assert_eq!(m.fit(WorkloadClass::Microvm), None);
+        // An emulated microvm without the class listed means nothing.
+        m.allow_emulation = true;
+        assert!(m.check_shape().is_err());
+        m.workload_classes = vec![WorkloadClass::Microvm, WorkloadClass::Namespace];
+        assert!(m.check_shape().is_ok());
+        assert_eq!(
+            m.fit(WorkloadClass::Namespace),
+            Some(WorkloadClass::Namespace)
+        );
+        assert_eq!(m.fit(WorkloadClass::Microvm), Some(WorkloadClass::Microvm));
+        m.workload_classes = vec![WorkloadClass::Microvm];
+        assert_eq!(
+            m.fit(WorkloadClass::Namespace),
+            Some(WorkloadClass::Microvm)
+        );
+        // Left out of the signed bytes when absent: older hashes hold.
+        let plain = sample(&key);
+        let json = serde_json::to_value(&plain).unwrap_or_default();
+        assert!(json.get("workloadClasses").is_none() && json.get("allowEmulation").is_none());
     }
 
     #[test]

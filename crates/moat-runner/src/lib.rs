@@ -28,9 +28,10 @@ use moat_client::{Retry, RunnerClient};
 use moat_core::event_data::{
     RunnerManifestLoaded, RunnerPolicyLoaded, RunnerSelected, RunnerStarted,
 };
+use moat_core::host::HostFeatures;
 use moat_core::sign::PrivateKey;
 use moat_core::time::stamp;
-use moat_core::{Event, EventData, SandboxMode};
+use moat_core::{Accelerator, Event, EventData, Manifest, SandboxMode, WorkloadClass};
 use moat_sandbox::hostid::IdRange;
 use zeroize::Zeroizing;
 
@@ -70,6 +71,12 @@ pub struct Config {
     pub program: PathBuf,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (no token).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Workload classes to offer besides `namespace` (each must be in the
+    /// manifest's `workloadClasses`).
+    pub classes: Vec<WorkloadClass>,
+    /// The `microvm` guest's kernel and modules (default: the host's newest).
+    pub vm_kernel: Option<PathBuf>,
+    pub vm_modules: Option<PathBuf>,
 }
 
 /// The file a runner's registration token is in.
@@ -140,6 +147,81 @@ fn janitor(client: &RunnerClient, state_dir: &Path, shell_state: &Path) {
     let body = moat_api::runner::Janitor { runs, checks };
     if let Err(e) = client.janitor(&body) {
         eprintln!("moat runner: janitor: reporting it failed: {e}");
+    }
+}
+
+/// The classes this runner offers under `manifest`, and its host's
+/// features: `namespace` where the manifest lists it, and each class asked
+/// for, which must be listed and must work here (the microvm class boots a
+/// probe guest: software emulation only where the manifest allows it).
+fn offered_classes(
+    config: &Config,
+    manifest: &Manifest,
+) -> Result<(Vec<WorkloadClass>, HostFeatures), RunnerError> {
+    let listed = manifest.classes();
+    let mut host = moat_sandbox::host::host_features();
+    let mut offered: Vec<WorkloadClass> = listed
+        .iter()
+        .copied()
+        .filter(|c| c.is_namespace())
+        .collect();
+    for class in &config.classes {
+        if !listed.contains(class) {
+            return Err(RunnerError::Setup(format!(
+                "--class {class}: the manifest's workloadClasses lists {}",
+                listed
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        if *class == WorkloadClass::Microvm {
+            eprintln!(
+                "moat runner: microvm: finding the guest's accelerator (may boot a probe guest)"
+            );
+            let vm = vm_options(config, manifest);
+            let (accelerator, why) = moat_sandbox::microvm::accelerator(&vm, config.uid_range)
+                .map_err(|e| RunnerError::Setup(format!("--class microvm: {e}")))?;
+            if accelerator == Accelerator::Tcg && !manifest.allow_emulation {
+                return Err(RunnerError::Setup(format!(
+                    "--class microvm: hardware virtualization is not usable here ({}); the \
+                     manifest does not allow software emulation (allowEmulation)",
+                    why.as_deref().unwrap_or("unknown")
+                )));
+            }
+            host.hardware_virtualization = accelerator == Accelerator::Kvm;
+            host.accelerator = Some(accelerator);
+            host.emulation_reason = why;
+        }
+        if !offered.contains(class) {
+            offered.push(*class);
+        }
+    }
+    if offered.is_empty() {
+        return Err(RunnerError::Setup(format!(
+            "the manifest's workloadClasses lists {}, none of which this runner was asked to \
+             offer: add --class",
+            listed
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    offered.sort_by_key(|c| c.bit());
+    Ok((offered, host))
+}
+
+/// How this runner's shells start `microvm` guests: the sealed binary is
+/// the guest's init.
+fn vm_options(config: &Config, manifest: &Manifest) -> moat_sandbox::microvm::VmOptions {
+    moat_sandbox::microvm::VmOptions {
+        moat: config.program.clone(),
+        kernel: config.vm_kernel.clone(),
+        modules: config.vm_modules.clone(),
+        qemu: None,
+        allow_emulation: manifest.allow_emulation,
     }
 }
 
@@ -241,6 +323,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     let slots = config
         .slots
         .unwrap_or_else(|| default_slots(signed.manifest.limits.memory_bytes));
+    let (classes, host) = offered_classes(&config, &signed.manifest)?;
     let registration = Registration {
         runner_hash: runner_hash.clone(),
         signed_manifest: signed.clone(),
@@ -251,6 +334,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         boot_time: stamp(boot),
         public_key: client.public_key().to_base64(),
         slots: i64::from(slots),
+        workload_classes: classes.clone(),
+        host: Some(host.clone()),
     };
     if draining.load(std::sync::atomic::Ordering::Relaxed) {
         // Stopped before it registered: nothing to give back, no token spent.
@@ -265,8 +350,18 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     let registered = registered?;
     let lease = Duration::from_millis(registered.lease_ms);
     eprintln!(
-        "moat runner: registered as {} (build {runner_hash}, {slots} slots)",
-        registered.runner_id
+        "moat runner: registered as {} (build {runner_hash}, {slots} slots, classes: {}{})",
+        registered.runner_id,
+        classes
+            .iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        match (host.accelerator, &host.emulation_reason) {
+            (Some(Accelerator::Tcg), Some(why)) => format!("; microvm under TCG: {why}"),
+            (Some(accelerator), _) => format!("; microvm under {}", accelerator.as_str()),
+            _ => String::new(),
+        }
     );
     let at = moat_core::time::now_stamp();
     // The control plane stamps the runner's id, hash and manifest on each.

@@ -457,6 +457,19 @@ impl Runner {
         if self.config.override_launch_policy {
             extra.push("--override-launch-policy".into());
         }
+        for class in &self.config.classes {
+            extra.push("--class".into());
+            extra.push(class.as_str().into());
+        }
+        for (flag, path) in [
+            ("--vm-kernel", &self.config.vm_kernel),
+            ("--vm-modules", &self.config.vm_modules),
+        ] {
+            if let Some(path) = path {
+                extra.push(flag.into());
+                extra.push(path.into());
+            }
+        }
         Ok(ShellChild::start(
             &self.config.program,
             &self.shell_state,

@@ -14,6 +14,7 @@ mod confine;
 pub mod error;
 mod evidence;
 pub mod helper;
+pub mod host;
 pub mod hostid;
 mod launch;
 mod launch_policy;

@@ -27,6 +27,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         allowed_executables: vec![AllowedExecutable {
             path: "/usr/bin/true".into(),
             sha256: None,
+            origin: None,
         }],
         sandbox_modes: vec![SandboxMode::WorkspaceWrite],
         network_policy: NetworkPolicy {
@@ -43,6 +44,8 @@ fn shell(dir: &std::path::Path) -> Shell {
         limits: Limits::default(),
         exports: None,
         cgroup_limits: Default::default(),
+        workload_classes: Vec::new(),
+        allow_emulation: false,
         created_at: "2026-01-01T00:00:00Z".into(),
         expires_at: "2099-01-01T00:00:00Z".into(),
         control_plane_public_key: key.public().to_base64(),
@@ -59,6 +62,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         require_capabilities: false,
         id_range: None,
         launch_policy: moat_sandbox::LaunchPolicy::default(),
+        vm: None,
     })
     .unwrap()
 }

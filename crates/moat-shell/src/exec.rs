@@ -9,6 +9,7 @@ use moat_core::{
 use moat_egress::{Egress, EgressPolicy};
 
 use crate::egress::SandboxEgress;
+use moat_sandbox::microvm::VmOptions;
 use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
 
 use crate::workspace::{PathError, Refusal, Workspace};
@@ -303,10 +304,18 @@ pub fn inline(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..bytes.len().min(INLINE_OUTPUT)]).into_owned()
 }
 
-/// Runs the plan (the shell process is single-threaded, as the launcher requires).
-pub fn run(plan: Plan, sink: &mut dyn EventSink) -> Result<Finished, String> {
-    let outcome =
-        moat_sandbox::run(plan.spec, OutputMode::Capture, sink).map_err(|e| e.to_string())?;
+/// Runs the plan (the shell process is single-threaded, as the launcher
+/// requires), in a virtual machine when `vm` says how.
+pub fn run(
+    plan: Plan,
+    sink: &mut dyn EventSink,
+    vm: Option<&VmOptions>,
+) -> Result<Finished, String> {
+    let outcome = match vm {
+        None => moat_sandbox::run(plan.spec, OutputMode::Capture, sink),
+        Some(vm) => moat_sandbox::microvm::run(plan.spec, vm, OutputMode::Capture, sink, None),
+    }
+    .map_err(|e| e.to_string())?;
     Ok(finished(outcome))
 }
 
@@ -318,11 +327,18 @@ pub fn run_proxied(
     egress: &mut Egress,
     policy: &EgressPolicy,
     op_id: &str,
+    vm: Option<&VmOptions>,
 ) -> Result<Finished, String> {
     let mut hook = SandboxEgress::new(egress, policy, Some(op_id));
-    let outcome =
-        moat_sandbox::run_with_egress(plan.spec, OutputMode::Capture, sink, Some(&mut hook))
-            .map_err(|e| e.to_string())?;
+    let outcome = match vm {
+        None => {
+            moat_sandbox::run_with_egress(plan.spec, OutputMode::Capture, sink, Some(&mut hook))
+        }
+        Some(vm) => {
+            moat_sandbox::microvm::run(plan.spec, vm, OutputMode::Capture, sink, Some(&mut hook))
+        }
+    }
+    .map_err(|e| e.to_string())?;
     Ok(finished(outcome))
 }
 
@@ -353,6 +369,10 @@ fn finished(outcome: moat_sandbox::RunOutcome) -> Finished {
         // and whoever reads its transcript.
         "blocked": report.violations.iter().map(moat_core::Violation::describe).collect::<Vec<_>>(),
         "enforcement": report.enforcement,
+        // The class it ran in and, for a virtual machine, how (accelerator,
+        // memory, vCPUs, what was degraded).
+        "class": report.class,
+        "vm": report.vm,
     });
     Finished {
         status,

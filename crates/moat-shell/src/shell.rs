@@ -22,7 +22,7 @@ use moat_core::op::{
 use moat_core::sign::PublicKey;
 use moat_core::{
     DenialReason, Envelope, Event, EventData, EventSink, Manifest, NetworkMode, OpKind, OpResult,
-    OpStatus, SandboxMode,
+    OpStatus, SandboxMode, WorkloadClass,
 };
 use moat_egress::{Egress, EgressConfig, FetchError};
 use moat_ledger::{ArtifactRecord, Ledger};
@@ -65,6 +65,10 @@ pub struct ShellConfig {
     pub id_range: Option<IdRange>,
     /// The operator's exceptions to the launch policy, for every `exec_argv`.
     pub launch_policy: moat_sandbox::LaunchPolicy,
+    /// How to start a `microvm` guest, when this shell offers the class
+    /// (`None`: programs run in `namespace` sandboxes only, and an
+    /// operation whose capability asks for more is refused).
+    pub vm: Option<moat_sandbox::microvm::VmOptions>,
 }
 
 /// Why the shell could not start.
@@ -85,6 +89,8 @@ pub enum ShellError {
     Network(String),
     #[error("the manifest's controlPlanePublicKey: {0}")]
     ControlPlaneKey(moat_core::sign::SignError),
+    #[error("workload class {0} is not in the manifest's workloadClasses")]
+    Class(WorkloadClass),
 }
 
 // A shell is moved to and shared between threads (the MCP server, the fuzz
@@ -199,6 +205,9 @@ impl Shell {
         if !config.manifest.sandbox_modes.contains(&config.mode) {
             return Err(ShellError::Mode(config.mode));
         }
+        if config.vm.is_some() && !config.manifest.classes().contains(&WorkloadClass::Microvm) {
+            return Err(ShellError::Class(WorkloadClass::Microvm));
+        }
         let fs = &config.manifest.filesystem;
         let workspace = Workspace::open(
             &config.workspace,
@@ -274,6 +283,39 @@ impl Shell {
         let expires = humantime::parse_rfc3339(&claims.expires_at).unwrap_or(now);
         self.used_capabilities.insert(claims.nonce.clone(), expires);
         Ok(claims)
+    }
+
+    /// The class a program runs in, checked against the manifest and what
+    /// this shell can start: a capability's class is never given less.
+    fn offered(
+        &self,
+        kind: OpKind,
+        class: Option<WorkloadClass>,
+    ) -> Result<WorkloadClass, Refusal> {
+        let manifest = &self.config.manifest;
+        let Some(class) = class else {
+            return Err(Refusal::new(
+                DenialReason::ClassNotAvailable,
+                "the manifest's workloadClasses has no class this shell can give",
+            ));
+        };
+        if kind != OpKind::ExecArgv {
+            return Ok(class);
+        }
+        if !manifest.classes().contains(&class) {
+            return Err(Refusal::new(
+                DenialReason::ClassNotAvailable,
+                format!("workload class {class} is not in the manifest's workloadClasses"),
+            ));
+        }
+        if class == WorkloadClass::Microvm && self.config.vm.is_none() {
+            return Err(Refusal::new(
+                DenialReason::ClassNotAvailable,
+                "the operation must run in workload class microvm, which this runner does not \
+                 offer (start it with --class microvm)",
+            ));
+        }
+        Ok(class)
     }
 
     /// The run's egress proxy, forked on first use (the shell is single-threaded).
@@ -480,16 +522,23 @@ impl Shell {
             )
             .into();
         }
+        // Without a capability, the weakest class the manifest lists.
+        let mut class = manifest.fit(WorkloadClass::Namespace);
         let granted = match &envelope.capability {
             Some(token) => match self.check_capability(token, envelope, kind) {
-                Ok(claims) => CapabilityGranted {
-                    op: Some(kind.as_str().into()),
-                    capability: Some(GrantedCapability {
-                        nonce: claims.nonce,
-                        expires_at: claims.expires_at,
-                    }),
-                    ..CapabilityGranted::default()
-                },
+                Ok(claims) => {
+                    class = Some(claims.class);
+                    CapabilityGranted {
+                        op: Some(kind.as_str().into()),
+                        capability: Some(GrantedCapability {
+                            nonce: claims.nonce,
+                            expires_at: claims.expires_at,
+                        }),
+                        class: (kind == OpKind::ExecArgv && !claims.class.is_namespace())
+                            .then_some(claims.class),
+                        ..CapabilityGranted::default()
+                    }
+                }
                 Err(e) => {
                     return Refusal::new(DenialReason::CapabilityInvalid, e.to_string()).into();
                 }
@@ -506,6 +555,10 @@ impl Shell {
                 ..CapabilityGranted::default()
             },
         };
+        let class = match self.offered(kind, class) {
+            Ok(class) => class,
+            Err(refusal) => return refusal.into(),
+        };
         op.event(EventData::CapabilityGranted(granted));
         // Earlier writes of this batch become visible before anything else
         // looks at the workspace.
@@ -518,7 +571,7 @@ impl Shell {
             OpKind::ArtifactRead => args(&envelope.args).map(|a| self.read(a)),
             OpKind::ArtifactWrite => args(&envelope.args).map(|a| self.write(a, op)),
             OpKind::ArtifactList => args(&envelope.args).map(|a| self.list(a)),
-            OpKind::ExecArgv => args(&envelope.args).map(|a| self.exec(envelope, a, op)),
+            OpKind::ExecArgv => args(&envelope.args).map(|a| self.exec(envelope, a, op, class)),
             // Parsed by form, for errors that name the right fields.
             OpKind::HttpRequest if envelope.args.get("profile").is_some() => {
                 args(&envelope.args).map(|a| self.http(envelope, HttpRequestArgs::Profile(a), op))
@@ -622,7 +675,13 @@ impl Shell {
         }
     }
 
-    fn exec(&mut self, envelope: &Envelope, a: ExecArgvArgs, op: &mut Op) -> Outcome {
+    fn exec(
+        &mut self,
+        envelope: &Envelope,
+        a: ExecArgvArgs,
+        op: &mut Op,
+        class: WorkloadClass,
+    ) -> Outcome {
         let sandbox_id = format!(
             "op-{}",
             &moat_core::hash::sha256_hex(
@@ -664,12 +723,15 @@ impl Shell {
                 Ok(policy) => policy,
                 Err(refusal) => return refusal.into(),
             };
+            let vm = vm_for(class, &self.config.vm).cloned();
             match self.egress() {
-                Ok(egress) => exec::run_proxied(plan, &mut sink, egress, &policy, &envelope.id),
+                Ok(egress) => {
+                    exec::run_proxied(plan, &mut sink, egress, &policy, &envelope.id, vm.as_ref())
+                }
                 Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
             }
         } else {
-            exec::run(plan, &mut sink)
+            exec::run(plan, &mut sink, vm_for(class, &self.config.vm))
         };
         let finished = match run {
             Ok(finished) => finished,
@@ -872,6 +934,17 @@ impl Shell {
 }
 
 /// Parses a line into an envelope, with the denial reasons of the protocol.
+/// The guest options for a program of `class` (`None`: a namespace sandbox).
+fn vm_for(
+    class: WorkloadClass,
+    vm: &Option<moat_sandbox::microvm::VmOptions>,
+) -> Option<&moat_sandbox::microvm::VmOptions> {
+    match class {
+        WorkloadClass::Namespace => None,
+        WorkloadClass::Microvm => vm.as_ref(),
+    }
+}
+
 fn parse_envelope(bytes: &[u8]) -> Result<Envelope, Refusal> {
     let invalid = |m: String| Refusal::new(DenialReason::InvalidEnvelope, m);
     let value: Value =

@@ -51,7 +51,7 @@ pub use orgs::TokenKind;
 pub use outputs::{Outputs, OutputsError};
 pub use quarantine::QuarantineRow;
 pub use runners::{RunnerRequest, RunnerRow, Standing};
-pub use runs::{Claimed, NewRun, RunRow, RunState, stamp, typed_event};
+pub use runs::{Claimed, NewRun, OpContext, RunRow, RunState, stamp, typed_event};
 pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 pub use usage::UsageDay;
 

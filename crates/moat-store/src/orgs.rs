@@ -27,6 +27,15 @@ impl TokenKind {
 }
 
 impl Store {
+    /// The name of org `id` (what policies call it).
+    pub fn org_name(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.read(|tx| {
+            tx.query_one("SELECT name FROM orgs WHERE id = ?", &[id.into()])?
+                .map(|row| row.text("name"))
+                .transpose()
+        })
+    }
+
     /// Creates an org named `name` with a first API token (by hash); its id.
     pub fn create_org(&self, name: &str, token_hash: &str, now: i64) -> Result<String, StoreError> {
         self.tx(|tx| {

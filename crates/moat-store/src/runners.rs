@@ -27,15 +27,22 @@ pub struct RunnerRow {
     /// The enrolment whose token it registered with (`None`: a bootstrap
     /// token).
     pub enrolment_id: Option<String>,
+    /// The workload classes it offers, as bits ([`moat_core::WorkloadClass::bit`]).
+    pub classes: i64,
+    /// What its host can give (JSON of [`moat_core::host::HostFeatures`]),
+    /// when it said.
+    pub host_features: Option<String>,
 }
 
 const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
-    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id";
+    ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
+    classes, host_features";
 
 /// `COLUMNS` and the runs the runner holds now (`slots_used`).
 const READ: &str =
     "SELECT id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
+    classes, host_features,
     (SELECT COUNT(*) FROM runs WHERE runs.runner_id = runners.id
         AND runs.state IN ('claimed', 'running', 'paused')) AS slots_used
     FROM runners";
@@ -59,6 +66,8 @@ fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
         slots: row.int("slots")?,
         slots_used: row.int("slots_used")?,
         enrolment_id: row.opt_text("enrolment_id")?,
+        classes: row.int("classes")?,
+        host_features: row.opt_text("host_features")?,
     })
 }
 
@@ -67,7 +76,7 @@ impl Store {
         self.tx(|tx| {
             tx.execute(
                 &format!(
-                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 &[
                     runner.id.as_str().into(),
@@ -85,6 +94,8 @@ impl Store {
                     runner.seen_ms.into(),
                     runner.slots.into(),
                     runner.enrolment_id.as_deref().into(),
+                    runner.classes.into(),
+                    runner.host_features.as_deref().into(),
                 ],
             )?;
             Ok(())

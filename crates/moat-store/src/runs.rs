@@ -80,10 +80,14 @@ pub struct RunRow {
     pub created_ms: i64,
     pub claimed_ms: i64,
     pub updated_ms: i64,
+    /// The workload classes a runner must offer to claim it, as bits
+    /// ([`moat_core::WorkloadClass::bit`]).
+    pub needs_classes: i64,
 }
 
 const COLUMNS: &str = "id, org_id, state, environment, runner_id, manifest_hash, lease_until_ms,
-    attempts, max_attempts, finish_wanted, inputs, error, created_ms, claimed_ms, updated_ms";
+    attempts, max_attempts, finish_wanted, inputs, error, created_ms, claimed_ms, updated_ms,
+    needs_classes";
 
 fn decode(row: &Row) -> Result<RunRow, StoreError> {
     let state = row.text("state")?;
@@ -105,6 +109,7 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
         created_ms: row.int("created_ms")?,
         claimed_ms: row.int("claimed_ms")?,
         updated_ms: row.int("updated_ms")?,
+        needs_classes: row.int("needs_classes")?,
     })
 }
 
@@ -298,6 +303,16 @@ pub struct Claimed {
     pub more_queued: bool,
 }
 
+/// What deciding an operation of a run needs ([`Store::op_context`]).
+#[derive(Debug, Clone)]
+pub struct OpContext {
+    pub run: RunRow,
+    pub org_name: String,
+    pub manifest: Option<crate::ManifestRow>,
+    /// The classes of the runner that holds the run (`None`: none does).
+    pub runner_classes: Option<Vec<moat_core::WorkloadClass>>,
+}
+
 /// New run parameters.
 pub struct NewRun<'a> {
     pub org: &'a str,
@@ -311,6 +326,8 @@ pub struct NewRun<'a> {
     /// Only runners under this manifest may claim the run (default: any
     /// runner of the environment, under the manifest it runs with).
     pub manifest_hash: Option<&'a str>,
+    /// Only runners that offer these workload classes may claim it.
+    pub needs_classes: &'a [moat_core::WorkloadClass],
 }
 
 impl Store {
@@ -318,8 +335,8 @@ impl Store {
     pub fn create_run(&self, run: &NewRun<'_>, now: i64) -> Result<RunRow, StoreError> {
         self.tx(|tx| {
             let inserted = tx.execute(
-                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash, manifest_pin)
-                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash, manifest_pin, needs_classes)
+                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 &[
                     run.id.into(),
                     run.org.into(),
@@ -332,6 +349,7 @@ impl Store {
                     now.into(),
                     run.manifest_hash.map(str::to_owned).into(),
                     run.manifest_hash.map(str::to_owned).into(),
+                    moat_core::WorkloadClass::mask(run.needs_classes).into(),
                 ],
             )?;
             if inserted == 0 {
@@ -344,6 +362,7 @@ impl Store {
                 environment: run.environment.to_owned(),
                 inputs: run.inputs.to_vec(),
                 max_attempts: run.max_attempts,
+                workload_classes: run.needs_classes.to_vec(),
             });
             events::append(tx, run.org, &[typed_event(data, run.id, now)])?;
             get(tx, run.org, run.id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))
@@ -351,16 +370,14 @@ impl Store {
     }
 
     /// What deciding an operation of a run needs, in one transaction: the
-    /// run, the org's name, and the current manifest of the run's environment.
-    pub fn op_context(
-        &self,
-        org: &str,
-        id: &str,
-    ) -> Result<Option<(RunRow, String, Option<crate::ManifestRow>)>, StoreError> {
+    /// run, the org's name, the current manifest of the run's environment,
+    /// and the classes of the runner that holds it (if one does).
+    pub fn op_context(&self, org: &str, id: &str) -> Result<Option<OpContext>, StoreError> {
         self.read(|tx| {
             let Some(row) = tx.query_one(
                 &format!(
-                    "SELECT {COLUMNS}, (SELECT name FROM orgs o WHERE o.id = runs.org_id) AS org_name
+                    "SELECT {COLUMNS}, (SELECT name FROM orgs o WHERE o.id = runs.org_id) AS org_name,
+                       (SELECT w.classes FROM runners w WHERE w.id = runs.runner_id) AS runner_classes
                      FROM runs WHERE org_id = ? AND id = ?"
                 ),
                 &[org.into(), id.into()],
@@ -370,13 +387,19 @@ impl Store {
             };
             let run = decode(&row)?;
             let name = row.opt_text("org_name")?.unwrap_or_default();
+            let runner_classes = row.opt_int("runner_classes")?;
             // A run pinned or claimed decides under its own manifest;
             // otherwise under the environment's current one.
             let manifest = match &run.manifest_hash {
                 Some(hash) => crate::objects::manifest(tx, org, hash)?,
                 None => crate::objects::current_manifest(tx, org, &run.environment)?,
             };
-            Ok(Some((run, name, manifest)))
+            Ok(Some(OpContext {
+                run,
+                org_name: name,
+                manifest,
+                runner_classes: runner_classes.map(moat_core::WorkloadClass::from_mask),
+            }))
         })
     }
 
@@ -445,6 +468,9 @@ impl Store {
                  WHERE state = 'queued' AND id = (
                      SELECT q.id FROM runs q WHERE q.org_id = ? AND q.environment = ?
                        AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
+                       AND (q.needs_classes
+                           & COALESCE((SELECT c.classes FROM runners c WHERE c.id = ?), 1))
+                           = q.needs_classes
                        AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ?
                            AND (w.slots <= (SELECT COUNT(*) FROM runs h WHERE h.runner_id = ?
                                    AND h.state IN ('claimed', 'running', 'paused'))
@@ -467,6 +493,7 @@ impl Store {
                     org.into(),
                     environment.into(),
                     manifest_hash.into(),
+                    runner.into(),
                     runner.into(),
                     runner.into(),
                 ],

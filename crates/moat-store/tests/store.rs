@@ -58,6 +58,7 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
                 blobs: &[],
                 manifest_hash: None,
                 max_attempts,
+                needs_classes: &[],
             },
             10,
         )
@@ -546,6 +547,8 @@ fn nonces_manifests_and_builds() {
             slots: 1,
             slots_used: 0,
             enrolment_id: None,
+            classes: 1,
+            host_features: None,
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s

@@ -123,7 +123,7 @@ fn cases() -> Vec<(&'static str, Case)> {
 /// The migrations in `migrations/<backend>/`: V1, then V2 (runner
 /// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
 /// boundary's quarantine and held exports).
-const MIGRATIONS: i64 = 6;
+const MIGRATIONS: i64 = 7;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")
@@ -200,6 +200,7 @@ fn a_database_from_before_versioning_upgrades_in_place() {
                     blobs: &[],
                     manifest_hash: None,
                     max_attempts: 1,
+                    needs_classes: &[],
                 },
                 2_000,
             )

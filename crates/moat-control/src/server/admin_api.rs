@@ -312,6 +312,11 @@ pub fn runner_view(r: &RunnerRow) -> RunnerView {
         slots_used: r.slots_used,
         slots_free: (r.slots - r.slots_used).max(0),
         enrolment_id: r.enrolment_id.clone(),
+        workload_classes: moat_core::WorkloadClass::from_mask(r.classes),
+        host: r
+            .host_features
+            .as_deref()
+            .and_then(|h| serde_json::from_str(h).ok()),
     }
 }
 

@@ -471,6 +471,7 @@ mod tests {
                     blobs: &[],
                     max_attempts: 1,
                     manifest_hash: None,
+                    needs_classes: &[],
                 },
                 1,
             )

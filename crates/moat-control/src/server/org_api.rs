@@ -118,6 +118,26 @@ pub async fn create_run(
         }
     }
     let manifest_hash = body.manifest_hash;
+    let (o, e, h) = (org.clone(), environment.clone(), manifest_hash.clone());
+    let (org_name, manifest) = state
+        .db(move |s| {
+            let manifest = match &h {
+                Some(hash) => s.manifest(&o, hash)?,
+                None => s.current_manifest(&o, &e)?,
+            };
+            Ok((s.org_name(&o)?.unwrap_or_default(), manifest))
+        })
+        .await?;
+    let manifest: Option<SignedManifest> = manifest
+        .filter(|m| !m.revoked)
+        .and_then(|m| serde_json::from_str(&m.signed).ok());
+    let needs = crate::decide::run_classes(
+        &state.config.policy,
+        &org_name,
+        manifest.as_ref(),
+        &body.workload_classes,
+    )
+    .map_err(ApiError::bad_request)?;
     let now = state.now();
     let run = state
         .db(move |s| {
@@ -130,13 +150,42 @@ pub async fn create_run(
                     blobs: &inputs,
                     max_attempts,
                     manifest_hash: manifest_hash.as_deref(),
+                    needs_classes: &needs,
                 },
                 now,
             )
         })
         .await?;
     state.notify_queue(&run.org_id, &run.environment);
-    Ok((StatusCode::CREATED, Json(run_view(&run)?)))
+    let view = explained(&state, &run.org_id.clone(), vec![run]).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            view.into_iter()
+                .next()
+                .ok_or_else(|| ApiError::internal("no run"))?,
+        ),
+    ))
+}
+
+/// The views of `runs`, each queued one with why it waits when nothing
+/// could claim it (no runner, or none with the classes it needs).
+async fn explained(state: &Arc<AppState>, org: &str, runs: Vec<RunRow>) -> ApiResult<Vec<RunView>> {
+    let runners = if runs.iter().any(|r| r.state == RunState::Queued) {
+        let o = org.to_owned();
+        state.db(move |s| s.runners(&o)).await?
+    } else {
+        Vec::new()
+    };
+    let now = state.now();
+    runs.iter()
+        .map(|r| {
+            Ok(RunView {
+                waiting: super::views::waiting_reason(r, &runners, now),
+                ..run_view(r)?
+            })
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -158,9 +207,10 @@ pub async fn list_runs(
         ),
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let runs = state.db(move |s| s.runs(&org, filter, limit)).await?;
+    let o = org.clone();
+    let runs = state.db(move |s| s.runs(&o, filter, limit)).await?;
     Ok(Json(RunList {
-        runs: runs.iter().map(run_view).collect::<ApiResult<_>>()?,
+        runs: explained(&state, &org, runs).await?,
     }))
 }
 
@@ -177,7 +227,13 @@ pub async fn get_run(
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<RunView>> {
-    Ok(Json(run_view(&the_run(&state, &org, &run).await?)?))
+    let row = the_run(&state, &org, &run).await?;
+    let view = explained(&state, &org, vec![row]).await?;
+    Ok(Json(
+        view.into_iter()
+            .next()
+            .ok_or_else(|| ApiError::internal("no run"))?,
+    ))
 }
 
 pub async fn finish_run(
@@ -334,8 +390,12 @@ pub async fn post_op(
             Ok((s.op_context(&o, &r)?, s.secrets(&o)?, tool, token_tools))
         })
         .await?;
-    let (run, org_name, manifest) =
-        context.ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
+    let moat_store::OpContext {
+        run,
+        org_name,
+        manifest,
+        runner_classes,
+    } = context.ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
     // An agent cannot hand one of the org's secrets to a program or to the
     // ledger: known values are scrubbed from the envelope before anything.
     let mut body = body;
@@ -366,6 +426,7 @@ pub async fn post_op(
         manifest.as_ref(),
         &envelope,
         tool.as_ref(),
+        runner_classes.as_deref(),
     );
     if let Some(def) = &tool {
         decided.record.tool_hash = Some(def.hash());

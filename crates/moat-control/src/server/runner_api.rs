@@ -133,6 +133,16 @@ fn registration_problem(
             format!("sandbox mode {} is not in the manifest", reg.sandbox_mode),
         ));
     }
+    if let Some(class) = reg
+        .workload_classes
+        .iter()
+        .find(|c| !m.classes().contains(c))
+    {
+        return Some((
+            RunnerRejection::OpsBeyondManifest,
+            format!("workload class {class} is not in the manifest's workloadClasses"),
+        ));
+    }
     if !(1..=MAX_SLOTS).contains(&reg.slots) {
         return Some((
             RunnerRejection::BadRequest,
@@ -146,6 +156,16 @@ fn registration_problem(
         ));
     }
     None
+}
+
+/// The classes a registration offers: those it lists, `namespace` when it
+/// lists none (a runner older than classes).
+fn offered_classes(reg: &Registration) -> Vec<moat_core::WorkloadClass> {
+    if reg.workload_classes.is_empty() {
+        vec![moat_core::WorkloadClass::Namespace]
+    } else {
+        reg.workload_classes.clone()
+    }
 }
 
 pub async fn register(
@@ -228,6 +248,11 @@ pub async fn register(
         slots: reg.slots,
         slots_used: 0,
         enrolment_id: enrolled.as_ref().map(|e| e.enrolment_id.clone()),
+        classes: moat_core::WorkloadClass::mask(&offered_classes(&reg)),
+        host_features: reg
+            .host
+            .as_ref()
+            .and_then(|h| serde_json::to_string(h).ok()),
     };
     let sandbox_mode: SandboxMode = reg
         .sandbox_mode
@@ -245,6 +270,8 @@ pub async fn register(
         boot_time: reg.boot_time.clone(),
         slots: reg.slots,
         enrolment: enrolled,
+        workload_classes: reg.workload_classes.clone(),
+        host: reg.host.clone(),
     });
     let stored = runner.clone();
     state
@@ -507,8 +534,7 @@ pub async fn next(
                 .config
                 .policy
                 .grant(
-                    &envelope,
-                    kind,
+                    (&envelope, kind, decided_class(&op.decision)?),
                     &state.config.key,
                     state.config.clock.now(),
                     state.config.capability_ttl,
@@ -545,6 +571,17 @@ pub async fn next(
             })
             .into_response())
         }
+    }
+}
+
+/// The class an operation's decision put its program in (none recorded:
+/// `namespace`, as for every decision made before classes). A record that
+/// names a class this build does not know grants nothing.
+fn decided_class(decision: &Value) -> ApiResult<moat_core::WorkloadClass> {
+    match decision.get("class") {
+        None | Some(Value::Null) => Ok(moat_core::WorkloadClass::Namespace),
+        Some(class) => serde_json::from_value(class.clone())
+            .map_err(|e| ApiError::internal(format!("the operation's recorded class: {e}"))),
     }
 }
 
@@ -701,7 +738,7 @@ pub async fn result(
             super::quarantine::reject_secrets(&secrets, &mut report);
             let org_name = s
                 .op_context(&runner.org_id, &run_id)?
-                .map(|(_, name, _)| name)
+                .map(|c| c.org_name)
                 .unwrap_or_default();
             let scrubber = crate::tools::Scrubber::new(secrets);
             let held = super::quarantine::decide(

@@ -4,7 +4,7 @@
 use base64::Engine as _;
 use moat_api::org::{ArtifactView, OpView};
 use moat_api::{ManifestView, RunInput, RunView};
-use moat_store::{ArtifactRow, ManifestRow, OpRow, RunRow, stamp};
+use moat_store::{ArtifactRow, ManifestRow, OpRow, RunRow, RunnerRow, stamp};
 
 use super::error::{ApiError, ApiResult};
 
@@ -31,6 +31,64 @@ pub fn run_view(r: &RunRow) -> ApiResult<RunView> {
         created_at: stamp(r.created_ms),
         updated_at: stamp(r.updated_ms),
         lease_until: (r.lease_until_ms > 0).then(|| stamp(r.lease_until_ms)),
+        workload_classes: moat_core::WorkloadClass::from_mask(r.needs_classes),
+        waiting: None,
+    })
+}
+
+/// Runners seen this recently count as able to claim (a serving runner asks
+/// for work at least every `MAX_WAIT`).
+const RUNNER_ALIVE_MS: i64 = 120_000;
+
+/// Why a queued run is not claimed, when nothing will claim it: no live
+/// runner of its environment, or none that offers every class it needs.
+pub fn waiting_reason(run: &RunRow, runners: &[RunnerRow], now: i64) -> Option<String> {
+    if run.state != moat_store::RunState::Queued {
+        return None;
+    }
+    let live: Vec<&RunnerRow> = runners
+        .iter()
+        .filter(|w| w.environment == run.environment && now - w.seen_ms <= RUNNER_ALIVE_MS)
+        .collect();
+    if live.is_empty() {
+        return Some(format!(
+            "no runner of environment {:?} has been seen in the last {} s",
+            run.environment,
+            RUNNER_ALIVE_MS / 1000
+        ));
+    }
+    if live
+        .iter()
+        .any(|w| w.classes & run.needs_classes == run.needs_classes)
+    {
+        return None;
+    }
+    let names = |mask: i64| {
+        moat_core::WorkloadClass::from_mask(mask)
+            .iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let offers: Vec<String> = live
+        .iter()
+        .map(|w| format!("{} offers {}", w.id, names(w.classes)))
+        .collect();
+    let missing = run.needs_classes & !live.iter().fold(0, |all, w| all | w.classes);
+    Some(if missing != 0 {
+        format!(
+            "needs workload class {}: no runner of environment {:?} offers it ({})",
+            names(missing),
+            run.environment,
+            offers.join("; ")
+        )
+    } else {
+        format!(
+            "needs workload classes {}: no runner of environment {:?} offers them all ({})",
+            names(run.needs_classes),
+            run.environment,
+            offers.join("; ")
+        )
     })
 }
 

@@ -77,6 +77,10 @@ pub struct CapabilityGranted {
     pub resource: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxMode>,
+    /// The workload class a program of the operation runs in (left out:
+    /// `namespace`, or an operation that runs no program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<crate::mode::WorkloadClass>,
     /// The `@id`s of the policies that decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policies: Option<Vec<String>>,
@@ -134,6 +138,10 @@ pub struct CapabilityDenied {
     pub resource: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxMode>,
+    /// The workload class the program would have run in, or that was
+    /// asked for and could not be given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<crate::mode::WorkloadClass>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policies: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -25,6 +25,10 @@ pub struct RunCreated {
     pub environment: String,
     pub inputs: Vec<RunInput>,
     pub max_attempts: i64,
+    /// The workload classes a runner must offer to claim it (left out:
+    /// any runner of the environment).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_classes: Vec<crate::mode::WorkloadClass>,
 }
 
 /// Reserved: nothing emits `run.started` (a claimed run is running).

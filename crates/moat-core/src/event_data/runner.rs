@@ -224,6 +224,12 @@ pub struct RunnerRegistered {
     pub slots: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enrolment: Option<EnrolledIdentity>,
+    /// The workload classes it offers (left out: `namespace` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_classes: Vec<crate::mode::WorkloadClass>,
+    /// What its host can give (left out by runners older than classes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::host::HostFeatures>,
 }
 
 #[cfg(test)]

@@ -61,6 +61,10 @@ pub struct VmOptions {
     pub modules: Option<PathBuf>,
     /// The emulator; default `qemu-system-x86_64` on `PATH`.
     pub qemu: Option<PathBuf>,
+    /// Software emulation (TCG) may stand in for KVM, without degrading
+    /// any other layer (a manifest's `allowEmulation`). `allow_degraded`
+    /// on the spec allows it too.
+    pub allow_emulation: bool,
 }
 
 /// Runs `spec` in a fresh virtual machine and waits for it: the
@@ -184,24 +188,16 @@ impl EventSink for JailEvents<'_> {
     }
 }
 
-/// Everything made ready before the emulator starts.
-struct Prepared {
+/// The emulator, the guest kernel and the init image, found and cached.
+struct GuestParts {
+    cache: cache::Cache,
     qemu: String,
     kernel: cache::Cached,
     initramfs: cache::Cached,
-    accelerator: Accelerator,
-    degraded: Option<String>,
-    state: cache::StateDir,
-    kvm: Option<cache::KvmNode>,
-    system: Vec<SystemEntry>,
-    roots: Vec<GuestRoot>,
-    memory_mib: u64,
-    vcpus: u32,
-    moat: PathBuf,
 }
 
-impl Prepared {
-    fn new(spec: &SandboxSpec, vm: &VmOptions) -> Result<Prepared, SetupError> {
+impl GuestParts {
+    fn find(vm: &VmOptions) -> Result<GuestParts, SetupError> {
         let fail = |what: String| SetupError::new(Layer::Microvm, what);
         let qemu = match &vm.qemu {
             Some(path) => path.clone(),
@@ -247,6 +243,68 @@ impl Prepared {
             path: cache.uncompressed(&kernel).unwrap_or(kernel.path),
             sha256: kernel.sha256,
         };
+        Ok(GuestParts {
+            cache,
+            qemu: qemu.to_string_lossy().into_owned(),
+            kernel,
+            initramfs,
+        })
+    }
+}
+
+/// The accelerator guests would run under here, and why not KVM when it
+/// is not: what a runner offering the class says of its host. Boots a probe
+/// guest the first time (remembered in the cache, as for a run).
+pub fn accelerator(
+    vm: &VmOptions,
+    id_range: Option<crate::hostid::IdRange>,
+) -> Result<(Accelerator, Option<String>), SetupError> {
+    let parts = GuestParts::find(vm)?;
+    let mut spec = SandboxSpec::new(
+        format!("vm-probe-{}", moat_core::random::hex(8)),
+        vec!["/bin/true".into()],
+    );
+    spec.id_range = id_range;
+    Ok(
+        match accel::choose(
+            &parts.cache,
+            &spec,
+            &vm.moat,
+            &parts.qemu,
+            &parts.kernel,
+            &parts.initramfs,
+        ) {
+            accel::Choice::Kvm => (Accelerator::Kvm, None),
+            accel::Choice::Tcg(reason) => (Accelerator::Tcg, Some(reason)),
+        },
+    )
+}
+
+/// Everything made ready before the emulator starts.
+struct Prepared {
+    qemu: String,
+    kernel: cache::Cached,
+    initramfs: cache::Cached,
+    accelerator: Accelerator,
+    degraded: Option<String>,
+    state: cache::StateDir,
+    kvm: Option<cache::KvmNode>,
+    system: Vec<SystemEntry>,
+    roots: Vec<GuestRoot>,
+    memory_mib: u64,
+    vcpus: u32,
+    moat: PathBuf,
+}
+
+impl Prepared {
+    fn new(spec: &SandboxSpec, vm: &VmOptions) -> Result<Prepared, SetupError> {
+        let fail = |what: String| SetupError::new(Layer::Microvm, what);
+        let GuestParts {
+            cache,
+            qemu,
+            kernel,
+            initramfs,
+        } = GuestParts::find(vm)?;
         // The kernel unpacks the image while holding it: twice its size, and
         // room for the kernel and a program.
         let image_size = std::fs::metadata(&initramfs.path).map_or(0, |m| m.len());
@@ -260,18 +318,17 @@ impl Prepared {
                 needed.div_ceil(1 << 20)
             )));
         }
-        let qemu = qemu.to_string_lossy().into_owned();
         let (accelerator, degraded) =
             match accel::choose(&cache, spec, &vm.moat, &qemu, &kernel, &initramfs) {
                 accel::Choice::Kvm => (Accelerator::Kvm, None),
-                accel::Choice::Tcg(reason) if spec.allow_degraded => {
+                accel::Choice::Tcg(reason) if spec.allow_degraded || vm.allow_emulation => {
                     (Accelerator::Tcg, Some(reason))
                 }
                 accel::Choice::Tcg(reason) => {
                     return Err(fail(format!(
                         "hardware virtualization is not usable here ({reason}); \
-                     --allow-degraded runs the guest under QEMU's software emulation (TCG), \
-                     much slower"
+                     --allow-degraded (or a manifest's allowEmulation) runs the guest under \
+                     QEMU's software emulation (TCG), much slower"
                     )));
                 }
             };

@@ -188,14 +188,30 @@ async fn run(
             let events = s.events(&org, Some(&lookup), 0, pages::EVENTS_SHOWN)?;
             let artifacts = s.artifacts(&org, &lookup)?;
             let quarantined = s.run_quarantine(&org, &lookup)?;
-            Ok(Some((run, ops, events, artifacts, quarantined)))
+            let runners = if run.state == moat_store::RunState::Queued {
+                s.runners(&org)?
+            } else {
+                Vec::new()
+            };
+            Ok(Some((run, ops, events, artifacts, quarantined, runners)))
         })
         .await
         .map_err(failure)?;
-    let Some((run, ops, events, artifacts, quarantined)) = found else {
+    let Some((run, ops, events, artifacts, quarantined, runners)) = found else {
         return Err(failure(ApiError::not_found(format_args!("run {id}"))));
     };
-    Ok(Html(pages::run(&run, &ops, &events, &artifacts, &quarantined)).into_response())
+    let waiting = super::views::waiting_reason(&run, &runners, state.now());
+    let page = pages::run(
+        &pages::RunPage {
+            run: &run,
+            waiting: waiting.as_deref(),
+        },
+        &ops,
+        &events,
+        &artifacts,
+        &quarantined,
+    );
+    Ok(Html(page).into_response())
 }
 
 /// The run page's cancel button: the run ends `cancelled`, its runner stops

@@ -180,6 +180,18 @@ fn op_item(o: &OpRow) -> Markup {
     } else {
         format!("op {}", o.state.as_str())
     };
+    // The workload class decided for its program, and the accelerator
+    // its virtual machine ran under.
+    let workload = decision["class"].as_str().map(|c| {
+        let accelerator = o
+            .result
+            .as_ref()
+            .and_then(|r| r["result"]["vm"]["accelerator"].as_str());
+        match accelerator {
+            Some(a) => format!("{c} ({a})"),
+            None => c.to_owned(),
+        }
+    });
     html! {
         li class=(class) data-op-id=(o.id) data-state=(o.state.as_str()) {
             span.muted { "#" (o.n) " " (o.id) }
@@ -188,6 +200,9 @@ fn op_item(o: &OpRow) -> Markup {
             " · decision " (text(&decision["decision"]))
             @if !policies.is_empty() {
                 " by " code { (policies.join(", ")) }
+            }
+            @if let Some(workload) = &workload {
+                " · in " span.class data-class=(workload) { (workload) }
             }
             @if !reason.is_empty() {
                 div.reason { (reason) }
@@ -298,13 +313,33 @@ pub fn usage(days: &[UsageDay]) -> String {
     )
 }
 
+/// A run, and why it waits when nothing could claim it.
+pub struct RunPage<'a> {
+    pub run: &'a RunRow,
+    pub waiting: Option<&'a str>,
+}
+
+/// The classes of a set stored as bits, named.
+fn class_names(mask: i64) -> String {
+    let names: Vec<&str> = moat_core::WorkloadClass::from_mask(mask)
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    if names.is_empty() {
+        "any".into()
+    } else {
+        names.join(", ")
+    }
+}
+
 pub fn run(
-    run: &RunRow,
+    page: &RunPage<'_>,
     ops: &[OpRow],
     events: &Page,
     artifacts: &[ArtifactRow],
     quarantined: &[QuarantineRow],
 ) -> String {
+    let run = page.run;
     layout(
         &format!("Run {}", run.id),
         "runs",
@@ -318,8 +353,12 @@ pub fn run(
                 dt { "Runner" } dd { code { (run.runner_id.as_deref().unwrap_or("-")) } }
                 dt { "Manifest" } dd { code { (run.manifest_hash.as_deref().unwrap_or("-")) } }
                 dt { "Attempts" } dd { (run.attempts) "/" (run.max_attempts) }
+                dt { "Workload classes" } dd #run-classes { (class_names(run.needs_classes)) }
                 dt { "Created" } dd { (stamp(run.created_ms)) }
                 dt { "Error" } dd { (run.error.as_deref().unwrap_or("-")) }
+                @if let Some(why) = page.waiting {
+                    dt { "Waiting" } dd #run-waiting .reason { (why) }
+                }
             }
             @if !run.state.is_final() {
                 form #cancel-run .inline method="post"
@@ -517,7 +556,7 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
             table #runners {
                 thead { tr {
                     th { "Runner" } th { "Build (SHA-256)" } th { "Manifest" } th { "Policy" }
-                    th { "Environment" } th { "Manifest expires in" } th { "Status" }
+                    th { "Environment" } th { "Classes" } th { "Manifest expires in" } th { "Status" }
                     th { "Slots used / free" } th { "Last seen" }
                 } }
                 tbody {
@@ -528,6 +567,7 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
                             td { code { (short(&r.manifest_hash)) } }
                             td { code { (short(&r.policy_hash)) } }
                             td { (r.environment) }
+                            td.classes { (class_names(r.classes)) }
                             td {
                                 @if let Some(m) = manifest {
                                     span.state data-expires-ms=(m.expires_ms) { (stamp(m.expires_ms)) }

@@ -130,6 +130,14 @@ fn skip_reason(op: &moat_store::OpRow, allow_network: bool) -> Option<&'static s
     if !ran {
         return Some("never ran (denied, not approved, or ended with its run)");
     }
+    // Replayed without its capability, a program would get the weakest
+    // class the manifest lists: never weaker than it ran.
+    if op.decision["class"]
+        .as_str()
+        .is_some_and(|c| c != "namespace")
+    {
+        return Some("ran in a stronger workload class than replay gives (a microvm guest)");
+    }
     let network = op.op == "http_request"
         || [&args["network"], &op.envelope["network"]]
             .iter()

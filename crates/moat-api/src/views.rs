@@ -42,9 +42,10 @@ pub struct RunView {
     /// runner of its environment).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workload_classes: Vec<moat_core::WorkloadClass>,
-    /// Why a queued run is not claimed: no runner of its environment offers
-    /// a class it needs, or none is registered (absent: a runner could take
-    /// it; it waits for a free slot at most).
+    /// Why a queued run is not claimed: no runner of its environment was
+    /// seen lately, or none offers every class it needs (absent: one does;
+    /// it may still wait for a free slot, or for a runner under the
+    /// manifest it is pinned to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
 }

@@ -321,7 +321,7 @@ pub fn decide(
 
 /// The workload classes a new run needs: those it asks for, and the class
 /// the policy gives each program the manifest allows (run offline, the
-/// strictest context a classification rule can see at creation). A class
+/// context known at creation: no network, no size). A class
 /// an operation needs beyond these is found when it is decided: it is then
 /// refused unless the runner holding the run offers it.
 pub fn run_classes(
@@ -385,6 +385,48 @@ pub fn run_classes(
     }
     needed.sort_by_key(|c| c.bit());
     Ok(needed)
+}
+
+/// The class the policy gives an `exec_argv` under `manifest` (`None`:
+/// another operation). For a dispatch under another manifest than the
+/// decision's: a class it cannot tell, or that the manifest cannot give,
+/// is the strongest there is (the shell then refuses what it cannot give).
+pub fn reclassify(
+    policy: &PolicyEngine,
+    org_name: &str,
+    runner: &str,
+    manifest: &SignedManifest,
+    envelope: &Envelope,
+) -> Option<WorkloadClass> {
+    let described = describe(envelope).ok()?;
+    let Resource::Executable(path) = &described.resource else {
+        return None;
+    };
+    let request = OpRequest {
+        org: org_name,
+        runner,
+        op: described.op,
+        resource: described.resource.clone(),
+        size: described.size,
+        network: described.network,
+        sandbox: sandbox_of(manifest),
+        origin: manifest.manifest.origin_of(path),
+        path: &described.path,
+        method: &described.method,
+        action: &described.action,
+    };
+    let strongest = WorkloadClass::ALL
+        .iter()
+        .copied()
+        .max_by_key(|c| c.bit())
+        .unwrap_or(WorkloadClass::Microvm);
+    Some(
+        policy
+            .classify(&request)
+            .ok()
+            .and_then(|c| manifest.manifest.fit(c))
+            .unwrap_or(strongest),
+    )
 }
 
 /// Why a program cannot be given the class the policy asks for.

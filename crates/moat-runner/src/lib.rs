@@ -407,7 +407,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     ];
     client.report_events(events, Retry::WhileUnavailable)?;
     janitor(&client, &config.state_dir, &shell_state);
-    let manifests = Manifests::new(signed, trusted, config.state_dir.clone())?;
+    let manifests = Manifests::new(signed, trusted, config.state_dir.clone(), classes.clone())?;
 
     let metrics = Arc::new(moat_metrics::Metrics::new(moat_metrics::Role::Runner));
     if let Some(address) = config.metrics_listen {

@@ -14,7 +14,7 @@ use moat_core::event_data::RunnerManifestRefreshFailed;
 use moat_core::lifecycle::{Lifetime, Next, Refresher, Report};
 use moat_core::sign::PublicKey;
 use moat_core::time::stamp;
-use moat_core::{Event, EventData, SignedManifest};
+use moat_core::{Event, EventData, SignedManifest, WorkloadClass};
 
 use crate::error::{IoContext as _, RunnerError};
 
@@ -28,6 +28,8 @@ pub struct Manifests {
     /// Bumped at every swap: a run's shell started under an older
     /// generation is replaced at its next operation boundary.
     generation: u64,
+    /// The workload classes the runner offers: a manifest must list them all.
+    classes: Vec<WorkloadClass>,
 }
 
 pub fn lifetime(signed: &SignedManifest) -> Result<Lifetime, RunnerError> {
@@ -46,12 +48,14 @@ impl Manifests {
         sealed: SignedManifest,
         trusted: PublicKey,
         dir: PathBuf,
+        classes: Vec<WorkloadClass>,
     ) -> Result<Self, RunnerError> {
         let life = lifetime(&sealed)?;
         Ok(Manifests {
             refresher: Refresher::new(sealed, life),
             trusted,
             dir,
+            classes,
             file: None,
             generation: 0,
         })
@@ -98,6 +102,15 @@ impl Manifests {
             return Err(RunnerError::Protocol(
                 "no newer manifest is published".into(),
             ));
+        }
+        // Its shells are started with the classes it registered with: a
+        // manifest without one of them would refuse every shell.
+        let listed = signed.manifest.classes();
+        if let Some(class) = self.classes.iter().find(|c| !listed.contains(c)) {
+            return Err(RunnerError::Protocol(format!(
+                "the published manifest does not list workload class {class}, which this \
+                 runner offers: restart it without --class {class}"
+            )));
         }
         let life = lifetime(&signed)?;
         self.refresher.fetched(signed, life);

@@ -49,11 +49,30 @@ fn network_rank(mode: NetworkMode) -> u8 {
 
 /// Resolves and checks the executable against the manifest's allowlist
 /// (path, and content hash when pinned). Returns the inside path to run.
+///
+/// `exact`: the operation carries a capability, whose decision (the policy's
+/// rules on `Moat::Executable`, the workload class of the entry's origin)
+/// was made on the name as given: it must then be an entry's path as
+/// listed, not a bare name found on `PATH` or another name of the same file.
 fn allowed_executable(
     manifest: &Manifest,
     workspace: &Path,
     program: &str,
+    exact: bool,
 ) -> Result<String, Refusal> {
+    let named = manifest
+        .allowed_executables
+        .iter()
+        .find(|allowed| allowed.path == program);
+    if exact && named.is_none() {
+        return Err(refuse(
+            DenialReason::ExecutableNotAllowed,
+            format!(
+                "{program}: a managed operation names its program exactly as the manifest's \
+                 allowedExecutables lists it (the policy decided on that name)"
+            ),
+        ));
+    }
     let candidates: Vec<String> = if program.starts_with('/') {
         vec![program.to_owned()]
     } else if program.contains('/') {
@@ -82,14 +101,15 @@ fn allowed_executable(
             format!("{program}: {e}"),
         )
     })?;
-    let entry = manifest
-        .allowed_executables
-        .iter()
-        .find(|allowed| {
-            std::fs::canonicalize(host_path(workspace, &allowed.path))
-                .ok()
-                .as_ref()
-                == Some(&canonical)
+    let entry = named
+        .filter(|_| exact)
+        .or_else(|| {
+            manifest.allowed_executables.iter().find(|allowed| {
+                std::fs::canonicalize(host_path(workspace, &allowed.path))
+                    .ok()
+                    .as_ref()
+                    == Some(&canonical)
+            })
         })
         .ok_or_else(|| {
             refuse(
@@ -176,7 +196,8 @@ fn checked(
             "an argument contains a NUL byte",
         ));
     }
-    let resolved = allowed_executable(manifest, &workspace.path, program)?;
+    let exact = envelope.capability.is_some();
+    let resolved = allowed_executable(manifest, &workspace.path, program, exact)?;
     for name in args.env.keys() {
         if !manifest
             .env_passthrough

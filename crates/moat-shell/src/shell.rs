@@ -308,13 +308,8 @@ impl Shell {
                 format!("workload class {class} is not in the manifest's workloadClasses"),
             ));
         }
-        if class == WorkloadClass::Microvm && self.config.vm.is_none() {
-            return Err(Refusal::new(
-                DenialReason::ClassNotAvailable,
-                "the operation must run in workload class microvm, which this runner does not \
-                 offer (start it with --class microvm)",
-            ));
-        }
+        // Refused here too, before the capability is recorded as granted.
+        vm_for(class, &self.config.vm)?;
         Ok(class)
     }
 
@@ -723,7 +718,10 @@ impl Shell {
                 Ok(policy) => policy,
                 Err(refusal) => return refusal.into(),
             };
-            let vm = vm_for(class, &self.config.vm).cloned();
+            let vm = match vm_for(class, &self.config.vm) {
+                Ok(vm) => vm.cloned(),
+                Err(refusal) => return refusal.into(),
+            };
             match self.egress() {
                 Ok(egress) => {
                     exec::run_proxied(plan, &mut sink, egress, &policy, &envelope.id, vm.as_ref())
@@ -731,7 +729,10 @@ impl Shell {
                 Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
             }
         } else {
-            exec::run(plan, &mut sink, vm_for(class, &self.config.vm))
+            match vm_for(class, &self.config.vm) {
+                Ok(vm) => exec::run(plan, &mut sink, vm),
+                Err(refusal) => return refusal.into(),
+            }
         };
         let finished = match run {
             Ok(finished) => finished,
@@ -933,18 +934,24 @@ impl Shell {
     }
 }
 
-/// Parses a line into an envelope, with the denial reasons of the protocol.
-/// The guest options for a program of `class` (`None`: a namespace sandbox).
+/// The guest options for a program of `class` (`None`: a namespace
+/// sandbox). A class this shell cannot give is refused, never run weaker.
 fn vm_for(
     class: WorkloadClass,
     vm: &Option<moat_sandbox::microvm::VmOptions>,
-) -> Option<&moat_sandbox::microvm::VmOptions> {
-    match class {
-        WorkloadClass::Namespace => None,
-        WorkloadClass::Microvm => vm.as_ref(),
+) -> Result<Option<&moat_sandbox::microvm::VmOptions>, Refusal> {
+    match (class, vm) {
+        (WorkloadClass::Namespace, _) => Ok(None),
+        (WorkloadClass::Microvm, Some(vm)) => Ok(Some(vm)),
+        (WorkloadClass::Microvm, None) => Err(Refusal::new(
+            DenialReason::ClassNotAvailable,
+            "the operation must run in workload class microvm, which this runner does not \
+             offer (start it with --class microvm)",
+        )),
     }
 }
 
+/// Parses a line into an envelope, with the denial reasons of the protocol.
 fn parse_envelope(bytes: &[u8]) -> Result<Envelope, Refusal> {
     let invalid = |m: String| Refusal::new(DenialReason::InvalidEnvelope, m);
     let value: Value =

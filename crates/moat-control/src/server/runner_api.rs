@@ -530,11 +530,12 @@ pub async fn next(
                 .map_err(|e| ApiError::internal(format!("stored envelope: {e}")))?;
             let kind =
                 OpKind::parse(&envelope.op).ok_or_else(|| ApiError::internal("stored op kind"))?;
+            let class = dispatch_class(&state, &runner, &op.decision, &envelope).await?;
             let capability = state
                 .config
                 .policy
                 .grant(
-                    (&envelope, kind, decided_class(&op.decision)?),
+                    (&envelope, kind, class),
                     &state.config.key,
                     state.config.clock.now(),
                     state.config.capability_ttl,
@@ -583,6 +584,42 @@ fn decided_class(decision: &Value) -> ApiResult<moat_core::WorkloadClass> {
         Some(class) => serde_json::from_value(class.clone())
             .map_err(|e| ApiError::internal(format!("the operation's recorded class: {e}"))),
     }
+}
+
+/// The class an operation's program is dispatched in: the decision's, or
+/// the stronger class the policy gives it under the runner's manifest when
+/// it was decided under another (before the run was claimed, say).
+async fn dispatch_class(
+    state: &Arc<AppState>,
+    runner: &RunnerRow,
+    decision: &Value,
+    envelope: &Envelope,
+) -> ApiResult<moat_core::WorkloadClass> {
+    let class = decided_class(decision)?;
+    if decision["manifestHash"].as_str() == Some(runner.manifest_hash.as_str()) {
+        return Ok(class);
+    }
+    let (o, h) = (runner.org_id.clone(), runner.manifest_hash.clone());
+    let (org_name, manifest) = state
+        .db(move |s| Ok((s.org_name(&o)?.unwrap_or_default(), s.manifest(&o, &h)?)))
+        .await?;
+    let Some(manifest) =
+        manifest.and_then(|m| serde_json::from_str::<SignedManifest>(&m.signed).ok())
+    else {
+        return Ok(class);
+    };
+    Ok(
+        match crate::decide::reclassify(
+            &state.config.policy,
+            &org_name,
+            &runner.id,
+            &manifest,
+            envelope,
+        ) {
+            Some(again) if again.satisfies(class) => again,
+            _ => class,
+        },
+    )
 }
 
 /// The longest a tool token lives: an hour.
@@ -1001,6 +1038,20 @@ pub async fn refreshed(
             StatusCode::CONFLICT,
             "stale_policy",
             "the manifest names another policy",
+        ));
+    }
+    let listed = signed_manifest.manifest.classes();
+    if let Some(class) = moat_core::WorkloadClass::from_mask(runner.classes)
+        .into_iter()
+        .find(|c| !listed.contains(c))
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "ops_beyond_manifest",
+            format!(
+                "the runner offers workload class {class}, which that manifest does not list: \
+                 restart it without the class"
+            ),
         ));
     }
     let now = state.now();

@@ -77,8 +77,9 @@ pub struct CapabilityGranted {
     pub resource: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxMode>,
-    /// The workload class a program of the operation runs in (left out:
-    /// `namespace`, or an operation that runs no program).
+    /// The workload class the operation's program runs in (`exec_argv`;
+    /// left out for other operations, and by a runner's shell when it is
+    /// `namespace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<crate::mode::WorkloadClass>,
     /// The `@id`s of the policies that decided.

@@ -120,6 +120,27 @@ pub struct ServeArgs {
     /// approval pending. It frees the runner's slot an abandoned run holds.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = humantime::parse_duration)]
     run_idle_timeout: Duration,
+    /// Turn away runners whose host's kernel is older than this (e.g. 6.1):
+    /// registration fails with `host_below_minimum`, naming the kernel.
+    #[arg(long, value_name = "VERSION", value_parser = parse_kernel)]
+    min_kernel: Option<(u32, u32, u32)>,
+    /// Turn away runners whose host offers a lower Landlock ABI than this
+    /// (`host_below_minimum`).
+    #[arg(long, value_name = "N")]
+    min_landlock_abi: Option<u32>,
+}
+
+/// `MAJOR.MINOR[.PATCH]`, as `--min-kernel` takes it.
+fn parse_kernel(text: &str) -> Result<(u32, u32, u32), String> {
+    let plain = !text.is_empty()
+        && text.split('.').count() <= 3
+        && text
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    plain
+        .then(|| moat_core::host::kernel_version(text))
+        .flatten()
+        .ok_or_else(|| format!("{text:?}: give MAJOR.MINOR[.PATCH], e.g. 6.1"))
 }
 
 /// A password file's content, without one trailing newline; refused when
@@ -240,6 +261,10 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         tools_allow_private: args.tools_allow_private_addresses,
         run_idle_timeout: args.run_idle_timeout,
         outputs,
+        host_minimum: moat_core::host::HostMinimum {
+            kernel: args.min_kernel,
+            landlock_abi: args.min_landlock_abi,
+        },
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

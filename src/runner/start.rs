@@ -78,6 +78,59 @@ pub struct StartArgs {
     /// /lib/modules/VERSION).
     #[arg(long, value_name = "DIR")]
     vm_modules: Option<PathBuf>,
+    /// The host this runner runs on, as the control plane shows it and
+    /// will place runs by (default: /etc/machine-id). 1 to 128 of
+    /// A-Z a-z 0-9 . _ : -
+    #[arg(long, value_name = "ID")]
+    host_id: Option<String>,
+    /// A label for placement and the operator's view (repeatable), e.g.
+    /// --label zone=a --label dedicated=acme.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+}
+
+/// The labels given, checked: `KEY=VALUE` each, a key once.
+fn labels(given: &[String]) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut labels = std::collections::BTreeMap::new();
+    for entry in given {
+        let (key, value) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("--label {entry:?}: give KEY=VALUE"))?;
+        moat_core::host::check_label(key, value).map_err(|e| format!("--label: {e}"))?;
+        if labels.insert(key.to_owned(), value.to_owned()).is_some() {
+            return Err(format!("--label: {key} is given twice"));
+        }
+    }
+    if labels.len() > 32 {
+        return Err("--label: at most 32".into());
+    }
+    Ok(labels)
+}
+
+/// `--host-id`, checked, or this machine's id (`/etc/machine-id`) when it
+/// has a usable one: a container's is often empty, and then the runner
+/// registers without one (give `--host-id`).
+fn host_id(given: Option<String>) -> Result<Option<String>, String> {
+    if let Some(id) = given {
+        moat_core::host::check_host_id(&id).map_err(|e| format!("--host-id: {e}"))?;
+        return Ok(Some(id));
+    }
+    let found = std::fs::read_to_string("/etc/machine-id")
+        .map_err(|e| e.to_string())
+        .and_then(|text| {
+            let id = text.trim().to_owned();
+            moat_core::host::check_host_id(&id).map(|()| id)
+        });
+    match found {
+        Ok(id) => Ok(Some(id)),
+        Err(why) => {
+            eprintln!(
+                "moat runner: /etc/machine-id: {why}; registering without a host id \
+                 (give --host-id)"
+            );
+            Ok(None)
+        }
+    }
 }
 
 pub fn main(args: StartArgs) -> ExitCode {
@@ -107,6 +160,13 @@ pub fn main(args: StartArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let (host_id, labels) = match (host_id(args.host_id), labels(&args.labels)) {
+        (Ok(id), Ok(labels)) => (id, labels),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("moat runner: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let config = moat_runner::Config {
         control_plane: args.control_plane,
         token,
@@ -123,6 +183,8 @@ pub fn main(args: StartArgs) -> ExitCode {
         classes: args.classes,
         vm_kernel: args.vm_kernel,
         vm_modules: args.vm_modules,
+        host_id,
+        labels,
     };
     match moat_runner::run(config) {
         Ok(()) => ExitCode::SUCCESS,

@@ -124,6 +124,12 @@ pub struct RunnerView {
     /// What its host can give, as it said at registration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<moat_core::host::HostFeatures>,
+    /// The host it runs on, as it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// The operator's labels.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -37,6 +37,13 @@ pub struct Registration {
     /// hardware virtualization).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<moat_core::host::HostFeatures>,
+    /// The host it runs on: stable across restarts (`/etc/machine-id` by
+    /// default), so that runs and capacity can be told by host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// The operator's labels (`zone=a`, `dedicated=acme`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 fn one_slot() -> i64 {

@@ -114,6 +114,7 @@ fn bench(c: &mut Criterion) {
             tools_allow_private: false,
             run_idle_timeout: Duration::from_secs(900),
             outputs: moat_store::Outputs::database(),
+            host_minimum: Default::default(),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -77,6 +77,10 @@ pub struct Config {
     /// The `microvm` guest's kernel and modules (default: the host's newest).
     pub vm_kernel: Option<PathBuf>,
     pub vm_modules: Option<PathBuf>,
+    /// The host it runs on (`/etc/machine-id` unless the operator named it).
+    pub host_id: Option<String>,
+    /// The operator's labels (`zone=a`).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The file a runner's registration token is in.
@@ -336,6 +340,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         slots: i64::from(slots),
         workload_classes: classes.clone(),
         host: Some(host.clone()),
+        host_id: config.host_id.clone(),
+        labels: config.labels.clone(),
     };
     if draining.load(std::sync::atomic::Ordering::Relaxed) {
         // Stopped before it registered: nothing to give back, no token spent.

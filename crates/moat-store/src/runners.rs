@@ -32,17 +32,21 @@ pub struct RunnerRow {
     /// What its host can give (JSON of [`moat_core::host::HostFeatures`]),
     /// when it said.
     pub host_features: Option<String>,
+    /// The host it runs on, when it said.
+    pub host_id: Option<String>,
+    /// The operator's labels, a JSON object of strings (`None`: none).
+    pub labels: Option<String>,
 }
 
 const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
-    classes, host_features";
+    classes, host_features, host_id, labels";
 
 /// `COLUMNS` and the runs the runner holds now (`slots_used`).
 const READ: &str =
     "SELECT id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
-    classes, host_features,
+    classes, host_features, host_id, labels,
     (SELECT COUNT(*) FROM runs WHERE runs.runner_id = runners.id
         AND runs.state IN ('claimed', 'running', 'paused')) AS slots_used
     FROM runners";
@@ -68,6 +72,8 @@ fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
         enrolment_id: row.opt_text("enrolment_id")?,
         classes: row.int("classes")?,
         host_features: row.opt_text("host_features")?,
+        host_id: row.opt_text("host_id")?,
+        labels: row.opt_text("labels")?,
     })
 }
 
@@ -76,7 +82,7 @@ impl Store {
         self.tx(|tx| {
             tx.execute(
                 &format!(
-                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 &[
                     runner.id.as_str().into(),
@@ -96,6 +102,8 @@ impl Store {
                     runner.enrolment_id.as_deref().into(),
                     runner.classes.into(),
                     runner.host_features.as_deref().into(),
+                    runner.host_id.as_deref().into(),
+                    runner.labels.as_deref().into(),
                 ],
             )?;
             Ok(())

@@ -549,6 +549,8 @@ fn nonces_manifests_and_builds() {
             enrolment_id: None,
             classes: 1,
             host_features: None,
+            host_id: None,
+            labels: None,
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s

@@ -123,8 +123,8 @@ fn cases() -> Vec<(&'static str, Case)> {
 /// The migrations in `migrations/<backend>/`: V1, then V2 (runner
 /// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
 /// boundary's quarantine and held exports), V6 (the output store), V7
-/// (workload classes).
-const MIGRATIONS: i64 = 7;
+/// (workload classes), V8 (runners' hosts and labels).
+const MIGRATIONS: i64 = 8;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")

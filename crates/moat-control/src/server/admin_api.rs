@@ -317,6 +317,12 @@ pub fn runner_view(r: &RunnerRow) -> RunnerView {
             .host_features
             .as_deref()
             .and_then(|h| serde_json::from_str(h).ok()),
+        host_id: r.host_id.clone(),
+        labels: r
+            .labels
+            .as_deref()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_default(),
     }
 }
 

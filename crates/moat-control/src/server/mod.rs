@@ -81,6 +81,8 @@ pub struct Config {
     pub run_idle_timeout: Duration,
     /// Where files promoted at the export boundary are kept.
     pub outputs: moat_store::Outputs,
+    /// The least a runner's host must have to be registered.
+    pub host_minimum: moat_core::host::HostMinimum,
 }
 
 /// Shared state of the handlers.

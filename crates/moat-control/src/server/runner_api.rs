@@ -133,6 +133,25 @@ fn registration_problem(
             format!("sandbox mode {} is not in the manifest", reg.sandbox_mode),
         ));
     }
+    if let Some(problem) = reg
+        .host_id
+        .as_deref()
+        .map(moat_core::host::check_host_id)
+        .and_then(Result::err)
+        .or_else(|| {
+            reg.labels
+                .iter()
+                .find_map(|(k, v)| moat_core::host::check_label(k, v).err())
+        })
+    {
+        return Some((RunnerRejection::BadRequest, problem));
+    }
+    if reg.labels.len() > 32 {
+        return Some((RunnerRejection::BadRequest, "at most 32 labels".into()));
+    }
+    if let Some(why) = state.config.host_minimum.shortfall(reg.host.as_ref()) {
+        return Some((RunnerRejection::HostBelowMinimum, why));
+    }
     if let Some(class) = reg
         .workload_classes
         .iter()
@@ -253,6 +272,10 @@ pub async fn register(
             .host
             .as_ref()
             .and_then(|h| serde_json::to_string(h).ok()),
+        host_id: reg.host_id.clone(),
+        labels: (!reg.labels.is_empty())
+            .then(|| serde_json::to_string(&reg.labels).ok())
+            .flatten(),
     };
     let sandbox_mode: SandboxMode = reg
         .sandbox_mode
@@ -272,6 +295,8 @@ pub async fn register(
         enrolment: enrolled,
         workload_classes: reg.workload_classes.clone(),
         host: reg.host.clone(),
+        host_id: reg.host_id.clone(),
+        labels: reg.labels.clone(),
     });
     let stored = runner.clone();
     state

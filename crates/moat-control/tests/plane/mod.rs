@@ -157,6 +157,7 @@ fn start(
         tools_allow_private: false,
         run_idle_timeout: Duration::from_secs(900),
         outputs: outputs.clone(),
+        host_minimum: Default::default(),
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -124,6 +124,8 @@ pub enum RunnerRejection {
     /// the enrolment its issuer names, or a runner whose enrolment was
     /// revoked.
     EnrolmentRefused,
+    /// Its host is below the kernel or Landlock ABI the operator requires.
+    HostBelowMinimum,
 }
 
 impl RunnerRejection {
@@ -147,6 +149,7 @@ impl RunnerRejection {
             RunnerRejection::StaleRequest => "stale_request",
             RunnerRejection::ReplayedRequest => "replayed_request",
             RunnerRejection::EnrolmentRefused => "enrolment_refused",
+            RunnerRejection::HostBelowMinimum => "host_below_minimum",
         }
     }
 }
@@ -230,6 +233,12 @@ pub struct RunnerRegistered {
     /// What its host can give (left out by runners older than classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<crate::host::HostFeatures>,
+    /// The host it runs on (`/etc/machine-id`, or what the operator named).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// The operator's labels (`zone=a`, `dedicated=acme`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[cfg(test)]
@@ -254,6 +263,7 @@ mod rejection_tests {
             RunnerRejection::StaleRequest,
             RunnerRejection::ReplayedRequest,
             RunnerRejection::EnrolmentRefused,
+            RunnerRejection::HostBelowMinimum,
         ] {
             assert_eq!(
                 serde_json::to_value(reason).ok(),

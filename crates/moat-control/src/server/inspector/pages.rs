@@ -562,7 +562,15 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
                 tbody {
                     @for (r, manifest) in rows {
                         tr data-runner-id=(r.id) {
-                            td { code { (r.id) } div.muted { (r.version) ", " (r.sandbox_mode) } }
+                            td {
+                                code { (r.id) } div.muted { (r.version) ", " (r.sandbox_mode) }
+                                @if let Some(host) = &r.host_id {
+                                    div.muted.host { "host " code { (short(host)) } }
+                                }
+                                @for (key, value) in runner_labels(r) {
+                                    span.label { (key) "=" (value) } " "
+                                }
+                            }
                             td { code { (short(&r.runner_hash)) } }
                             td { code { (short(&r.manifest_hash)) } }
                             td { code { (short(&r.policy_hash)) } }
@@ -584,6 +592,15 @@ pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {
             }
         },
     )
+}
+
+/// A runner's labels, as stored (unreadable: none).
+fn runner_labels(r: &RunnerRow) -> Vec<(String, String)> {
+    r.labels
+        .as_deref()
+        .and_then(|l| serde_json::from_str::<std::collections::BTreeMap<String, String>>(l).ok())
+        .map(|m| m.into_iter().collect())
+        .unwrap_or_default()
 }
 
 fn runner_status(r: &RunnerRow, manifest: Option<&ManifestRow>, now: i64) -> &'static str {

@@ -282,6 +282,33 @@ fn a_third_party_program_runs_in_a_vm_on_a_runner_that_offers_the_class_only() {
     let vm_line = format!("microvm: a QEMU microvm guest of its own (accelerator {accelerator}");
     assert!(audit.contains(&vm_line), "{audit}");
     assert!(audit.contains("namespace: moat-sandbox"), "{audit}");
+    // Replay gives no capability, so no class: it does not re-run in a
+    // namespace sandbox what ran in a guest, and says so.
+    let replayed = Command::new(MOAT)
+        .args(["replay", "needs-a-vm", "--json", "--db", &db, "--policy"])
+        .arg(&setup.policy)
+        .arg("--trusted-key")
+        .arg(setup.dir.join("keys/moat.pub"))
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&replayed.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&replayed.stderr)));
+    let verdict = |id: &str| {
+        report["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["op"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} not in the replay: {report:#}"))
+    };
+    let vm = verdict("vm-op");
+    assert_eq!(vm["replayed"], false, "{report:#}");
+    assert!(
+        vm["why"].as_str().is_some_and(|w| w.contains("microvm")),
+        "{vm}"
+    );
+    assert_eq!(verdict("ns-op")["same"], true, "{report:#}");
     assert_ledger_intact(&serve);
     let emulators = host_processes_with("qemu-system-x86_64");
     assert!(emulators.is_empty(), "emulator left running: {emulators:?}");

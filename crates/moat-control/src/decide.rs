@@ -351,12 +351,7 @@ pub fn run_classes(
         let fitted = manifest.fit(*class).ok_or_else(|| {
             format!(
                 "workloadClasses: {class} is not among the manifest's workloadClasses ({})",
-                manifest
-                    .classes()
-                    .iter()
-                    .map(|c| c.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                WorkloadClass::names(&manifest.classes())
             )
         })?;
         add(fitted);
@@ -452,19 +447,12 @@ fn class_of(
         class: None,
         error: Some(e.to_string()),
     })?;
-    let listed = |classes: &[WorkloadClass]| {
-        classes
-            .iter()
-            .map(|c| c.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let class = manifest.fit(needed).ok_or_else(|| ClassRefused {
         reason: DenialReason::ClassNotAvailable,
         message: format!(
             "the policy runs this program in workload class {needed} at least; the manifest's \
              workloadClasses ({}) has none as strong",
-            listed(&manifest.classes())
+            WorkloadClass::names(&manifest.classes())
         ),
         class: Some(needed),
         error: None,
@@ -475,7 +463,7 @@ fn class_of(
             message: format!(
                 "the policy runs this program in workload class {class}; the runner holding \
                  the run offers {}",
-                listed(offered)
+                WorkloadClass::names(offered)
             ),
             class: Some(class),
             error: None,

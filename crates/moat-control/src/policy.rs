@@ -233,6 +233,10 @@ impl PolicyEngine {
     /// the strongest class of the classification rules that match it
     /// (`namespace` when none does).
     pub fn classify(&self, request: &OpRequest<'_>) -> Result<WorkloadClass, PolicyError> {
+        // Every exec_argv's decision asks: without rules, nothing to evaluate.
+        if !self.classifies() {
+            return Ok(WorkloadClass::Namespace);
+        }
         let (principal, action, resource, context, entities) = Self::op_request(request)?;
         let response = self.authorizer.is_authorized(
             &Request::new(principal, action, resource, context, None)

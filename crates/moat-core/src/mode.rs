@@ -157,6 +157,15 @@ impl WorkloadClass {
             .collect()
     }
 
+    /// `namespace, microvm`: the classes as messages and pages name them.
+    pub fn names(classes: &[WorkloadClass]) -> String {
+        classes
+            .iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The bits of `classes`.
     pub fn mask(classes: &[WorkloadClass]) -> i64 {
         classes.iter().fold(0, |mask, c| mask | c.bit())

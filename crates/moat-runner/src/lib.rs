@@ -173,11 +173,7 @@ fn offered_classes(
         if !listed.contains(class) {
             return Err(RunnerError::Setup(format!(
                 "--class {class}: the manifest's workloadClasses lists {}",
-                listed
-                    .iter()
-                    .map(|c| c.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                WorkloadClass::names(&listed)
             )));
         }
         if *class == WorkloadClass::Microvm {
@@ -206,11 +202,7 @@ fn offered_classes(
         return Err(RunnerError::Setup(format!(
             "the manifest's workloadClasses lists {}, none of which this runner was asked to \
              offer: add --class",
-            listed
-                .iter()
-                .map(|c| c.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            WorkloadClass::names(&listed)
         )));
     }
     offered.sort_by_key(|c| c.bit());
@@ -358,11 +350,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
     eprintln!(
         "moat runner: registered as {} (build {runner_hash}, {slots} slots, classes: {}{})",
         registered.runner_id,
-        classes
-            .iter()
-            .map(|c| c.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        WorkloadClass::names(&classes),
         match (host.accelerator, &host.emulation_reason) {
             (Some(Accelerator::Tcg), Some(why)) => format!("; microvm under TCG: {why}"),
             (Some(accelerator), _) => format!("; microvm under {}", accelerator.as_str()),

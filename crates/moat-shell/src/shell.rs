@@ -287,18 +287,8 @@ impl Shell {
 
     /// The class a program runs in, checked against the manifest and what
     /// this shell can start: a capability's class is never given less.
-    fn offered(
-        &self,
-        kind: OpKind,
-        class: Option<WorkloadClass>,
-    ) -> Result<WorkloadClass, Refusal> {
+    fn offered(&self, kind: OpKind, class: WorkloadClass) -> Result<WorkloadClass, Refusal> {
         let manifest = &self.config.manifest;
-        let Some(class) = class else {
-            return Err(Refusal::new(
-                DenialReason::ClassNotAvailable,
-                "the manifest's workloadClasses has no class this shell can give",
-            ));
-        };
         if kind != OpKind::ExecArgv {
             return Ok(class);
         }
@@ -518,11 +508,12 @@ impl Shell {
             .into();
         }
         // Without a capability, the weakest class the manifest lists.
-        let mut class = manifest.fit(WorkloadClass::Namespace);
+        // Every class is at least namespace: the weakest listed one.
+        let mut class = manifest.fit(WorkloadClass::Namespace).unwrap_or_default();
         let granted = match &envelope.capability {
             Some(token) => match self.check_capability(token, envelope, kind) {
                 Ok(claims) => {
-                    class = Some(claims.class);
+                    class = claims.class;
                     CapabilityGranted {
                         op: Some(kind.as_str().into()),
                         capability: Some(GrantedCapability {

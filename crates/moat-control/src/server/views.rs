@@ -63,13 +63,8 @@ pub fn waiting_reason(run: &RunRow, runners: &[RunnerRow], now: i64) -> Option<S
     {
         return None;
     }
-    let names = |mask: i64| {
-        moat_core::WorkloadClass::from_mask(mask)
-            .iter()
-            .map(|c| c.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names =
+        |mask: i64| moat_core::WorkloadClass::names(&moat_core::WorkloadClass::from_mask(mask));
     let offers: Vec<String> = live
         .iter()
         .map(|w| format!("{} offers {}", w.id, names(w.classes)))

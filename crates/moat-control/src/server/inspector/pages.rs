@@ -321,14 +321,9 @@ pub struct RunPage<'a> {
 
 /// The classes of a set stored as bits, named.
 fn class_names(mask: i64) -> String {
-    let names: Vec<&str> = moat_core::WorkloadClass::from_mask(mask)
-        .iter()
-        .map(|c| c.as_str())
-        .collect();
-    if names.is_empty() {
-        "any".into()
-    } else {
-        names.join(", ")
+    match moat_core::WorkloadClass::names(&moat_core::WorkloadClass::from_mask(mask)) {
+        names if names.is_empty() => "any".into(),
+        names => names,
     }
 }
 

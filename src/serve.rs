@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use moat_control::PolicyEngine;
 use moat_control::clock::SystemClock;
+use moat_control::placement::PlacementEngine;
 use moat_control::server::{self, AppState, Config};
 use moat_store::{Outputs, Store};
 
@@ -128,6 +129,12 @@ pub struct ServeArgs {
     /// (`host_below_minimum`).
     #[arg(long, value_name = "N")]
     min_landlock_abi: Option<u32>,
+    /// The placement policy (Cedar): which org's runs may go to which host
+    /// (dedicated hosts, orgs that never share one, label requirements).
+    /// Default: every org's runs on every host (policies/placement.cedar,
+    /// which shows how to write one).
+    #[arg(long, value_name = "FILE")]
+    placement_policy: Option<PathBuf>,
 }
 
 /// `MAJOR.MINOR[.PATCH]`, as `--min-kernel` takes it.
@@ -210,6 +217,16 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--policy {}", args.policy.display()))?;
     let policy = PolicyEngine::new(&source)
         .with_context(|| format!("--policy {}", args.policy.display()))?;
+    let placement = match &args.placement_policy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--placement-policy {}", path.display()))?;
+            PlacementEngine::new(&text)
+                .with_context(|| format!("--placement-policy {}", path.display()))?
+        }
+        None => PlacementEngine::new(moat_control::placement::DEFAULT_PLACEMENT)
+            .context("the default placement policy")?,
+    };
     let admin = std::fs::read_to_string(&args.admin_token_file)
         .with_context(|| format!("--admin-token-file {}", args.admin_token_file.display()))?;
     let admin = admin.trim();
@@ -265,6 +282,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
             kernel: args.min_kernel,
             landlock_abi: args.min_landlock_abi,
         },
+        placement,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,10 +1,11 @@
 //! Commands an operator runs against a control plane: `moat approvals`,
-//! `moat runs` and `moat audit`. They take the control plane's address and the org's admin
+//! `moat runs`, `moat audit`, `moat orgs` and `moat runner drain`. They take the control plane's address and the org's admin
 //! token from flags or the environment (`moat up` prints both), never the
 //! token itself on the command line.
 
 pub mod approvals;
 pub mod audit;
+pub mod orgs;
 pub mod runs;
 
 use std::path::PathBuf;
@@ -78,5 +79,12 @@ impl Api {
 
     pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         Ok(self.client.post(path, body)?)
+    }
+
+    pub fn put(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        Ok(self
+            .client
+            .put_answer(path, body)?
+            .json(&format!("PUT {path}"))?)
     }
 }

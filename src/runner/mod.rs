@@ -38,6 +38,15 @@ enum RunnerCommand {
     },
     /// Register with the control plane and serve its runs (sealed runners only).
     Start(Box<start::StartArgs>),
+    /// Drain a registered runner: it claims nothing new, finishes the runs
+    /// it holds, then stops (the org's admin token, or the deployment's).
+    /// Its id is in `GET /v1/runners` and the Inspector's Runners page.
+    Drain {
+        #[arg(value_name = "RUNNER_ID")]
+        runner: String,
+        #[command(flatten)]
+        target: crate::operator::Target,
+    },
     /// Print a runner's identity and sealed manifest as JSON (default: this binary).
     Inspect {
         #[arg(value_name = "FILE")]
@@ -53,6 +62,7 @@ pub fn main(args: RunnerArgs) -> ExitCode {
             out,
         } => build(manifest, trusted_key, out),
         RunnerCommand::Inspect { runner } => inspect(runner),
+        RunnerCommand::Drain { runner, target } => drain(&runner, &target),
         RunnerCommand::Start(args) => return start::main(*args),
     };
     match result {
@@ -65,6 +75,19 @@ pub fn main(args: RunnerArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn drain(runner: &str, target: &crate::operator::Target) -> anyhow::Result<String> {
+    let api = crate::operator::Api::new(target)?;
+    let answer = api.post(
+        &format!("/v1/runners/{}/drain", crate::operator::segment(runner)),
+        &serde_json::json!({}),
+    )?;
+    Ok(format!(
+        "runner {runner} is draining: it claims nothing new and stops once the {} run(s) it \
+         holds have ended",
+        answer["runsHeld"]
+    ))
 }
 
 fn build(manifest_path: PathBuf, key: PathBuf, out: PathBuf) -> anyhow::Result<String> {

@@ -87,6 +87,37 @@ pub struct StartArgs {
     /// --label zone=a --label dedicated=acme.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
+    /// CPUs this runner may hand out to runs (e.g. 4 or 1.5): a run whose
+    /// manifest limits CPU (limits.cpuMillis) reserves that much while
+    /// held, and the runner claims no run that would not fit. Default: the
+    /// CPUs this process may use.
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpus)]
+    cpus: Option<u64>,
+    /// Memory this runner may hand out to runs (e.g. 16GiB): each run
+    /// reserves its manifest's memory limit while held. Default: the
+    /// host's memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    memory: Option<u64>,
+}
+
+/// `--cpus`: a positive number of CPUs, to the thousandth; in millicores.
+fn parse_cpus(text: &str) -> Result<u64, String> {
+    let cpus: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of CPUs (e.g. 4 or 1.5)"))?;
+    if !(0.001..=100_000.0).contains(&cpus) {
+        return Err("give 0.001 to 100000 CPUs".into());
+    }
+    Ok((cpus * 1000.0).round() as u64)
+}
+
+/// `--memory`: a size (`512MiB`, `16GiB`), more than zero.
+fn parse_memory(text: &str) -> Result<u64, String> {
+    match moat_core::size::parse_size(text) {
+        Ok(0) => Err("give more than 0 bytes".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The labels given, checked: `KEY=VALUE` each, a key once.
@@ -185,6 +216,8 @@ pub fn main(args: StartArgs) -> ExitCode {
         vm_modules: args.vm_modules,
         host_id,
         labels,
+        cpu_millis: args.cpus,
+        memory_bytes: args.memory,
     };
     match moat_runner::run(config) {
         Ok(()) => ExitCode::SUCCESS,

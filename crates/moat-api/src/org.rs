@@ -130,6 +130,15 @@ pub struct RunnerView {
     /// The operator's labels.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// CPU (millicores) and memory (bytes) it may hand out to runs (0: it
+    /// did not say, and nothing is reserved against it), and what the runs
+    /// it holds reserve of them.
+    pub cpu_millis: i64,
+    pub cpu_reserved: i64,
+    pub memory_bytes: i64,
+    pub memory_reserved: i64,
+    /// Told to drain (`moat runner drain`): it claims nothing new.
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -496,4 +505,98 @@ pub struct RunnerEnrolment {
 #[serde(rename_all = "camelCase")]
 pub struct RunnerEnrolments {
     pub runner_enrolments: Vec<RunnerEnrolment>,
+}
+
+/// `GET`/`PUT /v1/orgs/{org}/quota`: an org's quotas and its use in the
+/// current period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaView {
+    /// The org's name.
+    pub org: String,
+    /// Its quotas (absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<moat_core::quota::Quota>,
+    /// Its use: runs held now, and over the quota's period (the UTC day by
+    /// default) what runs that ended used.
+    pub used: moat_core::quota::QuotaUse,
+    /// The quota reached, as a queued run's waiting reason shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exceeded: Option<String>,
+}
+
+/// `GET /v1/capacity`: every host with runners, what they have and hold.
+/// The deployment's admin sees every org's runners and every tenant; an
+/// org's admin sees its own runners, and only how many other orgs share a
+/// host with them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Capacity {
+    pub hosts: Vec<HostCapacity>,
+    /// Per org: runs held, against the concurrent-run quota.
+    pub orgs: Vec<OrgLoad>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostCapacity {
+    /// The host's id (`unnamed`: runners that gave none).
+    pub host_id: String,
+    /// Summed over its runners.
+    pub slots: i64,
+    pub slots_used: i64,
+    pub cpu_millis: i64,
+    pub cpu_reserved: i64,
+    pub memory_bytes: i64,
+    pub memory_reserved: i64,
+    /// The orgs with runs held here now (names; for an org's admin, only
+    /// its own).
+    pub tenants: Vec<String>,
+    /// For an org's admin: how many other orgs have runs here now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_tenants: Option<usize>,
+    pub runners: Vec<RunnerCapacity>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerCapacity {
+    pub id: String,
+    /// The org it serves (name).
+    pub org: String,
+    pub environment: String,
+    pub version: String,
+    /// `uname -r` of its host, when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    pub last_seen_at: String,
+    pub slots: i64,
+    pub slots_used: i64,
+    pub cpu_millis: i64,
+    pub cpu_reserved: i64,
+    pub memory_bytes: i64,
+    pub memory_reserved: i64,
+    pub workload_classes: Vec<moat_core::WorkloadClass>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub draining: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OrgLoad {
+    pub org: String,
+    pub runs_held: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_runs_quota: Option<u64>,
+}
+
+/// `POST /v1/runners/{id}/drain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Drained {
+    pub runner_id: String,
+    pub draining: bool,
+    /// Runs it still holds (it finishes them, then stops).
+    pub runs_held: i64,
 }

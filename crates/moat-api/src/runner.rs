@@ -44,6 +44,13 @@ pub struct Registration {
     /// The operator's labels (`zone=a`, `dedicated=acme`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// CPU it may hand out to runs, in millicores (older runners do not
+    /// say: nothing is reserved against them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u64>,
+    /// Memory it may hand out to runs, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 fn one_slot() -> i64 {

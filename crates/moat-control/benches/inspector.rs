@@ -115,6 +115,10 @@ fn bench(c: &mut Criterion) {
             run_idle_timeout: Duration::from_secs(900),
             outputs: moat_store::Outputs::database(),
             host_minimum: Default::default(),
+            placement: moat_control::placement::PlacementEngine::new(
+                moat_control::placement::DEFAULT_PLACEMENT,
+            )
+            .expect("placement"),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -661,6 +661,9 @@ mod tests {
             claimed_ms: 0,
             updated_ms: 0,
             needs_classes: 0,
+            cpu_millis: 0,
+            memory_bytes: 0,
+            placement_note: None,
         }
     }
 

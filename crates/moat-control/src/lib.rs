@@ -25,6 +25,7 @@ pub mod clock;
 pub mod decide;
 pub mod describe;
 pub mod enrolment;
+pub mod placement;
 pub mod policy;
 pub mod server;
 pub mod tools;

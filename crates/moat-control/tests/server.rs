@@ -380,6 +380,7 @@ fn every_documented_route_is_served() {
                         || path.ends_with("/next")
                         || path.ends_with("/heartbeat")
                         || path.ends_with("/release")
+                        || path.ends_with("/drain")
                         || path.ends_with("/claim")
                         || path.ends_with("/tool")
                         || path == "/v1/agent-tokens",

@@ -122,6 +122,9 @@ event_types! {
     RunLeaseExpired => "run.lease_expired",
     /// The run was queued again after a lost lease.
     RunRetried => "run.retried",
+    /// A runner's claim of the queued run was refused by the placement
+    /// policy (recorded once per runner and reason): it stays queued.
+    RunPlacementDenied => "run.placement_denied",
     /// Its runner gave the run back unfinished (it is stopping); queued
     /// again without counting an attempt.
     RunReleased => "run.released",

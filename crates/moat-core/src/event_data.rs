@@ -30,8 +30,8 @@ pub use network::{NetworkDecision, NetworkDenied, NetworkRequest};
 pub use run::{
     ApprovalDenied, ApprovalExpired, ApprovalGranted, ApprovalRequested, ApprovalSummary,
     FinalRunState, ManifestPublished, ManifestRevoked, OpFinished, RefusalReason, RequestRefused,
-    RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput, RunLeaseExpired, RunReleased,
-    RunRetried, RunStarted, RunUsage,
+    RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput, RunLeaseExpired,
+    RunPlacementDenied, RunReleased, RunRetried, RunStarted, RunUsage,
 };
 pub use runner::{
     EnrolledIdentity, RunDestroyed, RunnerJanitor, RunnerManifestLoaded,

@@ -18,6 +18,7 @@ pub mod limits;
 pub mod manifest;
 pub mod mode;
 pub mod op;
+pub mod quota;
 pub mod random;
 pub mod report;
 pub mod request_sig;

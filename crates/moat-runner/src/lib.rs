@@ -81,6 +81,10 @@ pub struct Config {
     pub host_id: Option<String>,
     /// The operator's labels (`zone=a`).
     pub labels: std::collections::BTreeMap<String, String>,
+    /// CPU (millicores) and memory (bytes) it may hand out to runs
+    /// (default: what the host has).
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
 }
 
 /// The file a runner's registration token is in.
@@ -334,6 +338,8 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         host: Some(host.clone()),
         host_id: config.host_id.clone(),
         labels: config.labels.clone(),
+        cpu_millis: Some(config.cpu_millis.unwrap_or_else(slots::host_cpu_millis)),
+        memory_bytes: config.memory_bytes.or_else(slots::memory_total),
     };
     if draining.load(std::sync::atomic::Ordering::Relaxed) {
         // Stopped before it registered: nothing to give back, no token spent.

@@ -89,6 +89,7 @@ impl Runner {
     /// SIGTERM drains it (then its runs are given back as they reach an
     /// operation boundary, and it returns once all are).
     pub fn serve(&self) -> Result<(), RunnerError> {
+        let mut drained = false;
         let served = std::thread::scope(|scope| {
             // However the claiming loop ends (an error too), the run
             // threads must not wait for it forever.
@@ -100,7 +101,20 @@ impl Runner {
                 };
                 let slot = SlotGuard(&self.slots);
                 self.refresh_manifest();
-                let Some(claim) = self.client.claim(LONG_POLL)? else {
+                let answer = match self.client.claim(LONG_POLL) {
+                    // `moat runner drain`: nothing new; what it holds is
+                    // finished, not given back.
+                    Err(e) if e.reason() == Some("draining") => {
+                        eprintln!(
+                            "moat runner: draining (moat runner drain): claiming nothing new, \
+                             finishing the runs it holds"
+                        );
+                        drained = true;
+                        break;
+                    }
+                    other => other?,
+                };
+                let Some(claim) = answer else {
                     continue;
                 };
                 if self.draining() {
@@ -122,6 +136,8 @@ impl Runner {
         });
         if self.draining() {
             eprintln!("moat runner: stopped (SIGTERM): every held run was finished or given back");
+        } else if drained {
+            eprintln!("moat runner: drained: every run it held has ended; stopping");
         }
         served
     }
@@ -279,7 +295,10 @@ impl Runner {
             if shell.as_ref().is_some_and(|(_, g)| *g != generation) {
                 shell = None;
             }
-            let next = match self.client.next(run_id, LONG_POLL) {
+            // Each `next` renews the lease as it starts: its wait must end
+            // well before the lease would (a control plane run with a
+            // lease shorter than LONG_POLL lost every idle run's).
+            let next = match self.client.next(run_id, LONG_POLL.min(self.heartbeat)) {
                 Ok(Some(next)) => next,
                 Ok(None) => continue,
                 // The lease was lost, the manifest expired, the runner was

@@ -16,8 +16,14 @@ pub fn default_slots(per_run: u64) -> u16 {
     u16::try_from(slots).unwrap_or(1)
 }
 
+/// The CPUs this process may use, in millicores.
+pub fn host_cpu_millis() -> u64 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    u64::try_from(cpus).unwrap_or(1).saturating_mul(1000)
+}
+
 /// `MemTotal` of `/proc/meminfo`, in bytes.
-fn memory_total() -> Option<u64> {
+pub fn memory_total() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -28,6 +28,7 @@ mod ops;
 mod orgs;
 mod outputs;
 mod quarantine;
+mod quotas;
 mod runners;
 mod runs;
 mod secrets;
@@ -51,7 +52,10 @@ pub use orgs::TokenKind;
 pub use outputs::{Outputs, OutputsError};
 pub use quarantine::QuarantineRow;
 pub use runners::{RunnerRequest, RunnerRow, Standing};
-pub use runs::{Claimed, NewRun, OpContext, RunRow, RunState, stamp, typed_event};
+pub use runs::{
+    ClaimAsk, Claimed, NewRun, OpContext, PlacementAsk, PlacementRefusal, RunRow, RunState, stamp,
+    typed_event,
+};
 pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 pub use usage::UsageDay;
 

@@ -36,6 +36,28 @@ impl Store {
         })
     }
 
+    /// The id of the org named `name` (or whose id is `name`).
+    pub fn org_id(&self, name: &str) -> Result<Option<String>, StoreError> {
+        self.read(|tx| {
+            tx.query_one(
+                "SELECT id FROM orgs WHERE name = ? OR id = ?",
+                &[name.into(), name.into()],
+            )?
+            .map(|row| row.text("id"))
+            .transpose()
+        })
+    }
+
+    /// Every org, as `(id, name)`.
+    pub fn orgs(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.read(|tx| {
+            tx.query("SELECT id, name FROM orgs ORDER BY name", &[])?
+                .iter()
+                .map(|row| Ok((row.text("id")?, row.text("name")?)))
+                .collect()
+        })
+    }
+
     /// Creates an org named `name` with a first API token (by hash); its id.
     pub fn create_org(&self, name: &str, token_hash: &str, now: i64) -> Result<String, StoreError> {
         self.tx(|tx| {

@@ -36,19 +36,32 @@ pub struct RunnerRow {
     pub host_id: Option<String>,
     /// The operator's labels, a JSON object of strings (`None`: none).
     pub labels: Option<String>,
+    /// CPU (millicores) and memory (bytes) it may hand out to runs (0: it
+    /// did not say; nothing is counted against it).
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    /// Told to drain: it claims nothing new.
+    pub draining: bool,
+    /// What the runs it holds reserve now; filled in on reads.
+    pub cpu_reserved: i64,
+    pub memory_reserved: i64,
 }
 
 const COLUMNS: &str = "id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
-    classes, host_features, host_id, labels";
+    classes, host_features, host_id, labels, cpu_millis, memory_bytes, draining";
 
-/// `COLUMNS` and the runs the runner holds now (`slots_used`).
+/// `COLUMNS` and what the runs the runner holds now take of it.
 const READ: &str =
     "SELECT id, org_id, runner_hash, manifest_hash, policy_hash, version, environment,
     ops, sandbox_mode, boot_time, public_key, registered_ms, seen_ms, slots, enrolment_id,
-    classes, host_features, host_id, labels,
+    classes, host_features, host_id, labels, cpu_millis, memory_bytes, draining,
     (SELECT COUNT(*) FROM runs WHERE runs.runner_id = runners.id
-        AND runs.state IN ('claimed', 'running', 'paused')) AS slots_used
+        AND runs.state IN ('claimed', 'running', 'paused')) AS slots_used,
+    (SELECT CAST(COALESCE(SUM(runs.cpu_millis), 0) AS BIGINT) FROM runs WHERE runs.runner_id = runners.id
+        AND runs.state IN ('claimed', 'running', 'paused')) AS cpu_reserved,
+    (SELECT CAST(COALESCE(SUM(runs.memory_bytes), 0) AS BIGINT) FROM runs WHERE runs.runner_id = runners.id
+        AND runs.state IN ('claimed', 'running', 'paused')) AS memory_reserved
     FROM runners";
 
 fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
@@ -74,6 +87,11 @@ fn decode(row: &Row) -> Result<RunnerRow, StoreError> {
         host_features: row.opt_text("host_features")?,
         host_id: row.opt_text("host_id")?,
         labels: row.opt_text("labels")?,
+        cpu_millis: row.int("cpu_millis")?,
+        memory_bytes: row.int("memory_bytes")?,
+        draining: row.int("draining")? != 0,
+        cpu_reserved: row.int("cpu_reserved")?,
+        memory_reserved: row.int("memory_reserved")?,
     })
 }
 
@@ -82,7 +100,7 @@ impl Store {
         self.tx(|tx| {
             tx.execute(
                 &format!(
-                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO runners ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 &[
                     runner.id.as_str().into(),
@@ -104,6 +122,9 @@ impl Store {
                     runner.host_features.as_deref().into(),
                     runner.host_id.as_deref().into(),
                     runner.labels.as_deref().into(),
+                    runner.cpu_millis.into(),
+                    runner.memory_bytes.into(),
+                    i64::from(runner.draining).into(),
                 ],
             )?;
             Ok(())
@@ -112,11 +133,48 @@ impl Store {
 
     /// A runner by id (any org: request signatures are checked before scoping).
     pub fn runner(&self, id: &str) -> Result<Option<RunnerRow>, StoreError> {
+        self.read(|tx| get(tx, id))
+    }
+
+    /// Every registered runner of every org (the capacity view).
+    pub fn all_runners(&self) -> Result<Vec<RunnerRow>, StoreError> {
         self.read(|tx| {
-            tx.query_one(&format!("{READ} WHERE id = ?"), &[id.into()])?
-                .as_ref()
+            tx.query(&format!("{READ} ORDER BY host_id, registered_ms"), &[])?
+                .iter()
                 .map(decode)
-                .transpose()
+                .collect()
+        })
+    }
+
+    /// The live runs runners hold, as `(runner id, org id, org name)`:
+    /// who is present on each host.
+    pub fn held_runs(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        self.read(|tx| {
+            tx.query(
+                "SELECT r.runner_id, r.org_id, o.name FROM runs r JOIN orgs o ON o.id = r.org_id
+                 WHERE r.runner_id IS NOT NULL AND r.state IN ('claimed', 'running', 'paused')",
+                &[],
+            )?
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.text("runner_id")?,
+                    row.text("org_id")?,
+                    row.text("name")?,
+                ))
+            })
+            .collect()
+        })
+    }
+
+    /// Tells `org`'s runner `id` to drain: it claims nothing new. `false`
+    /// if the org has no such runner.
+    pub fn drain_runner(&self, org: &str, id: &str) -> Result<bool, StoreError> {
+        self.single(|tx| {
+            Ok(tx.execute(
+                "UPDATE runners SET draining = 1 WHERE org_id = ? AND id = ?",
+                &[org.into(), id.into()],
+            )? == 1)
         })
     }
 
@@ -173,6 +231,52 @@ pub(crate) const RUNNER_STANDS: &str = "EXISTS (SELECT 1 FROM runner_builds b
     AND (w.enrolment_id IS NULL OR EXISTS (SELECT 1 FROM runner_enrolments e
         WHERE e.id = w.enrolment_id AND e.revoked_ms IS NULL))";
 
+/// A runner by id, in the caller's transaction.
+pub(crate) fn get(tx: &mut dyn Tx, id: &str) -> Result<Option<RunnerRow>, StoreError> {
+    tx.query_one(&format!("{READ} WHERE id = ?"), &[id.into()])?
+        .as_ref()
+        .map(decode)
+        .transpose()
+}
+
+/// Whether the runner `id` still stands ([`RUNNER_STANDS`]).
+pub(crate) fn stands(tx: &mut dyn Tx, id: &str) -> Result<bool, StoreError> {
+    Ok(tx
+        .query_one(
+            &format!("SELECT 1 AS ok FROM runners w WHERE w.id = ? AND {RUNNER_STANDS}"),
+            &[id.into()],
+        )?
+        .is_some())
+}
+
+/// What the runs a runner holds take of it.
+pub(crate) struct Held {
+    pub runs: i64,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+}
+
+pub(crate) fn held(tx: &mut dyn Tx, id: &str) -> Result<Held, StoreError> {
+    let row = tx.query_one(
+        "SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
+                CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
+         FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')",
+        &[id.into()],
+    )?;
+    Ok(match row {
+        Some(row) => Held {
+            runs: row.int("runs")?,
+            cpu_millis: row.int("cpu")?,
+            memory_bytes: row.int("memory")?,
+        },
+        None => Held {
+            runs: 0,
+            cpu_millis: 0,
+            memory_bytes: 0,
+        },
+    })
+}
+
 /// Where a runner stands for one signed request.
 #[derive(Debug, Clone)]
 pub struct Standing {
@@ -214,7 +318,7 @@ impl Store {
         let found = self.read(|tx| {
             tx.query_one(
                 &format!(
-                    "SELECT {COLUMNS}, 0 AS slots_used,
+                    "SELECT {COLUMNS}, 0 AS slots_used, 0 AS cpu_reserved, 0 AS memory_reserved,
                        EXISTS (SELECT 1 FROM runner_builds b WHERE b.org_id = r.org_id
                                AND b.sha256 = r.runner_hash AND b.revoked = 0) AS build_allowed,
                        EXISTS (SELECT 1 FROM manifests m WHERE m.org_id = r.org_id

@@ -83,11 +83,18 @@ pub struct RunRow {
     /// The workload classes a runner must offer to claim it, as bits
     /// ([`moat_core::WorkloadClass::bit`]).
     pub needs_classes: i64,
+    /// CPU (millicores) and memory (bytes) it holds of its runner's while
+    /// claimed, running or paused (from the runner's manifest limits).
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    /// Why the last runner that asked could not take it (placement), until
+    /// one does.
+    pub placement_note: Option<String>,
 }
 
 const COLUMNS: &str = "id, org_id, state, environment, runner_id, manifest_hash, lease_until_ms,
     attempts, max_attempts, finish_wanted, inputs, error, created_ms, claimed_ms, updated_ms,
-    needs_classes";
+    needs_classes, cpu_millis, memory_bytes, placement_note";
 
 fn decode(row: &Row) -> Result<RunRow, StoreError> {
     let state = row.text("state")?;
@@ -110,6 +117,9 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
         claimed_ms: row.int("claimed_ms")?,
         updated_ms: row.int("updated_ms")?,
         needs_classes: row.int("needs_classes")?,
+        cpu_millis: row.int("cpu_millis")?,
+        memory_bytes: row.int("memory_bytes")?,
+        placement_note: row.opt_text("placement_note")?,
     })
 }
 
@@ -444,11 +454,7 @@ impl Store {
     }
 
     /// Claims the oldest queued run of `org` in `environment` for `runner`,
-    /// leased until `now + lease_ms`, while the runner holds fewer runs than
-    /// its slots. Replicas on PostgreSQL skip rows another transaction
-    /// holds, so each run is claimed once. The answer says whether other
-    /// runs were queued there too (a hint: another claim may have taken
-    /// them meanwhile), so that only then another waiting claim looks.
+    /// with nothing reserved and no placement policy: [`Store::claim`].
     pub fn claim_run(
         &self,
         org: &str,
@@ -458,63 +464,40 @@ impl Store {
         now: i64,
         lease_ms: i64,
     ) -> Result<Option<Claimed>, StoreError> {
-        self.tx(|tx| {
-            // One statement: the oldest queued run this runner may take (a
-            // concurrent claimer skips the row it has locked), unless every
-            // slot of the runner is in use or it no longer stands.
-            let sql = format!(
-                "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
-                     lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?
-                 WHERE state = 'queued' AND id = (
-                     SELECT q.id FROM runs q WHERE q.org_id = ? AND q.environment = ?
-                       AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
-                       AND (q.needs_classes
-                           & COALESCE((SELECT c.classes FROM runners c WHERE c.id = ?), 1))
-                           = q.needs_classes
-                       AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ?
-                           AND (w.slots <= (SELECT COUNT(*) FROM runs h WHERE h.runner_id = ?
-                                   AND h.state IN ('claimed', 'running', 'paused'))
-                                OR NOT ({stands})))
-                     ORDER BY q.created_ms, q.id LIMIT 1{skip})
-                 RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
-                     AND m.environment = runs.environment AND m.state = 'queued'
-                     AND m.id <> runs.id) AS more_queued",
-                stands = crate::runners::RUNNER_STANDS,
-                skip = tx.skip_locked()
-            );
-            let Some(row) = tx.query_one(
-                &sql,
-                &[
-                    runner.into(),
-                    manifest_hash.into(),
-                    (now + lease_ms).into(),
-                    now.into(),
-                    now.into(),
-                    org.into(),
-                    environment.into(),
-                    manifest_hash.into(),
-                    runner.into(),
-                    runner.into(),
-                    runner.into(),
-                ],
-            )?
-            else {
-                return Ok(None);
-            };
-            let more_queued = row.int("more_queued")? != 0;
-            let run = decode(&row)?;
-            let id = run.id.clone();
-            let data = EventData::RunClaimed(RunClaimed {
-                runner_id: runner.to_owned(),
-                manifest_hash: manifest_hash.to_owned(),
-                attempt: run.attempts,
-                lease_until: stamp(run.lease_until_ms),
-            });
-            events::append(tx, org, &[typed_event(data, &id, now)])?;
-            Ok(Some(Claimed { run, more_queued }))
-        })
+        let ask = ClaimAsk {
+            org,
+            environment,
+            runner,
+            manifest_hash,
+            now,
+            lease_ms,
+            cpu_millis: 0,
+            memory_bytes: 0,
+        };
+        self.claim(&ask, &mut |_| Ok(None))
     }
 
+    /// Claims for `ask.runner` the oldest queued run of its org and
+    /// environment that it may take, leased until `now + lease_ms`: one its
+    /// manifest and classes fit, while the runner has a free slot and the
+    /// CPU and memory the run reserves, stands (build, manifest, enrolment)
+    /// and is not draining, while the org is under its quotas, and that
+    /// `place` (the placement policy) does not refuse. A refusal is noted on
+    /// the run, with a `run.placement_denied` event when its reason is new.
+    ///
+    /// On PostgreSQL, claims of one org, and claims onto one host, take
+    /// turns (transaction-scoped advisory locks, org before host), so that
+    /// a quota or a co-tenancy rule holds across replicas; queued rows
+    /// another claim has locked are skipped. The answer says whether other
+    /// runs were queued there too (a hint: another claim may have taken
+    /// them meanwhile), so that only then another waiting claim looks.
+    pub fn claim(
+        &self,
+        ask: &ClaimAsk<'_>,
+        place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
+    ) -> Result<Option<Claimed>, StoreError> {
+        self.tx(|tx| claim_in(tx, ask, place))
+    }
     /// Gives a run `runner` holds back to the queue, unfinished, with its
     /// claim not counted as an attempt (`run.released`): the runner is
     /// stopping. Refused (`None`) unless the runner holds the run and no
@@ -756,4 +739,214 @@ impl Store {
             .collect()
         })
     }
+}
+
+/// What a runner's claim asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimAsk<'a> {
+    pub org: &'a str,
+    pub environment: &'a str,
+    pub runner: &'a str,
+    /// The manifest the runner runs under (a pinned run needs it).
+    pub manifest_hash: &'a str,
+    pub now: i64,
+    pub lease_ms: i64,
+    /// What the run will hold of the runner while it holds it: its
+    /// manifest's limits (0: nothing).
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+}
+
+/// A queued run the claiming runner could take, for the placement policy.
+#[derive(Debug)]
+pub struct PlacementAsk<'a> {
+    pub run: &'a RunRow,
+    /// The org's name.
+    pub org_name: &'a str,
+    /// The claiming runner (`None`: not registered, as in store tests).
+    pub runner: Option<&'a crate::RunnerRow>,
+    /// The names of the other orgs with runs held on the runner's host now.
+    pub tenants: &'a [String],
+}
+
+/// Why the placement policy refused a run to a runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementRefusal {
+    /// Shown as the run's waiting reason (`placement_waiting: ...`).
+    pub reason: String,
+    /// The policies that refused.
+    pub policies: Vec<String>,
+}
+
+/// Queued runs one claim looks at, oldest first: those the placement
+/// policy refuses are passed over for younger ones.
+const CANDIDATES: i64 = 16;
+
+/// Holds a transaction-scoped advisory lock on `key` (PostgreSQL; SQLite
+/// runs one writing transaction at a time anyway).
+fn take_turn(tx: &mut dyn Tx, key: &str) -> Result<(), StoreError> {
+    if tx.dialect() == crate::Dialect::Postgres {
+        tx.query_one(
+            "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock(hashtextextended(?, 7701))) l",
+            &[key.into()],
+        )?;
+    }
+    Ok(())
+}
+
+fn claim_in(
+    tx: &mut dyn Tx,
+    ask: &ClaimAsk<'_>,
+    place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
+) -> Result<Option<Claimed>, StoreError> {
+    let runner = crate::runners::get(tx, ask.runner)?;
+    take_turn(tx, &format!("org:{}", ask.org))?;
+    let host = runner.as_ref().and_then(|w| w.host_id.clone());
+    if let Some(host) = &host {
+        take_turn(tx, &format!("host:{host}"))?;
+    }
+    if let Some(w) = &runner {
+        if w.draining || !crate::runners::stands(tx, &w.id)? {
+            return Ok(None);
+        }
+        // Fresh figures, read under the turns just taken.
+        let held = crate::runners::held(tx, &w.id)?;
+        let fits = |have: i64, reserved: i64, need: i64| {
+            have == 0 || reserved.saturating_add(need) <= have
+        };
+        if held.runs >= w.slots
+            || !fits(w.cpu_millis, held.cpu_millis, ask.cpu_millis)
+            || !fits(w.memory_bytes, held.memory_bytes, ask.memory_bytes)
+        {
+            return Ok(None);
+        }
+    }
+    if crate::quotas::reached(tx, ask.org, ask.now)?.is_some() {
+        return Ok(None);
+    }
+    let offered = runner.as_ref().map_or(1, |w| w.classes);
+    let sql = format!(
+        "SELECT {COLUMNS} FROM runs q WHERE q.org_id = ? AND q.environment = ?
+           AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
+           AND (q.needs_classes & ?) = q.needs_classes
+         ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
+        skip = tx.skip_locked()
+    );
+    let candidates = tx.query(
+        &sql,
+        &[
+            ask.org.into(),
+            ask.environment.into(),
+            ask.manifest_hash.into(),
+            offered.into(),
+        ],
+    )?;
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let tenants = match &host {
+        Some(host) => tenants_on(tx, host, ask.org)?,
+        None => Vec::new(),
+    };
+    let org_name = tx
+        .query_one("SELECT name FROM orgs WHERE id = ?", &[ask.org.into()])?
+        .map(|row| row.text("name"))
+        .transpose()?
+        .unwrap_or_else(|| ask.org.to_owned());
+    for row in &candidates {
+        let run = decode(row)?;
+        let refusal = place(&PlacementAsk {
+            run: &run,
+            org_name: &org_name,
+            runner: runner.as_ref(),
+            tenants: &tenants,
+        })?;
+        match refusal {
+            Some(refusal) => note_refusal(tx, ask, &run, host.as_deref(), refusal)?,
+            None => return take(tx, ask, &run.id).map(Some),
+        }
+    }
+    Ok(None)
+}
+
+/// The names of the orgs other than `org` whose runs runners on `host`
+/// hold now.
+fn tenants_on(tx: &mut dyn Tx, host: &str, org: &str) -> Result<Vec<String>, StoreError> {
+    tx.query(
+        "SELECT DISTINCT o.name FROM runs r JOIN runners w ON w.id = r.runner_id
+           JOIN orgs o ON o.id = r.org_id
+         WHERE w.host_id = ? AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')
+         ORDER BY o.name",
+        &[host.into(), org.into()],
+    )?
+    .iter()
+    .map(|row| row.text("name"))
+    .collect()
+}
+
+/// Keeps a placement refusal on the run; recorded as an event only when
+/// its reason changed (a runner asks again every few seconds).
+fn note_refusal(
+    tx: &mut dyn Tx,
+    ask: &ClaimAsk<'_>,
+    run: &RunRow,
+    host: Option<&str>,
+    refusal: PlacementRefusal,
+) -> Result<(), StoreError> {
+    let note = format!("{} (runner {})", refusal.reason, ask.runner);
+    if run.placement_note.as_deref() == Some(note.as_str()) {
+        return Ok(());
+    }
+    tx.execute(
+        "UPDATE runs SET placement_note = ? WHERE id = ?",
+        &[note.into(), run.id.as_str().into()],
+    )?;
+    let data = EventData::RunPlacementDenied(moat_core::event_data::RunPlacementDenied {
+        runner_id: ask.runner.to_owned(),
+        host_id: host.map(str::to_owned),
+        reason: refusal.reason,
+        policies: refusal.policies,
+    });
+    events::append(tx, ask.org, &[typed_event(data, &run.id, ask.now)])?;
+    Ok(())
+}
+
+/// Hands the queued run `id` to the claiming runner, with its reservation.
+fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, id: &str) -> Result<Claimed, StoreError> {
+    let Some(row) = tx.query_one(
+        &format!(
+            "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
+                 lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?,
+                 cpu_millis = ?, memory_bytes = ?, placement_note = NULL
+             WHERE id = ? AND state = 'queued'
+             RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
+                 AND m.environment = runs.environment AND m.state = 'queued'
+                 AND m.id <> runs.id) AS more_queued"
+        ),
+        &[
+            ask.runner.into(),
+            ask.manifest_hash.into(),
+            (ask.now + ask.lease_ms).into(),
+            ask.now.into(),
+            ask.now.into(),
+            ask.cpu_millis.into(),
+            ask.memory_bytes.into(),
+            id.into(),
+        ],
+    )?
+    else {
+        return Err(StoreError::Corrupt(format!(
+            "run {id} was locked for the claim but is no longer queued"
+        )));
+    };
+    let more_queued = row.int("more_queued")? != 0;
+    let run = decode(&row)?;
+    let data = EventData::RunClaimed(RunClaimed {
+        runner_id: ask.runner.to_owned(),
+        manifest_hash: ask.manifest_hash.to_owned(),
+        attempt: run.attempts,
+        lease_until: stamp(run.lease_until_ms),
+    });
+    events::append(tx, ask.org, &[typed_event(data, &run.id, ask.now)])?;
+    Ok(Claimed { run, more_queued })
 }

@@ -551,6 +551,11 @@ fn nonces_manifests_and_builds() {
             host_features: None,
             host_id: None,
             labels: None,
+            cpu_millis: 0,
+            memory_bytes: 0,
+            draining: false,
+            cpu_reserved: 0,
+            memory_reserved: 0,
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s

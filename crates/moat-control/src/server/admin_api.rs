@@ -323,6 +323,11 @@ pub fn runner_view(r: &RunnerRow) -> RunnerView {
             .as_deref()
             .and_then(|l| serde_json::from_str(l).ok())
             .unwrap_or_default(),
+        cpu_millis: r.cpu_millis,
+        cpu_reserved: r.cpu_reserved,
+        memory_bytes: r.memory_bytes,
+        memory_reserved: r.memory_reserved,
+        draining: r.draining,
     }
 }
 

@@ -20,6 +20,7 @@ mod approvals;
 mod approvals_api;
 mod auth;
 mod body;
+pub(crate) mod capacity;
 mod content;
 mod enrolments;
 mod error;
@@ -83,6 +84,8 @@ pub struct Config {
     pub outputs: moat_store::Outputs,
     /// The least a runner's host must have to be registered.
     pub host_minimum: moat_core::host::HostMinimum,
+    /// Which org's runs may go to which host (`moat serve --placement-policy`).
+    pub placement: crate::placement::PlacementEngine,
 }
 
 /// Shared state of the handlers.
@@ -100,9 +103,8 @@ pub struct AppState {
     /// for a hash; revocation is checked with the runner, not here.
     /// Counters for `/metrics`, fed by every event the store commits.
     pub metrics: Arc<moat_metrics::Metrics>,
-    pub(crate) lifetimes: std::sync::Mutex<
-        std::collections::HashMap<(String, String), (moat_core::lifecycle::Lifetime, Duration)>,
-    >,
+    pub(crate) lifetimes:
+        std::sync::Mutex<std::collections::HashMap<(String, String), runner_api::ManifestTerms>>,
 }
 
 impl AppState {
@@ -278,6 +280,10 @@ pub fn routes() -> routes::Routes {
         )
         .on(POST, "/v1/signing-keys/revoke", admin_api::revoke_key)
         .on(GET, "/v1/runners", admin_api::list_runners)
+        .on(POST, "/v1/runners/{runner}/drain", capacity::drain)
+        .on(GET, "/v1/capacity", capacity::capacity)
+        .on(GET, "/v1/orgs/{org}/quota", capacity::get_quota)
+        .on(PUT, "/v1/orgs/{org}/quota", capacity::put_quota)
         .on(GET, "/v1/ledger/verify", admin_api::verify_ledger)
         .on(GET, "/v1/runs", org_api::list_runs)
         .on(POST, "/v1/runs", org_api::create_run)

@@ -6,11 +6,11 @@
 
 use axum::Json;
 use moat_api::org::{
-    ApprovalList, ApprovalView, ArtifactCheck, ArtifactList, EventPage, IssuedToken, LedgerCheck,
-    ManifestPublished, NewBootstrapToken, NewOrg, NewRun, NewRunnerBuild, NewRunnerEnrolment,
-    NewSecret, OpList, OpRefused, OpSubmission, OpView, OrgCreated, Resolution, RevokeKey, Revoked,
-    RunList, RunnerBuild, RunnerBuilds, RunnerEnrolment, RunnerEnrolments, Runners, SecretList,
-    SecretView, TokenCall, ToolAnswer, ToolResult,
+    ApprovalList, ApprovalView, ArtifactCheck, ArtifactList, Capacity, Drained, EventPage,
+    IssuedToken, LedgerCheck, ManifestPublished, NewBootstrapToken, NewOrg, NewRun, NewRunnerBuild,
+    NewRunnerEnrolment, NewSecret, OpList, OpRefused, OpSubmission, OpView, OrgCreated, QuotaView,
+    Resolution, RevokeKey, Revoked, RunList, RunnerBuild, RunnerBuilds, RunnerEnrolment,
+    RunnerEnrolments, Runners, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult,
 };
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
@@ -18,6 +18,7 @@ use moat_api::runner::{
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
+use moat_core::quota::Quota;
 
 use crate::tools::{ToolDef, ToolList};
 use schemars::generate::{SchemaGenerator, SchemaSettings};
@@ -122,6 +123,30 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "/v1/runners",
         "org-admin",
         "Registered runners: hash, manifest, policy, version, environment, ops, sandbox mode, boot time, slots (used and free).",
+    ),
+    (
+        "post",
+        "/v1/runners/{runner}/drain",
+        "admin-or-org-admin",
+        "Drain a runner: it claims nothing new, finishes the runs it holds, then stops (the deployment's admin token, or the admin token of the runner's org).",
+    ),
+    (
+        "get",
+        "/v1/capacity",
+        "admin-or-org-admin",
+        "Per host and runner: slots, CPU and memory (what it may hand out and what runs reserve), classes, labels, draining, tenants present; per org, runs held against the concurrent-run quota. The deployment's admin sees every org; an org's admin sees its own runners and only how many other orgs share their hosts.",
+    ),
+    (
+        "get",
+        "/v1/orgs/{org}/quota",
+        "admin-or-org-admin",
+        "An org's quotas and its use in the current period (an org's admin may read its own).",
+    ),
+    (
+        "put",
+        "/v1/orgs/{org}/quota",
+        "admin",
+        "Set an org's quotas: `{concurrentRuns, cpuSeconds, storageBytes, egressBytes, period: day|month, over: wait|refuse}`, each limit optional; `{}` removes them. Over a quota, new runs wait in the queue (reason `quota_exceeded: ...`), or with `over: refuse` are refused with 429.",
     ),
     (
         "get",
@@ -342,6 +367,7 @@ fn security(auth: &str) -> Value {
         "admin" => json!([{"adminToken": []}]),
         "org" => json!([{"apiToken": []}, {"agentToken": []}]),
         "org-admin" => json!([{"apiToken": []}]),
+        "admin-or-org-admin" => json!([{"adminToken": []}, {"apiToken": []}]),
         "bootstrap" => json!([{"bootstrapToken": []}, {"enrolmentToken": []}]),
         "tool-token" => json!([{"toolToken": []}]),
         _ => json!([{"runnerSignature": []}]),
@@ -433,6 +459,10 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
             answers("200", schema::<ManifestView>)
         }
         ("get", "/v1/runners") => answers("200", schema::<Runners>),
+        ("post", "/v1/runners/{runner}/drain") => answers("200", schema::<Drained>),
+        ("get", "/v1/capacity") => answers("200", schema::<Capacity>),
+        ("get", "/v1/orgs/{org}/quota") => answers("200", schema::<QuotaView>),
+        ("put", "/v1/orgs/{org}/quota") => takes(schema::<Quota>, "200", schema::<QuotaView>),
         ("get", "/v1/ledger/verify") => answers("200", schema::<LedgerCheck>),
         ("get", "/v1/runs") => answers("200", schema::<RunList>),
         ("post", "/v1/runs") => takes(schema::<NewRun>, "201", schema::<RunView>),

@@ -117,6 +117,7 @@ pub async fn create_run(
             return Err(super::inputs::refuse(&state, &org, found).await);
         }
     }
+    super::capacity::refuse_over_quota(&state, &org).await?;
     let manifest_hash = body.manifest_hash;
     let (o, e, h) = (org.clone(), environment.clone(), manifest_hash.clone());
     let (org_name, manifest) = state
@@ -171,17 +172,22 @@ pub async fn create_run(
 /// The views of `runs`, each queued one with why it waits when nothing
 /// could claim it (no runner, or none with the classes it needs).
 async fn explained(state: &Arc<AppState>, org: &str, runs: Vec<RunRow>) -> ApiResult<Vec<RunView>> {
-    let runners = if runs.iter().any(|r| r.state == RunState::Queued) {
-        let o = org.to_owned();
-        state.db(move |s| s.runners(&o)).await?
-    } else {
-        Vec::new()
-    };
     let now = state.now();
+    let (runners, quota) = if runs.iter().any(|r| r.state == RunState::Queued) {
+        let o = org.to_owned();
+        state
+            .db(move |s| {
+                let quota = s.quota_reached(&o, now)?.map(|(e, _)| e.to_string());
+                Ok((s.runners(&o)?, quota))
+            })
+            .await?
+    } else {
+        (Vec::new(), None)
+    };
     runs.iter()
         .map(|r| {
             Ok(RunView {
-                waiting: super::views::waiting_reason(r, &runners, now),
+                waiting: super::views::waiting_reason(r, &runners, quota.as_deref(), now),
                 ..run_view(r)?
             })
         })

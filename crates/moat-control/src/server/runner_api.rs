@@ -276,6 +276,15 @@ pub async fn register(
         labels: (!reg.labels.is_empty())
             .then(|| serde_json::to_string(&reg.labels).ok())
             .flatten(),
+        cpu_millis: reg
+            .cpu_millis
+            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+        memory_bytes: reg
+            .memory_bytes
+            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+        draining: false,
+        cpu_reserved: 0,
+        memory_reserved: 0,
     };
     let sandbox_mode: SandboxMode = reg
         .sandbox_mode
@@ -297,6 +306,8 @@ pub async fn register(
         host: reg.host.clone(),
         host_id: reg.host_id.clone(),
         labels: reg.labels.clone(),
+        cpu_millis: reg.cpu_millis,
+        memory_bytes: reg.memory_bytes,
     });
     let stored = runner.clone();
     state
@@ -372,8 +383,19 @@ fn attribute(e: &mut Event, runner: &RunnerRow) -> ApiResult<()> {
     Ok(())
 }
 
-/// The runner's manifest lifetime and grace, from the published record.
-async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifetime, Duration)> {
+/// What a runner's manifest says about its runs' time and size: its
+/// lifetime and grace, and what each run reserves of the runner.
+#[derive(Debug, Clone, Copy)]
+pub struct ManifestTerms {
+    pub life: Lifetime,
+    pub grace: Duration,
+    /// Millicores (0: no CPU limit, nothing reserved).
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+}
+
+/// The runner's manifest terms, from the published record.
+async fn terms(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<ManifestTerms> {
     let key = (runner.org_id.clone(), runner.manifest_hash.clone());
     let known = |state: &AppState| {
         state
@@ -396,13 +418,18 @@ async fn lifetime(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<(Lifet
     let created = moat_core::time::parse_rfc3339(&signed.manifest.created_at)
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let at = |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
-    let found = (
-        Lifetime {
+    let limits = &signed.manifest.limits;
+    let found = ManifestTerms {
+        life: Lifetime {
             created,
             expires: at(row.expires_ms),
         },
-        Duration::from_millis(signed.manifest.limits.timeout_ms),
-    );
+        grace: Duration::from_millis(limits.timeout_ms),
+        cpu_millis: limits
+            .cpu_millis
+            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+        memory_bytes: i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX),
+    };
     let mut lifetimes = state
         .lifetimes
         .lock()
@@ -425,7 +452,15 @@ pub async fn claim(
     Query(q): Query<WaitQuery>,
     SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Response> {
-    let (life, grace) = lifetime(&state, &runner).await?;
+    let terms = terms(&state, &runner).await?;
+    let (life, grace) = (terms.life, terms.grace);
+    if runner.draining {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "draining",
+            "this runner is draining: it finishes the runs it holds and claims nothing new",
+        ));
+    }
     let deadline = match lifecycle::claim(state.config.clock.now(), &life, grace, false) {
         Ok(deadline) => deadline,
         Err(stop) => {
@@ -442,6 +477,7 @@ pub async fn claim(
     let clock = Arc::clone(&state.config.clock);
     let lease = state.config.lease.as_millis() as i64;
     let r = runner.clone();
+    let placing = Arc::clone(&state);
     let claimed = state
         .wait_for(
             Duration::from_millis(q.wait_ms.unwrap_or(0)),
@@ -450,14 +486,19 @@ pub async fn claim(
                 environment: runner.environment.clone(),
             },
             move |s| {
-                s.claim_run(
-                    &r.org_id,
-                    &r.environment,
-                    &r.id,
-                    &r.manifest_hash,
-                    clock.now_ms(),
-                    lease,
-                )
+                let ask = moat_store::ClaimAsk {
+                    org: &r.org_id,
+                    environment: &r.environment,
+                    runner: &r.id,
+                    manifest_hash: &r.manifest_hash,
+                    now: clock.now_ms(),
+                    lease_ms: lease,
+                    cpu_millis: terms.cpu_millis,
+                    memory_bytes: terms.memory_bytes,
+                };
+                s.claim(&ask, &mut |candidate| {
+                    Ok(place(&placing.config.placement, candidate))
+                })
             },
         )
         .await?;
@@ -492,6 +533,36 @@ pub async fn claim(
     Ok(Json(claim).into_response())
 }
 
+/// The placement policy's answer for one queued run and the claiming
+/// runner's host.
+fn place(
+    engine: &crate::placement::PlacementEngine,
+    ask: &moat_store::PlacementAsk<'_>,
+) -> Option<moat_store::PlacementRefusal> {
+    let labels: std::collections::BTreeMap<String, String> = ask
+        .runner
+        .and_then(|w| w.labels.as_deref())
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    let classes = moat_core::WorkloadClass::from_mask(ask.run.needs_classes);
+    let answer = engine.place(&crate::placement::PlacementRequest {
+        org: ask.org_name,
+        run: &ask.run.id,
+        environment: &ask.run.environment,
+        runner: ask.runner.map_or("", |w| w.id.as_str()),
+        host: ask.runner.and_then(|w| w.host_id.as_deref()).unwrap_or(""),
+        labels: &labels,
+        classes: &classes,
+        tenants: ask.tenants,
+    });
+    match answer {
+        crate::placement::Placement::Placed => None,
+        crate::placement::Placement::Refused { reason, policies } => {
+            Some(moat_store::PlacementRefusal { reason, policies })
+        }
+    }
+}
+
 /// The next thing for the runner to do in a run it holds.
 pub async fn next(
     State(state): State<Arc<AppState>>,
@@ -512,7 +583,7 @@ pub async fn next(
             format!("this runner no longer holds run {run_id}"),
         ));
     };
-    let (life, grace) = lifetime(&state, &runner).await?;
+    let ManifestTerms { life, grace, .. } = terms(&state, &runner).await?;
     if let Err(stop) = lifecycle::in_flight(state.config.clock.now(), &life, grace, false) {
         let (org, id) = (runner.org_id.clone(), run.id.clone());
         state

@@ -40,11 +40,22 @@ pub fn run_view(r: &RunRow) -> ApiResult<RunView> {
 /// for work at least every `MAX_WAIT`).
 const RUNNER_ALIVE_MS: i64 = 120_000;
 
-/// Why a queued run is not claimed, when nothing will claim it: no live
-/// runner of its environment, or none that offers every class it needs.
-pub fn waiting_reason(run: &RunRow, runners: &[RunnerRow], now: i64) -> Option<String> {
+/// Why a queued run is not claimed, when something stands in its way: the
+/// org over a quota (`quota`, as [`moat_core::quota::Exceeded`] shows it),
+/// no live runner of its environment, none that offers every class it
+/// needs, every such runner draining, or the placement policy refusing the
+/// last runner that asked.
+pub fn waiting_reason(
+    run: &RunRow,
+    runners: &[RunnerRow],
+    quota: Option<&str>,
+    now: i64,
+) -> Option<String> {
     if run.state != moat_store::RunState::Queued {
         return None;
+    }
+    if let Some(quota) = quota {
+        return Some(quota.to_owned());
     }
     let live: Vec<&RunnerRow> = runners
         .iter()
@@ -52,16 +63,24 @@ pub fn waiting_reason(run: &RunRow, runners: &[RunnerRow], now: i64) -> Option<S
         .collect();
     if live.is_empty() {
         return Some(format!(
-            "no runner of environment {:?} has been seen in the last {} s",
+            "placement_waiting: no runner of environment {:?} has been seen in the last {} s",
             run.environment,
             RUNNER_ALIVE_MS / 1000
         ));
     }
-    if live
+    let able: Vec<&&RunnerRow> = live
         .iter()
-        .any(|w| w.classes & run.needs_classes == run.needs_classes)
-    {
-        return None;
+        .filter(|w| w.classes & run.needs_classes == run.needs_classes)
+        .collect();
+    if !able.is_empty() {
+        if able.iter().all(|w| w.draining) {
+            return Some(format!(
+                "placement_waiting: every runner of environment {:?} that could take it is \
+                 draining",
+                run.environment
+            ));
+        }
+        return run.placement_note.clone();
     }
     let names =
         |mask: i64| moat_core::WorkloadClass::names(&moat_core::WorkloadClass::from_mask(mask));
@@ -72,14 +91,16 @@ pub fn waiting_reason(run: &RunRow, runners: &[RunnerRow], now: i64) -> Option<S
     let missing = run.needs_classes & !live.iter().fold(0, |all, w| all | w.classes);
     Some(if missing != 0 {
         format!(
-            "needs workload class {}: no runner of environment {:?} offers it ({})",
+            "placement_waiting: needs workload class {}: no runner of environment {:?} offers \
+             it ({})",
             names(missing),
             run.environment,
             offers.join("; ")
         )
     } else {
         format!(
-            "needs workload classes {}: no runner of environment {:?} offers them all ({})",
+            "placement_waiting: needs workload classes {}: no runner of environment {:?} \
+             offers them all ({})",
             names(run.needs_classes),
             run.environment,
             offers.join("; ")

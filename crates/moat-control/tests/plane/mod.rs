@@ -158,6 +158,10 @@ fn start(
         run_idle_timeout: Duration::from_secs(900),
         outputs: outputs.clone(),
         host_minimum: Default::default(),
+        placement: moat_control::placement::PlacementEngine::new(
+            moat_control::placement::DEFAULT_PLACEMENT,
+        )
+        .expect("placement"),
         max_attempts: 1,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -105,6 +105,24 @@ pub struct RunRetried {
     pub attempt: i64,
 }
 
+/// A runner asked for work and the placement policy refused it this run
+/// (a dedicated host, a tenant it may not share a host with, a label it
+/// lacks): the run stays queued for another runner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunPlacementDenied {
+    /// The runner whose claim was refused.
+    pub runner_id: String,
+    /// Its host, when it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// Why, as the run's waiting reason shows it.
+    pub reason: String,
+    /// The placement policies that refused (their `@id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+}
+
 /// The runner holding the run gave it back unfinished, at an operation
 /// boundary, because it is stopping (SIGTERM: a rollout, a drain): the run
 /// is queued again and the claim does not count as an attempt.
@@ -287,6 +305,9 @@ pub enum RefusalReason {
     SecretInInput,
     /// An Inspector form posted from another site.
     CrossSiteRequest,
+    /// A new run of an org over a quota whose setting refuses rather than
+    /// queues (`message` names the quota, its limit and the use).
+    QuotaExceeded,
 }
 
 /// The control plane refused a request: a run whose inputs carry a secret

@@ -239,6 +239,12 @@ pub struct RunnerRegistered {
     /// The operator's labels (`zone=a`, `dedicated=acme`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// CPU (millicores) it may hand out to runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u64>,
+    /// Memory (bytes) it may hand out to runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 #[cfg(test)]

@@ -292,6 +292,11 @@ fn samples(t: EventType) -> Vec<Value> {
             vec![json!({"runnerId": "runner_1", "attempt": 1, "maxAttempts": 3})]
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
+        EventType::RunPlacementDenied => vec![
+            json!({"runnerId": "runner_1", "reason": "placement_waiting: no co-tenancy"}),
+            json!({"runnerId": "runner_1", "hostId": "host-a",
+                "reason": "placement_waiting: host-a is dedicated", "policies": ["dedicated"]}),
+        ],
         EventType::RunReleased => vec![json!({"runnerId": "runner_1", "attempts": 0})],
         EventType::RunUsage => vec![
             json!({"ops": {"succeeded": 2, "denied": 1},

@@ -50,6 +50,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/ui/approvals/{id}/{verdict}", post(resolve))
         .route("/ui/runners", get(runners))
         .route("/ui/usage", get(usage))
+        .route("/ui/capacity", get(capacity))
         .route("/ui/ledger", get(ledger))
         .route("/ui/{*rest}", any(no_page))
         .layer(axum::middleware::from_fn_with_state(state, guard::guard))
@@ -178,7 +179,7 @@ async fn run(
     Path(id): Path<String>,
 ) -> Page {
     let op = operator(&state, &headers).await?;
-    let (org, lookup) = (op.org.clone(), id.clone());
+    let (org, lookup, now) = (op.org.clone(), id.clone(), state.now());
     let found = state
         .db(move |s| {
             let Some(run) = s.run(&org, &lookup)? else {
@@ -188,19 +189,27 @@ async fn run(
             let events = s.events(&org, Some(&lookup), 0, pages::EVENTS_SHOWN)?;
             let artifacts = s.artifacts(&org, &lookup)?;
             let quarantined = s.run_quarantine(&org, &lookup)?;
-            let runners = if run.state == moat_store::RunState::Queued {
-                s.runners(&org)?
+            let (runners, quota) = if run.state == moat_store::RunState::Queued {
+                let quota = s.quota_reached(&org, now)?.map(|(e, _)| e.to_string());
+                (s.runners(&org)?, quota)
             } else {
-                Vec::new()
+                (Vec::new(), None)
             };
-            Ok(Some((run, ops, events, artifacts, quarantined, runners)))
+            Ok(Some((
+                run,
+                ops,
+                events,
+                artifacts,
+                quarantined,
+                (runners, quota),
+            )))
         })
         .await
         .map_err(failure)?;
-    let Some((run, ops, events, artifacts, quarantined, runners)) = found else {
+    let Some((run, ops, events, artifacts, quarantined, (runners, quota))) = found else {
         return Err(failure(ApiError::not_found(format_args!("run {id}"))));
     };
-    let waiting = super::views::waiting_reason(&run, &runners, state.now());
+    let waiting = super::views::waiting_reason(&run, &runners, quota.as_deref(), now);
     let page = pages::run(
         &pages::RunPage {
             run: &run,
@@ -385,6 +394,41 @@ async fn runners(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page
         .await
         .map_err(failure)?;
     Ok(Html(pages::runners(&rows, state.now())).into_response())
+}
+
+async fn capacity(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Page {
+    let op = operator(&state, &headers).await?;
+    let scope = super::capacity::Scope::Org(op.org.clone());
+    let capacity = super::capacity::capacity_of(&state, &scope)
+        .await
+        .map_err(failure)?;
+    let (org, now) = (op.org.clone(), state.now());
+    let (name, (quota, used), days) = state
+        .db(move |s| {
+            Ok((
+                s.org_name(&org)?.unwrap_or_default(),
+                s.quota(&org, now)?,
+                s.usage_days(&org, 14)?,
+            ))
+        })
+        .await
+        .map_err(failure)?;
+    let exceeded = quota
+        .as_ref()
+        .and_then(|q| q.exceeded(&used))
+        .map(|e| e.to_string());
+    let quota = moat_api::org::QuotaView {
+        org: name,
+        quota,
+        used,
+        exceeded,
+    };
+    Ok(Html(pages::capacity(&pages::CapacityPage {
+        capacity: &capacity,
+        quota: &quota,
+        days: &days,
+    }))
+    .into_response())
 }
 
 /// Days of usage the page shows.

@@ -16,10 +16,11 @@ use serde_json::Value;
 /// Events rendered with a run page (later ones arrive live).
 pub const EVENTS_SHOWN: i64 = 1000;
 
-const NAV: [(&str, &str, &str); 5] = [
+const NAV: [(&str, &str, &str); 6] = [
     ("runs", "/ui/runs", "Runs"),
     ("approvals", "/ui/approvals", "Approvals"),
     ("runners", "/ui/runners", "Runners"),
+    ("capacity", "/ui/capacity", "Capacity"),
     ("usage", "/ui/usage", "Usage"),
     ("ledger", "/ui/ledger", "Ledger"),
 ];
@@ -309,6 +310,139 @@ pub fn usage(days: &[UsageDay]) -> String {
                     }
                 }
             }
+        },
+    )
+}
+
+/// What the capacity page shows: the org's hosts and runners, its quota
+/// and use, and its CPU time by day against the quota.
+pub struct CapacityPage<'a> {
+    pub capacity: &'a moat_api::org::Capacity,
+    pub quota: &'a moat_api::org::QuotaView,
+    /// Newest first, as the store gives them.
+    pub days: &'a [UsageDay],
+}
+
+fn millicores(m: i64) -> String {
+    if m == 0 {
+        "not said".into()
+    } else {
+        format!("{}.{:03}", m / 1000, m % 1000)
+    }
+}
+
+fn bytes_or_unsaid(n: i64) -> String {
+    if n == 0 {
+        "not said".into()
+    } else {
+        format_size(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+/// Days the chart shows.
+const CHART_DAYS: usize = 14;
+
+/// CPU seconds by day as bars, with the quota (when per day) as a line.
+fn cpu_chart(days: &[UsageDay], quota: Option<u64>) -> Markup {
+    let shown: Vec<&UsageDay> = days.iter().take(CHART_DAYS).collect::<Vec<_>>();
+    let shown: Vec<&UsageDay> = shown.into_iter().rev().collect();
+    let secs = |d: &UsageDay| d.cpu_ms / 1000;
+    let top = shown
+        .iter()
+        .map(|d| secs(d))
+        .chain(quota)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let (width, height, bar) = (560u64, 160u64, 36u64);
+    let y = |v: u64| height - (v.min(top) * (height - 20) / top);
+    html! {
+        svg #cpu-chart width=(width) height=(height + 20) role="img"
+            aria-label="CPU seconds by day against the quota" {
+            @for (i, d) in shown.iter().enumerate() {
+                @let x = 10 + (i as u64) * (bar + 4);
+                rect.bar data-day=(d.day) data-cpu-seconds=(secs(d))
+                    x=(x) y=(y(secs(d))) width=(bar) height=(height - y(secs(d))) fill="#4a7" {
+                    title { (d.day) ": " (secs(d)) " CPU s" }
+                }
+                text x=(x) y=(height + 14) font-size="9" { (d.day.get(5..).unwrap_or(&d.day)) }
+            }
+            @if let Some(q) = quota {
+                line #quota-line data-quota=(q) x1="0" x2=(width) y1=(y(q)) y2=(y(q))
+                    stroke="#c33" stroke-dasharray="4 3" {}
+                text x=(width - 120) y=(y(q).saturating_sub(4)) font-size="10" fill="#c33" {
+                    "quota " (q) " CPU s/day"
+                }
+            }
+        }
+    }
+}
+
+pub fn capacity(page: &CapacityPage<'_>) -> String {
+    let quota = page.quota.quota.as_ref();
+    let used = &page.quota.used;
+    let per_day_cpu = quota
+        .filter(|q| q.period == moat_core::quota::QuotaPeriod::Day)
+        .and_then(|q| q.cpu_seconds);
+    let limit = |n: Option<u64>| n.map_or_else(|| "no limit".to_owned(), |n| n.to_string());
+    layout(
+        "Capacity",
+        "capacity",
+        html! {
+            h1 { "Capacity" }
+            p.muted {
+                "Hosts your runners are on: what they may hand out to runs and what your runs "
+                "hold now. Other orgs' runners on a host are counted, not named."
+            }
+            table #hosts {
+                thead { tr {
+                    th { "Host" } th { "Runner" } th { "Slots" } th { "CPU reserved / has" }
+                    th { "Memory reserved / has" } th { "Classes" } th { "Labels" }
+                    th { "Kernel" } th { "Other tenants" } th { "State" }
+                } }
+                tbody {
+                    @if page.capacity.hosts.is_empty() {
+                        tr { td colspan="10" .muted { "no runner has registered" } }
+                    }
+                    @for h in &page.capacity.hosts {
+                        @for r in &h.runners {
+                            tr.runner data-host=(h.host_id) data-runner-id=(r.id) {
+                                td { code { (h.host_id) } }
+                                td { code { (r.id) } }
+                                td.slots { (r.slots_used) " / " (r.slots) }
+                                td.cpu { (millicores(r.cpu_reserved)) " / " (millicores(r.cpu_millis)) }
+                                td.memory {
+                                    (format_size(u64::try_from(r.memory_reserved).unwrap_or(0)))
+                                    " / " (bytes_or_unsaid(r.memory_bytes))
+                                }
+                                td { (moat_core::WorkloadClass::names(&r.workload_classes)) }
+                                td { @for (k, v) in &r.labels { code { (k) "=" (v) } " " } }
+                                td { (r.kernel.as_deref().unwrap_or("-")) }
+                                td.other-tenants { (h.other_tenants.unwrap_or(0)) }
+                                td { @if r.draining { span.state.cancelled { "draining" } } @else { "serving" } }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Quota" }
+            @if let Some(exceeded) = &page.quota.exceeded {
+                p #quota-exceeded .error { (exceeded) ": new runs "
+                    (if quota.is_some_and(|q| q.over == moat_core::quota::OverQuota::Refuse) { "are refused" } else { "wait" }) }
+            }
+            table #quota {
+                thead { tr { th { "Quota" } th { "Used" } th { "Limit" } } }
+                tbody {
+                    tr data-quota="concurrent_runs" { td { "Runs held now" } td { (used.concurrent_runs) } td { (limit(quota.and_then(|q| q.concurrent_runs))) } }
+                    tr data-quota="cpu_seconds" { td { "CPU seconds this " (quota.map_or("day", |q| q.period.as_str())) } td { (used.cpu_ms / 1000) } td { (limit(quota.and_then(|q| q.cpu_seconds))) } }
+                    tr data-quota="storage_bytes" { td { "Storage written" } td { (format_size(used.storage_bytes)) } td { (quota.and_then(|q| q.storage_bytes).map_or_else(|| "no limit".to_owned(), format_size)) } }
+                    tr data-quota="egress_bytes" { td { "Egress" } td { (format_size(used.egress_bytes)) } td { (quota.and_then(|q| q.egress_bytes).map_or_else(|| "no limit".to_owned(), format_size)) } }
+                }
+            }
+            h2 { "CPU by day" }
+            p.muted { "CPU time of the programs of runs that ended each UTC day"
+                @if per_day_cpu.is_some() { ", against the daily quota" } "." }
+            (cpu_chart(page.days, per_day_cpu))
         },
     )
 }

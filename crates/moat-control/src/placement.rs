@@ -1,0 +1,417 @@
+//! Placement with Cedar: may this org's run go to this host now?
+//!
+//! The deployment's operator writes the placement policy (`moat serve
+//! --placement-policy`), not an org: it spans orgs (dedicated hosts, orgs
+//! that must never share a host). A request is
+//!
+//! - principal `Moat::Org::"<org name>"`,
+//! - action `Moat::Action::"place"`,
+//! - resource `Moat::Host::"<host id>"` with `labels` (the claiming
+//!   runner's, a record of strings) and `runner` (its id),
+//! - context `run`, `runner`, `environment`, `classes` (the workload classes
+//!   the run needs) and `tenants` (the names of the other orgs with runs on
+//!   the host now).
+//!
+//! A run is placed only if some policy permits it and none forbids it; a
+//! forbid's `@reason("...")` is what the run's waiting reason says. A policy
+//! that cannot be evaluated (a label read without `has`) refuses: a rule
+//! meant to keep tenants apart must not be skipped on an error.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use cedar_policy::{
+    Authorizer, Context, Decision, Entities, EntityId, EntityTypeName, EntityUid, PolicySet,
+    Request,
+};
+use moat_core::WorkloadClass;
+use serde_json::json;
+
+/// The placement policy `moat serve` runs with unless given one: every
+/// org's runs on every host (`policies/placement.cedar`, with examples).
+pub const DEFAULT_PLACEMENT: &str = include_str!("../../../policies/placement.cedar");
+
+/// The action every placement request names.
+pub const PLACE_ACTION: &str = "place";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error("the placement policy does not parse: {0}")]
+    Parse(String),
+    #[error("placement policy {id}: {why}")]
+    Policy { id: String, why: String },
+}
+
+/// One run and one host to decide on.
+#[derive(Debug, Clone)]
+pub struct PlacementRequest<'a> {
+    /// The run's org, by name.
+    pub org: &'a str,
+    pub run: &'a str,
+    pub environment: &'a str,
+    pub runner: &'a str,
+    /// The host's id (`""`: the runner named none).
+    pub host: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// The workload classes the run needs.
+    pub classes: &'a [WorkloadClass],
+    /// The other orgs (names) with runs on the host now.
+    pub tenants: &'a [String],
+}
+
+/// The answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    Placed,
+    Refused {
+        /// `placement_waiting: ...`, as the run's waiting reason.
+        reason: String,
+        /// The policies that refused (`@id`, else Cedar's id); empty when
+        /// nothing permitted.
+        policies: Vec<String>,
+    },
+}
+
+/// A parsed placement policy.
+pub struct PlacementEngine {
+    policies: PolicySet,
+    hash: String,
+    authorizer: Authorizer,
+}
+
+fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
+    let kind = EntityTypeName::from_str(&format!("Moat::{kind}")).map_err(|e| e.to_string())?;
+    Ok(EntityUid::from_type_name_and_id(kind, EntityId::new(id)))
+}
+
+impl PlacementEngine {
+    pub fn new(source: &str) -> Result<PlacementEngine, PlacementError> {
+        let policies =
+            PolicySet::from_str(source).map_err(|e| PlacementError::Parse(format!("{e:?}")))?;
+        for policy in policies.policies() {
+            for annotation in ["approval", "workload_class", "risk"] {
+                if policy.annotation(annotation).is_some() {
+                    return Err(PlacementError::Policy {
+                        id: policy.id().to_string(),
+                        why: format!(
+                            "@{annotation} belongs in the org's operation policy, not in \
+                             placement"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(PlacementEngine {
+            policies,
+            hash: moat_core::hash::sha256_hex(source.as_bytes()),
+            authorizer: Authorizer::new(),
+        })
+    }
+
+    /// SHA-256 of the policy text, hex.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    fn name(&self, id: &cedar_policy::PolicyId) -> String {
+        self.policies
+            .policy(id)
+            .and_then(|p| p.annotation("id"))
+            .map_or_else(|| id.to_string(), str::to_owned)
+    }
+
+    /// Whether the run may go to the host. Never an error: a request that
+    /// cannot be built or evaluated is refused, with why.
+    pub fn place(&self, request: &PlacementRequest<'_>) -> Placement {
+        let host = if request.host.is_empty() {
+            "unnamed"
+        } else {
+            request.host
+        };
+        let refused = |why: String| Placement::Refused {
+            reason: format!("placement_waiting: {why}"),
+            policies: Vec::new(),
+        };
+        let cedar_request = match self.request(request, host) {
+            Ok(built) => built,
+            Err(why) => return refused(format!("the placement request: {why}")),
+        };
+        let (principal, action, resource, context, entities) = cedar_request;
+        let response = match Request::new(principal, action, resource, context, None) {
+            Ok(r) => self.authorizer.is_authorized(&r, &self.policies, &entities),
+            Err(e) => return refused(format!("the placement request: {e}")),
+        };
+        if let Some(error) = response.diagnostics().errors().next() {
+            return refused(format!("the placement policy failed to evaluate: {error}"));
+        }
+        let policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|id| self.name(id))
+            .collect();
+        match response.decision() {
+            Decision::Allow => Placement::Placed,
+            Decision::Deny if policies.is_empty() => Placement::Refused {
+                reason: format!(
+                    "placement_waiting: no placement policy lets org {} run on host {host}",
+                    request.org
+                ),
+                policies,
+            },
+            Decision::Deny => {
+                let reasons: Vec<&str> = response
+                    .diagnostics()
+                    .reason()
+                    .filter_map(|id| self.policies.policy(id))
+                    .filter_map(|p| p.annotation("reason"))
+                    .collect();
+                let why = if reasons.is_empty() {
+                    format!(
+                        "the placement policy ({}) keeps org {} off host {host}",
+                        policies.join(", "),
+                        request.org
+                    )
+                } else {
+                    reasons.join("; ")
+                };
+                Placement::Refused {
+                    reason: format!("placement_waiting: {why}"),
+                    policies,
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn request(
+        &self,
+        request: &PlacementRequest<'_>,
+        host: &str,
+    ) -> Result<(EntityUid, EntityUid, EntityUid, Context, Entities), String> {
+        let entities = Entities::from_json_value(
+            json!([
+                {"uid": {"type": "Moat::Org", "id": request.org},
+                 "attrs": {"name": request.org}, "parents": []},
+                {"uid": {"type": "Moat::Host", "id": host},
+                 "attrs": {"labels": request.labels, "runner": request.runner}, "parents": []},
+            ]),
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        let classes: Vec<&str> = request.classes.iter().map(|c| c.as_str()).collect();
+        let context = Context::from_json_value(
+            json!({
+                "run": request.run,
+                "runner": request.runner,
+                "environment": request.environment,
+                "classes": classes,
+                "tenants": request.tenants,
+            }),
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((
+            uid("Org", request.org)?,
+            uid("Action", PLACE_ACTION)?,
+            uid("Host", host)?,
+            context,
+            entities,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The policy the scale-out and end-to-end tests run with too: acme
+    /// only on hosts dedicated to it (and nothing else there); globex and
+    /// initech never on one host together; microvm runs only in zone a.
+    const POLICY: &str = r#"
+        permit(principal, action == Moat::Action::"place", resource);
+
+        @id("dedicated-to-others")
+        @reason("the host is dedicated to another org")
+        forbid(principal, action == Moat::Action::"place", resource)
+        when { resource.labels has dedicated && resource.labels.dedicated != principal.name };
+
+        @id("acme-dedicated")
+        @reason("acme runs only on hosts dedicated to it")
+        forbid(principal == Moat::Org::"acme", action == Moat::Action::"place", resource)
+        unless { resource.labels has dedicated && resource.labels.dedicated == "acme" };
+
+        @id("globex-initech-apart")
+        @reason("globex and initech never share a host")
+        forbid(principal, action == Moat::Action::"place", resource)
+        when { ["globex", "initech"].contains(principal.name)
+               && (context.tenants.contains("globex") || context.tenants.contains("initech")) };
+
+        @id("microvm-zone-a")
+        @reason("microvm runs go to zone a")
+        forbid(principal, action == Moat::Action::"place", resource)
+        when { context.classes.contains("microvm")
+               && !(resource.labels has zone && resource.labels.zone == "a") };
+    "#;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_table_of_placements() {
+        let engine = PlacementEngine::new(POLICY).unwrap();
+        let dedicated_acme = labels(&[("dedicated", "acme"), ("zone", "a")]);
+        let zone_a = labels(&[("zone", "a")]);
+        let zone_b = labels(&[("zone", "b")]);
+        let ns = [WorkloadClass::Namespace];
+        let vm = [WorkloadClass::Microvm];
+        let none: [String; 0] = [];
+        let globex = ["globex".to_owned()];
+        let acme = ["acme".to_owned()];
+        let initech = ["initech".to_owned()];
+        type Case<'a> = (
+            &'a str,
+            &'a BTreeMap<String, String>,
+            &'a [WorkloadClass],
+            &'a [String],
+            Option<&'a str>,
+        );
+        let cases: [Case<'_>; 9] = [
+            ("acme", &dedicated_acme, &ns, &none, None),
+            (
+                "acme",
+                &zone_a,
+                &ns,
+                &none,
+                Some("acme runs only on hosts dedicated"),
+            ),
+            ("globex", &zone_a, &ns, &none, None),
+            ("globex", &zone_a, &ns, &acme, None),
+            ("initech", &zone_a, &ns, &globex, Some("never share a host")),
+            ("globex", &zone_b, &ns, &initech, Some("never share a host")),
+            (
+                "globex",
+                &zone_b,
+                &vm,
+                &none,
+                Some("microvm runs go to zone a"),
+            ),
+            ("globex", &zone_a, &vm, &none, None),
+            (
+                "globex",
+                &dedicated_acme,
+                &ns,
+                &none,
+                Some("dedicated to another org"),
+            ),
+        ];
+        for (i, (org, labels, classes, tenants, refused)) in cases.into_iter().enumerate() {
+            let got = engine.place(&PlacementRequest {
+                org,
+                run: "run-1",
+                environment: "test",
+                runner: "runner-1",
+                host: "host-1",
+                labels,
+                classes,
+                tenants,
+            });
+            match (refused, &got) {
+                (None, Placement::Placed) => {}
+                (Some(want), Placement::Refused { reason, .. }) => assert!(
+                    reason.starts_with("placement_waiting: ") && reason.contains(want),
+                    "case {i}: {reason}"
+                ),
+                _ => panic!("case {i}: {org} on {labels:?} with {tenants:?}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_rule_that_cannot_be_evaluated_refuses() {
+        // `resource.labels.dedicated` without `has`: an error on hosts
+        // without the label, which must refuse, not skip the forbid.
+        let policy = r#"
+            permit(principal, action == Moat::Action::"place", resource);
+            @id("dedicated")
+            @reason("the host is dedicated to another org")
+            forbid(principal, action == Moat::Action::"place", resource)
+            when { resource.labels.dedicated != principal.name };
+        "#;
+        let engine = PlacementEngine::new(policy).unwrap();
+        let dedicated = labels(&[("dedicated", "acme")]);
+        let place = |org: &str, labels: &BTreeMap<String, String>| {
+            engine.place(&PlacementRequest {
+                org,
+                run: "r",
+                environment: "test",
+                runner: "w",
+                host: "h",
+                labels,
+                classes: &[WorkloadClass::Namespace],
+                tenants: &[],
+            })
+        };
+        assert_eq!(place("acme", &dedicated), Placement::Placed);
+        assert_eq!(
+            place("globex", &dedicated),
+            Placement::Refused {
+                reason: "placement_waiting: the host is dedicated to another org".into(),
+                policies: vec!["dedicated".into()],
+            }
+        );
+        match place("globex", &BTreeMap::new()) {
+            Placement::Refused { reason, .. } => {
+                assert!(reason.contains("failed to evaluate"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_permitted_refuses_and_the_default_places_everything() {
+        let engine = PlacementEngine::new(
+            r#"permit(principal == Moat::Org::"acme", action == Moat::Action::"place", resource);"#,
+        )
+        .unwrap();
+        let request = PlacementRequest {
+            org: "globex",
+            run: "r",
+            environment: "test",
+            runner: "w",
+            host: "",
+            labels: &BTreeMap::new(),
+            classes: &[],
+            tenants: &[],
+        };
+        match engine.place(&request) {
+            Placement::Refused { reason, policies } => {
+                assert!(reason.contains("no placement policy lets org globex run on host unnamed"));
+                assert!(policies.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        let default = PlacementEngine::new(DEFAULT_PLACEMENT).unwrap();
+        assert_eq!(default.place(&request), Placement::Placed);
+    }
+
+    #[test]
+    fn operation_annotations_are_refused_in_placement() {
+        for policy in [
+            r#"@approval("required") permit(principal, action, resource);"#,
+            r#"@workload_class("microvm") permit(principal, action, resource);"#,
+        ] {
+            assert!(matches!(
+                PlacementEngine::new(policy),
+                Err(PlacementError::Policy { .. })
+            ));
+        }
+        assert!(matches!(
+            PlacementEngine::new("permit(principal"),
+            Err(PlacementError::Parse(_))
+        ));
+    }
+}

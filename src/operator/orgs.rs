@@ -103,10 +103,14 @@ fn run(args: OrgsArgs) -> anyhow::Result<()> {
     let answer = if setting {
         // Flags not given keep what is set: read, change, write.
         let current: Value = api.get(&path)?;
-        let mut quota: Quota = if q.clear {
-            Quota::default()
-        } else {
-            serde_json::from_value(current["quota"].clone()).unwrap_or_default()
+        let mut quota: Quota = match (&current["quota"], q.clear) {
+            (_, true) | (Value::Null, false) => Quota::default(),
+            // Never write back less than is set.
+            (set, false) => serde_json::from_value(set.clone()).map_err(|e| {
+                anyhow::anyhow!(
+                    "the quota set now is not one this moat reads ({e}): set it with the API"
+                )
+            })?,
         };
         quota.concurrent_runs = q.concurrent_runs.or(quota.concurrent_runs);
         quota.cpu_seconds = q.cpu_seconds.or(quota.cpu_seconds);

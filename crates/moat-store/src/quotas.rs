@@ -91,13 +91,17 @@ impl Store {
     /// Sets `org`'s quota (an empty one removes it).
     pub fn set_quota(&self, org: &str, quota: &Quota, now: i64) -> Result<(), StoreError> {
         self.tx(|tx| {
-            tx.execute("DELETE FROM org_quotas WHERE org_id = ?", &[org.into()])?;
             if quota.is_empty() {
+                tx.execute("DELETE FROM org_quotas WHERE org_id = ?", &[org.into()])?;
                 return Ok(());
             }
             tx.execute(
                 "INSERT INTO org_quotas (org_id, concurrent_runs, cpu_seconds, storage_bytes,
-                     egress_bytes, period, over, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     egress_bytes, period, over, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                 ON CONFLICT (org_id) DO UPDATE SET concurrent_runs = excluded.concurrent_runs,
+                     cpu_seconds = excluded.cpu_seconds, storage_bytes = excluded.storage_bytes,
+                     egress_bytes = excluded.egress_bytes, period = excluded.period,
+                     over = excluded.over, updated_ms = excluded.updated_ms",
                 &[
                     org.into(),
                     signed(quota.concurrent_runs),

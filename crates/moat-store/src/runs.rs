@@ -87,9 +87,34 @@ pub struct RunRow {
     /// claimed, running or paused (from the runner's manifest limits).
     pub cpu_millis: i64,
     pub memory_bytes: i64,
-    /// Why the last runner that asked could not take it (placement), until
-    /// one does.
+    /// Why runners that asked could not take it (placement), as a JSON
+    /// object of reasons by runner id, until one does: see
+    /// [`RunRow::placement_notes`].
     pub placement_note: Option<String>,
+}
+
+impl RunRow {
+    /// The placement refusals the run remembers: reason by runner id.
+    pub fn placement_notes(&self) -> std::collections::BTreeMap<String, String> {
+        self.placement_note
+            .as_deref()
+            .and_then(|n| serde_json::from_str(n).ok())
+            .unwrap_or_default()
+    }
+
+    /// Its waiting reason from those: each distinct reason, with the
+    /// runners it was given to.
+    pub fn placement_waiting(&self) -> Option<String> {
+        let mut by_reason: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (runner, reason) in self.placement_notes() {
+            by_reason.entry(reason).or_default().push(runner);
+        }
+        let parts: Vec<String> = by_reason
+            .into_iter()
+            .map(|(reason, runners)| format!("{reason} (runner {})", runners.join(", ")))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 const COLUMNS: &str = "id, org_id, state, environment, runner_id, manifest_hash, lease_until_ms,
@@ -780,7 +805,7 @@ pub struct PlacementRefusal {
 
 /// Queued runs one claim looks at, oldest first: those the placement
 /// policy refuses are passed over for younger ones.
-const CANDIDATES: i64 = 16;
+const CANDIDATES: i64 = 64;
 
 /// Holds a transaction-scoped advisory lock on `key` (PostgreSQL; SQLite
 /// runs one writing transaction at a time anyway).
@@ -799,24 +824,40 @@ fn claim_in(
     ask: &ClaimAsk<'_>,
     place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
 ) -> Result<Option<Claimed>, StoreError> {
+    // Most asks find nothing queued: those take no turn.
+    let queued = tx
+        .query_one(
+            "SELECT 1 AS queued FROM runs WHERE org_id = ? AND environment = ? AND state = 'queued'
+             LIMIT 1",
+            &[ask.org.into(), ask.environment.into()],
+        )?
+        .is_some();
+    if !queued {
+        return Ok(None);
+    }
     let runner = crate::runners::get(tx, ask.runner)?;
     take_turn(tx, &format!("org:{}", ask.org))?;
-    let host = runner.as_ref().and_then(|w| w.host_id.clone());
+    // Runners that named no host count as one host: who shares a machine
+    // with them is unknown, so a co-tenancy rule sees all of them together.
+    let host = runner.as_ref().map(|w| w.host_id.clone());
     if let Some(host) = &host {
-        take_turn(tx, &format!("host:{host}"))?;
+        take_turn(tx, &format!("host:{}", host.as_deref().unwrap_or_default()))?;
     }
+    let mut too_big = None;
     if let Some(w) = &runner {
         if w.draining || !crate::runners::stands(tx, &w.id)? {
             return Ok(None);
         }
+        too_big = never_fits(w, ask);
         // Fresh figures, read under the turns just taken.
         let held = crate::runners::held(tx, &w.id)?;
         let fits = |have: i64, reserved: i64, need: i64| {
             have == 0 || reserved.saturating_add(need) <= have
         };
-        if held.runs >= w.slots
-            || !fits(w.cpu_millis, held.cpu_millis, ask.cpu_millis)
-            || !fits(w.memory_bytes, held.memory_bytes, ask.memory_bytes)
+        if too_big.is_none()
+            && (held.runs >= w.slots
+                || !fits(w.cpu_millis, held.cpu_millis, ask.cpu_millis)
+                || !fits(w.memory_bytes, held.memory_bytes, ask.memory_bytes))
         {
             return Ok(None);
         }
@@ -841,11 +882,23 @@ fn claim_in(
             offered.into(),
         ],
     )?;
+    let host_id = host.clone().flatten();
+    if let Some(why) = too_big {
+        // Each would be refused alike: say so on them, take none.
+        for row in &candidates {
+            let refusal = PlacementRefusal {
+                reason: why.clone(),
+                policies: Vec::new(),
+            };
+            note_refusal(tx, ask, &decode(row)?, host_id.as_deref(), refusal)?;
+        }
+        return Ok(None);
+    }
     if candidates.is_empty() {
         return Ok(None);
     }
     let tenants = match &host {
-        Some(host) => tenants_on(tx, host, ask.org)?,
+        Some(host) => tenants_on(tx, host.as_deref(), ask.org)?,
         None => Vec::new(),
     };
     let org_name = tx
@@ -862,30 +915,63 @@ fn claim_in(
             tenants: &tenants,
         })?;
         match refusal {
-            Some(refusal) => note_refusal(tx, ask, &run, host.as_deref(), refusal)?,
+            Some(refusal) => note_refusal(tx, ask, &run, host_id.as_deref(), refusal)?,
             None => return take(tx, ask, &run.id).map(Some),
         }
     }
     Ok(None)
 }
 
+/// Why no run of this runner's manifest could ever fit it, even with
+/// nothing held: what one reserves is more than it has.
+fn never_fits(w: &crate::RunnerRow, ask: &ClaimAsk<'_>) -> Option<String> {
+    let over = |have: i64, need: i64| have != 0 && need > have;
+    if over(w.cpu_millis, ask.cpu_millis) {
+        return Some(format!(
+            "placement_waiting: a run reserves {} millicores (its manifest's limits.cpuMillis), \
+             more than the runner has ({})",
+            ask.cpu_millis, w.cpu_millis
+        ));
+    }
+    if over(w.memory_bytes, ask.memory_bytes) {
+        return Some(format!(
+            "placement_waiting: a run reserves {} bytes of memory (its manifest's \
+             limits.memoryBytes), more than the runner has ({})",
+            ask.memory_bytes, w.memory_bytes
+        ));
+    }
+    None
+}
+
 /// The names of the orgs other than `org` whose runs runners on `host`
-/// hold now.
-fn tenants_on(tx: &mut dyn Tx, host: &str, org: &str) -> Result<Vec<String>, StoreError> {
+/// (`None`: runners that named no host) hold now.
+fn tenants_on(tx: &mut dyn Tx, host: Option<&str>, org: &str) -> Result<Vec<String>, StoreError> {
+    let on_host = match host {
+        Some(_) => "w.host_id = ?",
+        None => "w.host_id IS NULL",
+    };
+    let mut params: Vec<crate::Value> = host.map(Into::into).into_iter().collect();
+    params.push(org.into());
     tx.query(
-        "SELECT DISTINCT o.name FROM runs r JOIN runners w ON w.id = r.runner_id
-           JOIN orgs o ON o.id = r.org_id
-         WHERE w.host_id = ? AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')
-         ORDER BY o.name",
-        &[host.into(), org.into()],
+        &format!(
+            "SELECT DISTINCT o.name FROM runs r JOIN runners w ON w.id = r.runner_id
+               JOIN orgs o ON o.id = r.org_id
+             WHERE {on_host} AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')
+             ORDER BY o.name"
+        ),
+        &params,
     )?
     .iter()
     .map(|row| row.text("name"))
     .collect()
 }
 
-/// Keeps a placement refusal on the run; recorded as an event only when
-/// its reason changed (a runner asks again every few seconds).
+/// Runners whose refusals a run remembers at most.
+const NOTED_RUNNERS: usize = 32;
+
+/// Keeps a placement refusal on the run, by runner; recorded as an event
+/// only when that runner's reason is new (runners ask again every second
+/// or so, and several may be refused the same run).
 fn note_refusal(
     tx: &mut dyn Tx,
     ask: &ClaimAsk<'_>,
@@ -893,10 +979,15 @@ fn note_refusal(
     host: Option<&str>,
     refusal: PlacementRefusal,
 ) -> Result<(), StoreError> {
-    let note = format!("{} (runner {})", refusal.reason, ask.runner);
-    if run.placement_note.as_deref() == Some(note.as_str()) {
+    let mut notes = run.placement_notes();
+    if notes.get(ask.runner) == Some(&refusal.reason) {
         return Ok(());
     }
+    if notes.len() >= NOTED_RUNNERS {
+        notes.clear();
+    }
+    notes.insert(ask.runner.to_owned(), refusal.reason.clone());
+    let note = serde_json::to_string(&notes).unwrap_or_default();
     tx.execute(
         "UPDATE runs SET placement_note = ? WHERE id = ?",
         &[note.into(), run.id.as_str().into()],

@@ -192,22 +192,27 @@ fn runner_capacity(w: &RunnerRow, org: &str) -> RunnerCapacity {
     }
 }
 
-/// The host a runner counts under: its id, or the runner itself when it
-/// named none.
+/// The host a runner counts under: its id, or `unnamed` for all runners
+/// that named none (placement counts them as one host too).
 fn host_of(w: &RunnerRow) -> String {
-    w.host_id
-        .clone()
-        .unwrap_or_else(|| format!("unnamed ({})", w.id))
+    w.host_id.clone().unwrap_or_else(|| "unnamed".to_owned())
 }
 
 /// What every host has and holds, as `scope` may see it.
 pub async fn capacity_of(state: &Arc<AppState>, scope: &Scope) -> ApiResult<Capacity> {
     let now = state.now();
+    let only = match scope {
+        Scope::All => None,
+        Scope::Org(org) => Some(org.clone()),
+    };
     let (runners, held, orgs, quotas) = state
         .db(move |s| {
             let orgs = s.orgs()?;
             let mut quotas = BTreeMap::new();
             for (id, _) in &orgs {
+                if only.as_ref().is_some_and(|o| o != id) {
+                    continue;
+                }
                 if let (Some(q), _) = s.quota(id, now)? {
                     quotas.insert(id.clone(), q);
                 }
@@ -258,10 +263,10 @@ pub async fn capacity_of(state: &Arc<AppState>, scope: &Scope) -> ApiResult<Capa
                 runners: Vec::new(),
             }
         });
-        entry.slots += w.slots;
-        entry.slots_used += w.slots_used;
-        entry.cpu_millis += w.cpu_millis;
-        entry.cpu_reserved += w.cpu_reserved;
+        entry.slots = entry.slots.saturating_add(w.slots);
+        entry.slots_used = entry.slots_used.saturating_add(w.slots_used);
+        entry.cpu_millis = entry.cpu_millis.saturating_add(w.cpu_millis);
+        entry.cpu_reserved = entry.cpu_reserved.saturating_add(w.cpu_reserved);
         entry.memory_bytes = entry.memory_bytes.saturating_add(w.memory_bytes);
         entry.memory_reserved = entry.memory_reserved.saturating_add(w.memory_reserved);
         entry.runners.push(runner_capacity(w, &name_of(&w.org_id)));

@@ -276,12 +276,13 @@ pub async fn register(
         labels: (!reg.labels.is_empty())
             .then(|| serde_json::to_string(&reg.labels).ok())
             .flatten(),
+        // (A runner's own figures: an absurd one only starves itself.)
         cpu_millis: reg
             .cpu_millis
-            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+            .map_or(0, |n| i64::try_from(n.min(MAX_RESERVATION)).unwrap_or(0)),
         memory_bytes: reg
             .memory_bytes
-            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+            .map_or(0, |n| i64::try_from(n.min(1 << 50)).unwrap_or(0)),
         draining: false,
         cpu_reserved: 0,
         memory_reserved: 0,
@@ -394,6 +395,10 @@ pub struct ManifestTerms {
     pub memory_bytes: i64,
 }
 
+/// The most one run reserves of either figure (2^40: a thousand million
+/// millicores, a tebibyte).
+const MAX_RESERVATION: u64 = 1 << 40;
+
 /// The runner's manifest terms, from the published record.
 async fn terms(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<ManifestTerms> {
     let key = (runner.org_id.clone(), runner.manifest_hash.clone());
@@ -419,16 +424,16 @@ async fn terms(state: &Arc<AppState>, runner: &RunnerRow) -> ApiResult<ManifestT
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let at = |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     let limits = &signed.manifest.limits;
+    // Bounded, so that sums of many runs' reservations never overflow.
+    let bounded = |n: u64| i64::try_from(n.min(MAX_RESERVATION)).unwrap_or(0);
     let found = ManifestTerms {
         life: Lifetime {
             created,
             expires: at(row.expires_ms),
         },
         grace: Duration::from_millis(limits.timeout_ms),
-        cpu_millis: limits
-            .cpu_millis
-            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
-        memory_bytes: i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX),
+        cpu_millis: limits.cpu_millis.map_or(0, bounded),
+        memory_bytes: bounded(limits.memory_bytes),
     };
     let mut lifetimes = state
         .lifetimes
@@ -539,11 +544,21 @@ fn place(
     engine: &crate::placement::PlacementEngine,
     ask: &moat_store::PlacementAsk<'_>,
 ) -> Option<moat_store::PlacementRefusal> {
-    let labels: std::collections::BTreeMap<String, String> = ask
-        .runner
-        .and_then(|w| w.labels.as_deref())
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    let labels: std::collections::BTreeMap<String, String> =
+        match ask.runner.and_then(|w| w.labels.as_deref()) {
+            None => Default::default(),
+            Some(text) => match serde_json::from_str(text) {
+                Ok(labels) => labels,
+                // A rule on a label must not be sidestepped by a row it
+                // cannot read.
+                Err(e) => {
+                    return Some(moat_store::PlacementRefusal {
+                        reason: format!("placement_waiting: the runner's stored labels: {e}"),
+                        policies: Vec::new(),
+                    });
+                }
+            },
+        };
     let classes = moat_core::WorkloadClass::from_mask(ask.run.needs_classes);
     let answer = engine.place(&crate::placement::PlacementRequest {
         org: ask.org_name,

@@ -80,7 +80,7 @@ pub fn waiting_reason(
                 run.environment
             ));
         }
-        return run.placement_note.clone();
+        return run.placement_waiting();
     }
     let names =
         |mask: i64| moat_core::WorkloadClass::names(&moat_core::WorkloadClass::from_mask(mask));

@@ -355,7 +355,11 @@ fn cpu_chart(days: &[UsageDay], quota: Option<u64>) -> Markup {
         .unwrap_or(0)
         .max(1);
     let (width, height, bar) = (560u64, 160u64, 36u64);
-    let y = |v: u64| height - (v.min(top) * (height - 20) / top);
+    // u128: a quota may be any u64.
+    let y = |v: u64| {
+        let drawn = u128::from(v.min(top)) * u128::from(height - 20) / u128::from(top);
+        height - u64::try_from(drawn).unwrap_or(height - 20)
+    };
     html! {
         svg #cpu-chart width=(width) height=(height + 20) role="img"
             aria-label="CPU seconds by day against the quota" {

@@ -280,6 +280,16 @@ fn client(base: &str, token: &str) -> std::sync::Arc<moat_client::OrgClient> {
 
 /// An HTTP call: status and JSON body (`Null` if it has none).
 pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+    try_call(method, url, token, body).unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// [`call`], with a failure to reach the server as an error.
+pub fn try_call(
+    method: &str,
+    url: &str,
+    token: &str,
+    body: Option<Value>,
+) -> Result<(u16, Value), moat_client::ClientError> {
     let split = url
         .find("://")
         .and_then(|scheme| url[scheme + 3..].find('/').map(|path| scheme + 3 + path))
@@ -291,12 +301,11 @@ pub fn call(method: &str, url: &str, token: &str, body: Option<Value>) -> (u16, 
         ("PUT", Some(body)) => client.put_answer(path, body),
         (_, Some(body)) => client.post_answer(path, body),
         (_, None) => client.post_empty_answer(path),
-    }
-    .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    (
+    }?;
+    Ok((
         answer.status,
         serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
-    )
+    ))
 }
 
 /// `GET url` without credentials: the status and the body as text.

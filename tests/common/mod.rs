@@ -5,6 +5,7 @@
 
 pub mod control;
 pub mod cotenancy;
+pub mod scaleout;
 pub mod servers;
 
 use std::path::{Path, PathBuf};

@@ -146,23 +146,17 @@ impl Store {
         })
     }
 
-    /// The live runs runners hold, as `(runner id, org id, org name)`:
-    /// who is present on each host.
-    pub fn held_runs(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+    /// The live runs runners hold, as `(runner id, org id)`: who is present
+    /// on each host.
+    pub fn held_runs(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.read(|tx| {
             tx.query(
-                "SELECT r.runner_id, r.org_id, o.name FROM runs r JOIN orgs o ON o.id = r.org_id
-                 WHERE r.runner_id IS NOT NULL AND r.state IN ('claimed', 'running', 'paused')",
+                "SELECT runner_id, org_id FROM runs
+                 WHERE runner_id IS NOT NULL AND state IN ('claimed', 'running', 'paused')",
                 &[],
             )?
             .iter()
-            .map(|row| {
-                Ok((
-                    row.text("runner_id")?,
-                    row.text("org_id")?,
-                    row.text("name")?,
-                ))
-            })
+            .map(|row| Ok((row.text("runner_id")?, row.text("org_id")?)))
             .collect()
         })
     }

@@ -229,7 +229,7 @@ pub async fn capacity_of(state: &Arc<AppState>, scope: &Scope) -> ApiResult<Capa
     // Orgs present on each host, and runs held per org.
     let mut present: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut held_by: BTreeMap<String, u64> = BTreeMap::new();
-    for (runner, org, _) in &held {
+    for (runner, org) in &held {
         if let Some(host) = runner_host.get(runner.as_str()) {
             present.entry(host.clone()).or_default().insert(org.clone());
         }

@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,6 +28,7 @@ Examples:
   moat exec --network allowlist --allow-domain pypi.org --allow-domain '*.pythonhosted.org' \
       --events - -- pip download requests
   moat exec --class microvm --workspace ./project -- ./third-party-tool
+  moat exec --network ingress-only --expose 8000 -- python3 -m http.server 8000
 
 With --class microvm the program runs in a disposable virtual machine with a
 kernel of its own (QEMU's microvm machine, moat as its init), and QEMU in a
@@ -41,8 +43,11 @@ Inside the sandbox the program sees only the system directories (/usr, /bin,
 otherwise: with allowlist, HTTP_PROXY/HTTPS_PROXY point at Moat's egress proxy,
 which lets through only the allowed domains (checking the TLS server name, and
 refusing names that resolve to private addresses), records every request as a
-network.request event, and is the only address the program can connect to. No
-capabilities, a
+network.request event, and is the only address the program can connect to. With
+ingress-only, the program can connect nowhere (no proxy, no DNS) and bind only the
+--expose ports; each is reached through a unix socket on the host (printed at
+start, removed at the end), and every connection to it is a network.ingress event
+(method, path, status, bytes; never bodies). No capabilities, a
 scrubbed environment (PATH, HOME, TMPDIR, LANG, RUN_ID and --env names only), and
 runs as an unprivileged host user even when moat runs as root.
 
@@ -88,9 +93,23 @@ pub struct ExecArgs {
 
     /// Network: off (only loopback), allowlist (only --allow-domain names, through
     /// Moat's egress proxy), proxy-only (the same proxy; for the tool proxy's
-    /// host) or full (the host's network: development only).
+    /// host), ingress-only (no way out; the --expose ports are reached from the
+    /// host through unix sockets) or full (the host's network: development only).
     #[arg(long, value_name = "MODE", default_value = "off")]
     network: NetworkMode,
+
+    /// With --network ingress-only: a TCP port (1024-65535) the program may
+    /// listen on, reached from the host through a unix socket whose path moat
+    /// prints (`curl --unix-socket PATH http://localhost/`). No other port can
+    /// be bound. Repeatable.
+    #[arg(long = "expose", value_name = "PORT")]
+    expose: Vec<u16>,
+
+    /// Put the --expose sockets in DIR (an existing directory: keep it yours
+    /// alone), as PORT.sock. By default they go in a new directory (mode
+    /// 0700) in $XDG_RUNTIME_DIR or /tmp, removed at the end.
+    #[arg(long, value_name = "DIR")]
+    expose_dir: Option<PathBuf>,
 
     /// With --network allowlist/proxy-only: a domain the program may reach,
     /// `api.example.com` or `*.example.com` (subdomains), optionally `:PORT`
@@ -259,7 +278,7 @@ pub fn main(args: ExecArgs) -> ExitCode {
 
 fn run(args: ExecArgs) -> anyhow::Result<u8> {
     moat_sandbox::hold_interrupts();
-    let spec = build_spec(&args)?;
+    let mut spec = build_spec(&args)?;
     let mut events = EventWriter::open(args.events.as_deref())?;
     let mut report_out = match args.report.as_deref() {
         None => None,
@@ -291,6 +310,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
              address, every port, no proxy, no record of connections). Development use only."
         );
     }
+    let sockets = ExposeDir::make(&args, &mut spec)?;
     let memory = spec.limits.memory_bytes;
     let timeout = spec.limits.timeout_ms;
     let mut egress = egress_setup(&args, &spec.run_id)?;
@@ -311,6 +331,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
             moat_sandbox::microvm::run(spec, &vm, output, &mut events, hook)?
         }
     };
+    drop(sockets);
     let report = &outcome.report;
     if let Some(out) = &mut report_out {
         let text = serde_json::to_string_pretty(report)?;
@@ -353,6 +374,19 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
             && (args.vm_kernel.is_some() || args.vm_modules.is_some()) =>
         {
             bail!("--vm-kernel and --vm-modules choose the guest of --class microvm: add it")
+        }
+        _ if args.class == WorkloadClass::Microvm && args.network == NetworkMode::IngressOnly => {
+            bail!(
+                "--network ingress-only runs in the namespace class: a microvm guest's ports \
+                 live in its own kernel, which the exposed sockets do not reach"
+            )
+        }
+        _ if args.network != NetworkMode::IngressOnly
+            && (!args.expose.is_empty() || args.expose_dir.is_some()) =>
+        {
+            bail!(
+                "--expose and --expose-dir make ports reachable in --network ingress-only: add it"
+            )
         }
         _ if !args.network.uses_egress_proxy() && has_egress_flags(args) => {
             bail!(
@@ -485,6 +519,71 @@ fn split_bind(item: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
         None => std::fs::canonicalize(&host).with_context(|| format!("{}", host.display()))?,
     };
     Ok((host, inside))
+}
+
+/// The directory moat made for a run's `--expose` sockets (mode 0700, so
+/// only moat's user reaches the ports), removed at the end; `None` when
+/// `--expose-dir` named the caller's own.
+struct ExposeDir(Option<PathBuf>);
+
+impl ExposeDir {
+    /// Makes the directory, names each port's socket in `spec`, and tells
+    /// the user where the ports are.
+    fn make(args: &ExecArgs, spec: &mut SandboxSpec) -> anyhow::Result<ExposeDir> {
+        if args.expose.is_empty() {
+            return Ok(ExposeDir(None));
+        }
+        moat_sandbox::spec::check_ports(&args.expose).context("--expose")?;
+        let (dir, made) = match &args.expose_dir {
+            Some(dir) => {
+                let dir = std::path::absolute(dir)
+                    .with_context(|| format!("--expose-dir {}", dir.display()))?;
+                if !dir.is_dir() {
+                    bail!("--expose-dir {}: not a directory", dir.display());
+                }
+                (dir, ExposeDir(None))
+            }
+            None => {
+                let base = std::env::var_os("XDG_RUNTIME_DIR")
+                    .map(PathBuf::from)
+                    .filter(|dir| dir.is_absolute() && dir.is_dir())
+                    .unwrap_or_else(|| PathBuf::from("/tmp"));
+                let dir = base.join(format!("moat-{}", spec.run_id));
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&dir)
+                    .with_context(|| {
+                        format!("making {} for the --expose sockets", dir.display())
+                    })?;
+                (dir.clone(), ExposeDir(Some(dir)))
+            }
+        };
+        for port in &args.expose {
+            let socket = dir.join(format!("{port}.sock"));
+            spec.expose.push(moat_sandbox::ExposedPort {
+                port: *port,
+                socket,
+            });
+        }
+        for exposed in &spec.expose {
+            eprintln!(
+                "moat: port {} of the sandbox is at {}\nmoat:   curl --unix-socket {} http://localhost/",
+                exposed.port,
+                exposed.socket.display(),
+                exposed.socket.display()
+            );
+        }
+        Ok(made)
+    }
+}
+
+impl Drop for ExposeDir {
+    fn drop(&mut self) {
+        // The launcher removed the sockets; an empty directory is all that is left.
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 fn run_id() -> String {

@@ -10,6 +10,9 @@ mod common;
 // Allowed servers out of reach: what the program and the record see.
 #[path = "network/upstream.rs"]
 mod upstream;
+// The ingress-only mode: reached from the host, reaching nothing.
+#[path = "network/ingress.rs"]
+mod ingress;
 
 use common::servers::*;
 use common::*;

@@ -834,6 +834,18 @@ fn exec_argv_gets_the_network_the_manifest_grants_and_no_more() {
         json!({"argv": ["curl", "http://app.test/"], "network": "allowlist"}),
     )]);
     assert_denied(&results[0], "network_not_allowed");
+
+    // ingress-only: nothing can reach an operation's port yet, so it is
+    // refused rather than run unreachable, even where the manifest allows it.
+    let ingress = network_session("ingress-only", vec![], |_| {});
+    let results = ingress.ops(&[op(
+        "1",
+        "exec_argv",
+        json!({"argv": ["curl", "http://app.test/"], "network": "ingress-only"}),
+    )]);
+    assert_denied(&results[0], "network_not_allowed");
+    assert_eq!(ingress.events_of("1", "network.denied").len(), 1);
+    assert!(ingress.events_of("1", "sandbox.exec.started").is_empty());
 }
 
 #[test]

@@ -111,6 +111,10 @@ event_types! {
     /// One request through the egress proxy, allowed or not: host, port, method,
     /// bytes each way, decision. Never bodies or credential headers.
     NetworkRequest => "network.request",
+    /// One connection the runtime made to a port an `ingress-only` sandbox
+    /// exposes: port, the first request's method, path and status, bytes
+    /// each way. Never bodies, queries or headers.
+    NetworkIngress => "network.ingress",
     PathDenied => "path.denied",
     RunCreated => "run.created",
     RunStarted => "run.started",

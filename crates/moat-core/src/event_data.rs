@@ -26,7 +26,7 @@ pub use capability::{
     ArtifactCreated, ArtifactPromoted, ArtifactRejected, ArtifactValidated, CapabilityDenied,
     CapabilityGranted, CapabilityRequested, GrantedCapability, PathDenied, PolicyDecision,
 };
-pub use network::{NetworkDecision, NetworkDenied, NetworkRequest};
+pub use network::{NetworkDecision, NetworkDenied, NetworkIngress, NetworkRequest};
 pub use run::{
     ApprovalDenied, ApprovalExpired, ApprovalGranted, ApprovalRequested, ApprovalSummary,
     FinalRunState, ManifestPublished, ManifestRevoked, OpFinished, RefusalReason, RequestRefused,

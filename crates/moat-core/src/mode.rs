@@ -79,6 +79,10 @@ named_enum!(
         ProxyOnly => "proxy-only",
         /// Only allowlisted domains, through the egress proxy.
         Allowlist => "allowlist",
+        /// A fresh network namespace with only loopback, where the program may
+        /// listen on the ports it declares (`--expose`), which the runtime
+        /// reaches from outside; no connection out, not even on loopback.
+        IngressOnly => "ingress-only",
         /// The host's network namespace. Developer use only.
         Full => "full",
     }

@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use std::path::{Path, PathBuf};
 
-use moat_core::{LayerStatus, SandboxMode};
+use moat_core::{LayerStatus, NetworkMode, SandboxMode};
 
 use crate::cgroup;
-use crate::confine::{self, LandlockPlan, Rlimit};
+use crate::confine::{self, LandlockPlan, Rlimit, TcpRules};
 use crate::error::{Layer, SetupError};
 use crate::launch::{EGRESS_PORT, SANDBOX_PATH};
 use crate::mounts::{IdmappedRoots, RootPlan};
@@ -176,13 +176,13 @@ impl ExecPlan {
                 readable,
                 log_denials,
                 everything_writable: spec.mode == SandboxMode::DangerFullAccess,
-                tcp_connect_only: (spec.network.uses_egress_proxy() && !spec.tcp_on_loopback)
-                    .then_some(EGRESS_PORT),
+                tcp: tcp_rules(spec),
                 allow_degraded: spec.allow_degraded,
             },
             seccomp: seccomp::compile(
-                spec.network.uses_egress_proxy(),
-                spec.network.uses_egress_proxy() && !spec.tcp_on_loopback,
+                spec.network.uses_egress_proxy() || spec.network == NetworkMode::IngressOnly,
+                tcp_rules(spec).is_some(),
+                spec.network == NetworkMode::IngressOnly,
             )?,
             floors: [
                 rlimit(libc::RLIMIT_NPROC, limits.pids, limits.pids),
@@ -191,6 +191,23 @@ impl ExecPlan {
             stdin_null: spec.stdin_null,
             budget: None,
         })
+    }
+}
+
+/// What Landlock allows of TCP, by network mode (see [`TcpRules`]).
+pub(crate) fn tcp_rules(spec: &SandboxSpec) -> Option<TcpRules> {
+    match spec.network {
+        NetworkMode::ProxyOnly | NetworkMode::Allowlist if !spec.tcp_on_loopback => {
+            Some(TcpRules {
+                connect: vec![EGRESS_PORT],
+                bind: Vec::new(),
+            })
+        }
+        NetworkMode::IngressOnly => Some(TcpRules {
+            connect: Vec::new(),
+            bind: spec.expose.iter().map(|e| e.port).collect(),
+        }),
+        _ => None,
     }
 }
 

@@ -125,9 +125,40 @@ pub(crate) struct LandlockPlan {
     pub(crate) log_denials: bool,
     /// `danger-full-access`: the whole root is writable.
     pub(crate) everything_writable: bool,
-    /// Proxy network modes: TCP `connect` only to this port, no TCP `bind`.
-    pub(crate) tcp_connect_only: Option<u16>,
+    /// TCP `connect` and `bind` only to these ports (`None`: left to the
+    /// network namespace).
+    pub(crate) tcp: Option<TcpRules>,
     pub(crate) allow_degraded: bool,
+}
+
+/// The TCP ports a sandbox may connect to and bind, by network mode: the
+/// proxy modes connect to the egress proxy's port and bind none;
+/// `ingress-only` binds its exposed ports and connects to none.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TcpRules {
+    pub(crate) connect: Vec<u16>,
+    pub(crate) bind: Vec<u16>,
+}
+
+impl TcpRules {
+    fn describe(&self) -> String {
+        let ports = |what: &str, ports: &[u16]| match ports {
+            [] => format!("no TCP {what}"),
+            [one] => format!("TCP {what} only to port {one}"),
+            many => format!(
+                "TCP {what} only to ports {}",
+                many.iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        format!(
+            "{} and {} (ABI 4)",
+            ports("connect", &self.connect),
+            ports("bind", &self.bind)
+        )
+    }
 }
 
 /// The ABI this code asks for: filesystem rights up to V5, scopes from V6.
@@ -162,16 +193,20 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(LayerStatus, String
         .set_compatibility(level)
         .handle_access(all)
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
-        .and_then(|r| match plan.tcp_connect_only {
+        .and_then(|r| match plan.tcp {
             Some(_) => r.handle_access(AccessNet::from_all(ABI::V4)),
             None => Ok(r),
         })
         .and_then(|r| r.create())
         .map_err(|e| fail(&e))?;
-    if let Some(port) = plan.tcp_connect_only {
-        ruleset = ruleset
-            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
-            .map_err(|e| fail(&e))?;
+    if let Some(tcp) = &plan.tcp {
+        let connect = tcp.connect.iter().map(|p| (*p, AccessNet::ConnectTcp));
+        let bind = tcp.bind.iter().map(|p| (*p, AccessNet::BindTcp));
+        for (port, access) in connect.chain(bind) {
+            ruleset = ruleset
+                .add_rule(NetPort::new(port, access))
+                .map_err(|e| fail(&e))?;
+        }
     }
     let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> = Vec::new();
     if plan.everything_writable {
@@ -219,8 +254,8 @@ pub(crate) fn apply_landlock(plan: &LandlockPlan) -> Result<(LayerStatus, String
     if layer != LayerStatus::Enforced && !plan.allow_degraded {
         return Err(SetupError::new(Layer::Landlock, what));
     }
-    let net = match plan.tcp_connect_only {
-        Some(port) => format!(", TCP connect only to port {port} and no TCP bind (ABI 4),"),
+    let net = match &plan.tcp {
+        Some(tcp) => format!(", {},", tcp.describe()),
         None => String::new(),
     };
     Ok((

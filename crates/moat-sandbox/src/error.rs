@@ -109,6 +109,8 @@ pub enum SpecError {
         "network mode {0} goes through the egress proxy: start the sandbox with one (and only then)"
     )]
     UnsupportedNetwork(moat_core::NetworkMode),
+    #[error("{0}")]
+    BadExpose(String),
     #[error("stdin bytes: at most {max} (they must fit in a pipe)")]
     StdinTooLarge { max: usize },
     #[error("the microvm class does not support {0}")]

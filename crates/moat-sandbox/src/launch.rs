@@ -20,6 +20,7 @@ use crate::confine;
 use crate::error::{Layer, SetupError, SpecError};
 use crate::evidence::{AuditLog, Tracker};
 use crate::hostid::{Identity, identity, write_id_maps};
+use crate::ingress;
 use crate::mounts::IdmappedRoots;
 use crate::netns;
 use crate::placement::Placement;
@@ -544,6 +545,16 @@ impl Drop for SignalGuard {
     }
 }
 
+/// What a refused `connect(2)` was, by network mode.
+fn connect_denial(network: NetworkMode) -> &'static str {
+    match network {
+        NetworkMode::IngressOnly => {
+            "a TCP connection out of an ingress-only sandbox (it may only be connected to)"
+        }
+        _ => "a TCP connection that bypasses the egress proxy",
+    }
+}
+
 fn io_err(layer: Layer, what: &str) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
     move |e| SetupError::io(layer, what, e)
 }
@@ -605,6 +616,13 @@ fn launch(
     state.enforcement.host_gid = id.host.1;
     state.enforcement.host_identity = id.report.clone();
     let new_netns = spec.network != NetworkMode::Full;
+    // Bound before anything is cloned: a path that exists refuses the run.
+    let listeners = if spec.expose.is_empty() {
+        None
+    } else {
+        Some(ingress::Listeners::bind(&spec.expose)?)
+    };
+    let mut forwarder_note = None;
 
     let pipe = |what| sys::pipe().map_err(io_err(Layer::Launcher, what));
     // A socket rather than a pipe: the go-ahead into the cgroup carries the
@@ -706,6 +724,7 @@ fn launch(
                 .map(|fd| fd.as_raw_fd())
                 .chain(signals.fd.as_ref().map(|fd| fd.as_raw_fd()))
                 .chain(netns_send.as_ref().map(|fd| fd.as_raw_fd()))
+                .chain(listeners.iter().flat_map(ingress::Listeners::raw_fds))
                 // The host's audit log is the launcher's alone.
                 .chain(audit.as_ref().ok().map(AuditLog::raw_fd))
                 // The cgroup directory init was cloned into: of no use inside.
@@ -767,14 +786,37 @@ fn launch(
             stderr_buf,
             egress,
             audit: &mut audit,
+            listeners: listeners.as_ref(),
+            forwarder_note: &mut forwarder_note,
         },
     );
+    drop(listeners);
     if signals.take_pending() {
         state.interrupted = true;
     }
     let mut ns = vec!["user", "mount", "pid", "ipc", "uts", "cgroup"];
+    let ingress_net;
     if spec.network.uses_egress_proxy() {
         ns.push("net (loopback only; the egress proxy listens at 127.0.0.1:3128)");
+    } else if spec.network == NetworkMode::IngressOnly {
+        let ports: Vec<String> = spec
+            .expose
+            .iter()
+            .map(|e| format!("{} at {}", e.port, e.socket.display()))
+            .collect();
+        ingress_net = match (ports.is_empty(), &forwarder_note) {
+            (true, _) => "net (loopback only; ingress-only with no port exposed)".to_owned(),
+            (false, Some(note)) => format!(
+                "net (loopback only; ingress-only: ports reached from the host through unix \
+                 sockets, {}; {note})",
+                ports.join(", ")
+            ),
+            (false, None) => format!(
+                "net (loopback only; ingress-only: ports {} were to be exposed)",
+                ports.join(", ")
+            ),
+        };
+        ns.push(&ingress_net);
     } else if new_netns {
         ns.push("net (loopback only)");
     }
@@ -839,6 +881,10 @@ struct SetupParts<'a, 'e> {
     egress: Option<&'a mut (dyn EgressHook + 'e)>,
     /// The kernel's audit log, or why the evidence layer cannot read it.
     audit: &'a mut Result<AuditLog, String>,
+    /// The host sockets of the exposed ports (`ingress-only`).
+    listeners: Option<&'a ingress::Listeners>,
+    /// How the ingress forwarder is confined, once it runs.
+    forwarder_note: &'a mut Option<String>,
 }
 
 fn setup_and_supervise(
@@ -867,11 +913,14 @@ fn setup_and_supervise(
         stderr_buf,
         egress,
         audit,
+        listeners,
+        forwarder_note,
     } = parts;
     let now = Instant::now();
     let deadline = now
         .checked_add(std::time::Duration::from_millis(spec.limits.timeout_ms))
         .unwrap_or(now + std::time::Duration::from_secs(86_400 * 30));
+    let mut forwarder = None;
     // Failures of the child before it reports are read from the status pipe
     // even when the launcher's own step fails afterwards.
     let outside = (|| {
@@ -889,7 +938,15 @@ fn setup_and_supervise(
         }
         sys::write_all(sync.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
         if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
-            netns::make_for_init(userns, to_init)?;
+            let netns = netns::make_for_init(userns, to_init, listeners.is_some())?;
+            // Before init lets the program go: a forwarder that cannot run
+            // refuses the run.
+            if let (Some(listeners), Some(netns)) = (listeners, netns) {
+                let (started, note) =
+                    ingress::start(listeners, userns, netns, spec.allow_degraded)?;
+                forwarder = Some(started);
+                *forwarder_note = Some(note);
+            }
         }
         let entry = place_in_cgroup(spec, guard.pid, state, &mut cgroup, refused_early)?;
         let token = if cgroup.is_some() { b'C' } else { b'N' };
@@ -925,6 +982,7 @@ fn setup_and_supervise(
         return Err(e);
     }
     let cap = spec.limits.max_output_bytes;
+    let tcp = crate::child::tcp_rules(spec);
     // The sandbox's pid namespace (init's): a Landlock domain a program
     // stacks itself is the run's too.
     let mut tracker = Tracker::new(
@@ -944,14 +1002,25 @@ fn setup_and_supervise(
             notify_receive: Some(notify_receive),
             signals,
             deadline,
+            tcp: tcp.as_ref(),
             audit: audit.as_mut().ok().map(|log| (log, &mut tracker)),
         },
         &mut |denial| match denial {
             Denial::Syscall { name, arch, nr } => events.emit(syscall_denied(name, arch, nr)),
+            Denial::Bind { address } => events.emit(EventData::NetworkDenied(NetworkDenied {
+                address: Some(address),
+                reason: Some(moat_core::DenialReason::NetworkNotAllowed),
+                detail: Some(
+                    "a TCP bind to a port the ingress-only sandbox does not expose".into(),
+                ),
+                layer: Some("seccomp".into()),
+                errno: Some("EACCES".into()),
+                ..NetworkDenied::default()
+            })),
             Denial::Connect { address } => events.emit(EventData::NetworkDenied(NetworkDenied {
                 address: Some(address),
                 reason: Some(moat_core::DenialReason::DirectConnection),
-                detail: Some("a TCP connection that bypasses the egress proxy".into()),
+                detail: Some(connect_denial(spec.network).into()),
                 layer: Some("seccomp".into()),
                 errno: Some("EACCES".into()),
                 ..NetworkDenied::default()
@@ -960,6 +1029,17 @@ fn setup_and_supervise(
         },
     );
     drop(sync);
+    if let Some(forwarder) = forwarder {
+        match forwarder.finish() {
+            Ok(records) => records
+                .into_iter()
+                .for_each(|r| events.emit(EventData::NetworkIngress(r))),
+            Err(e) => events.emit(EventData::NetworkDenied(NetworkDenied {
+                detail: Some(format!("the ingress forwarder's records were lost: {e}")),
+                ..NetworkDenied::default()
+            })),
+        }
+    }
     // Read while init finishes exiting: once it reported the program's end,
     // nothing else of the sandbox runs (see `child::end_the_rest`).
     let stats = cgroup.as_ref().and_then(|c| c.get()).map(|c| c.stats());

@@ -16,6 +16,7 @@ mod evidence;
 pub mod helper;
 pub mod host;
 pub mod hostid;
+mod ingress;
 mod launch;
 mod launch_policy;
 pub mod microvm;
@@ -35,5 +36,5 @@ pub use launch::{
     EGRESS_PORT, EgressHook, RunOutcome, SANDBOX_PATH, hold_interrupts, run, run_with_egress,
 };
 pub use launch_policy::LaunchPolicy;
-pub use spec::{BindMount, SandboxSpec};
+pub use spec::{BindMount, ExposedPort, MAX_EXPOSED_PORTS, MIN_EXPOSED_PORT, SandboxSpec};
 pub use supervise::OutputMode;

@@ -26,12 +26,25 @@ use crate::sys;
 /// Makes the namespace and sends it to init. `userns` is the sandbox's user
 /// namespace (opened before init changed its ids), `to_init` the launcher's
 /// end of the socket init receives it on; it is closed here, so init sees end
-/// of file if no namespace came.
-pub(crate) fn make_for_init(userns: &OwnedFd, to_init: OwnedFd) -> Result<(), SetupError> {
+/// of file if no namespace came. With `keep`, the launcher gets the
+/// namespace too (the `ingress-only` forwarder joins it).
+pub(crate) fn make_for_init(
+    userns: &OwnedFd,
+    to_init: OwnedFd,
+    keep: bool,
+) -> Result<Option<OwnedFd>, SetupError> {
     let (errors, error_write) =
         sys::pipe().map_err(|e| SetupError::io(Layer::Network, "helper pipe", e))?;
+    let (kept, to_launcher) = if keep {
+        let (ours, theirs) = sys::socketpair()
+            .map_err(|e| SetupError::io(Layer::Network, "network namespace socket", e))?;
+        (Some(ours), Some(theirs))
+    } else {
+        (None, None)
+    };
     let (userns, to) = (userns.as_raw_fd(), to_init.as_raw_fd());
-    let pid = sys::vfork_run(&mut || match make_and_send(userns, to) {
+    let also = to_launcher.as_ref().map(|fd| fd.as_raw_fd());
+    let pid = sys::vfork_run(&mut || match make_and_send(userns, to, also) {
         Ok(()) => 0,
         Err(message) => {
             let _ = sys::write_all(error_write.as_raw_fd(), message.as_bytes());
@@ -39,7 +52,7 @@ pub(crate) fn make_for_init(userns: &OwnedFd, to_init: OwnedFd) -> Result<(), Se
         }
     })
     .map_err(|e| SetupError::io(Layer::Network, "starting the namespace helper", e))?;
-    drop((error_write, to_init));
+    drop((error_write, to_init, to_launcher));
     let mut status = 0;
     // SAFETY: reaping our own child (it has exited: vfork_run returned);
     // status is a valid int.
@@ -59,11 +72,17 @@ pub(crate) fn make_for_init(userns: &OwnedFd, to_init: OwnedFd) -> Result<(), Se
             format!("the network namespace helper failed (wait status {status})"),
         ));
     }
-    Ok(())
+    match kept {
+        None => Ok(None),
+        Some(socket) => sys::recv_fd(socket.as_raw_fd())
+            .map_err(|e| SetupError::io(Layer::Network, "receiving the network namespace", e))?
+            .ok_or_else(|| SetupError::new(Layer::Network, "no network namespace came"))
+            .map(Some),
+    }
 }
 
 /// The helper's whole job; a failure is one line for the launcher.
-fn make_and_send(userns: RawFd, to_init: RawFd) -> Result<(), String> {
+fn make_and_send(userns: RawFd, to_init: RawFd, also: Option<RawFd>) -> Result<(), String> {
     let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
     // SAFETY: prctl, setns and unshare with a descriptor we hold and constants;
     // this process has no other thread (a vfork of the single-threaded launcher).
@@ -80,6 +99,10 @@ fn make_and_send(userns: RawFd, to_init: RawFd) -> Result<(), String> {
     }
     let netns = File::open("/proc/thread-self/ns/net")
         .map_err(|e| format!("opening the new network namespace: {e}"))?;
+    if let Some(launcher) = also {
+        sys::send_fd(launcher, netns.as_raw_fd())
+            .map_err(|e| format!("handing the network namespace to the launcher: {e}"))?;
+    }
     sys::send_fd(to_init, netns.as_raw_fd())
         .map_err(|e| format!("handing the network namespace to init: {e}"))
 }

@@ -212,10 +212,12 @@ pub(crate) struct SeccompPrograms {
 
 /// The filter; `proxy_network` adds [`DENY_PROXY`], `watch_connect` shows
 /// every `connect(2)` to the launcher (the proxy modes, but for a jail
-/// whose TCP stays on its own loopback).
+/// whose TCP stays on its own loopback; `ingress-only`), `watch_bind` every
+/// `bind(2)` (`ingress-only`).
 pub(crate) fn compile(
     proxy_network: bool,
     watch_connect: bool,
+    watch_bind: bool,
 ) -> Result<SeccompPrograms, SetupError> {
     let err = |e: seccompiler::BackendError| SetupError::new(Layer::Seccomp, e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
@@ -258,6 +260,12 @@ pub(crate) fn compile(
         // Without user notification Landlock alone decides, unobserved.
         if watch_connect && deny_action == libc::SECCOMP_RET_USER_NOTIF {
             program.push(jump(BPF_JEQ_K, libc::SYS_connect as u32, 0, 1));
+            program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF));
+        }
+        // ingress-only: likewise every bind(2), so that a port it does not
+        // expose is refused on the record, not only by Landlock.
+        if watch_bind && deny_action == libc::SECCOMP_RET_USER_NOTIF {
+            program.push(jump(BPF_JEQ_K, libc::SYS_bind as u32, 0, 1));
             program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF));
         }
         program.extend(dispatch.iter().chain(body.iter()).map(|insn| {
@@ -422,9 +430,33 @@ fn dispatch_tree(nrs: &[u32], always: &BTreeSet<u32>) -> Result<BpfProgram, Setu
 /// Names a syscall the filter refused, for events and the report. The set of
 /// names is closed (the deny list plus three classes), so a program looping
 /// over syscall numbers cannot grow the launcher's records.
-/// A native-ABI `connect(2)` (notified only in the proxy network modes).
-pub(crate) fn is_native_connect(arch: u32, nr: i32) -> bool {
-    arch == AUDIT_ARCH && i64::from(nr) == libc::SYS_connect
+/// The socket calls shown to the launcher in the network modes with TCP
+/// rules, whatever their arguments (see [`compile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SocketCall {
+    Connect,
+    Bind,
+}
+
+impl SocketCall {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SocketCall::Connect => "connect",
+            SocketCall::Bind => "bind",
+        }
+    }
+}
+
+/// A native-ABI `connect(2)` or `bind(2)` (notified only when watched).
+pub(crate) fn watched_socket_call(arch: u32, nr: i32) -> Option<SocketCall> {
+    if arch != AUDIT_ARCH {
+        return None;
+    }
+    match i64::from(nr) {
+        libc::SYS_connect => Some(SocketCall::Connect),
+        libc::SYS_bind => Some(SocketCall::Bind),
+        _ => None,
+    }
 }
 
 pub(crate) fn describe(arch: u32, nr: i32) -> &'static str {
@@ -476,7 +508,7 @@ mod tests {
 
     #[test]
     fn both_programs_compile_and_start_with_the_arch_check() {
-        let programs = compile(false, false).map_err(|e| e.to_string());
+        let programs = compile(false, false, false).map_err(|e| e.to_string());
         let Ok(programs) = programs else {
             panic!("{programs:?}", programs = programs.err());
         };
@@ -562,7 +594,7 @@ mod tests {
 
     #[test]
     fn the_compiled_filter_decides_every_syscall_number_as_the_table_says() {
-        let programs = compile(false, false).ok().unwrap();
+        let programs = compile(false, false, false).ok().unwrap();
         let program = &programs.notify;
         for nr in 0..600i32 {
             let got = run(program, AUDIT_ARCH, nr, [0; 6]);
@@ -590,8 +622,8 @@ mod tests {
 
     #[test]
     fn proxy_modes_refuse_udp_sockets_and_keep_tcp_and_unix() {
-        let p = &compile(true, true).ok().unwrap().notify;
-        let off = &compile(false, false).ok().unwrap().notify;
+        let p = &compile(true, true, false).ok().unwrap().notify;
+        let off = &compile(false, false, false).ok().unwrap().notify;
         let socket = |p: &BpfProgram, family: i32, ty: i32| {
             run(
                 p,
@@ -663,7 +695,7 @@ mod tests {
 
     #[test]
     fn argument_rules_match_what_they_should_and_nothing_else() {
-        let p = &compile(false, false).ok().unwrap().notify;
+        let p = &compile(false, false, false).ok().unwrap().notify;
         let sys = |nr: i64, args: [u64; 6]| run(p, AUDIT_ARCH, nr as i32, args);
         let newuser = libc::CLONE_NEWUSER as u64;
         let sigchld = libc::SIGCHLD as u64;

@@ -82,7 +82,51 @@ pub struct SandboxSpec {
     /// each proxied connection's sockets through a listener of its own on
     /// 127.0.0.1.
     pub tcp_on_loopback: bool,
+    /// In the `ingress-only` network mode: the ports the program may listen
+    /// on, each reached from the host through a unix socket the launcher
+    /// binds at the given path (and removes when the sandbox ends).
+    pub expose: Vec<ExposedPort>,
 }
+
+/// A port of an `ingress-only` sandbox and where the host reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExposedPort {
+    /// The TCP port the program listens on, on the sandbox's loopback (or
+    /// any address: the sandbox has no other interface).
+    pub port: u16,
+    /// Absolute host path of the unix socket the launcher binds for it. It
+    /// must not exist yet; its directory should be the caller's alone.
+    pub socket: PathBuf,
+}
+
+/// Checks the ports a sandbox is to expose: at most [`MAX_EXPOSED_PORTS`],
+/// each once, none below [`MIN_EXPOSED_PORT`].
+pub fn check_ports(ports: &[u16]) -> Result<(), SpecError> {
+    let bad = |m: String| Err(SpecError::BadExpose(m));
+    if ports.len() > MAX_EXPOSED_PORTS {
+        return bad(format!("at most {MAX_EXPOSED_PORTS} exposed ports"));
+    }
+    let mut seen = HashSet::new();
+    for port in ports {
+        if *port < MIN_EXPOSED_PORT {
+            return bad(format!(
+                "port {port}: expose {MIN_EXPOSED_PORT}-65535 (a lower port needs a privilege \
+                 the sandboxed program never has)"
+            ));
+        }
+        if !seen.insert(port) {
+            return bad(format!("port {port} is exposed twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Most ports one sandbox may expose.
+pub const MAX_EXPOSED_PORTS: usize = 16;
+
+/// Lowest port a sandbox may expose: the program never holds the privilege
+/// lower ports need.
+pub const MIN_EXPOSED_PORT: u16 = 1024;
 
 /// The most bytes `stdin_data` may hold (a pipe's default capacity).
 pub const MAX_STDIN_DATA: usize = 64 << 10;
@@ -116,6 +160,7 @@ impl SandboxSpec {
             read_as_owner: None,
             kvm: None,
             tcp_on_loopback: false,
+            expose: Vec::new(),
         }
     }
 
@@ -156,6 +201,7 @@ impl SandboxSpec {
             }
         }
         self.check_limits()?;
+        self.check_expose()?;
         if let Some(cwd) = &self.cwd
             && !cwd.is_absolute()
         {
@@ -221,6 +267,41 @@ impl SandboxSpec {
                     )
                     .map_err(bad)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_expose(&self) -> Result<(), SpecError> {
+        let bad = |m: String| Err(SpecError::BadExpose(m));
+        if self.network != NetworkMode::IngressOnly {
+            if !self.expose.is_empty() {
+                return bad(format!(
+                    "exposed ports need the ingress-only network mode, not {}",
+                    self.network
+                ));
+            }
+            return Ok(());
+        }
+        check_ports(&self.expose.iter().map(|e| e.port).collect::<Vec<_>>())?;
+        for exposed in &self.expose {
+            let socket = &exposed.socket;
+            if !socket.is_absolute() || socket.parent().is_none_or(|p| !p.is_dir()) {
+                return bad(format!(
+                    "{}: the socket for port {} needs an absolute path in an existing directory",
+                    socket.display(),
+                    exposed.port
+                ));
+            }
+            // sun_path holds 108 bytes with its NUL.
+            if socket.as_os_str().len() > 107 {
+                return bad(format!(
+                    "{}: a unix socket path is at most 107 bytes",
+                    socket.display()
+                ));
+            }
+            if socket.symlink_metadata().is_ok() {
+                return bad(format!("{}: already exists", socket.display()));
             }
         }
         Ok(())

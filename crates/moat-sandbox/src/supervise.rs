@@ -3,11 +3,13 @@
 //! wall-clock limit and handles the launcher's own interruption.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use crate::confine::TcpRules;
 use crate::evidence::{AuditLog, Tracker};
-use crate::seccomp;
+use crate::seccomp::{self, SocketCall};
 use crate::sys;
 
 /// Where the program's output goes.
@@ -144,6 +146,9 @@ pub(crate) struct Watched<'a> {
     pub(crate) notify_receive: Option<OwnedFd>,
     pub(crate) signals: Option<OwnedFd>,
     pub(crate) deadline: Instant,
+    /// The TCP ports a program may connect to (on loopback) and bind, in
+    /// the network modes whose `connect(2)` and `bind(2)` are watched.
+    pub(crate) tcp: Option<&'a TcpRules>,
     /// The kernel's audit log, when the evidence layer listens to it.
     pub(crate) audit: Option<(&'a mut AuditLog, &'a mut Tracker)>,
 }
@@ -158,8 +163,11 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 pub(crate) enum Denial<'a> {
     /// A syscall on the deny list (reported once per name).
     Syscall { name: &'a str, arch: u32, nr: i32 },
-    /// A TCP connection that bypasses the egress proxy (reported each time).
+    /// A TCP connection that bypasses the egress proxy, or any in
+    /// `ingress-only` (reported each time, up to a cap).
     Connect { address: String },
+    /// A bind to a port `ingress-only` does not expose.
+    Bind { address: String },
     /// A Landlock refusal the audit log reported (once per access and object).
     Landlock(&'a moat_core::Violation),
 }
@@ -173,6 +181,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
         mut notify_receive,
         signals,
         deadline,
+        tcp,
         mut audit,
     } = w;
     let mut result = Supervision {
@@ -300,7 +309,7 @@ pub(crate) fn supervise(w: Watched<'_>, on_denial: &mut dyn FnMut(Denial<'_>)) -
                 Slot::Listener => {
                     if polled.revents & libc::POLLIN != 0 {
                         if let Some(fd) = &listener {
-                            answer_notification(fd.as_raw_fd(), &mut result.denied, on_denial);
+                            answer_notification(fd.as_raw_fd(), tcp, &mut result.denied, on_denial);
                         }
                     } else {
                         listener = None; // every filtered task is gone
@@ -336,10 +345,15 @@ enum Slot {
     Audit,
 }
 
-/// Takes one pending notification and refuses the syscall. A notified
-/// syscall is never allowed to continue.
+/// Answers one notification: a refused syscall is recorded (once per name)
+/// and refused; a watched `connect(2)` or `bind(2)` (the proxy and
+/// ingress-only network modes) is refused and recorded when its address is
+/// not one `tcp` allows, and otherwise continues to the kernel, where
+/// Landlock's port rules are what enforces. Any other notified syscall is
+/// never allowed to continue.
 pub(crate) fn answer_notification(
     listener: RawFd,
+    tcp: Option<&TcpRules>,
     denied: &mut BTreeMap<&'static str, u64>,
     on_denial: &mut dyn FnMut(Denial<'_>),
 ) {
@@ -355,22 +369,40 @@ pub(crate) fn answer_notification(
         error: -libc::EPERM,
         flags: 0,
     };
-    if seccomp::is_native_connect(notif.data.arch, notif.data.nr) {
-        match connect_target(listener, &notif) {
+    let watched = seccomp::watched_socket_call(notif.data.arch, notif.data.nr);
+    if let Some(call) = watched {
+        let allowed = |address: &SocketAddr| {
+            tcp.is_some_and(|tcp| match call {
+                SocketCall::Connect => {
+                    address.ip().is_loopback() && tcp.connect.contains(&address.port())
+                }
+                SocketCall::Bind => tcp.bind.contains(&address.port()),
+            })
+        };
+        let refused = match socket_address(listener, &notif) {
             // Continuing is safe whatever the memory says by now: Landlock's
-            // port rule still applies to the real call.
-            Target::Proxy | Target::Other => {
+            // port rules still apply to the real call.
+            Target::Other => None,
+            Target::Inet(address) if allowed(&address) => None,
+            Target::Inet(address) => Some(address.to_string()),
+            Target::Unreadable(what) => Some(what.into()),
+        };
+        match refused {
+            None => {
                 response.error = 0;
                 response.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
             }
-            Target::Inet(address) => {
+            Some(address) => {
                 response.error = -libc::EACCES;
                 // Each of the first few is recorded with its address; past
                 // that they are only counted (a loop must not flood the record).
-                let count = denied.entry("connect").or_insert(0);
+                let count = denied.entry(call.name()).or_insert(0);
                 *count += 1;
-                if *count <= MAX_CONNECT_EVENTS {
-                    on_denial(Denial::Connect { address });
+                if *count <= MAX_SOCKET_EVENTS {
+                    on_denial(match call {
+                        SocketCall::Connect => Denial::Connect { address },
+                        SocketCall::Bind => Denial::Bind { address },
+                    });
                 }
             }
         }
@@ -391,23 +423,23 @@ pub(crate) fn answer_notification(
 }
 
 const SECCOMP_USER_NOTIF_FLAG_CONTINUE: u32 = 1;
-/// Refused connections recorded one by one; the rest are counted in the
-/// report's `deniedSyscalls` as `connect`.
-const MAX_CONNECT_EVENTS: u64 = 64;
+/// Refused connections and binds recorded one by one; the rest are counted
+/// in the report's `deniedSyscalls` as `connect` or `bind`.
+const MAX_SOCKET_EVENTS: u64 = 64;
 
 enum Target {
-    /// The egress proxy's port on loopback.
-    Proxy,
-    /// Not an internet address (unix sockets, `AF_UNSPEC` disconnects) or
-    /// unreadable: left to the kernel and Landlock.
+    /// Not an internet address (unix sockets, `AF_UNSPEC` disconnects):
+    /// left to the kernel and Landlock.
     Other,
-    /// Anywhere else: refused.
-    Inet(String),
+    /// Unreadable or truncated: refused rather than left to the other
+    /// layers unseen.
+    Unreadable(&'static str),
+    Inet(SocketAddr),
 }
 
-/// The address a notified `connect(fd, addr, len)` asks for, read from the
-/// caller's memory.
-fn connect_target(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
+/// The address a notified `connect(fd, addr, len)` or `bind(fd, addr, len)`
+/// names, read from the caller's memory.
+fn socket_address(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
     let mut raw = [0u8; 28]; // sockaddr_in6, the largest internet address
     let len = (notif.data.args[2] as usize).min(raw.len());
     let local = libc::iovec {
@@ -428,8 +460,7 @@ fn connect_target(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
         return Target::Other; // the caller is gone; the answer goes nowhere
     }
     if n < 2 {
-        // Unreadable: refused rather than left to the other layers unseen.
-        return Target::Inet("(unreadable address)".into());
+        return Target::Unreadable("(unreadable address)");
     }
     let family = i32::from(u16::from_ne_bytes([raw[0], raw[1]]));
     let port = u16::from_be_bytes([raw[2], raw[3]]);
@@ -441,14 +472,10 @@ fn connect_target(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
             let v6 = std::net::Ipv6Addr::from(octets);
             v6.to_ipv4_mapped().map_or(v6.into(), Into::into)
         }
-        libc::AF_INET | libc::AF_INET6 => return Target::Inet("(truncated address)".into()),
+        libc::AF_INET | libc::AF_INET6 => return Target::Unreadable("(truncated address)"),
         _ => return Target::Other,
     };
-    if ip.is_loopback() && port == crate::launch::EGRESS_PORT {
-        Target::Proxy
-    } else {
-        Target::Inet(std::net::SocketAddr::new(ip, port).to_string())
-    }
+    Target::Inet(SocketAddr::new(ip, port))
 }
 
 fn read_signal(fd: RawFd) -> i32 {

@@ -38,9 +38,11 @@ fn host_path(workspace: &Path, inside: &str) -> PathBuf {
     }
 }
 
+/// How much of the outside a mode reaches: `ingress-only` reaches nothing
+/// (it is only reached).
 fn network_rank(mode: NetworkMode) -> u8 {
     match mode {
-        NetworkMode::Off => 0,
+        NetworkMode::Off | NetworkMode::IngressOnly => 0,
         NetworkMode::ProxyOnly => 1,
         NetworkMode::Allowlist => 2,
         NetworkMode::Full => 3,
@@ -214,6 +216,13 @@ fn checked(
         .network
         .or(envelope.network)
         .unwrap_or(NetworkMode::Off);
+    if network == NetworkMode::IngressOnly {
+        return Err(refuse(
+            DenialReason::NetworkNotAllowed,
+            "network ingress-only: an operation's program cannot be reached from outside the \
+             shell yet; `moat exec --network ingress-only --expose PORT` can",
+        ));
+    }
     if network_rank(network) > network_rank(manifest.network_policy.mode) {
         return Err(refuse(
             DenialReason::NetworkNotAllowed,

@@ -154,3 +154,37 @@ impl NetworkRequest {
         }
     }
 }
+
+/// One connection from outside to a port an `ingress-only` sandbox exposes
+/// (through `moat exec --expose`'s socket). What is recorded comes from the
+/// first bytes each way, read as HTTP when they are: the first request's
+/// method and path (without the query) and the answer's status. Never
+/// bodies, queries or headers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkIngress {
+    /// The sandbox's port.
+    pub port: u16,
+    /// The first request's method, when the connection spoke HTTP/1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The first request's path, without the query (clipped to 256 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The first answer's HTTP status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Bytes from the runtime's side to the program.
+    pub bytes_in: u64,
+    /// Bytes from the program back.
+    pub bytes_out: u64,
+    pub duration_ms: u64,
+    /// Why the connection did not reach the program (nothing listened on
+    /// the port) or was cut, when it did not or was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// On the last record of a sandbox that had more connections than it
+    /// records: how many more there were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unrecorded: Option<u64>,
+}

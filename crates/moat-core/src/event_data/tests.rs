@@ -292,6 +292,12 @@ fn samples(t: EventType) -> Vec<Value> {
             vec![json!({"runnerId": "runner_1", "attempt": 1, "maxAttempts": 3})]
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
+        EventType::NetworkIngress => vec![
+            json!({"port": 8000, "method": "GET", "path": "/index.html", "status": 200,
+                "bytesIn": 80, "bytesOut": 512, "durationMs": 3}),
+            json!({"port": 8000, "bytesIn": 0, "bytesOut": 0, "durationMs": 0,
+                "detail": "nothing listens on port 8000"}),
+        ],
         EventType::RunPlacementDenied => vec![
             json!({"runnerId": "runner_1", "reason": "placement_waiting: no co-tenancy"}),
             json!({"runnerId": "runner_1", "hostId": "host-a",

@@ -492,7 +492,8 @@ fn run_program(
             (m.uid(), m.gid())
         })
         .unwrap_or((65534, 65534));
-    let programs = crate::seccomp::compile(config.proxy, false).map_err(|e| e.to_string())?;
+    let programs =
+        crate::seccomp::compile(config.proxy, false, false).map_err(|e| e.to_string())?;
     // Refusals go to the init through user notification, so that each is
     // observed and reported, as in the namespace class; the child hands
     // the listener over before it execs.
@@ -685,16 +686,24 @@ fn answer_refusals(
         return true;
     }
     if poll.revents & libc::POLLIN != 0 {
-        crate::supervise::answer_notification(listener.as_raw_fd(), counts, &mut |d| {
-            if let crate::supervise::Denial::Syscall { name, arch, nr } = d {
-                denied.push(GuestDenial {
-                    syscall: name.to_owned(),
-                    arch,
-                    nr,
-                    count: 1,
-                });
-            }
-        });
+        crate::supervise::answer_notification(
+            listener.as_raw_fd(),
+            Some(&crate::confine::TcpRules {
+                connect: vec![crate::launch::EGRESS_PORT],
+                bind: Vec::new(),
+            }),
+            counts,
+            &mut |d| {
+                if let crate::supervise::Denial::Syscall { name, arch, nr } = d {
+                    denied.push(GuestDenial {
+                        syscall: name.to_owned(),
+                        arch,
+                        nr,
+                        count: 1,
+                    });
+                }
+            },
+        );
         return true;
     }
     poll.revents & (libc::POLLHUP | libc::POLLERR) == 0

@@ -138,6 +138,12 @@ fn check_supported(spec: &SandboxSpec) -> Result<(), SpecError> {
     if spec.network == moat_core::NetworkMode::Full {
         return refuse("--network full (the guest reaches nothing but the egress proxy)");
     }
+    if spec.network == moat_core::NetworkMode::IngressOnly {
+        return refuse(
+            "--network ingress-only (exposed ports are reached through the namespace \
+             sandbox's network namespace; a guest has its own kernel's)",
+        );
+    }
     if spec.limits.max_write_bytes.is_some() {
         return refuse("a storage budget (max-write) yet");
     }

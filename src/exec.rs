@@ -538,15 +538,21 @@ impl ExposeDir {
             Some(dir) => {
                 let dir = std::path::absolute(dir)
                     .with_context(|| format!("--expose-dir {}", dir.display()))?;
-                if !dir.is_dir() {
-                    bail!("--expose-dir {}: not a directory", dir.display());
+                if !moat_sandbox::spec::is_private_dir(&dir) {
+                    bail!(
+                        "--expose-dir {}: must be a directory (not a link) owned by moat's user \
+                         and writable by nobody else",
+                        dir.display()
+                    );
                 }
                 (dir, ExposeDir(None))
             }
             None => {
+                // $XDG_RUNTIME_DIR only when it is really ours (an inherited
+                // one, under `su` or `sudo -E`, may belong to someone else).
                 let base = std::env::var_os("XDG_RUNTIME_DIR")
                     .map(PathBuf::from)
-                    .filter(|dir| dir.is_absolute() && dir.is_dir())
+                    .filter(|dir| dir.is_absolute() && moat_sandbox::spec::is_private_dir(dir))
                     .unwrap_or_else(|| PathBuf::from("/tmp"));
                 let dir = base.join(format!("moat-{}", spec.run_id));
                 std::fs::DirBuilder::new()

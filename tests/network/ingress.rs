@@ -99,6 +99,19 @@ impl Serving {
             )),
             "{printed}"
         );
+        // The socket is moat's user's alone from its first moment (moat
+        // prints its path as the launcher starts, which then binds it).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mode = std::fs::symlink_metadata(&socket)
+            .expect("socket")
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
         if expose_dir {
             assert_eq!(socket, sockets.join(format!("{port}.sock")), "{printed}");
         } else {
@@ -287,7 +300,14 @@ attempt("proxy", lambda: socket.create_connection(("127.0.0.1", 3128), 3))
 attempt("dns", lambda: socket.getaddrinfo("example.com", 80))
 attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
 attempt("bind-other", lambda: socket.socket().bind(("127.0.0.1", 9000)))
-attempt("bind-exposed", lambda: socket.socket().bind(("0.0.0.0", {exposed})))
+attempt("bind-any", lambda: socket.socket().bind(("127.0.0.1", 0)))
+server = socket.socket(socket.AF_INET6)
+attempt("bind-exposed", lambda: server.bind(("::", {exposed})))
+server.listen()
+# Its own port, by every loopback name: not even that.
+attempt("self-v4", lambda: socket.create_connection(("127.0.0.1", {exposed}), 3))
+attempt("self-v6", lambda: socket.create_connection(("::1", {exposed}), 3))
+attempt("self-mapped", lambda: socket.create_connection(("::ffff:127.0.0.1", {exposed}), 3))
 "#
     );
     let expose = exposed.to_string();
@@ -303,7 +323,11 @@ attempt("bind-exposed", lambda: socket.socket().bind(("0.0.0.0", {exposed})))
         "dns FAILED",
         "udp FAILED EPERM",
         "bind-other FAILED EACCES",
+        "bind-any FAILED EACCES",
         "bind-exposed OK",
+        "self-v4 FAILED EACCES",
+        "self-v6 FAILED EACCES",
+        "self-mapped FAILED EACCES",
     ] {
         assert!(run.stdout.contains(line), "{line}{}", dump(&run));
     }
@@ -316,6 +340,8 @@ attempt("bind-exposed", lambda: socket.socket().bind(("0.0.0.0", {exposed})))
         format!("127.0.0.1:{host_port}"),
         "192.0.2.1:80".into(),
         "127.0.0.1:3128".into(),
+        format!("127.0.0.1:{exposed}"),
+        format!("[::1]:{exposed}"),
     ] {
         assert!(
             refused.contains(&address.as_str()),
@@ -342,6 +368,93 @@ attempt("bind-exposed", lambda: socket.socket().bind(("0.0.0.0", {exposed})))
         )),
         "{landlock}"
     );
+}
+
+#[test]
+fn a_connection_to_a_port_nothing_listens_on_is_recorded_as_such() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port().to_string();
+    let sockets = dir.path().display().to_string();
+    let socket = dir.path().join(format!("{port}.sock"));
+    // The program listens on nothing; a client tries meanwhile.
+    let client = {
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !socket.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Command::new("curl")
+                .args(["--silent", "--max-time", "5", "--unix-socket"])
+                .arg(&socket)
+                .arg("http://localhost/")
+                .output()
+                .expect("curl")
+        })
+    };
+    let run = exec(
+        &[
+            "--network",
+            "ingress-only",
+            "--expose",
+            &port,
+            "--expose-dir",
+            &sockets,
+        ],
+        &["/bin/sleep", "2"],
+    );
+    let answer = client.join().expect("client");
+    assert_eq!(run.code, 0, "{}", dump(&run));
+    assert!(!answer.status.success(), "{answer:?}");
+    let ingress = ingress_events(&run.events);
+    assert_eq!(ingress.len(), 1, "{}", dump(&run));
+    let detail = ingress[0]["data"]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(&format!("nothing listens on port {port}")),
+        "{detail}"
+    );
+    assert!(!socket.exists());
+}
+
+#[test]
+fn the_sockets_directory_must_be_private_and_out_of_the_sandboxs_sight() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ws = dir.path().join("ws");
+    let inside = ws.join("ports");
+    let open = dir.path().join("open");
+    for path in [&ws, &inside, &open] {
+        std::fs::create_dir(path).expect("dir");
+    }
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&inside, &link).expect("symlink");
+    let workspace = ws.display().to_string();
+    let cases = [
+        (inside.display().to_string(), "which the sandbox sees"),
+        (open.display().to_string(), "writable by nobody else"),
+        (link.display().to_string(), "not a link"),
+    ];
+    for (expose_dir, message) in &cases {
+        let run = exec(
+            &[
+                "--network",
+                "ingress-only",
+                "--expose",
+                "8000",
+                "--expose-dir",
+                expose_dir,
+                "--workspace",
+                &workspace,
+            ],
+            &["/bin/true"],
+        );
+        assert_ne!(run.code, 0, "{expose_dir}{}", dump(&run));
+        assert!(run.stderr.contains(message), "{expose_dir}{}", dump(&run));
+        for path in [&inside, &open] {
+            assert_eq!(std::fs::read_dir(path).map(|d| d.count()).unwrap_or(1), 0);
+        }
+    }
 }
 
 #[test]

@@ -111,6 +111,26 @@ pub(crate) fn drop_privileges() -> Result<(), SetupError> {
     Ok(())
 }
 
+/// Whether this process holds no capability at all (effective, permitted,
+/// inheritable): what a helper checks after giving up its ids.
+pub(crate) fn holds_no_capability() -> bool {
+    let header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: header and data are the v3 layouts capget expects (two data words).
+    let ret = unsafe { libc::syscall(libc::SYS_capget, &header, data.as_mut_ptr()) };
+    ret == 0
+        && data
+            .iter()
+            .all(|d| d.effective == 0 && d.permitted == 0 && d.inheritable == 0)
+}
+
 /// The Landlock rules of one run, as paths inside the sandbox.
 pub(crate) struct LandlockPlan {
     /// Trees where everything is allowed (writable roots, `/tmp`).

@@ -103,7 +103,13 @@ pub fn spawn_helper(keep: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helper
                             null >= 0 && libc::dup2(null, 0) >= 0 && libc::dup2(null, 1) >= 0
                         }
                 };
-            let code = if ok { body() } else { 125 };
+            // A panic must not unwind into the frames copied from the
+            // caller (their destructors are the caller's to run).
+            let code = if ok {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(101)
+            } else {
+                125
+            };
             // SAFETY: _exit skips the destructors and atexit handlers, which
             // belong to the process we were copied from.
             unsafe { libc::_exit(code) }

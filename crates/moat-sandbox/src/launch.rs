@@ -617,7 +617,7 @@ fn launch(
     state.enforcement.host_identity = id.report.clone();
     let new_netns = spec.network != NetworkMode::Full;
     // Bound before anything is cloned: a path that exists refuses the run.
-    let listeners = if spec.expose.is_empty() {
+    let mut listeners = if spec.expose.is_empty() {
         None
     } else {
         Some(ingress::Listeners::bind(&spec.expose)?)
@@ -786,7 +786,7 @@ fn launch(
             stderr_buf,
             egress,
             audit: &mut audit,
-            listeners: listeners.as_ref(),
+            listeners: listeners.as_mut(),
             forwarder_note: &mut forwarder_note,
         },
     );
@@ -824,7 +824,16 @@ fn launch(
     if !new_netns {
         ns_detail.push_str("; the host network namespace is shared (--network full)");
     }
-    state.enforcement.namespaces = LayerReport::enforced(ns_detail);
+    // A forwarder confined less than fully (allowed by --allow-degraded)
+    // is a degraded layer, not a footnote.
+    let forwarder_degraded = forwarder_note
+        .as_deref()
+        .is_some_and(|note| !note.ends_with("fully enforced"));
+    state.enforcement.namespaces = if forwarder_degraded {
+        LayerReport::degraded(ns_detail)
+    } else {
+        LayerReport::enforced(ns_detail)
+    };
     let mut fs = format!(
         "{} root on a read-only tmpfs, pivot_root, old root detached; fresh /proc; /dev with \
          null zero full random urandom; /tmp tmpfs {}",
@@ -882,7 +891,7 @@ struct SetupParts<'a, 'e> {
     /// The kernel's audit log, or why the evidence layer cannot read it.
     audit: &'a mut Result<AuditLog, String>,
     /// The host sockets of the exposed ports (`ingress-only`).
-    listeners: Option<&'a ingress::Listeners>,
+    listeners: Option<&'a mut ingress::Listeners>,
     /// How the ingress forwarder is confined, once it runs.
     forwarder_note: &'a mut Option<String>,
 }
@@ -942,8 +951,13 @@ fn setup_and_supervise(
             // Before init lets the program go: a forwarder that cannot run
             // refuses the run.
             if let (Some(listeners), Some(netns)) = (listeners, netns) {
+                let ids = ingress::ForwarderIds {
+                    uid: id.inside.0,
+                    gid: id.inside.1,
+                    clear_groups: id.launched_by_root,
+                };
                 let (started, note) =
-                    ingress::start(listeners, userns, netns, spec.allow_degraded)?;
+                    ingress::start(listeners, userns, netns, ids, spec.allow_degraded)?;
                 forwarder = Some(started);
                 *forwarder_note = Some(note);
             }
@@ -1030,14 +1044,15 @@ fn setup_and_supervise(
     );
     drop(sync);
     if let Some(forwarder) = forwarder {
-        match forwarder.finish() {
-            Ok(records) => records
-                .into_iter()
-                .for_each(|r| events.emit(EventData::NetworkIngress(r))),
-            Err(e) => events.emit(EventData::NetworkDenied(NetworkDenied {
+        let (records, problem) = forwarder.finish();
+        for record in records {
+            events.emit(EventData::NetworkIngress(record));
+        }
+        if let Some(e) = problem {
+            events.emit(EventData::NetworkDenied(NetworkDenied {
                 detail: Some(format!("the ingress forwarder's records were lost: {e}")),
                 ..NetworkDenied::default()
-            })),
+            }));
         }
     }
     // Read while init finishes exiting: once it reported the program's end,

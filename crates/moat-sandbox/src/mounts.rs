@@ -236,6 +236,15 @@ const MASKED_HOST_PATHS: &[&str] = &[
 /// kernel interfaces, and what the sandbox builds itself.
 const HOST_SKIPPED: &[&str] = &["proc", "dev", "tmp", "sys", "run", "root", "lost+found"];
 
+/// Whether the `host-ro` view leaves `path` (absolute, canonical) out.
+pub(crate) fn hidden_in_host_view(path: &Path) -> bool {
+    let mut parts = path.components().skip(1);
+    parts
+        .next()
+        .and_then(|c| c.as_os_str().to_str())
+        .is_some_and(|top| HOST_SKIPPED.contains(&top))
+}
+
 const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 /// The `/etc` a program needs without a network (the network modes add
 /// resolver and TLS files). `passwd`, `group` and `hosts` are written fresh.

@@ -121,6 +121,17 @@ pub fn check_ports(ports: &[u16]) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// Whether `dir` is a directory (not a link) owned by this process's
+/// effective user that nobody else may write to: where a socket only that
+/// user reaches may be made.
+pub fn is_private_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: plain id query.
+    let euid = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|meta| meta.is_dir() && meta.uid() == euid && meta.mode() & 0o022 == 0)
+}
+
 /// Most ports one sandbox may expose.
 pub const MAX_EXPOSED_PORTS: usize = 16;
 
@@ -201,7 +212,6 @@ impl SandboxSpec {
             }
         }
         self.check_limits()?;
-        self.check_expose()?;
         if let Some(cwd) = &self.cwd
             && !cwd.is_absolute()
         {
@@ -215,6 +225,7 @@ impl SandboxSpec {
                 return Err(SpecError::DuplicateMount(mount.inside.clone()));
             }
         }
+        self.check_expose()?;
         // Parents before children, so a nested root lands on top of its parent.
         self.mounts.sort_by_key(|m| m.inside.components().count());
         self.make_nested_mount_points()
@@ -302,6 +313,33 @@ impl SandboxSpec {
             }
             if socket.symlink_metadata().is_ok() {
                 return bad(format!("{}: already exists", socket.display()));
+            }
+            // The socket's directory: the launcher's alone, and out of the
+            // sandbox's sight (a program that could reach its own socket
+            // would reach its own port, and forge the ingress record).
+            let parent = socket.parent().unwrap_or(Path::new("/"));
+            if !is_private_dir(parent) {
+                return bad(format!(
+                    "{}: the sockets' directory must be a directory (not a link) owned by \
+                     moat's user, writable by nobody else",
+                    parent.display()
+                ));
+            }
+            let parent = std::fs::canonicalize(parent)
+                .map_err(|e| SpecError::BadExpose(format!("{}: {e}", parent.display())))?;
+            if let Some(root) = self.mounts.iter().find(|m| parent.starts_with(&m.host)) {
+                return bad(format!(
+                    "{}: the sockets' directory is inside {}, which the sandbox sees",
+                    parent.display(),
+                    root.host.display()
+                ));
+            }
+            if self.root_view == RootView::HostRo && !crate::mounts::hidden_in_host_view(&parent) {
+                return bad(format!(
+                    "{}: the host-ro view shows it to the sandbox; put the sockets under /tmp \
+                     or /run",
+                    parent.display()
+                ));
             }
         }
         Ok(())

@@ -379,7 +379,7 @@ pub(crate) fn answer_notification(
                 SocketCall::Bind => tcp.bind.contains(&address.port()),
             })
         };
-        let refused = match socket_address(listener, &notif) {
+        let refused = match socket_address(listener, &notif, call) {
             // Continuing is safe whatever the memory says by now: Landlock's
             // port rules still apply to the real call.
             Target::Other => None,
@@ -438,8 +438,9 @@ enum Target {
 }
 
 /// The address a notified `connect(fd, addr, len)` or `bind(fd, addr, len)`
-/// names, read from the caller's memory.
-fn socket_address(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
+/// names, read from the caller's memory. (`bind` with `AF_UNSPEC` on an
+/// IPv4 socket binds like `AF_INET`: it is read as one.)
+fn socket_address(listener: RawFd, notif: &libc::seccomp_notif, call: SocketCall) -> Target {
     let mut raw = [0u8; 28]; // sockaddr_in6, the largest internet address
     let len = (notif.data.args[2] as usize).min(raw.len());
     let local = libc::iovec {
@@ -464,15 +465,18 @@ fn socket_address(listener: RawFd, notif: &libc::seccomp_notif) -> Target {
     }
     let family = i32::from(u16::from_ne_bytes([raw[0], raw[1]]));
     let port = u16::from_be_bytes([raw[2], raw[3]]);
+    let inet = family == libc::AF_INET || (family == libc::AF_UNSPEC && call == SocketCall::Bind);
     let ip: std::net::IpAddr = match family {
-        libc::AF_INET if n >= 8 => std::net::Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]).into(),
+        _ if inet && n >= 8 => std::net::Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]).into(),
         libc::AF_INET6 if n >= 24 => {
             let mut octets = [0u8; 16];
             octets.copy_from_slice(&raw[8..24]);
             let v6 = std::net::Ipv6Addr::from(octets);
             v6.to_ipv4_mapped().map_or(v6.into(), Into::into)
         }
-        libc::AF_INET | libc::AF_INET6 => return Target::Unreadable("(truncated address)"),
+        _ if inet || family == libc::AF_INET6 => {
+            return Target::Unreadable("(truncated address)");
+        }
         _ => return Target::Other,
     };
     Target::Inet(SocketAddr::new(ip, port))

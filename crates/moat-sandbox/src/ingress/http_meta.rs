@@ -57,7 +57,14 @@ pub(super) fn request_line(line: &[u8]) -> Option<(String, String)> {
     if !method_ok {
         return None;
     }
-    let target = match target.find("://") {
+    // Absolute form (`http://host/path`) only when it does not start with
+    // `/`: a `://` in an origin-form target's query is not a scheme.
+    let absolute = if target.starts_with('/') {
+        None
+    } else {
+        target.find("://")
+    };
+    let target = match absolute {
         // `http://host/path`: the path (or `/`).
         Some(scheme_end) => {
             let rest = &target[scheme_end + 3..];
@@ -103,6 +110,10 @@ mod tests {
             (b"GET /x#frag HTTP/1.0", Some(("GET", "/x"))),
             (b"GET http://h:1/p/q?s HTTP/1.1", Some(("GET", "/p/q"))),
             (b"GET http://h HTTP/1.1", Some(("GET", "/"))),
+            (
+                b"GET /login?next=https://h/reset/TOKEN HTTP/1.1",
+                Some(("GET", "/login")),
+            ),
             (b"OPTIONS * HTTP/1.1", Some(("OPTIONS", "*"))),
             (b"get / HTTP/1.1", None),
             (b"GET / SSH-2.0", None),

@@ -9,9 +9,11 @@
 //! at all; TCP connect only to the exposed ports, no bind) and then relays
 //! each connection accepted on a socket to the program's port on the
 //! sandbox's loopback. The forwarder stays in the host's mount and pid
-//! namespaces, as the launcher's host uid: the program, as another uid in
-//! its own pid namespace, can neither see nor signal it, and reaches it only
-//! through the connections the runtime opens.
+//! namespaces, but as the program's own ids in the sandbox's user namespace
+//! (the run's host uid when root launched it), without supplementary groups
+//! or stderr: the program, in its own pid namespace with signals scoped,
+//! can neither see nor signal it, and reaches it only through the
+//! connections the runtime opens.
 //!
 //! One `network.ingress` event per connection (see [`relay`]) comes back to
 //! the launcher when the sandbox has ended.
@@ -21,7 +23,7 @@ mod relay;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
@@ -46,44 +48,64 @@ pub(crate) struct Listeners {
 struct Bound {
     port: u16,
     path: PathBuf,
-    listener: UnixListener,
+    /// The launcher's copy, until the forwarder holds it (then closed, so
+    /// that a forwarder gone early means refused connections, not hung ones).
+    listener: Option<UnixListener>,
     ino: u64,
 }
 
 impl Listeners {
     /// Binds each exposed port's socket, readable and writable by the
-    /// launcher's user only.
+    /// launcher's user only: made under a umask that leaves it mode 0600
+    /// from its first moment (the launcher is single-threaded here, so the
+    /// umask changes nobody else's files), never chmod'ed by path.
     pub(crate) fn bind(expose: &[ExposedPort]) -> Result<Listeners, SetupError> {
         let mut listeners = Listeners { bound: Vec::new() };
-        for exposed in expose {
-            let fail = |what: &str, e: std::io::Error| {
-                SetupError::io(
-                    Layer::Network,
-                    format!(
-                        "{what} {} (port {})",
-                        exposed.socket.display(),
-                        exposed.port
-                    ),
-                    e,
-                )
-            };
-            let listener = UnixListener::bind(&exposed.socket).map_err(|e| fail("binding", e))?;
-            let meta =
-                std::fs::symlink_metadata(&exposed.socket).map_err(|e| fail("reading", e))?;
-            listeners.bound.push(Bound {
-                port: exposed.port,
-                path: exposed.socket.clone(),
-                listener,
-                ino: meta.ino(),
-            });
-            std::fs::set_permissions(&exposed.socket, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| fail("restricting", e))?;
-        }
-        Ok(listeners)
+        // SAFETY: umask only sets a mask of this (single-threaded) process.
+        let previous = unsafe { libc::umask(0o177) };
+        let bound = (|| {
+            for exposed in expose {
+                let fail = |what: &str, e: std::io::Error| {
+                    SetupError::io(
+                        Layer::Network,
+                        format!(
+                            "{what} {} (port {})",
+                            exposed.socket.display(),
+                            exposed.port
+                        ),
+                        e,
+                    )
+                };
+                let listener =
+                    UnixListener::bind(&exposed.socket).map_err(|e| fail("binding", e))?;
+                let meta =
+                    std::fs::symlink_metadata(&exposed.socket).map_err(|e| fail("reading", e))?;
+                listeners.bound.push(Bound {
+                    port: exposed.port,
+                    path: exposed.socket.clone(),
+                    listener: Some(listener),
+                    ino: meta.ino(),
+                });
+            }
+            Ok(())
+        })();
+        // SAFETY: as above, putting the caller's mask back.
+        unsafe { libc::umask(previous) };
+        bound.map(|()| listeners)
     }
 
     pub(crate) fn raw_fds(&self) -> Vec<i32> {
-        self.bound.iter().map(|b| b.listener.as_raw_fd()).collect()
+        self.bound
+            .iter()
+            .filter_map(|b| b.listener.as_ref().map(|l| l.as_raw_fd()))
+            .collect()
+    }
+
+    /// The forwarder holds the listeners now.
+    fn handed_over(&mut self) {
+        for bound in &mut self.bound {
+            bound.listener = None;
+        }
     }
 }
 
@@ -114,10 +136,21 @@ const FAILED: &str = "failed ";
 /// Forks the forwarder into the sandbox's network namespace. Returns once it
 /// is confined and serving, with the description of its confinement. The
 /// caller must be single-threaded.
+/// Who the forwarder becomes in the sandbox's user namespace: the
+/// program's own ids there (the run's host uid when root launched it), not
+/// the launcher's; with `clear_groups`, no supplementary group either.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForwarderIds {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) clear_groups: bool,
+}
+
 pub(crate) fn start(
-    listeners: &Listeners,
+    listeners: &mut Listeners,
     userns: &OwnedFd,
     netns: OwnedFd,
+    ids: ForwarderIds,
     allow_degraded: bool,
 ) -> Result<(Forwarder, String), SetupError> {
     let (ours, theirs) =
@@ -125,7 +158,7 @@ pub(crate) fn start(
     let ports: Vec<(u16, i32)> = listeners
         .bound
         .iter()
-        .map(|b| (b.port, b.listener.as_raw_fd()))
+        .filter_map(|b| b.listener.as_ref().map(|l| (b.port, l.as_raw_fd())))
         .collect();
     let mut keep = listeners.raw_fds();
     keep.extend([theirs.as_raw_fd(), userns.as_raw_fd(), netns.as_raw_fd()]);
@@ -136,10 +169,12 @@ pub(crate) fn start(
             userns: userns_fd,
             netns: netns_fd,
             ports,
+            ids,
             allow_degraded,
         })
     })?;
     drop(netns);
+    listeners.handed_over();
     let mut first = String::new();
     let read = BufReader::new(&ours).read_line(&mut first);
     let first = first.trim_end();
@@ -165,28 +200,36 @@ pub(crate) fn start(
 
 impl Forwarder {
     /// Stops the forwarder (the sandbox has ended) and returns the
-    /// connections it relayed, at most [`MAX_EVENTS`].
-    pub(crate) fn finish(self) -> Result<Vec<NetworkIngress>, String> {
+    /// connections it relayed, at most [`MAX_EVENTS`], and what went wrong
+    /// with the rest, if anything did.
+    pub(crate) fn finish(self) -> (Vec<NetworkIngress>, Option<String>) {
         // End of file on its side is the signal to stop.
         let _ = self.control.shutdown(std::net::Shutdown::Write);
         let mut events = Vec::new();
+        let mut problem = None;
         // Its records are at most MAX_EVENTS lines of a few hundred bytes.
         let bounded = std::io::Read::take(&self.control, (MAX_EVENTS as u64) * 1024);
-        let reader = BufReader::new(bounded);
-        for line in reader.lines() {
-            let line = line.map_err(|e| format!("reading the forwarder's records: {e}"))?;
-            if events.len() >= MAX_EVENTS {
-                break;
+        for line in BufReader::new(bounded).lines() {
+            let parsed = line
+                .map_err(|e| format!("reading the forwarder's records: {e}"))
+                .and_then(|line| {
+                    serde_json::from_str::<NetworkIngress>(&line)
+                        .map_err(|e| format!("a record of the forwarder does not parse: {e}"))
+                });
+            match parsed {
+                Ok(event) if events.len() < MAX_EVENTS => events.push(event),
+                Ok(_) => break,
+                Err(e) => {
+                    problem = Some(e);
+                    break;
+                }
             }
-            let event: NetworkIngress = serde_json::from_str(&line)
-                .map_err(|e| format!("a record of the forwarder does not parse: {e}"))?;
-            events.push(event);
         }
         let code = self.helper.wait();
-        if code != 0 {
-            return Err(format!("the ingress forwarder exited with {code}"));
+        if code != 0 && problem.is_none() {
+            problem = Some(format!("the ingress forwarder exited with {code}"));
         }
-        Ok(events)
+        (events, problem)
     }
 }
 

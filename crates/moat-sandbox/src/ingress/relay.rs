@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use moat_core::event_data::NetworkIngress;
 
 use super::http_meta::{self, FirstLine};
-use super::{FAILED, MAX_EVENTS, READY, tell};
+use super::{FAILED, ForwarderIds, MAX_EVENTS, READY, tell};
 
 /// Connections relayed at once; more are closed at once (and recorded).
 const MAX_ACTIVE: usize = 128;
@@ -34,6 +34,7 @@ pub(in crate::ingress) struct ForwarderPlan {
     pub(in crate::ingress) netns: RawFd,
     /// Each exposed port with its (inherited) host listener.
     pub(in crate::ingress) ports: Vec<(u16, RawFd)>,
+    pub(in crate::ingress) ids: ForwarderIds,
     pub(in crate::ingress) allow_degraded: bool,
 }
 
@@ -44,10 +45,11 @@ pub(in crate::ingress) fn forwarder_main(plan: ForwarderPlan) -> i32 {
         userns,
         netns,
         ports,
+        ids,
         allow_degraded,
     } = plan;
     let exposed: Vec<u16> = ports.iter().map(|(port, _)| *port).collect();
-    let confined = enter(userns, netns).and_then(|()| confine(&exposed, allow_degraded));
+    let confined = enter(userns, netns, ids).and_then(|()| confine(&exposed, allow_degraded));
     let confined = match confined {
         Ok(confined) => confined,
         Err(e) => {
@@ -80,11 +82,14 @@ pub(in crate::ingress) fn forwarder_main(plan: ForwarderPlan) -> i32 {
 }
 
 /// Joins the sandbox's user namespace (for the rights over its network
-/// namespace), then its network namespace, and drops every capability.
-fn enter(userns: RawFd, netns: RawFd) -> Result<(), String> {
+/// namespace), then its network namespace; becomes the program's ids there
+/// and gives up every capability; stderr goes to `/dev/null` (the
+/// launcher's may be a terminal).
+fn enter(userns: RawFd, netns: RawFd, ids: ForwarderIds) -> Result<(), String> {
     let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: setns with descriptors this process inherited and constants;
-    // the process is single-threaded here (fresh fork, no thread started).
+    // SAFETY: setns, setgroups, setresgid, setresuid, open and dup2 with
+    // descriptors this process inherited or opened, ids and constants; the
+    // process is single-threaded here (fresh fork, no thread started).
     unsafe {
         if libc::setns(userns, libc::CLONE_NEWUSER) != 0 {
             return Err(os("entering the sandbox's user namespace"));
@@ -94,8 +99,30 @@ fn enter(userns: RawFd, netns: RawFd) -> Result<(), String> {
         }
         libc::close(userns);
         libc::close(netns);
+        if ids.clear_groups && libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(os("clearing supplementary groups"));
+        }
+        if libc::setresgid(ids.gid, ids.gid, ids.gid) != 0 {
+            return Err(os("taking the program's gid"));
+        }
+        if libc::setresuid(ids.uid, ids.uid, ids.uid) != 0 {
+            return Err(os("taking the program's uid"));
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if null < 0 || libc::dup2(null, 2) < 0 {
+            return Err(os("stderr to /dev/null"));
+        }
+        libc::close(null);
     }
-    crate::confine::drop_privileges().map_err(|e| e.to_string())
+    // setresuid cleared the capabilities only if it left uid 0 (in the
+    // namespace); otherwise they are dropped now.
+    if !crate::confine::holds_no_capability() {
+        crate::confine::drop_privileges().map_err(|e| e.to_string())?;
+    }
+    if !crate::confine::holds_no_capability() {
+        return Err("the forwarder still holds a capability".into());
+    }
+    Ok(())
 }
 
 /// Landlock: no file at all, TCP connect only to the exposed ports, no bind,
@@ -134,8 +161,8 @@ fn confine(ports: &[u16], allow_degraded: bool) -> Result<String, String> {
         _ => return Err("Landlock cannot confine the forwarder on this kernel".into()),
     };
     Ok(format!(
-        "the forwarder is in the sandbox's network namespace with no capability; Landlock \
-         (no file, TCP connect only to the exposed ports, no bind) {what}"
+        "the forwarder is in the sandbox's network namespace as the program's ids, with no \
+         capability; Landlock (no file, TCP connect only to the exposed ports, no bind) {what}"
     ))
 }
 
@@ -167,8 +194,13 @@ fn serve(control: &UnixStream, listeners: &[(u16, UnixListener)], records: &Arc<
             if polled[i + 1].revents & libc::POLLIN == 0 {
                 continue;
             }
-            let Ok((client, _)) = listener.accept() else {
-                continue;
+            let client = match listener.accept() {
+                Ok((client, _)) => client,
+                Err(_) => {
+                    // Out of descriptors, say: wait rather than spin.
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
             };
             let port = *port;
             let Some(conn) = records.open(port) else {

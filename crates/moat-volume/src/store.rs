@@ -16,8 +16,11 @@ use crate::model::{ChunkRef, Snapshot};
 pub trait ChunkStore {
     /// Those of `chunks` the store does not hold yet.
     fn missing(&self, chunks: &[&ChunkRef]) -> Result<Vec<ChunkRef>, VolumeError>;
-    /// Stores a chunk durably (its name was computed from `bytes`).
+    /// Stores a chunk (its name was computed from `bytes`); durable once
+    /// [`ChunkStore::sync`] returns.
     fn put(&self, chunk: &ChunkRef, bytes: &[u8]) -> Result<(), VolumeError>;
+    /// Makes every chunk put so far durable.
+    fn sync(&self) -> Result<(), VolumeError>;
     /// A chunk's bytes, as stored (checked by [`get_checked`]).
     fn get(&self, chunk: &ChunkRef) -> Result<Vec<u8>, VolumeError>;
     /// Stores a snapshot durably, by its id.
@@ -39,8 +42,10 @@ pub fn get_checked(store: &dyn ChunkStore, chunk: &ChunkRef) -> Result<Vec<u8>, 
     Ok(bytes)
 }
 
-/// Stores a snapshot and returns its id.
+/// Stores a snapshot, once every chunk it names is durable, and returns
+/// its id.
 pub fn put_snapshot(store: &dyn ChunkStore, snapshot: &Snapshot) -> Result<Sha256, VolumeError> {
+    store.sync()?;
     let id = snapshot.id()?;
     let bytes = moat_core::hash::canonical_json(snapshot)
         .map_err(|e| VolumeError::Invalid(format!("the snapshot does not serialize: {e}")))?;
@@ -64,7 +69,9 @@ pub fn get_snapshot(store: &dyn ChunkStore, id: &Sha256) -> Result<Snapshot, Vol
 }
 
 /// A store in a local directory: `chunks/ab/abcd…` and `snapshots/abcd…`,
-/// each written to a temporary name, synced and renamed into place.
+/// each written to a temporary name and renamed into place; chunks are made
+/// durable together (one `syncfs`) before a snapshot naming them is
+/// written, and a snapshot itself is synced with its directory.
 #[derive(Debug, Clone)]
 pub struct DirStore {
     root: PathBuf,
@@ -99,8 +106,9 @@ impl DirStore {
         self.root.join("snapshots").join(id.as_str())
     }
 
-    /// Writes `bytes` at `path` durably unless it is there already.
-    fn write_once(&self, path: &Path, bytes: &[u8]) -> Result<(), VolumeError> {
+    /// Writes `bytes` at `path` unless it is there already; with `durable`,
+    /// synced with its directory before this returns.
+    fn write_once(&self, path: &Path, bytes: &[u8], durable: bool) -> Result<(), VolumeError> {
         let shown = || path.display().to_string();
         if path.exists() {
             return Ok(());
@@ -119,9 +127,11 @@ impl DirStore {
                 .mode(0o600)
                 .open(&temp)?;
             file.write_all(bytes)?;
-            file.sync_all()?;
+            if durable {
+                file.sync_all()?;
+            }
             std::fs::rename(&temp, path)?;
-            if let Some(parent) = path.parent() {
+            if let Some(parent) = path.parent().filter(|_| durable) {
                 std::fs::File::open(parent)?.sync_all()?;
             }
             Ok::<(), std::io::Error>(())
@@ -155,7 +165,13 @@ impl ChunkStore for DirStore {
     }
 
     fn put(&self, chunk: &ChunkRef, bytes: &[u8]) -> Result<(), VolumeError> {
-        self.write_once(&self.chunk_path(&chunk.sha256), bytes)
+        self.write_once(&self.chunk_path(&chunk.sha256), bytes, false)
+    }
+
+    fn sync(&self) -> Result<(), VolumeError> {
+        let shown = || self.root.display().to_string();
+        let dir = std::fs::File::open(&self.root).map_err(|e| VolumeError::io(shown(), e))?;
+        rustix::fs::syncfs(&dir).map_err(|e| VolumeError::io(shown(), e))
     }
 
     fn get(&self, chunk: &ChunkRef) -> Result<Vec<u8>, VolumeError> {
@@ -165,7 +181,7 @@ impl ChunkStore for DirStore {
     }
 
     fn put_snapshot(&self, id: &Sha256, bytes: &[u8]) -> Result<(), VolumeError> {
-        self.write_once(&self.snapshot_path(id), bytes)
+        self.write_once(&self.snapshot_path(id), bytes, true)
     }
 
     fn get_snapshot(&self, id: &Sha256) -> Result<Vec<u8>, VolumeError> {

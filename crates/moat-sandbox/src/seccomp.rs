@@ -33,6 +33,7 @@ enum When {
     CreatesSetId(u8, u8),
 }
 
+#[derive(Clone, Copy)]
 struct Deny {
     name: &'static str,
     nr: i64,
@@ -137,6 +138,39 @@ mod syscall_nr {
         sendmsg = SYS_sendmsg,
         sendmmsg = SYS_sendmmsg,
         setsockopt = SYS_setsockopt,
+        chown = SYS_chown,
+        fchown = SYS_fchown,
+        lchown = SYS_lchown,
+        fchownat = SYS_fchownat,
+        setxattr = SYS_setxattr,
+        lsetxattr = SYS_lsetxattr,
+        fsetxattr = SYS_fsetxattr,
+        removexattr = SYS_removexattr,
+        lremovexattr = SYS_lremovexattr,
+        fremovexattr = SYS_fremovexattr,
+        link = SYS_link,
+        linkat = SYS_linkat,
+        symlink = SYS_symlink,
+        symlinkat = SYS_symlinkat,
+        unlink = SYS_unlink,
+        unlinkat = SYS_unlinkat,
+        rename = SYS_rename,
+        renameat = SYS_renameat,
+        renameat2 = SYS_renameat2,
+        mkdir = SYS_mkdir,
+        mkdirat = SYS_mkdirat,
+        rmdir = SYS_rmdir,
+        truncate = SYS_truncate,
+        utimes = SYS_utimes,
+        utimensat = SYS_utimensat,
+        futimesat = SYS_futimesat,
+        kill = SYS_kill,
+        tkill = SYS_tkill,
+        tgkill = SYS_tgkill,
+        pidfd_send_signal = SYS_pidfd_send_signal,
+        pidfd_open = SYS_pidfd_open,
+        execve = SYS_execve,
+        execveat = SYS_execveat,
     );
 }
 
@@ -172,6 +206,51 @@ const DENY: &[Deny] = deny![
     mknodat => When::AnyBit(2, SET_ID),
     open => When::CreatesSetId(1, 2),
     openat => When::CreatesSetId(2, 3),
+];
+
+/// Added for the `ingress-only` forwarder, a host process that needs none
+/// of these: no file changed, no process signalled, nothing executed.
+const DENY_FORWARDER: &[Deny] = deny![
+    chmod,
+    fchmod,
+    fchmodat,
+    fchmodat2,
+    chown,
+    fchown,
+    lchown,
+    fchownat,
+    setxattr,
+    lsetxattr,
+    fsetxattr,
+    removexattr,
+    lremovexattr,
+    fremovexattr,
+    link,
+    linkat,
+    symlink,
+    symlinkat,
+    unlink,
+    unlinkat,
+    rename,
+    renameat,
+    renameat2,
+    mkdir,
+    mkdirat,
+    rmdir,
+    truncate,
+    utimes,
+    utimensat,
+    futimesat,
+    creat,
+    mknod,
+    mknodat,
+    kill,
+    tkill,
+    tgkill,
+    pidfd_send_signal,
+    pidfd_open,
+    execve,
+    execveat,
 ];
 
 /// Added in the proxy network modes: no UDP (so no DNS, QUIC or other
@@ -219,9 +298,26 @@ pub(crate) fn compile(
     watch_connect: bool,
     watch_bind: bool,
 ) -> Result<SeccompPrograms, SetupError> {
+    let extra: &[Deny] = if proxy_network { DENY_PROXY } else { &[] };
+    build(extra, watch_connect, watch_bind)
+}
+
+/// The `ingress-only` forwarder's filter (refusing with `EPERM`): the
+/// sandbox's list and the proxy modes' (no UDP, no other internet socket
+/// kinds), and nothing that changes a file or signals a process: it only
+/// relays connections it already holds.
+pub(crate) fn compile_forwarder() -> Result<BpfProgram, SetupError> {
+    let extra: Vec<Deny> = DENY_PROXY.iter().chain(DENY_FORWARDER).copied().collect();
+    Ok(build(&extra, false, false)?.errno)
+}
+
+fn build(
+    extra: &[Deny],
+    watch_connect: bool,
+    watch_bind: bool,
+) -> Result<SeccompPrograms, SetupError> {
     let err = |e: seccompiler::BackendError| SetupError::new(Layer::Seccomp, e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let extra: &[Deny] = if proxy_network { DENY_PROXY } else { &[] };
     // Syscalls refused whatever their arguments are decided by the dispatch
     // tree itself; only those with argument rules reach seccompiler's body.
     // (A smaller program is cheaper to install: the kernel translates and
@@ -617,6 +713,45 @@ mod tests {
                 "x32 {nr}"
             );
             assert_eq!(run(program, 0x4000_0003, nr, [0; 6]), NOTIFY, "i386 {nr}");
+        }
+    }
+
+    #[test]
+    fn the_forwarder_relays_but_changes_no_file_and_signals_nothing() {
+        let p = &compile_forwarder().ok().unwrap();
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let sys = |nr: i64, args: [u64; 6]| run(p, AUDIT_ARCH, nr as i32, args);
+        for nr in [
+            libc::SYS_chmod,
+            libc::SYS_fchmodat,
+            libc::SYS_fchownat,
+            libc::SYS_setxattr,
+            libc::SYS_unlinkat,
+            libc::SYS_renameat2,
+            libc::SYS_kill,
+            libc::SYS_tgkill,
+            libc::SYS_execve,
+            libc::SYS_ptrace,
+        ] {
+            assert_eq!(sys(nr, [0; 6]), eperm, "syscall {nr}");
+        }
+        let stream = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        assert_eq!(
+            sys(libc::SYS_socket, [libc::AF_INET as u64, stream, 0, 0, 0, 0]),
+            ALLOW
+        );
+        assert_eq!(
+            sys(libc::SYS_socket, [libc::AF_INET6 as u64, dgram, 0, 0, 0, 0]),
+            eperm
+        );
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_poll,
+            libc::SYS_accept4,
+        ] {
+            assert_eq!(sys(nr, [0; 6]), ALLOW, "syscall {nr}");
         }
     }
 

@@ -152,6 +152,10 @@ fn confine(ports: &[u16], allow_degraded: bool) -> Result<String, String> {
     let status = ruleset
         .restrict_self()
         .map_err(|e| format!("Landlock: {e}"))?;
+    // Then seccomp (no_new_privs is set): nothing of what a relay never
+    // does (change a file, signal or execute anything, other sockets).
+    let filter = crate::seccomp::compile_forwarder().map_err(|e| e.to_string())?;
+    crate::seccomp::install(&filter, false).map_err(|e| format!("seccomp: {e}"))?;
     let what = match status.ruleset {
         RulesetStatus::FullyEnforced => "fully enforced",
         RulesetStatus::PartiallyEnforced if allow_degraded => {
@@ -162,7 +166,8 @@ fn confine(ports: &[u16], allow_degraded: bool) -> Result<String, String> {
     };
     Ok(format!(
         "the forwarder is in the sandbox's network namespace as the program's ids, with no \
-         capability; Landlock (no file, TCP connect only to the exposed ports, no bind) {what}"
+         capability, a seccomp filter (no file change, signal, exec or other socket kind) and \
+         Landlock (no file, TCP connect only to the exposed ports, no bind) {what}"
     ))
 }
 

@@ -17,6 +17,16 @@ pub const FORMAT: u32 = 1;
 /// Most entries one snapshot holds.
 pub const MAX_ENTRIES: usize = 1_000_000;
 
+/// Most bytes of file content one snapshot holds: what a restore writes
+/// (a sparse file or a file linked many times counts in full).
+pub const MAX_AREA_BYTES: u64 = 64 << 30;
+
+/// Deepest nesting of directories.
+pub const MAX_DEPTH: usize = 64;
+
+/// The permission bits kept (never set-id or sticky bits).
+pub const MODE_BITS: u32 = 0o777;
+
 /// One persistent area's content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -40,19 +50,19 @@ pub struct Entry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum EntryKind {
-    Dir,
+    Dir {
+        /// Permission bits (`MODE_BITS`).
+        mode: u32,
+    },
     File {
         size: u64,
-        /// Whether the owner may execute it (restored 0755, else 0644).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        executable: bool,
+        /// Permission bits (`MODE_BITS`).
+        mode: u32,
         /// The content, in order.
         chunks: Vec<ChunkRef>,
     },
     /// Kept as written; restored as a link, never followed by Moat.
-    Symlink {
-        target: String,
-    },
+    Symlink { target: String },
 }
 
 /// A piece of a file's content, named by its SHA-256.
@@ -113,9 +123,11 @@ impl Snapshot {
         Ok(snapshot)
     }
 
-    /// What restore relies on: a known format; each path once; every
-    /// entry's parent is a directory entry listed before it (so nothing is
-    /// ever written through a link); a file's size is the sum of its chunks.
+    /// What restore relies on: a known format; each path once, at most
+    /// [`MAX_DEPTH`] deep; every entry's parent is a directory entry listed
+    /// before it (so nothing is ever written through a link); permission
+    /// bits only; chunks of 1 to `MAX_CHUNK` bytes; a file's size is the
+    /// sum of its chunks; at most [`MAX_AREA_BYTES`] in all.
     pub fn check(&self) -> Result<(), VolumeError> {
         let bad = |m: String| Err(VolumeError::Invalid(m));
         if self.format != FORMAT {
@@ -129,24 +141,47 @@ impl Snapshot {
         }
         let mut dirs: HashSet<&str> = HashSet::new();
         let mut seen: HashSet<&str> = HashSet::new();
+        let mut total = 0u64;
         for entry in &self.entries {
             let path = entry.path.as_str();
             if !seen.insert(path) {
-                return bad(format!("{path} is listed twice"));
+                return bad(format!("{path:?} is listed twice"));
+            }
+            if path.split('/').count() > MAX_DEPTH {
+                return bad(format!("{path:?}: deeper than {MAX_DEPTH}"));
+            }
+            let mode = match &entry.kind {
+                EntryKind::Dir { mode } | EntryKind::File { mode, .. } => *mode,
+                EntryKind::Symlink { .. } => 0,
+            };
+            if mode & !MODE_BITS != 0 {
+                return bad(format!(
+                    "{path:?}: mode {mode:o} is more than permission bits"
+                ));
             }
             if let Some((parent, _)) = path.rsplit_once('/')
                 && !dirs.contains(parent)
             {
-                return bad(format!("{path}: its directory is not listed before it"));
+                return bad(format!("{path:?}: its directory is not listed before it"));
             }
             match &entry.kind {
-                EntryKind::Dir => {
+                EntryKind::Dir { .. } => {
                     dirs.insert(path);
                 }
                 EntryKind::File { size, chunks, .. } => {
+                    if let Some(c) = chunks
+                        .iter()
+                        .find(|c| c.len == 0 || c.len > crate::chunking::MAX_CHUNK)
+                    {
+                        return bad(format!("{path:?}: a chunk of {} bytes", c.len));
+                    }
                     let sum: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
                     if sum != *size {
-                        return bad(format!("{path}: its chunks hold {sum} bytes, not {size}"));
+                        return bad(format!("{path:?}: its chunks hold {sum} bytes, not {size}"));
+                    }
+                    total = total.saturating_add(sum);
+                    if total > MAX_AREA_BYTES {
+                        return bad(format!("more than {MAX_AREA_BYTES} bytes of files"));
                     }
                 }
                 EntryKind::Symlink { target } => {

@@ -48,20 +48,23 @@ pub(crate) fn rechunk(
     }
     let old_size = at;
     let grown = i128::from(size) - i128::from(old_size);
-    // The next previous chunk to check, and the shift of the file at it.
-    let mut next = Some((0usize, 0i128));
+    // The next previous chunk to check, the shift of the file at it, and
+    // how many to check at once: from the start of the file a full batch;
+    // after a resync one, doubling while they match, so that edits which
+    // keep the cut points but change the chunks do not cost a batch each.
+    let mut next = Some((0usize, 0i128, BATCH));
     let mut pos = 0u64;
     while pos < size {
         match next {
-            Some((k, shift)) if k < previous.len() => {
-                let batch = &previous[k..previous.len().min(k + BATCH)];
+            Some((k, shift, at_once)) if k < previous.len() => {
+                let batch = &previous[k..previous.len().min(k + at_once)];
                 let kept = check_batch(file, pos, batch, size).map_err(io)?;
                 for chunk in &batch[..kept] {
                     pos += u64::from(chunk.len);
                     each(Piece::Kept(chunk.clone()))?;
                 }
                 next = if kept == batch.len() {
-                    Some((k + kept, shift))
+                    Some((k + kept, shift, (at_once * 2).min(BATCH)))
                 } else {
                     None
                 };
@@ -81,7 +84,7 @@ pub(crate) fn rechunk(
                     met = [0, grown].iter().find_map(|shift| {
                         let old = i128::from(pos) - shift;
                         let old = u64::try_from(old).ok()?;
-                        starts.get(&old).map(|k| (*k, *shift))
+                        starts.get(&old).map(|k| (*k, *shift, 1))
                     });
                     if met.is_some() {
                         break;
@@ -122,11 +125,18 @@ fn check_batch(file: &File, pos: u64, batch: &[ChunkRef], size: u64) -> std::io:
             .map(|((from, to), chunk)| chunking::sha256(&bytes[*from..*to]) == chunk.sha256)
             .collect()
     };
-    let half = regions.len() / 2;
+    // Two threads only when there is enough to share.
+    let half = if regions.len() >= 4 {
+        regions.len() / 2
+    } else {
+        regions.len()
+    };
     let (first, second) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| matches(&regions[half..], &batch[half..]));
+        let other = (half < regions.len())
+            .then(|| scope.spawn(|| matches(&regions[half..], &batch[half..])));
         let first = matches(&regions[..half], &batch[..half]);
-        (first, other.join().unwrap_or_default())
+        let second = other.map_or_else(Vec::new, |t| t.join().unwrap_or_default());
+        (first, second)
     });
     Ok(first
         .into_iter()

@@ -2,11 +2,18 @@
 //!
 //! The area was written by a sandboxed program, so it is walked through
 //! directory handles one name at a time, never following a link (a file
-//! swapped for a link to a host file is not read). A file whose inode,
-//! size, modification and change times are what they were when it was last
-//! chunked keeps its chunks unread: the change time cannot be set back by
-//! a program, so an unchanged file is never read twice. Only the chunks the
-//! store lacks are sent to it.
+//! swapped for a link to a host file is not read), never blocking on what
+//! is not a regular file, and within budgets (entries, bytes) counted before
+//! anything is read. The caller takes a snapshot only when nothing else
+//! writes the area (the program's sandbox has ended).
+//!
+//! A file whose device, inode, size, modification and change times are what
+//! they were when it was last chunked keeps its chunks unread, unless those
+//! times were too close to when that snapshot began to tell a rewrite in
+//! the same clock tick apart ("racy", as git calls it): such a file, and
+//! every file a restore wrote, is checked again next time (hashed where its
+//! chunks were, nothing sent unless it changed). Only chunks the store lacks
+//! are sent to it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -17,16 +24,26 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use crate::chunking;
 use crate::error::VolumeError;
-use crate::model::{ChunkRef, Entry, EntryKind, MAX_ENTRIES, Snapshot};
+use crate::model::{
+    ChunkRef, Entry, EntryKind, MAX_AREA_BYTES, MAX_DEPTH, MAX_ENTRIES, MODE_BITS, Snapshot,
+};
 use crate::rechunk::{self, Piece};
 use crate::store::{self, ChunkStore};
 
-/// Deepest directory nesting taken.
-pub const MAX_DEPTH: usize = 64;
+/// Names of skipped entries kept in a [`Taken`] (the rest are counted).
+const MAX_SKIPPED_NAMES: usize = 100;
+
+/// How close to a snapshot's start a file's times make its stamp racy:
+/// more than a coarse clock's tick (a few milliseconds)...
+const RACY_NS: i128 = 20_000_000;
+/// ...or, on a filesystem that keeps whole seconds only (its times have no
+/// nanoseconds), more than a second.
+const RACY_COARSE_NS: i128 = 2_000_000_000;
 
 /// What identifies a file's content without reading it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stamp {
+    dev: u64,
     ino: u64,
     size: u64,
     mtime: (i64, u64),
@@ -36,18 +53,40 @@ struct Stamp {
 impl Stamp {
     fn of(stat: &rustix::fs::Stat) -> Stamp {
         Stamp {
+            dev: stat.st_dev,
             ino: stat.st_ino,
             size: u64::try_from(stat.st_size).unwrap_or(0),
             mtime: (stat.st_mtime, stat.st_mtime_nsec),
             ctime: (stat.st_ctime, stat.st_ctime_nsec),
         }
     }
+
+    /// Whether a rewrite could hide behind these times: they are within
+    /// [`RACY_NS`] (or [`RACY_COARSE_NS`]) of `since` (nanoseconds since
+    /// the epoch) or after it.
+    fn racy(&self, since: i128) -> bool {
+        let ns = |(s, n): (i64, u64)| i128::from(s) * 1_000_000_000 + i128::from(n);
+        let window = if self.mtime.1 == 0 && self.ctime.1 == 0 {
+            RACY_COARSE_NS
+        } else {
+            RACY_NS
+        };
+        ns(self.mtime) > since - window || ns(self.ctime) > since - window
+    }
 }
 
 #[derive(Debug, Clone)]
 struct Known {
     stamp: Stamp,
+    /// Not to be trusted without reading (see [`Stamp::racy`]).
+    racy: bool,
     chunks: Vec<ChunkRef>,
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(0))
 }
 
 /// One area's memory of its files between snapshots (and after a restore).
@@ -69,8 +108,10 @@ pub struct Taken {
     /// Files whose chunks were known without reading them.
     pub files_unchanged: usize,
     /// Entries left out: not a directory, file or link (a FIFO, socket or
-    /// device), or a name that is not UTF-8.
+    /// device), a name that is not UTF-8, or an entry that changed kind
+    /// while it was read; the first names (quoted), and how many in all.
     pub skipped: Vec<String>,
+    pub skipped_count: usize,
 }
 
 impl Tracker {
@@ -80,11 +121,13 @@ impl Tracker {
 
     /// Remembers a file restored or written by Moat itself, so the next
     /// snapshot does not read it again.
+    /// (Always racy: the times are those of the writing, just now.)
     pub(crate) fn remember(&mut self, path: &str, stat: &rustix::fs::Stat, chunks: Vec<ChunkRef>) {
         self.known.insert(
             path.to_owned(),
             Known {
                 stamp: Stamp::of(stat),
+                racy: true,
                 chunks,
             },
         );
@@ -97,15 +140,18 @@ impl Tracker {
         let shown = root.display().to_string();
         let dir = rustix::fs::open(
             root,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(|e| VolumeError::io(shown, e))?;
         let mut walk = Walk {
             store,
+            started: now_ns(),
             previous: std::mem::take(&mut self.known),
             known: HashMap::new(),
             entries: Vec::new(),
+            seen: 0,
+            bytes: 0,
             taken: Taken {
                 snapshot: Snapshot::empty(),
                 id: chunking::sha256(b""),
@@ -114,27 +160,34 @@ impl Tracker {
                 bytes_sent: 0,
                 files_unchanged: 0,
                 skipped: Vec::new(),
+                skipped_count: 0,
             },
         };
         let walked = walk.descend(&dir, "", 0);
-        // What was learnt stays learnt, even when the walk failed part way.
-        self.known = walk.known;
-        walked?;
         let mut taken = walk.taken;
         taken.snapshot = Snapshot {
             format: crate::model::FORMAT,
             entries: walk.entries,
         };
-        taken.id = store::put_snapshot(store, &taken.snapshot)?;
+        // Nothing learnt is kept unless the snapshot was stored: chunks sent
+        // by a take that failed may not be durable.
+        taken.id = walked.and_then(|()| store::put_snapshot(store, &taken.snapshot))?;
+        self.known = walk.known;
         Ok(taken)
     }
 }
 
 struct Walk<'a> {
     store: &'a dyn ChunkStore,
+    /// When the walk began (nanoseconds since the epoch).
+    started: i128,
     previous: HashMap<String, Known>,
     known: HashMap<String, Known>,
     entries: Vec<Entry>,
+    /// Directory entries read, kept or not, against [`MAX_ENTRIES`].
+    seen: usize,
+    /// File bytes taken, against [`MAX_AREA_BYTES`].
+    bytes: u64,
     taken: Taken,
 }
 
@@ -150,25 +203,26 @@ impl Walk<'_> {
                 .to_bytes()
                 .to_vec();
             if name != b"." && name != b".." {
+                // Counted as read, so a directory of millions of names
+                // fails here rather than after they are all held.
+                self.seen += 1;
+                if self.seen > MAX_ENTRIES {
+                    return Err(VolumeError::TooLarge(format!(
+                        "more than {MAX_ENTRIES} entries: a snapshot holds no more"
+                    )));
+                }
                 names.push(name);
             }
         }
         names.sort();
         for raw in names {
             let Ok(name) = String::from_utf8(raw.clone()) else {
-                self.taken
-                    .skipped
-                    .push(format!("{prefix}{}", String::from_utf8_lossy(&raw)));
+                self.skip(format!("{prefix}{}", String::from_utf8_lossy(&raw)));
                 continue;
             };
             let path = format!("{prefix}{name}");
-            if self.entries.len() >= MAX_ENTRIES {
-                return Err(VolumeError::TooLarge(format!(
-                    "more than {MAX_ENTRIES} entries: a snapshot holds no more"
-                )));
-            }
             let Ok(rel) = moat_core::ids::RelPath::try_from(path.clone()) else {
-                self.taken.skipped.push(path);
+                self.skip(path);
                 continue;
             };
             let stat = rustix::fs::statat(dir, raw.as_slice(), AtFlags::SYMLINK_NOFOLLOW)
@@ -177,7 +231,7 @@ impl Walk<'_> {
                 FileType::Directory => {
                     if depth + 1 >= MAX_DEPTH {
                         return Err(VolumeError::TooLarge(format!(
-                            "{path}: nested deeper than {MAX_DEPTH} directories"
+                            "{path:?}: nested deeper than {MAX_DEPTH} directories"
                         )));
                     }
                     // One name, not followed if it became a link meanwhile.
@@ -190,14 +244,16 @@ impl Walk<'_> {
                     .map_err(|e| io(&path, e))?;
                     self.entries.push(Entry {
                         path: rel,
-                        kind: EntryKind::Dir,
+                        kind: EntryKind::Dir {
+                            mode: stat.st_mode & MODE_BITS,
+                        },
                     });
                     self.descend(&sub, &format!("{path}/"), depth + 1)?;
                 }
-                FileType::RegularFile => {
-                    let kind = self.file(dir, &raw, &path)?;
-                    self.entries.push(Entry { path: rel, kind });
-                }
+                FileType::RegularFile => match self.file(dir, &raw, &path)? {
+                    Some(kind) => self.entries.push(Entry { path: rel, kind }),
+                    None => self.skip(path),
+                },
                 FileType::Symlink => {
                     let target = rustix::fs::readlinkat(dir, raw.as_slice(), Vec::new())
                         .map_err(|e| io(&path, e))?;
@@ -208,38 +264,45 @@ impl Walk<'_> {
                                 kind: EntryKind::Symlink { target },
                             });
                         }
-                        _ => self.taken.skipped.push(path),
+                        _ => self.skip(path),
                     }
                 }
-                _ => self.taken.skipped.push(path),
+                _ => self.skip(path),
             }
         }
         Ok(())
     }
 
     /// A regular file's entry: its known chunks if unchanged, else its
-    /// content chunked and what the store lacks sent.
-    fn file(&mut self, dir: &OwnedFd, raw: &[u8], path: &str) -> Result<EntryKind, VolumeError> {
+    /// content chunked and what the store lacks sent; `None` if it is no
+    /// longer a regular file.
+    fn file(
+        &mut self,
+        dir: &OwnedFd,
+        raw: &[u8],
+        path: &str,
+    ) -> Result<Option<EntryKind>, VolumeError> {
         let io = |e: rustix::io::Errno| VolumeError::io(path.to_owned(), e);
-        let fd = rustix::fs::openat(
-            dir,
-            raw,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
-            Mode::empty(),
-        )
-        .map_err(io)?;
+        // Non-blocking: a name swapped for a FIFO meanwhile must not hang.
+        let flags =
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+        let fd = rustix::fs::openat(dir, raw, flags, Mode::empty()).map_err(io)?;
         // What was opened, not what was looked at before.
         let stat = rustix::fs::fstat(&fd).map_err(io)?;
         if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-            return Err(VolumeError::io(
-                path.to_owned(),
-                std::io::Error::other("changed while the area was being taken"),
-            ));
+            return Ok(None);
         }
         let stamp = Stamp::of(&stat);
-        let executable = stat.st_mode & 0o100 != 0;
+        // Counted before a byte is read: a sparse or many-linked file is
+        // restored in full, so it counts in full.
+        self.bytes = self.bytes.saturating_add(stamp.size);
+        if self.bytes > MAX_AREA_BYTES {
+            return Err(VolumeError::TooLarge(format!(
+                "more than {MAX_AREA_BYTES} bytes of files (at {path:?})"
+            )));
+        }
         let chunks = match self.previous.remove(path) {
-            Some(known) if known.stamp == stamp => {
+            Some(known) if known.stamp == stamp && !known.racy => {
                 self.taken.files_unchanged += 1;
                 known.chunks
             }
@@ -247,18 +310,27 @@ impl Walk<'_> {
             None => self.chunk(File::from(fd), path)?,
         };
         let size: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
+        let racy = stamp.racy(self.started);
         self.known.insert(
             path.to_owned(),
             Known {
                 stamp,
+                racy,
                 chunks: chunks.clone(),
             },
         );
-        Ok(EntryKind::File {
+        Ok(Some(EntryKind::File {
             size,
-            executable,
+            mode: stat.st_mode & MODE_BITS,
             chunks,
-        })
+        }))
+    }
+
+    fn skip(&mut self, path: String) {
+        self.taken.skipped_count += 1;
+        if self.taken.skipped.len() < MAX_SKIPPED_NAMES {
+            self.taken.skipped.push(format!("{path:?}"));
+        }
     }
 
     fn chunk(&mut self, file: File, path: &str) -> Result<Vec<ChunkRef>, VolumeError> {

@@ -83,11 +83,16 @@ fn an_area_restores_byte_for_byte_from_its_snapshot() {
     assert_eq!(restored.id, taken.id);
     assert_eq!(restored.files, 4);
     assert_eq!(tree(&area), tree(&into));
-    // What was restored is known: the next snapshot reads nothing.
+    // What was restored is known: the next snapshot sends nothing (it
+    // checks the files it wrote just now), and the one after reads nothing.
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let again = other.take(&into, &store).unwrap();
     assert_eq!(again.id, taken.id);
-    assert_eq!(again.bytes_read, 0);
-    assert_eq!(again.files_unchanged, 4);
+    assert_eq!(again.bytes_sent, 0);
+    let third = other.take(&into, &store).unwrap();
+    assert_eq!(third.id, taken.id);
+    assert_eq!(third.bytes_read, 0);
+    assert_eq!(third.files_unchanged, 4);
 }
 
 #[test]
@@ -102,6 +107,8 @@ fn a_changed_megabyte_travels_as_a_few_chunks_and_unchanged_files_are_not_read()
     }
     let store = DirStore::open(&dir.path().join("store")).unwrap();
     let mut tracker = Tracker::new();
+    // Older than a clock tick when taken, so their stamps are trusted.
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let first = tracker.take(&area, &store).unwrap();
     assert_eq!(first.files_unchanged, 0);
 
@@ -191,37 +198,175 @@ fn walkdir(root: &Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn a_snapshot_that_would_write_through_a_link_or_outside_is_refused() {
-    let chunkless = |size: u64| serde_json::json!({"kind": "file", "size": size, "chunks": []});
+    let file = |path: &str, size: u64, chunks: serde_json::Value| serde_json::json!({"path": path, "kind": "file", "mode": 420, "size": size, "chunks": chunks});
+    let dir = |path: &str| serde_json::json!({"path": path, "kind": "dir", "mode": 493});
+    let chunk = |len: u64| serde_json::json!([{"sha256": "ab".repeat(32), "len": len}]);
     let cases = [
         // A file under a link: the link would be followed.
-        serde_json::json!({"format": 1, "entries": [
-            {"path": "a", "kind": "symlink", "target": "/etc"},
-            {"path": "a/passwd", "kind": "file", "size": 0, "chunks": []}]}),
+        vec![
+            serde_json::json!({"path": "a", "kind": "symlink", "target": "/etc"}),
+            file("a/passwd", 0, serde_json::json!([])),
+        ],
         // A file whose directory is not listed first.
-        serde_json::json!({"format": 1, "entries": [
-            {"path": "x/y", "kind": "file", "size": 0, "chunks": []}]}),
+        vec![file("x/y", 0, serde_json::json!([]))],
         // Twice the same path.
-        serde_json::json!({"format": 1, "entries": [
-            {"path": "x", "kind": "dir"}, {"path": "x", "kind": "dir"}]}),
+        vec![dir("x"), dir("x")],
         // A size its chunks do not add up to.
-        serde_json::json!({"format": 1, "entries": [
-            {"path": "x", "kind": "file", "size": 5, "chunks": []}]}),
-        serde_json::json!({"format": 2, "entries": []}),
+        vec![file("x", 5, serde_json::json!([]))],
+        // Chunks of no bytes, or larger than any chunk is cut.
+        vec![file("x", 0, chunk(0))],
+        vec![file("x", 3 << 20, chunk(3 << 20))],
+        // Set-id bits.
+        vec![
+            serde_json::json!({"path": "x", "kind": "file", "mode": 0o4755, "size": 0, "chunks": []}),
+        ],
     ];
-    for case in cases {
+    for entries in cases {
+        let case = serde_json::json!({"format": 1, "entries": entries});
         let bytes = serde_json::to_vec(&case).unwrap();
-        assert!(
-            matches!(Snapshot::parse(&bytes), Err(VolumeError::Invalid(_))),
-            "{case}"
-        );
+        match Snapshot::parse(&bytes) {
+            Err(VolumeError::Invalid(why)) => assert!(!why.contains("does not parse"), "{why}"),
+            other => panic!("{case}: {other:?}"),
+        }
     }
+    let wrong_format = serde_json::json!({"format": 2, "entries": []});
+    assert!(Snapshot::parse(&serde_json::to_vec(&wrong_format).unwrap()).is_err());
     for path in ["../x", "/etc/passwd", "a/../../x", "", "a//b"] {
-        let mut entry = chunkless(0);
-        entry["path"] = path.into();
-        let case = serde_json::json!({"format": 1, "entries": [entry]});
+        let case =
+            serde_json::json!({"format": 1, "entries": [file(path, 0, serde_json::json!([]))]});
         assert!(
             Snapshot::parse(&serde_json::to_vec(&case).unwrap()).is_err(),
             "{path}"
+        );
+    }
+}
+
+#[test]
+fn fifos_and_sockets_are_skipped_without_blocking_and_modes_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let area = dir.path().join("area");
+    std::fs::create_dir_all(area.join("private")).unwrap();
+    // A FIFO nobody writes to: opening it for reading would block.
+    let made = std::process::Command::new("mkfifo")
+        .arg(area.join("fifo"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let _socket = std::os::unix::net::UnixListener::bind(area.join("sock")).unwrap();
+    std::fs::write(area.join("private/key"), b"secret-ish").unwrap();
+    std::fs::set_permissions(
+        area.join("private/key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(area.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let store = DirStore::open(&dir.path().join("store")).unwrap();
+    let taken = Tracker::new().take(&area, &store).unwrap();
+    assert_eq!(taken.skipped_count, 2, "{:?}", taken.skipped);
+    let into = dir.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+    Tracker::new().restore(&store, &taken.id, &into).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&into.join("private")), 0o700);
+    assert_eq!(mode(&into.join("private/key")), 0o600);
+    assert!(!into.join("fifo").exists() && !into.join("sock").exists());
+}
+
+#[test]
+fn a_same_size_rewrite_right_after_a_snapshot_or_a_restore_is_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let area = dir.path().join("area");
+    std::fs::create_dir_all(&area).unwrap();
+    let store = DirStore::open(&dir.path().join("store")).unwrap();
+    let mut tracker = Tracker::new();
+    // Within the same clock tick as far as the file's times can tell.
+    std::fs::write(area.join("f"), b"AAAA").unwrap();
+    let first = tracker.take(&area, &store).unwrap();
+    std::fs::write(area.join("f"), b"BBBB").unwrap();
+    let second = tracker.take(&area, &store).unwrap();
+    assert_ne!(first.id, second.id, "a same-size rewrite was missed");
+
+    let into = dir.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+    let mut resumed = Tracker::new();
+    resumed.restore(&store, &second.id, &into).unwrap();
+    std::fs::write(into.join("f"), b"CCCC").unwrap();
+    let third = resumed.take(&into, &store).unwrap();
+    let restored = dir.path().join("again");
+    std::fs::create_dir(&restored).unwrap();
+    Tracker::new()
+        .restore(&store, &third.id, &restored)
+        .unwrap();
+    assert_eq!(std::fs::read(restored.join("f")).unwrap(), b"CCCC");
+}
+
+#[test]
+fn a_chunk_left_short_by_a_crash_is_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let area = dir.path().join("area");
+    std::fs::create_dir_all(&area).unwrap();
+    std::fs::write(area.join("data"), noise(300 << 10, 9)).unwrap();
+    let root = dir.path().join("store");
+    let taken = Tracker::new()
+        .take(&area, &DirStore::open(&root).unwrap())
+        .unwrap();
+    let chunk = taken.snapshot.chunks()[0].clone();
+    let stored = root
+        .join("chunks")
+        .join(&chunk.sha256.as_str()[..2])
+        .join(chunk.sha256.as_str());
+    std::fs::write(&stored, b"").unwrap();
+    // What a crash before the sync would leave: a temporary file too.
+    std::fs::write(root.join("tmp/left.part"), b"x").unwrap();
+    let store = DirStore::open(&root).unwrap();
+    assert!(!root.join("tmp/left.part").exists());
+    assert_eq!(store.missing(&[&chunk]).unwrap().len(), 1);
+    let again = Tracker::new().take(&area, &store).unwrap();
+    assert_eq!(again.id, taken.id);
+    assert_eq!(
+        std::fs::metadata(&stored).unwrap().len(),
+        u64::from(chunk.len)
+    );
+}
+
+#[test]
+fn random_edits_always_restore_to_the_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let area = dir.path().join("area");
+    std::fs::create_dir_all(&area).unwrap();
+    let store = DirStore::open(&dir.path().join("store")).unwrap();
+    let mut tracker = Tracker::new();
+    let mut content = noise(6 << 20, 11);
+    let mut x = 0x1234_5678_u64;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    };
+    for round in 0..12u64 {
+        let len = content.len() as u64;
+        let at = next(len + 1) as usize;
+        match next(4) {
+            0 => {
+                let n = (next(1 << 20) as usize).min(content.len() - at);
+                content[at..at + n].fill(round as u8);
+            }
+            1 => drop(content.splice(at..at, noise(next(1 << 20) as usize, round))),
+            2 => {
+                let n = (next(1 << 20) as usize).min(content.len() - at);
+                drop(content.drain(at..at + n));
+            }
+            _ => content.truncate(at),
+        }
+        std::fs::write(area.join("f"), &content).unwrap();
+        let taken = tracker.take(&area, &store).unwrap();
+        let into = dir.path().join(format!("into-{round}"));
+        std::fs::create_dir(&into).unwrap();
+        Tracker::new().restore(&store, &taken.id, &into).unwrap();
+        assert!(
+            std::fs::read(into.join("f")).unwrap() == content,
+            "round {round}"
         );
     }
 }
@@ -258,6 +403,8 @@ fn a_corrupt_or_missing_chunk_fails_the_restore() {
         .restore(&store, &taken.id, &into)
         .unwrap_err();
     assert!(matches!(err, VolumeError::Missing(_)), "{err}");
+    // Known missing before anything was written: nothing was.
+    assert_eq!(std::fs::read_dir(&into).unwrap().count(), 0);
 }
 
 #[test]

@@ -448,7 +448,7 @@ fn a_killed_runner_loses_its_run_and_a_restarted_control_plane_is_rejoined() {
 }
 
 #[test]
-fn two_control_planes_four_runners_a_thousand_runs_each_claimed_and_finished_once() {
+fn a_1000_runs_on_two_control_planes_and_four_runners_are_each_claimed_and_finished_once() {
     let dir = tempfile::tempdir().unwrap();
     let setup = setup(dir.path());
     let pg = TempPostgres::create()

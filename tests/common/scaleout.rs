@@ -235,13 +235,24 @@ fn one_run(urls: &[String], agent: usize, org: &str, token: &str, run: &str, out
             token,
             Some(envelope(id, op, args)),
         );
-        if status < 300 {
+        assert!(status < 300 || status == 409, "{run}/{id}: {status} {body}");
+        // 409: an earlier try was recorded but its answer was lost (the
+        // replica was killed), or the run ended under it (dead-lettered
+        // after its runners died). Only the first is acknowledged.
+        let recorded = status < 300
+            || call_any(
+                urls,
+                agent,
+                "GET",
+                &format!("/v1/runs/{run}/ops/{id}"),
+                token,
+                None,
+            )
+            .0 == 200;
+        if recorded {
             out.acknowledged
                 .push((org.to_owned(), run.to_owned(), id.to_owned()));
         } else {
-            // The run ended under it (dead-lettered after its runners
-            // died): nothing acknowledged, nothing to wait for.
-            assert_eq!(status, 409, "{run}/{id}: {body}");
             return;
         }
         // Waits for its result (the next op queues behind it anyway, but

@@ -12,12 +12,6 @@ use super::common::*;
 use super::{assert_no_request, denials, dump};
 use serde_json::Value;
 
-/// A port for the sandbox that nothing on the host listens on.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
-
 /// A `moat exec --network ingress-only` left running, with what it printed.
 struct Serving {
     child: Child,
@@ -186,7 +180,7 @@ fn ingress_events(events: &[Value]) -> Vec<&Value> {
 
 fn serves_through_the_printed_socket(uid: Option<u32>, moat: &str, expose_dir: bool) {
     let port = free_port();
-    let file = format!("page-{}.txt", rand_suffix());
+    let file = format!("page-{}.txt", moat_core::random::hex(6));
     let serving = Serving::start(port, &file, uid, moat, expose_dir);
 
     // The command moat printed, as printed: the directory listing.
@@ -260,10 +254,6 @@ fn serves_through_the_printed_socket(uid: Option<u32>, moat: &str, expose_dir: b
         "{stderr}"
     );
     drop(dir);
-}
-
-fn rand_suffix() -> String {
-    moat_core::random::hex(6)
 }
 
 #[test]

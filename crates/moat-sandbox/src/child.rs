@@ -146,6 +146,8 @@ impl ExecPlan {
         writable.push(PathBuf::from("/tmp"));
         let limits = &spec.limits;
         let cpu = limits.cpu_seconds_floor();
+        let tcp = tcp_rules(spec);
+        let watch_connect = tcp.is_some();
         Ok(ExecPlan {
             argv: spec
                 .argv
@@ -176,12 +178,12 @@ impl ExecPlan {
                 readable,
                 log_denials,
                 everything_writable: spec.mode == SandboxMode::DangerFullAccess,
-                tcp: tcp_rules(spec),
+                tcp,
                 allow_degraded: spec.allow_degraded,
             },
             seccomp: seccomp::compile(
                 spec.network.uses_egress_proxy() || spec.network == NetworkMode::IngressOnly,
-                tcp_rules(spec).is_some(),
+                watch_connect,
                 spec.network == NetworkMode::IngressOnly,
             )?,
             floors: [

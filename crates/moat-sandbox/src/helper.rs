@@ -146,9 +146,28 @@ pub fn confine_read_only(
     readable: &[&std::path::Path],
     allow_degraded: bool,
 ) -> Result<String, SetupError> {
+    use landlock::RulesetStatus;
+    Ok(match restrict(readable, None, allow_degraded)? {
+        RulesetStatus::FullyEnforced => "Landlock: read-only system files, no writes".into(),
+        RulesetStatus::PartiallyEnforced => {
+            "Landlock partially enforced (kernel ABI too old)".into()
+        }
+        RulesetStatus::NotEnforced => "Landlock not enforced (unavailable)".into(),
+    })
+}
+
+/// The Landlock ruleset of a helper: reading under `readable` only, no
+/// file written, signals and abstract sockets scoped; with `tcp_connect`,
+/// TCP connect to those ports only and no bind. Best effort only with
+/// `allow_degraded`; returns what the kernel enforced.
+pub(crate) fn restrict(
+    readable: &[&std::path::Path],
+    tcp_connect: Option<&[u16]>,
+    allow_degraded: bool,
+) -> Result<landlock::RulesetStatus, SetupError> {
     use landlock::{
-        ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-        RulesetCreatedAttr, RulesetStatus, Scope,
+        ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+        Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
     };
     let fail = |e: &dyn std::fmt::Display| SetupError::new(Layer::Landlock, e.to_string());
     let level = if allow_degraded {
@@ -159,6 +178,10 @@ pub fn confine_read_only(
     let mut ruleset = Ruleset::default()
         .set_compatibility(level)
         .handle_access(AccessFs::from_all(ABI::V5))
+        .and_then(|r| match tcp_connect {
+            Some(_) => r.handle_access(AccessNet::from_all(ABI::V4)),
+            None => Ok(r),
+        })
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
         .and_then(|r| r.create())
         .map_err(|e| fail(&e))?;
@@ -168,14 +191,12 @@ pub fn confine_read_only(
             .add_rule(PathBeneath::new(fd, AccessFs::from_read(ABI::V5)))
             .map_err(|e| fail(&e))?;
     }
-    let status = ruleset.restrict_self().map_err(|e| fail(&e))?;
-    Ok(match status.ruleset {
-        RulesetStatus::FullyEnforced => "Landlock: read-only system files, no writes".into(),
-        RulesetStatus::PartiallyEnforced => {
-            "Landlock partially enforced (kernel ABI too old)".into()
-        }
-        RulesetStatus::NotEnforced => "Landlock not enforced (unavailable)".into(),
-    })
+    for port in tcp_connect.unwrap_or_default() {
+        ruleset = ruleset
+            .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+            .map_err(|e| fail(&e))?;
+    }
+    Ok(ruleset.restrict_self().map_err(|e| fail(&e))?.ruleset)
 }
 
 /// Sends `data` with `fd` attached to its first byte; returns the bytes sent

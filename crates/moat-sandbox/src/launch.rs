@@ -806,10 +806,11 @@ fn launch(
             .collect();
         ingress_net = match (ports.is_empty(), &forwarder_note) {
             (true, _) => "net (loopback only; ingress-only with no port exposed)".to_owned(),
-            (false, Some(note)) => format!(
+            (false, Some(confinement)) => format!(
                 "net (loopback only; ingress-only: ports reached from the host through unix \
-                 sockets, {}; {note})",
-                ports.join(", ")
+                 sockets, {}; {})",
+                ports.join(", "),
+                confinement.note
             ),
             (false, None) => format!(
                 "net (loopback only; ingress-only: ports {} were to be exposed)",
@@ -826,9 +827,7 @@ fn launch(
     }
     // A forwarder confined less than fully (allowed by --allow-degraded)
     // is a degraded layer, not a footnote.
-    let forwarder_degraded = forwarder_note
-        .as_deref()
-        .is_some_and(|note| !note.ends_with("fully enforced"));
+    let forwarder_degraded = forwarder_note.as_ref().is_some_and(|c| c.degraded);
     state.enforcement.namespaces = if forwarder_degraded {
         LayerReport::degraded(ns_detail)
     } else {
@@ -893,7 +892,7 @@ struct SetupParts<'a, 'e> {
     /// The host sockets of the exposed ports (`ingress-only`).
     listeners: Option<&'a mut ingress::Listeners>,
     /// How the ingress forwarder is confined, once it runs.
-    forwarder_note: &'a mut Option<String>,
+    forwarder_note: &'a mut Option<ingress::Confinement>,
 }
 
 fn setup_and_supervise(
@@ -956,10 +955,10 @@ fn setup_and_supervise(
                     gid: id.inside.1,
                     clear_groups: id.launched_by_root,
                 };
-                let (started, note) =
+                let (started, confinement) =
                     ingress::start(listeners, userns, netns, ids, spec.allow_degraded)?;
                 forwarder = Some(started);
-                *forwarder_note = Some(note);
+                *forwarder_note = Some(confinement);
             }
         }
         let entry = place_in_cgroup(spec, guard.pid, state, &mut cgroup, refused_early)?;

@@ -60,12 +60,12 @@ fn measure(
         let took = started.elapsed();
         figures
             .rounds
-            .push((took, taken.bytes_sent, taken.bytes_read));
+            .push((took, taken.costs.bytes_sent, taken.costs.bytes_read));
         eprintln!(
             "  {shape}: round {round}: {:.0} ms, sent {:.2} MiB, read {:.0} MiB",
             took.as_secs_f64() * 1e3,
-            taken.bytes_sent as f64 / MIB as f64,
-            taken.bytes_read as f64 / MIB as f64
+            taken.costs.bytes_sent as f64 / MIB as f64,
+            taken.costs.bytes_read as f64 / MIB as f64
         );
     }
     figures

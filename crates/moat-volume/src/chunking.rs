@@ -6,7 +6,6 @@
 use std::io::Read;
 
 use moat_core::ids::Sha256;
-use sha2::{Digest, Sha256 as Hasher};
 
 use crate::model::ChunkRef;
 
@@ -47,7 +46,7 @@ pub fn chunks(source: impl Read) -> impl Iterator<Item = std::io::Result<Chunk>>
 }
 
 pub fn sha256(bytes: &[u8]) -> Sha256 {
-    let hex = hex::encode(Hasher::digest(bytes));
+    let hex = moat_core::hash::sha256_hex(bytes);
     // 64 lower-case hex digits: what Sha256 holds.
     Sha256::try_from(hex).unwrap_or_else(|_| unreachable!("a SHA-256 is 64 hex digits"))
 }

@@ -25,4 +25,4 @@ pub use error::VolumeError;
 pub use model::{ChunkRef, Entry, EntryKind, Snapshot};
 pub use restore::Restored;
 pub use store::{ChunkStore, DirStore};
-pub use take::{Taken, Tracker};
+pub use take::{Costs, Taken, Tracker};

@@ -100,6 +100,12 @@ pub struct Tracker {
 pub struct Taken {
     pub snapshot: Snapshot,
     pub id: moat_core::ids::Sha256,
+    pub costs: Costs,
+}
+
+/// What taking a snapshot read, sent and left out.
+#[derive(Debug, Default)]
+pub struct Costs {
     /// File bytes read to chunk changed files.
     pub bytes_read: u64,
     /// Chunks (and their bytes) the store did not have.
@@ -152,28 +158,22 @@ impl Tracker {
             entries: Vec::new(),
             seen: 0,
             bytes: 0,
-            taken: Taken {
-                snapshot: Snapshot::empty(),
-                id: chunking::sha256(b""),
-                bytes_read: 0,
-                chunks_sent: 0,
-                bytes_sent: 0,
-                files_unchanged: 0,
-                skipped: Vec::new(),
-                skipped_count: 0,
-            },
+            costs: Costs::default(),
         };
         let walked = walk.descend(&dir, "", 0);
-        let mut taken = walk.taken;
-        taken.snapshot = Snapshot {
+        let snapshot = Snapshot {
             format: crate::model::FORMAT,
             entries: walk.entries,
         };
         // Nothing learnt is kept unless the snapshot was stored: chunks sent
         // by a take that failed may not be durable.
-        taken.id = walked.and_then(|()| store::put_snapshot(store, &taken.snapshot))?;
+        let id = walked.and_then(|()| store::put_snapshot(store, &snapshot))?;
         self.known = walk.known;
-        Ok(taken)
+        Ok(Taken {
+            snapshot,
+            id,
+            costs: walk.costs,
+        })
     }
 }
 
@@ -188,7 +188,7 @@ struct Walk<'a> {
     seen: usize,
     /// File bytes taken, against [`MAX_AREA_BYTES`].
     bytes: u64,
-    taken: Taken,
+    costs: Costs,
 }
 
 impl Walk<'_> {
@@ -303,7 +303,7 @@ impl Walk<'_> {
         }
         let chunks = match self.previous.remove(path) {
             Some(known) if known.stamp == stamp && !known.racy => {
-                self.taken.files_unchanged += 1;
+                self.costs.files_unchanged += 1;
                 known.chunks
             }
             Some(known) => self.rechunk(&File::from(fd), stamp.size, &known.chunks, path)?,
@@ -327,9 +327,9 @@ impl Walk<'_> {
     }
 
     fn skip(&mut self, path: String) {
-        self.taken.skipped_count += 1;
-        if self.taken.skipped.len() < MAX_SKIPPED_NAMES {
-            self.taken.skipped.push(format!("{path:?}"));
+        self.costs.skipped_count += 1;
+        if self.costs.skipped.len() < MAX_SKIPPED_NAMES {
+            self.costs.skipped.push(format!("{path:?}"));
         }
     }
 
@@ -358,7 +358,7 @@ impl Walk<'_> {
             &mut |piece| {
                 let chunk = match piece {
                     Piece::Kept(chunk) => {
-                        self.taken.bytes_read += u64::from(chunk.len);
+                        self.costs.bytes_read += u64::from(chunk.len);
                         chunk
                     }
                     Piece::New(chunk) => self.send(chunk)?,
@@ -373,11 +373,11 @@ impl Walk<'_> {
 
     /// Counts a chunk read, and sends it unless the store has it.
     fn send(&mut self, chunk: chunking::Chunk) -> Result<ChunkRef, VolumeError> {
-        self.taken.bytes_read += u64::from(chunk.reference.len);
+        self.costs.bytes_read += u64::from(chunk.reference.len);
         if !self.store.missing(&[&chunk.reference])?.is_empty() {
             self.store.put(&chunk.reference, &chunk.bytes)?;
-            self.taken.chunks_sent += 1;
-            self.taken.bytes_sent += u64::from(chunk.reference.len);
+            self.costs.chunks_sent += 1;
+            self.costs.bytes_sent += u64::from(chunk.reference.len);
         }
         Ok(chunk.reference)
     }

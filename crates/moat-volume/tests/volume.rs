@@ -73,7 +73,7 @@ fn an_area_restores_byte_for_byte_from_its_snapshot() {
 
     let taken = Tracker::new().take(&area, &store).unwrap();
     assert_eq!(taken.snapshot.bytes(), (5 << 20) + 5 + 18);
-    assert_eq!(taken.bytes_sent, taken.bytes_read);
+    assert_eq!(taken.costs.bytes_sent, taken.costs.bytes_read);
     // The stored snapshot is the one taken, under its id.
     let stored = store::get_snapshot(&store, &taken.id).unwrap();
     assert_eq!(stored, taken.snapshot);
@@ -88,11 +88,11 @@ fn an_area_restores_byte_for_byte_from_its_snapshot() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     let again = other.take(&into, &store).unwrap();
     assert_eq!(again.id, taken.id);
-    assert_eq!(again.bytes_sent, 0);
+    assert_eq!(again.costs.bytes_sent, 0);
     let third = other.take(&into, &store).unwrap();
     assert_eq!(third.id, taken.id);
-    assert_eq!(third.bytes_read, 0);
-    assert_eq!(third.files_unchanged, 4);
+    assert_eq!(third.costs.bytes_read, 0);
+    assert_eq!(third.costs.files_unchanged, 4);
 }
 
 #[test]
@@ -110,7 +110,7 @@ fn a_changed_megabyte_travels_as_a_few_chunks_and_unchanged_files_are_not_read()
     // Older than a clock tick when taken, so their stamps are trusted.
     std::thread::sleep(std::time::Duration::from_millis(50));
     let first = tracker.take(&area, &store).unwrap();
-    assert_eq!(first.files_unchanged, 0);
+    assert_eq!(first.costs.files_unchanged, 0);
 
     // 1 MiB overwritten in the middle of the big file, one small file
     // deleted, one added.
@@ -120,12 +120,12 @@ fn a_changed_megabyte_travels_as_a_few_chunks_and_unchanged_files_are_not_read()
     std::fs::remove_file(area.join("f3")).unwrap();
     std::fs::write(area.join("new"), b"new file").unwrap();
     let second = tracker.take(&area, &store).unwrap();
-    assert_eq!(second.files_unchanged, 7, "{second:?}");
-    assert_eq!(second.bytes_read, (32 << 20) + 8);
+    assert_eq!(second.costs.files_unchanged, 7, "{second:?}");
+    assert_eq!(second.costs.bytes_read, (32 << 20) + 8);
     assert!(
-        second.bytes_sent <= 5 << 20,
+        second.costs.bytes_sent <= 5 << 20,
         "a 1 MiB change sent {} bytes",
-        second.bytes_sent
+        second.costs.bytes_sent
     );
     let paths: Vec<&str> = second
         .snapshot
@@ -160,7 +160,7 @@ fn a_link_in_the_area_is_kept_as_a_link_and_never_read_through() {
     std::os::unix::fs::symlink(dir.path(), area.join("up")).unwrap();
     let store = DirStore::open(&dir.path().join("store")).unwrap();
     let taken = Tracker::new().take(&area, &store).unwrap();
-    assert_eq!(taken.bytes_read, 0);
+    assert_eq!(taken.costs.bytes_read, 0);
     assert!(taken.snapshot.chunks().is_empty());
     assert!(
         taken
@@ -262,7 +262,7 @@ fn fifos_and_sockets_are_skipped_without_blocking_and_modes_come_back() {
     std::fs::set_permissions(area.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
     let store = DirStore::open(&dir.path().join("store")).unwrap();
     let taken = Tracker::new().take(&area, &store).unwrap();
-    assert_eq!(taken.skipped_count, 2, "{:?}", taken.skipped);
+    assert_eq!(taken.costs.skipped_count, 2, "{:?}", taken.costs.skipped);
     let into = dir.path().join("into");
     std::fs::create_dir(&into).unwrap();
     Tracker::new().restore(&store, &taken.id, &into).unwrap();
@@ -461,9 +461,9 @@ fn a_file_edited_grown_or_shrunk_between_snapshots_restores_exactly() {
         std::fs::write(area.join("f"), &content).unwrap();
         let taken = tracker.take(&area, &store).unwrap();
         assert!(
-            taken.bytes_sent <= most,
+            taken.costs.bytes_sent <= most,
             "{what}: sent {}",
-            taken.bytes_sent
+            taken.costs.bytes_sent
         );
         assert_eq!(taken.snapshot.bytes(), content.len() as u64, "{what}");
         let into = dir.path().join(format!("into-{what}"));

@@ -129,13 +129,19 @@ pub(crate) struct Forwarder {
     control: UnixStream,
 }
 
-/// The launcher's side of the forwarder's first message.
+/// The forwarder's first message: serving, confined fully or (allowed by
+/// `--allow-degraded`) less, or not.
 const READY: &str = "ready ";
+const READY_DEGRADED: &str = "degraded ";
 const FAILED: &str = "failed ";
 
-/// Forks the forwarder into the sandbox's network namespace. Returns once it
-/// is confined and serving, with the description of its confinement. The
-/// caller must be single-threaded.
+/// How the forwarder is confined, for the report.
+pub(crate) struct Confinement {
+    pub(crate) note: String,
+    /// Landlock held only partly or not at all (`--allow-degraded`).
+    pub(crate) degraded: bool,
+}
+
 /// Who the forwarder becomes in the sandbox's user namespace: the
 /// program's own ids there (the run's host uid when root launched it), not
 /// the launcher's; with `clear_groups`, no supplementary group either.
@@ -146,13 +152,16 @@ pub(crate) struct ForwarderIds {
     pub(crate) clear_groups: bool,
 }
 
+/// Forks the forwarder into the sandbox's network namespace. Returns once it
+/// is confined and serving, with how it is confined. The caller must be
+/// single-threaded.
 pub(crate) fn start(
     listeners: &mut Listeners,
     userns: &OwnedFd,
     netns: OwnedFd,
     ids: ForwarderIds,
     allow_degraded: bool,
-) -> Result<(Forwarder, String), SetupError> {
+) -> Result<(Forwarder, Confinement), SetupError> {
     let (ours, theirs) =
         UnixStream::pair().map_err(|e| SetupError::io(Layer::Network, "forwarder socket", e))?;
     let ports: Vec<(u16, i32)> = listeners
@@ -178,23 +187,29 @@ pub(crate) fn start(
     let mut first = String::new();
     let read = BufReader::new(&ours).read_line(&mut first);
     let first = first.trim_end();
-    match read {
-        Ok(_) if first.starts_with(READY) => Ok((
+    let ready = [(READY, false), (READY_DEGRADED, true)]
+        .into_iter()
+        .find_map(|(tag, degraded)| first.strip_prefix(tag).map(|note| (note, degraded)));
+    match (read, ready) {
+        (Ok(_), Some((note, degraded))) => Ok((
             Forwarder {
                 helper,
                 control: ours,
             },
-            first[READY.len()..].to_owned(),
+            Confinement {
+                note: note.to_owned(),
+                degraded,
+            },
         )),
-        Ok(_) if first.starts_with(FAILED) => Err(SetupError::new(
+        (Ok(_), None) if first.starts_with(FAILED) => Err(SetupError::new(
             Layer::Network,
             format!("the ingress forwarder: {}", &first[FAILED.len()..]),
         )),
-        Ok(_) => Err(SetupError::new(
+        (Ok(_), None) => Err(SetupError::new(
             Layer::Network,
             "the ingress forwarder ended before it was ready",
         )),
-        Err(e) => Err(SetupError::io(Layer::Network, "the ingress forwarder", e)),
+        (Err(e), _) => Err(SetupError::io(Layer::Network, "the ingress forwarder", e)),
     }
 }
 

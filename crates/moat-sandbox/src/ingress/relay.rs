@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use moat_core::event_data::NetworkIngress;
 
 use super::http_meta::{self, FirstLine};
-use super::{FAILED, ForwarderIds, MAX_EVENTS, READY, tell};
+use super::{FAILED, ForwarderIds, MAX_EVENTS, READY, READY_DEGRADED, tell};
 
 /// Connections relayed at once; more are closed at once (and recorded).
 const MAX_ACTIVE: usize = 128;
@@ -50,7 +50,7 @@ pub(in crate::ingress) fn forwarder_main(plan: ForwarderPlan) -> i32 {
     } = plan;
     let exposed: Vec<u16> = ports.iter().map(|(port, _)| *port).collect();
     let confined = enter(userns, netns, ids).and_then(|()| confine(&exposed, allow_degraded));
-    let confined = match confined {
+    let (fully, confined) = match confined {
         Ok(confined) => confined,
         Err(e) => {
             let _ = tell(&mut control, &format!("{FAILED}{e}"));
@@ -63,7 +63,8 @@ pub(in crate::ingress) fn forwarder_main(plan: ForwarderPlan) -> i32 {
         // bound and this process inherited; nothing else here owns it.
         .map(|(port, fd)| (port, unsafe { UnixListener::from_raw_fd(fd) }))
         .collect();
-    if tell(&mut control, &format!("{READY}{confined}")).is_err() {
+    let ready = if fully { READY } else { READY_DEGRADED };
+    if tell(&mut control, &format!("{ready}{confined}")).is_err() {
         return 1;
     }
     let records = Arc::new(Records::default());
@@ -126,37 +127,17 @@ fn enter(userns: RawFd, netns: RawFd, ids: ForwarderIds) -> Result<(), String> {
 }
 
 /// Landlock: no file at all, TCP connect only to the exposed ports, no bind,
-/// no signal or abstract socket outside itself.
-fn confine(ports: &[u16], allow_degraded: bool) -> Result<String, String> {
-    use landlock::{
-        ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr,
-        RulesetCreatedAttr, RulesetStatus, Scope,
-    };
-    let level = if allow_degraded {
-        CompatLevel::BestEffort
-    } else {
-        CompatLevel::HardRequirement
-    };
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(level)
-        .handle_access(AccessFs::from_all(ABI::V5))
-        .and_then(|r| r.handle_access(AccessNet::from_all(ABI::V4)))
-        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
-        .and_then(|r| r.create())
-        .map_err(|e| format!("Landlock: {e}"))?;
-    for port in ports {
-        ruleset = ruleset
-            .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
-            .map_err(|e| format!("Landlock: {e}"))?;
-    }
-    let status = ruleset
-        .restrict_self()
-        .map_err(|e| format!("Landlock: {e}"))?;
+/// no signal or abstract socket outside itself; then seccomp. Returns
+/// whether Landlock held fully, and the description for the report.
+fn confine(ports: &[u16], allow_degraded: bool) -> Result<(bool, String), String> {
+    use landlock::RulesetStatus;
+    let status =
+        crate::helper::restrict(&[], Some(ports), allow_degraded).map_err(|e| e.to_string())?;
     // Then seccomp (no_new_privs is set): nothing of what a relay never
     // does (change a file, signal or execute anything, other sockets).
     let filter = crate::seccomp::compile_forwarder().map_err(|e| e.to_string())?;
     crate::seccomp::install(&filter, false).map_err(|e| format!("seccomp: {e}"))?;
-    let what = match status.ruleset {
+    let what = match status {
         RulesetStatus::FullyEnforced => "fully enforced",
         RulesetStatus::PartiallyEnforced if allow_degraded => {
             "partially enforced (kernel ABI too old)"
@@ -164,10 +145,13 @@ fn confine(ports: &[u16], allow_degraded: bool) -> Result<String, String> {
         RulesetStatus::NotEnforced if allow_degraded => "not enforced (Landlock unavailable)",
         _ => return Err("Landlock cannot confine the forwarder on this kernel".into()),
     };
-    Ok(format!(
-        "the forwarder is in the sandbox's network namespace as the program's ids, with no \
-         capability, a seccomp filter (no file change, signal, exec or other socket kind) and \
-         Landlock (no file, TCP connect only to the exposed ports, no bind) {what}"
+    Ok((
+        status == RulesetStatus::FullyEnforced,
+        format!(
+            "the forwarder is in the sandbox's network namespace as the program's ids, with no \
+             capability, a seccomp filter (no file change, signal, exec or other socket kind) \
+             and Landlock (no file, TCP connect only to the exposed ports, no bind) {what}"
+        ),
     ))
 }
 

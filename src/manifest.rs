@@ -178,6 +178,7 @@ pub fn template(key: &PublicKey) -> Manifest {
             read_roots: vec![".".into()],
             write_roots: vec!["output".into()],
             artifact_only: Vec::new(),
+            persistent_roots: Vec::new(),
         },
         env_passthrough: vec![],
         limits: Limits::default(),

@@ -400,7 +400,7 @@ fn a_killed_runner_loses_its_run_and_a_restarted_control_plane_is_rejoined() {
                 op["state"].as_str(),
                 op["result"]["error"]["reason"].as_str()
             ),
-            (Some("failed"), Some("lease_expired")),
+            (Some("failed"), Some("interrupted")),
             "{op}"
         );
 

@@ -38,7 +38,7 @@ fn shell() -> &'static Mutex<Shell> {
             sandbox_modes: vec![SandboxMode::WorkspaceWrite],
             // Network off: http_request is refused before any proxy is started.
             network_policy: NetworkPolicy { mode: NetworkMode::Off, ..NetworkPolicy::default() },
-            filesystem: FilesystemPolicy { read_roots: vec![".".into()], write_roots: vec!["output".into()], artifact_only: Vec::new() },
+            filesystem: FilesystemPolicy { read_roots: vec![".".into()], write_roots: vec!["output".into()], artifact_only: Vec::new(), persistent_roots: Vec::new() },
             env_passthrough: vec![],
             limits: Limits { file_size_bytes: 1 << 16, ..Limits::default() },
             exports: None,

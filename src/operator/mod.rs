@@ -1,5 +1,5 @@
 //! Commands an operator runs against a control plane: `moat approvals`,
-//! `moat runs`, `moat audit`, `moat orgs` and `moat runner drain`. They take the control plane's address and the org's admin
+//! `moat runs`, `moat audit`, `moat orgs`, `moat volumes` and `moat runner drain`. They take the control plane's address and the org's admin
 //! token from flags or the environment (`moat up` prints both), never the
 //! token itself on the command line.
 
@@ -7,6 +7,7 @@ pub mod approvals;
 pub mod audit;
 pub mod orgs;
 pub mod runs;
+pub mod volumes;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! are here too.
 
 use moat_core::OpResult;
-use moat_core::ids::{OpId, RelPath, RunId, Sha256};
+use moat_core::ids::{OpId, RelPath, RunId, Sha256, VolumeName};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -193,6 +193,55 @@ pub struct NewRun {
     /// allows): only a runner that offers them all claims the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workload_classes: Vec<moat_core::WorkloadClass>,
+    /// The org's volumes to attach, each at a persistent root of the
+    /// manifest: read-write by one run at a time, read-only by any number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeAttachment>,
+    /// Continue a previous run of the org (a session): its volumes are
+    /// attached as it had them, unless `volumes` attaches the same path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<RunId>,
+}
+
+/// One volume a new run attaches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VolumeAttachment {
+    pub volume: VolumeName,
+    /// A persistent root of the manifest (`filesystem.persistentRoots`).
+    pub path: RelPath,
+    /// Any number of runs may read a volume; one at a time writes it.
+    /// What a run changes in a read-only attachment is never kept.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewVolume {
+    pub name: VolumeName,
+}
+
+/// A volume: an org's persistent work area, kept as content-addressed
+/// snapshots by the control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeView {
+    pub name: String,
+    /// The newest snapshot (`null`: nothing was written yet).
+    pub head: Option<String>,
+    pub files: u64,
+    pub bytes: u64,
+    /// The live run attached read-write, if any.
+    pub writer: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

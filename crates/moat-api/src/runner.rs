@@ -140,6 +140,37 @@ pub struct ResultBody {
     pub events: Vec<Event>,
     #[serde(default)]
     pub artifacts: Vec<ReportedArtifact>,
+    /// The new snapshot of each read-write volume the operation changed,
+    /// already stored (`PUT .../snapshots/{id}`): recorded as the volume's
+    /// head with the result, or not at all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeHead>,
+}
+
+/// A volume's new head.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VolumeHead {
+    pub volume: moat_core::ids::VolumeName,
+    pub snapshot: moat_core::ids::Sha256,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// A chunk of a volume, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ChunkName {
+    pub sha256: moat_core::ids::Sha256,
+    pub len: u32,
+}
+
+/// `POST /v1/runner/runs/{run}/volumes/{volume}/missing`: which of these
+/// chunks the org's store lacks (asked and answered in batches).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ChunkNames {
+    pub chunks: Vec<ChunkName>,
 }
 
 /// Whether a result or an end was recorded (`false`: it already was, or

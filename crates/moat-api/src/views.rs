@@ -48,6 +48,21 @@ pub struct RunView {
     /// manifest it is pinned to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// Its persistent areas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<AttachedVolume>,
+}
+
+/// A volume as a run has it: where, how, the snapshot the run started from
+/// and the one it stands at (where another runner resumes it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachedVolume {
+    pub volume: String,
+    pub path: String,
+    pub read_only: bool,
+    pub start_snapshot: Option<String>,
+    pub snapshot: Option<String>,
 }
 
 /// A published manifest.

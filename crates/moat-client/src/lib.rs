@@ -18,4 +18,4 @@ pub use error::ClientError;
 pub use http::Answer;
 pub use org::OrgClient;
 pub use roots::{CaFileError, CaRoots};
-pub use runner::{Retry, RunnerClient};
+pub use runner::{Retry, RunnerClient, VolumeSpace};

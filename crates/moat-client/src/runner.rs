@@ -5,10 +5,11 @@ use std::time::{Duration, SystemTime};
 
 use moat_api::ManifestView;
 use moat_api::runner::{
-    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
-    Recorded, Registered, Registration, Released, ResultBody, Teardown,
+    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor,
+    ManifestRefreshed, Next, Recorded, Registered, Registration, Released, ResultBody, Teardown,
 };
 use moat_core::Event;
+use moat_core::event_data::RunResumed;
 use moat_core::request_sig;
 use moat_core::sign::{PrivateKey, PublicKey};
 use moat_core::url::encode_component as segment;
@@ -249,6 +250,77 @@ impl RunnerClient {
         Ok(())
     }
 
+    /// `POST /v1/runner/runs/{run}/volumes/{volume}/missing`.
+    pub fn volume_missing(
+        &self,
+        run: &str,
+        volume: &str,
+        asked: &ChunkNames,
+    ) -> Result<ChunkNames, ClientError> {
+        let path = format!(
+            "/v1/runner/runs/{}/volumes/{}/missing",
+            segment(run),
+            segment(volume)
+        );
+        self.call(
+            &format!("volume {volume}: asking which chunks are stored"),
+            "POST",
+            &path,
+            Some(asked),
+            Retry::WhileUnavailable,
+        )
+    }
+
+    /// `PUT /v1/runner/runs/{run}/volumes/{volume}/{space}/{sha256}`
+    /// (`space`: `chunks` or `snapshots`): stored once this returns.
+    pub fn put_volume_bytes(
+        &self,
+        run: &str,
+        volume: &str,
+        space: VolumeSpace,
+        sha256: &str,
+        bytes: &[u8],
+    ) -> Result<(), ClientError> {
+        let path = volume_path(run, volume, space, sha256);
+        let what = format!("volume {volume}: storing {} {sha256}", space.noun());
+        let _: Recorded = self
+            .send_bytes(&what, "PUT", &path, bytes.to_vec(), Retry::WhileUnavailable)?
+            .json(&what)?;
+        Ok(())
+    }
+
+    /// `GET /v1/runner/runs/{run}/volumes/{volume}/{space}/{sha256}`: the
+    /// bytes as sent (the caller checks them against the name).
+    pub fn get_volume_bytes(
+        &self,
+        run: &str,
+        volume: &str,
+        space: VolumeSpace,
+        sha256: &str,
+    ) -> Result<Vec<u8>, ClientError> {
+        let path = volume_path(run, volume, space, sha256);
+        let what = format!("volume {volume}: reading {} {sha256}", space.noun());
+        let answer = self.send_bytes(&what, "GET", &path, Vec::new(), Retry::WhileUnavailable)?;
+        if answer.status != 200 {
+            return Err(answer.refusal(&what));
+        }
+        Ok(answer.body)
+    }
+
+    /// `POST /v1/runner/runs/{run}/resumed`: what this runner restored of
+    /// a run it took over.
+    pub fn resumed(&self, run: &str, body: &RunResumed) -> Result<(), ClientError> {
+        let path = format!("/v1/runner/runs/{}/resumed", segment(run));
+        let _: Recorded = self.call(
+            &format!("run {run}: reporting its resumption"),
+            "POST",
+            &path,
+            Some(body),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(())
+    }
+
     fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         what: &str,
@@ -289,6 +361,18 @@ impl RunnerClient {
             Some(body) => encode(what, body)?,
             None => Vec::new(),
         };
+        self.send_bytes(what, method, path, bytes, retry)
+    }
+
+    /// [`RunnerClient::send`] of a body as it is.
+    fn send_bytes(
+        &self,
+        what: &str,
+        method: &str,
+        path: &str,
+        bytes: Vec<u8>,
+        retry: Retry,
+    ) -> Result<Answer, ClientError> {
         let mut delay = Duration::from_millis(100);
         loop {
             let error = match self.signed(method, path, &bytes) {
@@ -330,6 +414,35 @@ impl RunnerClient {
         self.http
             .send(method, path, &headers, (method != "GET").then_some(body))
     }
+}
+
+/// Where a volume's bytes go: its chunks, or its snapshot documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeSpace {
+    Chunks,
+    Snapshots,
+}
+
+impl VolumeSpace {
+    fn noun(self) -> &'static str {
+        match self {
+            VolumeSpace::Chunks => "chunk",
+            VolumeSpace::Snapshots => "snapshot",
+        }
+    }
+}
+
+fn volume_path(run: &str, volume: &str, space: VolumeSpace, sha256: &str) -> String {
+    let space = match space {
+        VolumeSpace::Chunks => "chunks",
+        VolumeSpace::Snapshots => "snapshots",
+    };
+    format!(
+        "/v1/runner/runs/{}/volumes/{}/{space}/{}",
+        segment(run),
+        segment(volume),
+        segment(sha256)
+    )
 }
 
 fn encode<B: Serialize + ?Sized>(what: &str, body: &B) -> Result<Vec<u8>, ClientError> {

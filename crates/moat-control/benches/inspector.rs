@@ -41,6 +41,7 @@ fn fill(store: &Store) -> String {
                     max_attempts: 3,
                     manifest_hash: None,
                     needs_classes: &[],
+                    volumes: &[],
                 },
                 now + i as i64,
             )

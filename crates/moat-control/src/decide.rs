@@ -664,6 +664,7 @@ mod tests {
             cpu_millis: 0,
             memory_bytes: 0,
             placement_note: None,
+            volumes: Vec::new(),
         }
     }
 

@@ -126,6 +126,12 @@ event_types! {
     RunLeaseExpired => "run.lease_expired",
     /// The run was queued again after a lost lease.
     RunRetried => "run.retried",
+    /// A runner took over a run another runner lost and restored its
+    /// persistent areas from their last snapshots (hashes verified).
+    RunResumed => "run.resumed",
+    /// An operation changed a persistent area and its snapshot became the
+    /// volume's head, in the transaction that recorded the result.
+    VolumeSnapshotted => "volume.snapshotted",
     /// A runner's claim of the queued run was refused by the placement
     /// policy (recorded once per runner and reason): it stays queued.
     RunPlacementDenied => "run.placement_denied",

@@ -156,6 +156,25 @@ checked_string!(
     }
 );
 
+checked_string!(
+    /// A persistent volume's name, unique within its org: it names URL
+    /// segments of the API.
+    VolumeName,
+    "volume name",
+    "1 to 64 of [a-z0-9._-], starting with a letter or digit",
+    "^[a-z0-9][a-z0-9._-]{0,63}$",
+    |name| {
+        name.len() <= 64
+            && name
+                .as_bytes()
+                .first()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    }
+);
+
 impl RunId {
     /// A fresh random id (`run_` and 32 hex digits).
     pub fn random() -> RunId {
@@ -196,6 +215,12 @@ mod tests {
             assert!(bad.parse::<RelPath>().is_err(), "{bad:?}");
         }
         assert!("a".repeat(4097).parse::<RelPath>().is_err());
+        for good in ["cache", "model-1", "a.b_c", "0"] {
+            assert!(good.parse::<VolumeName>().is_ok(), "{good}");
+        }
+        for bad in ["", "Cache", "-x", ".x", "a/b", "a b", &"a".repeat(65)] {
+            assert!(bad.parse::<VolumeName>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -84,9 +84,24 @@ pub struct FilesystemPolicy {
     /// among `writeRoots`. Left out of the signed bytes when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifact_only: Vec<String>,
+    /// Writable roots a managed run may back with a persistent volume
+    /// (`volumes` when the run is created): restored from the volume's
+    /// last snapshot before the run's first operation, snapshotted after
+    /// each operation that changed them. Every other root is ephemeral:
+    /// gone at the run's teardown. Each must be among `writeRoots`. Left
+    /// out of the signed bytes when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persistent_roots: Vec<String>,
 }
 
 impl FilesystemPolicy {
+    /// Whether a volume may be attached at `rel` (a listed persistent root).
+    pub fn is_persistent(&self, rel: &std::path::Path) -> bool {
+        self.persistent_roots
+            .iter()
+            .any(|root| same_root(std::path::Path::new(root), rel))
+    }
+
     /// Whether the root `rel` (as listed, or as a path) is artifact-only.
     pub fn is_artifact_only(&self, rel: &std::path::Path) -> bool {
         self.artifact_only
@@ -327,6 +342,26 @@ impl Manifest {
                 }
             }
         }
+        for root in &self.filesystem.persistent_roots {
+            let path = std::path::Path::new(root);
+            let listed = self
+                .filesystem
+                .write_roots
+                .iter()
+                .any(|w| same_root(std::path::Path::new(w), path));
+            if !listed {
+                return Err(ManifestError::Invalid(format!(
+                    "filesystem.persistentRoots root {root:?} is not among writeRoots"
+                )));
+            }
+            if same_root(path, std::path::Path::new(".")) || self.filesystem.is_artifact_only(path)
+            {
+                return Err(ManifestError::Invalid(format!(
+                    "filesystem.persistentRoots root {root:?}: not the whole workspace, nor an \
+                     artifact-only root"
+                )));
+            }
+        }
         if self.allow_emulation && self.fit(WorkloadClass::Microvm).is_none() {
             return invalid(
                 "allowEmulation is about the microvm class: list it in workloadClasses",
@@ -437,6 +472,7 @@ mod tests {
                 read_roots: vec![".".into()],
                 write_roots: vec!["output".into()],
                 artifact_only: Vec::new(),
+                persistent_roots: Vec::new(),
             },
             env_passthrough: vec![],
             limits: Limits::default(),

@@ -25,6 +25,10 @@ pub enum RunnerError {
     /// The control plane sent something this runner will not act on.
     #[error("{0}")]
     Protocol(String),
+    /// A persistent area could not be restored or snapshotted: the run
+    /// cannot go on without losing what it wrote.
+    #[error("{0}")]
+    Volume(String),
 }
 
 /// `.io(|| "what")` on I/O results: the error names what was being done.

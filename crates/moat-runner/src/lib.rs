@@ -17,6 +17,7 @@ pub mod seal;
 mod serve;
 mod slots;
 mod teardown;
+mod volumes;
 pub mod workspace;
 
 use std::path::{Path, PathBuf};

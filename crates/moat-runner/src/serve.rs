@@ -17,6 +17,7 @@ use crate::Config;
 use crate::error::{IoContext as _, RunnerError};
 use crate::manifests::Manifests;
 use crate::slots::{SlotGuard, Slots};
+use crate::volumes::Area;
 use crate::workspace::{collect_artifacts, private_dir, write_inputs};
 
 /// How long one long poll (a claim, a run's next step) waits.
@@ -261,14 +262,15 @@ impl Runner {
         }
         // Made at the first operation, with the shell: a run without any
         // costs no process and no files.
-        let mut prepared: Option<(Ledger, i64)> = None;
+        let mut prepared: Option<(Ledger, i64, Vec<Area>)> = None;
         // The manifest generation it serves under: a refresh (by any slot)
         // takes over at this run's next operation boundary, in a new shell.
         let mut shell: Option<(ShellChild, u64)> = None;
         loop {
             // An operation boundary: a drain gives the run back here (its
             // workspace goes with it: the next runner starts from the
-            // inputs, as after a lost lease)...
+            // inputs and its volumes' last snapshots, as after a lost
+            // lease)...
             if self.draining() {
                 drop(shell);
                 // The claiming loop may sit in a long poll for a while yet:
@@ -333,7 +335,7 @@ impl Runner {
                         self.client.tool_call(run_id, &op_id)?;
                         continue;
                     }
-                    let (ledger, ledger_seq) = match &mut prepared {
+                    let (ledger, ledger_seq, areas) = match &mut prepared {
                         Some(prepared) => prepared,
                         None => prepared.insert(self.prepare_workspace(&workspace, claim)?),
                     };
@@ -353,10 +355,14 @@ impl Runner {
                         events.extend(page.into_iter().map(|e| e.event));
                     }
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
+                    // The result is acknowledged only with the snapshots of
+                    // what it changed, already stored.
+                    let volumes = crate::volumes::snapshot(&self.client, run_id, areas)?;
                     let body = ResultBody {
                         result,
                         events,
                         artifacts,
+                        volumes,
                     };
                     self.client.report_result(run_id, &op_id, &body)?;
                 }
@@ -374,15 +380,16 @@ impl Runner {
         }
     }
 
-    /// The run's workspace with its inputs, and the shells' ledger (read
-    /// alongside the shell, which writes it; WAL: readers see each commit)
-    /// with the sequence number it stood at before the run's first
-    /// operation.
+    /// The run's workspace with its volumes restored and its inputs, and
+    /// the shells' ledger (read alongside the shell, which writes it; WAL:
+    /// readers see each commit) with the sequence number it stood at
+    /// before the run's first operation here. A run another runner lost
+    /// is reported resumed, with what was restored.
     fn prepare_workspace(
         &self,
         workspace: &Path,
         claim: &Claim,
-    ) -> Result<(Ledger, i64), RunnerError> {
+    ) -> Result<(Ledger, i64, Vec<Area>), RunnerError> {
         // The runner's alone: another run's sandbox runs as another host
         // uid, which must find nothing here even if it got out.
         if let Some(runs) = workspace.parent() {
@@ -393,10 +400,38 @@ impl Runner {
             std::fs::create_dir_all(workspace.join(dir))
                 .io(|| format!("{}/{dir}", workspace.display()))?;
         }
+        let filesystem = self
+            .manifests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .current()
+            .manifest
+            .filesystem
+            .clone();
+        let (areas, restored) =
+            crate::volumes::restore(&self.client, &claim.run, workspace, &filesystem)?;
+        // Another runner served it before: lost (a new attempt), or given
+        // back after it recorded a snapshot (a drain).
+        let before = claim.run.attempts > 1
+            || claim
+                .run
+                .volumes
+                .iter()
+                .any(|v| v.snapshot != v.start_snapshot);
+        if before && !restored.is_empty() {
+            let resumed = moat_core::event_data::RunResumed {
+                attempt: claim.run.attempts,
+                volumes: restored,
+                runner_id: None,
+                runner_hash: None,
+                manifest_hash: None,
+            };
+            self.client.resumed(&claim.run.id, &resumed)?;
+        }
         write_inputs(workspace, &claim.inputs)?;
         let ledger = Ledger::open(&self.shell_state.join("ledger.db"))?;
         let seq = ledger.summary()?.0;
-        Ok((ledger, seq))
+        Ok((ledger, seq, areas))
     }
 
     /// One operation through the shell, with the run's lease kept alive by

@@ -39,6 +39,7 @@ fn shell(dir: &std::path::Path) -> Shell {
             read_roots: vec![".".into()],
             write_roots: vec!["output".into()],
             artifact_only: Vec::new(),
+            persistent_roots: Vec::new(),
         },
         env_passthrough: vec![],
         limits: Limits::default(),

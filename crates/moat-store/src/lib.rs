@@ -34,6 +34,7 @@ mod runs;
 mod secrets;
 mod tls;
 mod usage;
+mod volumes;
 
 use std::sync::{Condvar, Mutex};
 
@@ -58,6 +59,7 @@ pub use runs::{
 };
 pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 pub use usage::UsageDay;
+pub use volumes::{Attach, Bytes as VolumeBytes, Found, NewHead, RunVolume, VolumeRow};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,11 @@ pub enum StoreError {
     Migration(String),
     #[error("{0} already exists")]
     Conflict(String),
+    #[error("no such {0}")]
+    NoSuch(String),
+    /// Held by someone else: what and by whom.
+    #[error("{0}")]
+    InUse(String),
     #[error("event cannot be serialised: {0}")]
     Encode(String),
 }

@@ -126,6 +126,9 @@ pub struct OpResult<'a> {
     pub artifacts: &'a [NewArtifact],
     /// Files that passed the export rules and wait for an approval.
     pub held: &'a [crate::HeldExport],
+    /// New heads of the run's read-write volumes: moved with the result
+    /// or not at all.
+    pub heads: &'a [crate::NewHead],
 }
 
 impl Store {
@@ -284,6 +287,11 @@ impl Store {
             )?;
             if updated == 0 {
                 return Ok(false);
+            }
+            if !result.heads.is_empty() {
+                let run = crate::runs::get(tx, result.org, result.run)?
+                    .ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
+                crate::volumes::move_heads(tx, result.org, &run, result.heads, now)?;
             }
             for artifact in result.artifacts {
                 objects::insert_artifact(tx, result.org, result.run, result.op, artifact, now)?;

@@ -247,11 +247,34 @@ impl Outputs {
     /// Stores `bytes` under `sha256`, which the caller computed from them.
     /// Writing the same file twice is harmless (same name, same bytes).
     pub async fn put(&self, sha256: &str, bytes: &[u8]) -> Result<(), OutputsError> {
+        self.put_in(Space::Outputs, sha256, bytes).await
+    }
+
+    /// The bytes stored under `sha256`, as the backend returns them (the
+    /// caller hashes them: this store is trusted, not beyond tampering);
+    /// `None` if it has none, or if promoted files are in the database.
+    pub async fn get(&self, sha256: &str) -> Result<Option<Vec<u8>>, OutputsError> {
+        self.get_in(Space::Outputs, sha256).await
+    }
+
+    /// [`Outputs::put`] of a volume's chunk or snapshot document: kept
+    /// apart from promoted files (`volumes/ab/…`), which only the export
+    /// boundary puts in this store.
+    pub async fn put_volume_bytes(&self, sha256: &str, bytes: &[u8]) -> Result<(), OutputsError> {
+        self.put_in(Space::Volumes, sha256, bytes).await
+    }
+
+    /// [`Outputs::get`] of a volume's chunk or snapshot document.
+    pub async fn get_volume_bytes(&self, sha256: &str) -> Result<Option<Vec<u8>>, OutputsError> {
+        self.get_in(Space::Volumes, sha256).await
+    }
+
+    async fn put_in(&self, space: Space, sha256: &str, bytes: &[u8]) -> Result<(), OutputsError> {
         let Place::Objects { store, url } = &self.place else {
             return Ok(());
         };
         store
-            .put(&key(sha256)?, bytes.to_vec().into())
+            .put(&key(space, sha256)?, bytes.to_vec().into())
             .await
             .map_err(|source| OutputsError::Backend {
                 store: url.clone(),
@@ -260,10 +283,7 @@ impl Outputs {
         Ok(())
     }
 
-    /// The bytes stored under `sha256`, as the backend returns them (the
-    /// caller hashes them: this store is trusted, not beyond tampering);
-    /// `None` if it has none, or if promoted files are in the database.
-    pub async fn get(&self, sha256: &str) -> Result<Option<Vec<u8>>, OutputsError> {
+    async fn get_in(&self, space: Space, sha256: &str) -> Result<Option<Vec<u8>>, OutputsError> {
         let Place::Objects { store, url } = &self.place else {
             return Ok(None);
         };
@@ -271,7 +291,7 @@ impl Outputs {
             store: url.clone(),
             source,
         };
-        match store.get(&key(sha256)?).await {
+        match store.get(&key(space, sha256)?).await {
             Ok(found) => Ok(Some(found.bytes().await.map_err(backend)?.to_vec())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(backend(e)),
@@ -285,7 +305,7 @@ impl Outputs {
         let Place::Objects { store, url } = &self.place else {
             return Ok(());
         };
-        match store.delete(&key(sha256)?).await {
+        match store.delete(&key(Space::Outputs, sha256)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(source) => Err(OutputsError::Backend {
                 store: url.clone(),
@@ -295,9 +315,16 @@ impl Outputs {
     }
 }
 
-/// `sha256/ab/abcdef…`: two hex digits of fan-out keep a directory backend's
-/// directories small.
-fn key(sha256: &str) -> Result<Key, OutputsError> {
+/// Which objects: promoted files, or volumes' chunks and snapshots.
+#[derive(Debug, Clone, Copy)]
+enum Space {
+    Outputs,
+    Volumes,
+}
+
+/// `sha256/ab/abcdef…` (`volumes/ab/abcdef…`): two hex digits of fan-out
+/// keep a directory backend's directories small.
+fn key(space: Space, sha256: &str) -> Result<Key, OutputsError> {
     let hex = sha256.len() == 64
         && sha256
             .bytes()
@@ -305,7 +332,11 @@ fn key(sha256: &str) -> Result<Key, OutputsError> {
     if !hex {
         return Err(OutputsError::Name(sha256.to_owned()));
     }
-    Ok(Key::from(format!("sha256/{}/{sha256}", &sha256[..2])))
+    let top = match space {
+        Space::Outputs => "sha256",
+        Space::Volumes => "volumes",
+    };
+    Ok(Key::from(format!("{top}/{}/{sha256}", &sha256[..2])))
 }
 
 #[cfg(test)]
@@ -334,9 +365,11 @@ mod tests {
 
     #[test]
     fn keys_are_hashes_only() {
-        assert!(key("../../etc/passwd").is_err());
-        assert!(key(&"A".repeat(64)).is_err());
-        let k = key(&"ab".repeat(32)).unwrap();
+        assert!(key(Space::Outputs, "../../etc/passwd").is_err());
+        assert!(key(Space::Volumes, &"A".repeat(64)).is_err());
+        let k = key(Space::Outputs, &"ab".repeat(32)).unwrap();
         assert_eq!(k.as_ref(), format!("sha256/ab/{}", "ab".repeat(32)));
+        let k = key(Space::Volumes, &"ab".repeat(32)).unwrap();
+        assert_eq!(k.as_ref(), format!("volumes/ab/{}", "ab".repeat(32)));
     }
 }

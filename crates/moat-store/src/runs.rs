@@ -91,6 +91,8 @@ pub struct RunRow {
     /// object of reasons by runner id, until one does: see
     /// [`RunRow::placement_notes`].
     pub placement_note: Option<String>,
+    /// Its persistent volumes.
+    pub volumes: Vec<crate::RunVolume>,
 }
 
 impl RunRow {
@@ -119,7 +121,7 @@ impl RunRow {
 
 const COLUMNS: &str = "id, org_id, state, environment, runner_id, manifest_hash, lease_until_ms,
     attempts, max_attempts, finish_wanted, inputs, error, created_ms, claimed_ms, updated_ms,
-    needs_classes, cpu_millis, memory_bytes, placement_note";
+    needs_classes, cpu_millis, memory_bytes, placement_note, volumes";
 
 fn decode(row: &Row) -> Result<RunRow, StoreError> {
     let state = row.text("state")?;
@@ -145,6 +147,7 @@ fn decode(row: &Row) -> Result<RunRow, StoreError> {
         cpu_millis: row.int("cpu_millis")?,
         memory_bytes: row.int("memory_bytes")?,
         placement_note: row.opt_text("placement_note")?,
+        volumes: crate::volumes::decode_run_volumes(row.opt_text("volumes")?)?,
     })
 }
 
@@ -363,6 +366,8 @@ pub struct NewRun<'a> {
     pub manifest_hash: Option<&'a str>,
     /// Only runners that offer these workload classes may claim it.
     pub needs_classes: &'a [moat_core::WorkloadClass],
+    /// The org's volumes it attaches.
+    pub volumes: &'a [crate::Attach<'a>],
 }
 
 impl Store {
@@ -389,6 +394,13 @@ impl Store {
             )?;
             if inserted == 0 {
                 return Err(StoreError::Conflict(format!("run {}", run.id)));
+            }
+            let volumes = crate::volumes::attach(tx, run.org, run.id, run.volumes)?;
+            if !volumes.is_empty() {
+                tx.execute(
+                    "UPDATE runs SET volumes = ? WHERE id = ?",
+                    &[crate::volumes::encode(&volumes)?.into(), run.id.into()],
+                )?;
             }
             for blob in run.blobs {
                 crate::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
@@ -673,7 +685,7 @@ impl Store {
     }
 
     /// Runs whose runner stopped renewing: the op in flight fails
-    /// (`lease_expired`), and the run is queued again while it has attempts
+    /// (`interrupted`: the agent may submit it again), and the run is queued again while it has attempts
     /// left, else dead-lettered. Returns the runs handled.
     pub fn expire_leases(&self, now: i64) -> Result<Vec<(String, RunState)>, StoreError> {
         self.tx(|tx| {
@@ -690,7 +702,7 @@ impl Store {
                     "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
                      WHERE run_id = ? AND state = 'dispatched'",
                     &[
-                        json!({"status": "error", "error": {"reason": "lease_expired", "message": "the runner stopped answering while the operation ran"}})
+                        json!({"status": "error", "error": {"reason": "interrupted", "message": "the runner stopped answering while the operation ran: it may or may not have taken effect; the run resumes on another runner from its last acknowledged operation (and its volumes' last snapshots), where it may be submitted again"}})
                             .to_string()
                             .into(),
                         now.into(),

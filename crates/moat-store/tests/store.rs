@@ -59,6 +59,7 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
                 manifest_hash: None,
                 max_attempts,
                 needs_classes: &[],
+                volumes: &[],
             },
             10,
         )
@@ -236,6 +237,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             events: std::slice::from_ref(&ev),
             artifacts: std::slice::from_ref(&artifact),
             held: &[],
+            heads: &[],
         };
         // An artifact under a wrong hash fails the whole report: nothing recorded.
         let forged = NewArtifact {
@@ -299,10 +301,7 @@ fn a_lost_lease_retries_then_dead_letters() {
         );
         let op = s.op(&a, "r", "o").unwrap().expect("op");
         assert_eq!(op.state, OpState::Failed);
-        assert_eq!(
-            op.result.expect("result")["error"]["reason"],
-            "lease_expired"
-        );
+        assert_eq!(op.result.expect("result")["error"]["reason"], "interrupted");
         assert!(
             s.renew_lease(&a, "runner-1", "r", 152, 50)
                 .unwrap()
@@ -697,6 +696,7 @@ fn a_released_run_is_queued_again_uncounted_only_between_operations() {
                     events: &[],
                     artifacts: &[],
                     held: &[],
+                    heads: &[],
                 },
                 14
             )
@@ -804,6 +804,7 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
                     events: std::slice::from_ref(&rejected),
                     artifacts: &[],
                     held: std::slice::from_ref(&held),
+                    heads: &[],
                 },
                 24,
             )
@@ -902,6 +903,7 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
                     events: &[],
                     artifacts: &[],
                     held: std::slice::from_ref(&held_draft),
+                    heads: &[],
                 },
                 28,
             )

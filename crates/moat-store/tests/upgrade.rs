@@ -124,7 +124,7 @@ fn cases() -> Vec<(&'static str, Case)> {
 /// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
 /// boundary's quarantine and held exports), V6 (the output store), V7
 /// (workload classes), V8 (runners' hosts and labels).
-const MIGRATIONS: i64 = 9;
+const MIGRATIONS: i64 = 10;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")
@@ -202,6 +202,7 @@ fn a_database_from_before_versioning_upgrades_in_place() {
                     manifest_hash: None,
                     max_attempts: 1,
                     needs_classes: &[],
+                    volumes: &[],
                 },
                 2_000,
             )

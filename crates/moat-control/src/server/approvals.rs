@@ -472,6 +472,7 @@ mod tests {
                     max_attempts: 1,
                     manifest_hash: None,
                     needs_classes: &[],
+                    volumes: &[],
                 },
                 1,
             )

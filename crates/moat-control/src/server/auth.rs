@@ -393,7 +393,11 @@ impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
         let (parts, body) = request.into_parts();
         // Nothing is buffered for a request that cannot be a runner's.
         precheck(&parts.headers, state.now())?;
-        let limit = if parts.uri.path().ends_with("/result") {
+        // A result carries its artifacts inline; a volume's chunks and
+        // snapshot documents travel as they are.
+        let limit = if parts.uri.path().ends_with("/result")
+            || (parts.method == axum::http::Method::PUT && parts.uri.path().contains("/volumes/"))
+        {
             super::MAX_BODY
         } else {
             super::SMALL_BODY

@@ -52,6 +52,12 @@ impl From<StoreError> for ApiError {
                 "conflict",
                 format!("{what} already exists"),
             ),
+            StoreError::NoSuch(what) => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no such {what}"),
+            ),
+            StoreError::InUse(why) => ApiError::new(StatusCode::CONFLICT, "in_use", why),
             StoreError::Sqlite(_) | StoreError::Postgres(_) => {
                 eprintln!("moat serve: store: {e}");
                 ApiError::new(

@@ -38,6 +38,7 @@ mod sweep;
 pub mod tls;
 mod tools_api;
 mod views;
+mod volumes_api;
 mod wake;
 
 use std::sync::Arc;
@@ -336,6 +337,35 @@ pub fn routes() -> routes::Routes {
             runner_api::destroyed,
         )
         .on(POST, "/v1/runner/janitor", runner_api::janitor)
+        .on(GET, "/v1/volumes", volumes_api::list)
+        .on(POST, "/v1/volumes", volumes_api::create)
+        .on(GET, "/v1/volumes/{volume}", volumes_api::show)
+        .on(
+            POST,
+            "/v1/runner/runs/{run}/volumes/{volume}/missing",
+            volumes_api::missing,
+        )
+        .on(
+            PUT,
+            "/v1/runner/runs/{run}/volumes/{volume}/chunks/{sha256}",
+            volumes_api::put_chunk,
+        )
+        .on(
+            GET,
+            "/v1/runner/runs/{run}/volumes/{volume}/chunks/{sha256}",
+            volumes_api::get_chunk,
+        )
+        .on(
+            PUT,
+            "/v1/runner/runs/{run}/volumes/{volume}/snapshots/{id}",
+            volumes_api::put_snapshot,
+        )
+        .on(
+            GET,
+            "/v1/runner/runs/{run}/volumes/{volume}/snapshots/{id}",
+            volumes_api::get_snapshot,
+        )
+        .on(POST, "/v1/runner/runs/{run}/resumed", volumes_api::resumed)
 }
 
 pub fn router(state: Arc<AppState>) -> Router {

@@ -8,16 +8,18 @@ use axum::Json;
 use moat_api::org::{
     ApprovalList, ApprovalView, ArtifactCheck, ArtifactList, Capacity, Drained, EventPage,
     IssuedToken, LedgerCheck, ManifestPublished, NewBootstrapToken, NewOrg, NewRun, NewRunnerBuild,
-    NewRunnerEnrolment, NewSecret, OpList, OpRefused, OpSubmission, OpView, OrgCreated, QuotaView,
-    Resolution, RevokeKey, Revoked, RunList, RunnerBuild, RunnerBuilds, RunnerEnrolment,
+    NewRunnerEnrolment, NewSecret, NewVolume, OpList, OpRefused, OpSubmission, OpView, OrgCreated,
+    QuotaView, Resolution, RevokeKey, Revoked, RunList, RunnerBuild, RunnerBuilds, RunnerEnrolment,
     RunnerEnrolments, Runners, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult,
+    VolumeList, VolumeView,
 };
 use moat_api::runner::{
-    Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
-    Recorded, Registered, Registration, Released, ResultBody, Teardown,
+    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor,
+    ManifestRefreshed, Next, Recorded, Registered, Registration, Released, ResultBody, Teardown,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
+use moat_core::event_data::RunResumed;
 use moat_core::quota::Quota;
 
 use crate::tools::{ToolDef, ToolList};
@@ -359,6 +361,60 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "runner",
         "Report the leftovers of runs this runner no longer holds, torn down at its start, recorded as `runner.janitor`.",
     ),
+    (
+        "get",
+        "/v1/volumes",
+        "org",
+        "The org's volumes: persistent work areas, each with its newest snapshot (`head`) and the live run attached read-write (`writer`).",
+    ),
+    (
+        "post",
+        "/v1/volumes",
+        "org",
+        "Create an empty volume: `{name}` (lower-case letters, digits, `.`, `_`, `-`). A run attaches it with `volumes: [{volume, path, readOnly?}]` at a persistent root of its manifest. 409 if the org has one of that name.",
+    ),
+    (
+        "get",
+        "/v1/volumes/{volume}",
+        "org",
+        "One volume of the org (404 for any other org's).",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/volumes/{volume}/missing",
+        "runner",
+        "Which of these chunks the org has not stored (at most 4096 asked at once). Only for a volume attached to a run the runner holds.",
+    ),
+    (
+        "put",
+        "/v1/runner/runs/{run}/volumes/{volume}/chunks/{sha256}",
+        "runner",
+        "Store a chunk of a volume attached read-write to a run the runner holds.",
+    ),
+    (
+        "get",
+        "/v1/runner/runs/{run}/volumes/{volume}/chunks/{sha256}",
+        "runner",
+        "A chunk the org stored, for a volume attached to a run the runner holds (404 for a chunk only another org stored).",
+    ),
+    (
+        "put",
+        "/v1/runner/runs/{run}/volumes/{volume}/snapshots/{id}",
+        "runner",
+        "Store a snapshot of a volume attached read-write: it must parse, pass the restore checks and name only chunks the org stored (409 `chunks_missing` otherwise). It becomes the head only with the result that names it.",
+    ),
+    (
+        "get",
+        "/v1/runner/runs/{run}/volumes/{volume}/snapshots/{id}",
+        "runner",
+        "A snapshot stored for this volume.",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/resumed",
+        "runner",
+        "The runner that took over a lost run restored its volumes: recorded as `run.resumed` when they are the run's snapshots as it stands.",
+    ),
 ];
 
 fn security(auth: &str) -> Value {
@@ -391,10 +447,17 @@ enum Answer {
     Empty(&'static str),
 }
 
+/// What a request carries.
+enum Request {
+    /// JSON of this schema, and whether a body must be sent.
+    Json(SchemaOf, bool),
+    /// Raw bytes (required), and what they are.
+    Octets(&'static str),
+}
+
 /// The request body and the answers of one route.
 struct Bodies {
-    /// The request body's schema, and whether one must be sent.
-    request: Option<(SchemaOf, bool)>,
+    request: Option<Request>,
     /// `(status, answer)`, success first.
     answers: Vec<(&'static str, Answer)>,
 }
@@ -408,7 +471,7 @@ fn answers(status: &'static str, answer: SchemaOf) -> Bodies {
 
 fn takes(request: SchemaOf, status: &'static str, answer: SchemaOf) -> Bodies {
     Bodies {
-        request: Some((request, true)),
+        request: Some(Request::Json(request, true)),
         answers: vec![(status, Answer::Json(answer))],
     }
 }
@@ -471,7 +534,7 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         | ("post", "/v1/runs/{run}/cancel") => answers("200", schema::<RunView>),
         ("get", "/v1/runs/{run}/ops") => answers("200", schema::<OpList>),
         ("post", "/v1/runs/{run}/ops") => Bodies {
-            request: Some((schema::<OpSubmission>, true)),
+            request: Some(Request::Json(schema::<OpSubmission>, true)),
             answers: vec![
                 ("201", Answer::Json(schema::<OpView>)),
                 ("200", Answer::Json(schema::<OpView>)),
@@ -483,7 +546,7 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("get", "/v1/approvals") => answers("200", schema::<ApprovalList>),
         ("get", "/v1/approvals/{id}") => answers("200", schema::<ApprovalView>),
         ("post", "/v1/approvals/{id}/approve") | ("post", "/v1/approvals/{id}/deny") => Bodies {
-            request: Some((schema::<Resolution>, false)),
+            request: Some(Request::Json(schema::<Resolution>, false)),
             answers: vec![("200", Answer::Json(schema::<ApprovalView>))],
         },
         ("get", "/v1/secrets") => answers("200", schema::<SecretList>),
@@ -549,6 +612,41 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
             takes(schema::<Teardown>, "200", schema::<Recorded>)
         }
         ("post", "/v1/runner/janitor") => takes(schema::<Janitor>, "200", schema::<Recorded>),
+        ("get", "/v1/volumes") => answers("200", schema::<VolumeList>),
+        ("post", "/v1/volumes") => takes(schema::<NewVolume>, "201", schema::<VolumeView>),
+        ("get", "/v1/volumes/{volume}") => answers("200", schema::<VolumeView>),
+        ("post", "/v1/runner/runs/{run}/volumes/{volume}/missing") => {
+            takes(schema::<ChunkNames>, "200", schema::<ChunkNames>)
+        }
+        ("put", "/v1/runner/runs/{run}/volumes/{volume}/chunks/{sha256}") => Bodies {
+            request: Some(Request::Octets(
+                "The chunk's bytes (1 byte to 2 MiB), which must hash to its name",
+            )),
+            answers: vec![("200", Answer::Json(schema::<Recorded>))],
+        },
+        ("put", "/v1/runner/runs/{run}/volumes/{volume}/snapshots/{id}") => Bodies {
+            request: Some(Request::Octets(
+                "The snapshot's canonical JSON, which must hash to its id",
+            )),
+            answers: vec![("200", Answer::Json(schema::<Recorded>))],
+        },
+        ("get", "/v1/runner/runs/{run}/volumes/{volume}/chunks/{sha256}") => Bodies {
+            request: None,
+            answers: vec![(
+                "200",
+                Answer::Other("application/octet-stream", "The chunk's bytes"),
+            )],
+        },
+        ("get", "/v1/runner/runs/{run}/volumes/{volume}/snapshots/{id}") => Bodies {
+            request: None,
+            answers: vec![(
+                "200",
+                Answer::Other("application/octet-stream", "The snapshot's canonical JSON"),
+            )],
+        },
+        ("post", "/v1/runner/runs/{run}/resumed") => {
+            takes(schema::<RunResumed>, "200", schema::<Recorded>)
+        }
         _ => return None,
     })
 }
@@ -609,10 +707,19 @@ pub fn document() -> Value {
             "security": security(auth),
             "responses": responses,
         });
-        if let Some((request, required)) = request {
-            let mut body = json_body(request(&mut generator));
-            body["required"] = required.into();
-            operation["requestBody"] = body;
+        match request {
+            Some(Request::Json(request, required)) => {
+                let mut body = json_body(request(&mut generator));
+                body["required"] = required.into();
+                operation["requestBody"] = body;
+            }
+            Some(Request::Octets(what)) => {
+                operation["requestBody"] = json!({
+                    "required": true,
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "description": what}}},
+                });
+            }
+            None => {}
         }
         let entry = paths.entry((*path).to_owned()).or_insert_with(|| json!({}));
         if let Some(map) = entry.as_object_mut() {

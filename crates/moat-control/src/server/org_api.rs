@@ -139,9 +139,19 @@ pub async fn create_run(
         &body.workload_classes,
     )
     .map_err(ApiError::bad_request)?;
+    let attachments = attachments(&state, &org, &body.volumes, body.resume_from.as_ref()).await?;
+    check_attachments(&attachments, &listed, manifest.as_ref())?;
     let now = state.now();
     let run = state
         .db(move |s| {
+            let volumes: Vec<moat_store::Attach<'_>> = attachments
+                .iter()
+                .map(|(volume, path, read_only)| moat_store::Attach {
+                    volume,
+                    path,
+                    read_only: *read_only,
+                })
+                .collect();
             s.create_run(
                 &NewRun {
                     org: &org,
@@ -152,6 +162,7 @@ pub async fn create_run(
                     max_attempts,
                     manifest_hash: manifest_hash.as_deref(),
                     needs_classes: &needs,
+                    volumes: &volumes,
                 },
                 now,
             )
@@ -167,6 +178,84 @@ pub async fn create_run(
                 .ok_or_else(|| ApiError::internal("no run"))?,
         ),
     ))
+}
+
+/// The volumes a new run attaches, as `(volume, path, read-only)`: those
+/// it names, then those of the run it resumes from (same org only) at
+/// paths it does not name.
+async fn attachments(
+    state: &Arc<AppState>,
+    org: &str,
+    named: &[moat_api::org::VolumeAttachment],
+    resume_from: Option<&RunId>,
+) -> ApiResult<Vec<(String, String, bool)>> {
+    let mut out: Vec<(String, String, bool)> = named
+        .iter()
+        .map(|v| (v.volume.to_string(), v.path.to_string(), v.read_only))
+        .collect();
+    if let Some(from) = resume_from {
+        let (o, id) = (org.to_owned(), from.to_string());
+        let previous = state.db(move |s| s.run(&o, &id)).await?.ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("resumeFrom: no run {from} in this org"),
+            )
+        })?;
+        if previous.volumes.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "resumeFrom: run {from} had no volumes: there is nothing to continue from"
+            )));
+        }
+        for v in previous.volumes {
+            if !out.iter().any(|(_, path, _)| *path == v.path) {
+                out.push((v.volume, v.path, v.read_only));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Each volume once, at its own persistent root of the manifest (when one
+/// is published: the runner checks again), with no input inside it.
+fn check_attachments(
+    attachments: &[(String, String, bool)],
+    inputs: &[moat_core::event_data::RunInput],
+    manifest: Option<&SignedManifest>,
+) -> ApiResult<()> {
+    let inside = |path: &str, root: &str| path == root || path.starts_with(&format!("{root}/"));
+    for (i, (volume, path, _)) in attachments.iter().enumerate() {
+        for (other_volume, other_path, _) in &attachments[..i] {
+            if other_volume == volume {
+                return Err(ApiError::bad_request(format!(
+                    "volume {volume} is attached twice"
+                )));
+            }
+            if inside(path, other_path) || inside(other_path, path) {
+                return Err(ApiError::bad_request(format!(
+                    "volumes {other_volume} and {volume}: paths {other_path} and {path} overlap"
+                )));
+            }
+        }
+        if let Some(input) = inputs.iter().find(|input| inside(&input.path, path)) {
+            return Err(ApiError::bad_request(format!(
+                "input {} is inside volume {volume}'s path {path}: a volume's content comes \
+                 from its snapshots only",
+                input.path
+            )));
+        }
+        if let Some(signed) = manifest {
+            let fs = &signed.manifest.filesystem;
+            if !fs.is_persistent(std::path::Path::new(path)) {
+                return Err(ApiError::bad_request(format!(
+                    "volume {volume}: path {path} is not a persistent root of the manifest \
+                     (filesystem.persistentRoots: {:?})",
+                    fs.persistent_roots
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The views of `runs`, each queued one with why it waits when nothing

@@ -792,7 +792,15 @@ pub async fn result(
         result,
         mut events,
         artifacts,
+        volumes,
     } = parse(&body)?;
+    let heads: Vec<moat_store::NewHead> = volumes
+        .into_iter()
+        .map(|h| moat_store::NewHead {
+            volume: h.volume.into_string(),
+            snapshot: h.snapshot.into_string(),
+        })
+        .collect();
     if result.id != op_id {
         return Err(ApiError::bad_request(
             "the result's id is not this operation's",
@@ -940,6 +948,7 @@ pub async fn result(
                     events: &events,
                     artifacts: &blobs,
                     held: &held,
+                    heads: &heads,
                 },
                 now,
             )

@@ -263,6 +263,7 @@ pub async fn call(
                     events: &events,
                     artifacts: &[],
                     held: &[],
+                    heads: &[],
                 },
                 now,
             )

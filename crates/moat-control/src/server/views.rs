@@ -33,6 +33,17 @@ pub fn run_view(r: &RunRow) -> ApiResult<RunView> {
         lease_until: (r.lease_until_ms > 0).then(|| stamp(r.lease_until_ms)),
         workload_classes: moat_core::WorkloadClass::from_mask(r.needs_classes),
         waiting: None,
+        volumes: r
+            .volumes
+            .iter()
+            .map(|v| moat_api::views::AttachedVolume {
+                volume: v.volume.clone(),
+                path: v.path.clone(),
+                read_only: v.read_only,
+                start_snapshot: v.start_snapshot.clone(),
+                snapshot: v.snapshot.clone(),
+            })
+            .collect(),
     })
 }
 

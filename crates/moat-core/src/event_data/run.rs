@@ -105,6 +105,54 @@ pub struct RunRetried {
     pub attempt: i64,
 }
 
+/// A runner took over a run that another runner lost: what it restored
+/// before the run's next operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunResumed {
+    /// The attempt resuming.
+    pub attempt: i64,
+    /// Each persistent area, as restored.
+    pub volumes: Vec<VolumeRestored>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}
+
+/// One persistent area a runner restored: the snapshot (its hash checked,
+/// and every chunk's) and what it wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeRestored {
+    pub volume: String,
+    /// Where in the workspace.
+    pub path: String,
+    /// Absent: the volume was empty (no snapshot yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    pub read_only: bool,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// An operation changed a persistent area: its new snapshot is durable
+/// and is now the volume's head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeSnapshotted {
+    pub volume: String,
+    pub path: String,
+    pub snapshot: String,
+    /// The head it replaced (absent: the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    pub files: u64,
+    pub bytes: u64,
+}
+
 /// A runner asked for work and the placement policy refused it this run
 /// (a dedicated host, a tenant it may not share a host with, a label it
 /// lacks): the run stays queued for another runner.
@@ -308,6 +356,10 @@ pub enum RefusalReason {
     /// A new run of an org over a quota whose setting refuses rather than
     /// queues (`message` names the quota, its limit and the use).
     QuotaExceeded,
+    /// A runner asked for a volume's chunk or snapshot its org does not
+    /// hold, for a volume not attached to the run, or for a run it does
+    /// not hold.
+    VolumeNotHeld,
 }
 
 /// The control plane refused a request: a run whose inputs carry a secret

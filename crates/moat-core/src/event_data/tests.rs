@@ -292,6 +292,17 @@ fn samples(t: EventType) -> Vec<Value> {
             vec![json!({"runnerId": "runner_1", "attempt": 1, "maxAttempts": 3})]
         }
         EventType::RunRetried => vec![json!({"attempt": 2})],
+        EventType::RunResumed => vec![json!({"attempt": 2, "runnerId": "runner_2",
+            "volumes": [{"volume": "cache", "path": "state", "snapshot": HASH,
+                "readOnly": false, "files": 3, "bytes": 4096},
+                {"volume": "empty", "path": "scratch",
+                "readOnly": true, "files": 0, "bytes": 0}]})],
+        EventType::VolumeSnapshotted => vec![
+            json!({"volume": "cache", "path": "state", "snapshot": HASH,
+                "files": 1, "bytes": 10}),
+            json!({"volume": "cache", "path": "state", "snapshot": HASH, "parent": HASH,
+                "files": 2, "bytes": 20}),
+        ],
         EventType::NetworkIngress => vec![
             json!({"port": 8000, "method": "GET", "path": "/index.html", "status": 200,
                 "bytesIn": 80, "bytesOut": 512, "durationMs": 3}),

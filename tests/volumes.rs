@@ -176,6 +176,19 @@ fn a_run_whose_runner_is_killed_resumes_from_its_volumes_last_snapshot_on_anothe
             (Some(head.as_str()), &Value::Null),
             "{v}"
         );
+        // The audit answers what persisted, and that the run was resumed.
+        let out = std::process::Command::new(common::MOAT)
+            .args(["audit", "r", "--db", &db.url])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        let persisted = format!(
+            "model at state (rw): empty -> {} (1 snapshots; 1 files, {} bytes)",
+            &head[..16],
+            3 << 20
+        );
+        assert!(said.contains(&persisted), "{said}");
+        assert!(said.contains("resumed: attempt 2 on runner"), "{said}");
         assert_ledger_intact(&serve);
     }
 }
@@ -413,6 +426,50 @@ fn another_org_cannot_see_attach_resume_from_or_read_a_volume() {
     );
     let (_, v) = volume(&serve, &acme, "model");
     assert_eq!(v["head"], head.as_str(), "{v}");
+
+    // A chunk altered in the store is never restored: the run fails at its
+    // first operation, before any program runs, and says why.
+    let stored = dir
+        .path()
+        .join("control.db-outputs/volumes")
+        .join(&chunk[..2])
+        .join(&chunk);
+    std::fs::write(&stored, b"tampered").unwrap();
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "a6", "resumeFrom": "a1"})),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["volumes"][0]["startSnapshot"], head.as_str(), "{body}");
+    let _runner = Runner::start(&serve, &setup, &acme, "acme-runner-2");
+    let (_, op) = post_op(
+        &serve,
+        &acme,
+        "a6",
+        envelope(
+            "r",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c", "print(open('state/secret.txt').read())"]}),
+        ),
+    );
+    assert_eq!(
+        op["op"]["state"].as_str().or(op["state"].as_str()),
+        Some("failed"),
+        "{op}"
+    );
+    wait_state(&serve, &acme, "a6", "failed");
+    let (_, run) = call("GET", &format!("{}/v1/runs/a6", serve.url), &acme, None);
+    assert!(
+        run["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("volume model"),
+        "{run}"
+    );
+    let events = run_events(&serve, &acme, "a6");
+    assert_eq!(count(&events, "sandbox.exec.started"), 0, "{events:#?}");
     assert_ledger_intact(&serve);
 }
 

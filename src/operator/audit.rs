@@ -194,6 +194,7 @@ fn print_text(a: &Audit, intact: &str) {
         );
     }
     print_exports(a);
+    print_persisted(a);
     for t in &a.teardowns {
         let failed: Vec<&str> = t["checks"]
             .as_array()
@@ -241,6 +242,46 @@ fn print_text(a: &Audit, intact: &str) {
     }
     if a.manifest_refreshed {
         outln!("  manifest refreshed mid-run: {}", list(&a.manifest_hashes));
+    }
+}
+
+/// What persisted after the run: each volume, from the snapshot it started
+/// from to the last one it recorded, by hash.
+fn print_persisted(a: &Audit) {
+    if a.persisted.is_empty() {
+        return;
+    }
+    outln!("\nPersisted (volumes)");
+    for p in &a.persisted {
+        let short = |v: &Value| {
+            v.as_str()
+                .map_or("empty".to_owned(), |h| h.get(..16).unwrap_or(h).to_owned())
+        };
+        let mode = if p["readOnly"] == true { "ro" } else { "rw" };
+        let end = if p["snapshots"].as_u64().unwrap_or(0) == 0 {
+            "unchanged".to_owned()
+        } else {
+            format!(
+                "{} ({} snapshots; {} files, {} bytes)",
+                short(&p["endSnapshot"]),
+                p["snapshots"],
+                p["files"],
+                p["bytes"]
+            )
+        };
+        outln!(
+            "  {} at {} ({mode}): {} -> {end}",
+            p["volume"].as_str().unwrap_or("?"),
+            p["path"].as_str().unwrap_or("?"),
+            short(&p["startSnapshot"]),
+        );
+    }
+    for r in &a.resumed {
+        outln!(
+            "  resumed: attempt {} on runner {}",
+            r["attempt"],
+            r["runnerId"].as_str().unwrap_or("?")
+        );
     }
 }
 

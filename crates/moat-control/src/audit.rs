@@ -66,6 +66,14 @@ pub struct Audit {
     /// Those still waiting for the approval the policy asked for:
     /// `{opId, path, sha256, size, exportedAs, approvalId}`.
     pub awaiting_approval: Vec<Value>,
+    /// What persisted: each attached volume, `{volume, path, readOnly,
+    /// startSnapshot, endSnapshot, files, bytes, snapshots}` (the snapshot
+    /// it started from and the last one the run recorded, by hash; its
+    /// files and bytes as of that last one).
+    pub persisted: Vec<Value>,
+    /// Each take-over by another runner (`run.resumed`): `{attempt,
+    /// runnerId, volumes}`.
+    pub resumed: Vec<Value>,
 }
 
 /// The refusals one report lists; a report from before `violations` has
@@ -169,7 +177,27 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
             a.runner_hashes.insert(h);
         }
         match e.event_type {
-            EventType::RunCreated => a.outcome = "queued".into(),
+            EventType::RunCreated => {
+                a.outcome = "queued".into();
+                for v in d["volumes"].as_array().into_iter().flatten() {
+                    a.persisted.push(json!({
+                        "volume": v["volume"], "path": v["path"], "readOnly": v["readOnly"],
+                        "startSnapshot": v["snapshot"], "endSnapshot": v["snapshot"],
+                        "files": null, "bytes": null, "snapshots": 0,
+                    }));
+                }
+            }
+            EventType::VolumeSnapshotted => {
+                if let Some(p) = a.persisted.iter_mut().find(|p| p["volume"] == d["volume"]) {
+                    p["endSnapshot"] = d["snapshot"].clone();
+                    p["files"] = d["files"].clone();
+                    p["bytes"] = d["bytes"].clone();
+                    p["snapshots"] = json!(p["snapshots"].as_u64().unwrap_or(0) + 1);
+                }
+            }
+            EventType::RunResumed => a.resumed.push(json!({
+                "attempt": d["attempt"], "runnerId": d["runnerId"], "volumes": d["volumes"],
+            })),
             EventType::RunClaimed => a.outcome = "running".into(),
             EventType::RunFinished => {
                 a.outcome = text(&d["state"]).unwrap_or_else(|| "finished".into());

@@ -31,8 +31,8 @@ pub use run::{
     ApprovalDenied, ApprovalExpired, ApprovalGranted, ApprovalRequested, ApprovalSummary,
     FinalRunState, ManifestPublished, ManifestRevoked, OpFinished, RefusalReason, RequestRefused,
     RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput, RunLeaseExpired,
-    RunPlacementDenied, RunReleased, RunResumed, RunRetried, RunStarted, RunUsage, VolumeRestored,
-    VolumeSnapshotted,
+    RunPlacementDenied, RunReleased, RunResumed, RunRetried, RunStarted, RunUsage, VolumeAttached,
+    VolumeRestored, VolumeSnapshotted,
 };
 pub use runner::{
     EnrolledIdentity, RunDestroyed, RunnerJanitor, RunnerManifestLoaded,

@@ -410,6 +410,15 @@ impl Store {
                 inputs: run.inputs.to_vec(),
                 max_attempts: run.max_attempts,
                 workload_classes: run.needs_classes.to_vec(),
+                volumes: volumes
+                    .iter()
+                    .map(|v| moat_core::event_data::VolumeAttached {
+                        volume: v.volume.clone(),
+                        path: v.path.clone(),
+                        read_only: v.read_only,
+                        snapshot: v.start_snapshot.clone(),
+                    })
+                    .collect(),
             });
             events::append(tx, run.org, &[typed_event(data, run.id, now)])?;
             get(tx, run.org, run.id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))

@@ -29,6 +29,22 @@ pub struct RunCreated {
     /// any runner of the environment).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workload_classes: Vec<crate::mode::WorkloadClass>,
+    /// The volumes it attached, each with the snapshot it starts from
+    /// (what replay and audit start from; left out: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeAttached>,
+}
+
+/// A volume a new run attached, and the snapshot it starts from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeAttached {
+    pub volume: String,
+    pub path: String,
+    pub read_only: bool,
+    /// Absent: the volume was empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// Reserved: nothing emits `run.started` (a claimed run is running).

@@ -279,8 +279,13 @@ fn samples(t: EventType) -> Vec<Value> {
             json!({"reason": "path_outside_workspace", "message": "../x leaves the workspace"}),
             relayed(),
         )],
-        EventType::RunCreated => vec![json!({"environment": "local", "maxAttempts": 3,
-            "inputs": [{"path": "input/a.txt", "sha256": HASH, "size": 3}]})],
+        EventType::RunCreated => vec![
+            json!({"environment": "local", "maxAttempts": 3,
+            "inputs": [{"path": "input/a.txt", "sha256": HASH, "size": 3}]}),
+            json!({"environment": "local", "maxAttempts": 3, "inputs": [],
+            "volumes": [{"volume": "cache", "path": "state", "readOnly": false, "snapshot": HASH},
+                {"volume": "empty", "path": "scratch", "readOnly": true}]}),
+        ],
         EventType::RunStarted => vec![json!({})],
         EventType::RunFinished => vec![
             json!({"state": "succeeded", "reason": null, "runnerId": "runner_1", "attempts": 1}),

@@ -74,6 +74,12 @@ pub struct ExportArgs {
     /// then say which were not).
     #[arg(long)]
     allow_degraded: bool,
+    /// Launched by root, the verifier runs as a host uid/gid of its own
+    /// taken from this block of ids (BASE:COUNT), as `moat exec`'s program
+    /// does. Default: the `moat-sandboxes` entries of /etc/subuid and
+    /// /etc/subgid, which moat adds on first use. Ignored when not root.
+    #[arg(long, value_name = "BASE:COUNT", env = "MOAT_UID_RANGE")]
+    uid_range: Option<moat_sandbox::hostid::IdRange>,
     /// Inside the verifier's sandbox: judge, one JSON line per step.
     #[arg(long, hide = true)]
     worker: bool,
@@ -227,7 +233,7 @@ fn verify_sandboxed(
         timeout: args.timeout,
         allow_degraded: args.allow_degraded,
         without_cgroup: false,
-        id_range: None,
+        id_range: args.uid_range,
         launch_policy: moat_sandbox::LaunchPolicy::default(),
         read_as_owner: false,
     })

@@ -15,12 +15,16 @@ use serde_json::{Value, json};
 
 use moat_runner::workspace::write_inputs;
 use moat_shell::child::ShellChild;
+use moat_volume::{ChunkRef, VolumeError};
 
 const ABOUT: &str = "\
 Reads the run from the control plane's database: its inputs (by hash), its
 operations and the manifest and policy hashes they were decided under. It
 refuses if the policy file or the environment's current manifest is no
 longer the one the run had (--allow-changed replays anyway, and says so).
+Each volume the run attached is restored first from the snapshot the run
+started from (its hash recorded; every chunk checked), read from the
+control plane's output store (--outputs, as `moat serve` was given it).
 Then it runs every operation that ran before (denied ones were never run),
 in order, through a fresh `moat shell` in a new workspace under the
 recorded manifest, and compares each with its record: status, exit code and
@@ -56,6 +60,10 @@ pub struct ReplayArgs {
     /// on the world.
     #[arg(long)]
     allow_network: bool,
+    /// Where the control plane keeps volumes' bytes, as `moat serve
+    /// --outputs` (default: as `moat serve` defaults for --db).
+    #[arg(long, value_name = "STORE")]
+    outputs: Option<String>,
     /// One JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -146,6 +154,135 @@ fn skip_reason(op: &moat_store::OpRow, allow_network: bool) -> Option<&'static s
         return Some("reaches the network (--allow-network to repeat it)");
     }
     None
+}
+
+/// A volume's chunks and snapshots, read from the control plane's database
+/// and output store: only those its org stored, and only snapshots of
+/// that volume. Read-only.
+struct StoredChunks<'a> {
+    store: &'a Store,
+    outputs: &'a moat_store::Outputs,
+    runtime: &'a tokio::runtime::Runtime,
+    org: &'a str,
+    volume_id: &'a str,
+}
+
+impl StoredChunks<'_> {
+    fn bytes(&self, sha: &str, found: moat_store::Found) -> Result<Vec<u8>, VolumeError> {
+        match found {
+            None => Err(VolumeError::Missing(sha.to_owned())),
+            Some(Some(bytes)) => Ok(bytes),
+            Some(None) => self
+                .runtime
+                .block_on(self.outputs.get_volume_bytes(sha))
+                .map_err(|e| VolumeError::Store(e.to_string()))?
+                .ok_or_else(|| VolumeError::Missing(sha.to_owned())),
+        }
+    }
+}
+
+fn read_only() -> VolumeError {
+    VolumeError::Store("replay never writes to the control plane's store".into())
+}
+
+impl moat_volume::ChunkStore for StoredChunks<'_> {
+    fn missing(&self, chunks: &[&ChunkRef]) -> Result<Vec<ChunkRef>, VolumeError> {
+        let asked: Vec<String> = chunks.iter().map(|c| c.sha256.to_string()).collect();
+        let missing = self
+            .store
+            .missing_chunks(self.org, &asked)
+            .map_err(|e| VolumeError::Store(e.to_string()))?;
+        Ok(chunks
+            .iter()
+            .filter(|c| missing.iter().any(|m| m == c.sha256.as_str()))
+            .map(|c| (*c).clone())
+            .collect())
+    }
+
+    fn put(&self, _: &ChunkRef, _: &[u8]) -> Result<(), VolumeError> {
+        Err(read_only())
+    }
+
+    fn sync(&self) -> Result<(), VolumeError> {
+        Ok(())
+    }
+
+    fn get(&self, chunk: &ChunkRef) -> Result<Vec<u8>, VolumeError> {
+        let sha = chunk.sha256.as_str();
+        let found = self
+            .store
+            .chunk(self.org, sha)
+            .map_err(|e| VolumeError::Store(e.to_string()))?;
+        self.bytes(sha, found)
+    }
+
+    fn put_snapshot(&self, _: &moat_core::ids::Sha256, _: &[u8]) -> Result<(), VolumeError> {
+        Err(read_only())
+    }
+
+    fn get_snapshot(&self, id: &moat_core::ids::Sha256) -> Result<Vec<u8>, VolumeError> {
+        let found = self
+            .store
+            .snapshot(self.org, self.volume_id, id.as_str())
+            .map_err(|e| VolumeError::Store(e.to_string()))?;
+        self.bytes(id.as_str(), found)
+    }
+}
+
+/// Restores each volume the run attached, from the snapshot it started
+/// from, into the replay's workspace; what was restored, for the report.
+fn restore_volumes(
+    store: &Store,
+    args: &ReplayArgs,
+    run: &moat_store::RunRow,
+    workspace: &Path,
+) -> anyhow::Result<Vec<Value>> {
+    if run.volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let outputs = match &args.outputs {
+        Some(spec) => {
+            moat_store::Outputs::parse(spec).with_context(|| format!("--outputs {spec}"))?
+        }
+        None => crate::serve::default_outputs(&args.db)?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the output store's client")?;
+    let mut restored = Vec::new();
+    for v in &run.volumes {
+        let rel: moat_core::ids::RelPath = v
+            .path
+            .parse()
+            .with_context(|| format!("volume {}: its recorded path", v.volume))?;
+        let dir = workspace.join(rel.as_str());
+        std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
+        let (files, bytes) = match &v.start_snapshot {
+            None => (0, 0),
+            Some(id) => {
+                let id: moat_core::ids::Sha256 = id
+                    .parse()
+                    .with_context(|| format!("volume {}: its recorded snapshot", v.volume))?;
+                let chunks = StoredChunks {
+                    store,
+                    outputs: &outputs,
+                    runtime: &runtime,
+                    org: &run.org_id,
+                    volume_id: &v.volume_id,
+                };
+                let done = moat_volume::Tracker::new()
+                    .restore(&chunks, &id, &dir)
+                    .with_context(|| format!("volume {}: restoring snapshot {id}", v.volume))?;
+                (done.files, done.bytes)
+            }
+        };
+        restored.push(json!({
+            "volume": v.volume, "path": v.path, "snapshot": v.start_snapshot,
+            "files": files, "bytes": bytes,
+        }));
+    }
+    Ok(restored)
 }
 
 /// A fresh directory of our own under the system's temporary directory.
@@ -251,6 +388,7 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
             })?;
         input.content_base64 = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
+    let volumes = restore_volumes(&store, args, &run, &workspace)?;
     write_inputs(&workspace, &inputs)?;
     let manifest_file = scratch.0.join("manifest.json");
     std::fs::write(&manifest_file, &manifest.signed)?;
@@ -298,7 +436,7 @@ fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     drop(shell);
     let doc = json!({
         "run": run.id, "manifestHash": recorded_manifest, "policyHash": recorded_policy,
-        "changed": changes, "diverged": diverged, "ops": report,
+        "changed": changes, "diverged": diverged, "volumes": volumes, "ops": report,
     });
     if args.json {
         outln!("{doc:#}");
@@ -317,6 +455,16 @@ fn print_text(doc: &Value) {
     );
     for change in doc["changed"].as_array().into_iter().flatten() {
         outln!("  WARNING: {}", change.as_str().unwrap_or(""));
+    }
+    for v in doc["volumes"].as_array().into_iter().flatten() {
+        outln!(
+            "  volume {} at {}: restored {} ({} files, {} bytes)",
+            v["volume"].as_str().unwrap_or("?"),
+            v["path"].as_str().unwrap_or("?"),
+            v["snapshot"].as_str().unwrap_or("empty"),
+            v["files"],
+            v["bytes"]
+        );
     }
     for op in doc["ops"].as_array().into_iter().flatten() {
         let id = op["op"].as_str().unwrap_or("?");

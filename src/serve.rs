@@ -179,7 +179,7 @@ fn read_password(path: &std::path::Path) -> anyhow::Result<zeroize::Zeroizing<St
 /// The output store when `--outputs` is not given: `PATH-outputs` beside
 /// an SQLite file at PATH (named like SQLite's own `-wal` and `-shm`), the
 /// database over PostgreSQL (a directory would be one replica's).
-fn default_outputs(db: &str) -> anyhow::Result<Outputs> {
+pub(crate) fn default_outputs(db: &str) -> anyhow::Result<Outputs> {
     let Some(path) = db.strip_prefix("sqlite:") else {
         return Ok(Outputs::database());
     };

@@ -189,6 +189,37 @@ fn a_run_whose_runner_is_killed_resumes_from_its_volumes_last_snapshot_on_anothe
         );
         assert!(said.contains(&persisted), "{said}");
         assert!(said.contains("resumed: attempt 2 on runner"), "{said}");
+
+        // A session: a later run continues from r's volume, and its replay
+        // starts from the snapshot it started from.
+        let (status, next) = call(
+            "POST",
+            &format!("{}/v1/runs", serve.url),
+            &acme,
+            Some(json!({"id": "r2", "resumeFrom": "r"})),
+        );
+        assert_eq!(status, 201, "{next}");
+        assert_eq!(next["volumes"][0]["startSnapshot"], head.as_str(), "{next}");
+        let op = python_op(&serve, &acme, "r2", "read-again", READ_MODEL);
+        assert_eq!(stdout(&op), format!("{written}\nFalse"), "{op}");
+        finish_run(&serve, &acme, "r2");
+        let replayed = std::process::Command::new(common::MOAT)
+            .args(["replay", "r2", "--json", "--db", &db.url])
+            .arg("--policy")
+            .arg(&setup.policy)
+            .arg("--trusted-key")
+            .arg(setup.dir.join("keys/moat.pub"))
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&replayed.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&replayed.stderr)));
+        assert_eq!(replayed.status.code(), Some(0), "{report:#}");
+        assert_eq!(
+            report["volumes"][0]["snapshot"],
+            head.as_str(),
+            "{report:#}"
+        );
+        assert_eq!(report["ops"][0]["same"], true, "{report:#}");
         assert_ledger_intact(&serve);
     }
 }
@@ -426,6 +457,74 @@ fn another_org_cannot_see_attach_resume_from_or_read_a_volume() {
     );
     let (_, v) = volume(&serve, &acme, "model");
     assert_eq!(v["head"], head.as_str(), "{v}");
+
+    // A runner of acme's cannot make a snapshot of one volume the head of
+    // another: a result naming it is refused, and kept on record.
+    create_volume(&serve, &acme, "other");
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "a7", "volumes": [{"volume": "other", "path": "state"}]})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let forger = test_runner(&serve, &setup, &acme);
+    let claim = forger.claim(Duration::from_secs(5)).unwrap().expect("a7");
+    assert_eq!(claim.run.id, "a7");
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/a7/ops", serve.url),
+        &acme,
+        Some(envelope(
+            "f-op",
+            "exec_argv",
+            json!({"argv": ["/usr/bin/python3", "-c", "print(1)"]}),
+        )),
+    );
+    assert!(status < 300, "{body}");
+    let next = forger.next("a7", Duration::from_secs(10)).unwrap();
+    assert!(
+        matches!(next, Some(moat_api::runner::Next::Op { .. })),
+        "{next:?}"
+    );
+    let forged = moat_api::runner::ResultBody {
+        result: moat_core::OpResult {
+            id: "f-op".into(),
+            status: moat_core::OpStatus::Ok,
+            result: None,
+            reason: None,
+            message: None,
+            event_type: None,
+            artifacts: Vec::new(),
+        },
+        events: Vec::new(),
+        artifacts: Vec::new(),
+        volumes: vec![moat_api::runner::VolumeHead {
+            volume: "other".parse().unwrap(),
+            snapshot: head.parse().unwrap(),
+            files: 1,
+            bytes: 1,
+        }],
+    };
+    let moved = forger.report_result("a7", "f-op", &forged);
+    assert_eq!(moved.map_err(|e| e.status()).err(), Some(Some(404)));
+    let (_, other) = volume(&serve, &acme, "other");
+    assert_eq!(other["head"], Value::Null, "{other}");
+    let refused = wait_event(&store, moat_core::EventType::RequestRefused);
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.event.data["by"] == forger.runner_id()
+                && e.event.data["path"] == "/v1/runner/runs/a7/ops/f-op/result"),
+        "{refused:#?}"
+    );
+    let (status, _) = call(
+        "POST",
+        &format!("{}/v1/runs/a7/cancel", serve.url),
+        &acme,
+        None,
+    );
+    assert!(status < 300);
 
     // A chunk altered in the store is never restored: the run fails at its
     // first operation, before any program runs, and says why.

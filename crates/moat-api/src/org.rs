@@ -328,7 +328,8 @@ enum OpOutcome {
 struct OpStopped {
     /// `error`.
     status: String,
-    /// `reason`: `run_ended` or `lease_expired`.
+    /// `reason`: `run_ended`, or `interrupted` (its runner was lost while
+    /// it ran; the run resumes elsewhere and it may be submitted again).
     error: ErrorDetail,
 }
 

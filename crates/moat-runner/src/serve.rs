@@ -337,7 +337,11 @@ impl Runner {
                     }
                     let (ledger, ledger_seq, areas) = match &mut prepared {
                         Some(prepared) => prepared,
-                        None => prepared.insert(self.prepare_workspace(&workspace, claim)?),
+                        None => prepared.insert(self.renewing(
+                            run_id,
+                            || {},
+                            || self.prepare_workspace(&workspace, claim),
+                        )?),
                     };
                     let shell = match &mut shell {
                         Some((shell, _)) => shell,
@@ -357,7 +361,11 @@ impl Runner {
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
                     // The result is acknowledged only with the snapshots of
                     // what it changed, already stored.
-                    let volumes = crate::volumes::snapshot(&self.client, run_id, areas)?;
+                    let volumes = self.renewing(
+                        run_id,
+                        || {},
+                        || crate::volumes::snapshot(&self.client, run_id, areas),
+                    )?;
                     let body = ResultBody {
                         result,
                         events,
@@ -450,33 +458,15 @@ impl Runner {
         if let (Some(token), Some(map)) = (tool_token, json.as_object_mut()) {
             map.insert("toolToken".into(), token.into());
         }
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let shell_pid = shell.pid();
-        std::thread::scope(|scope| {
-            scope.spawn(move || {
-                // Woken at once when the operation ends (the sender drops).
-                // At least every second: a cancel, a revocation or a lost
-                // lease stops the operation's sandbox within two.
-                let period = self.heartbeat.min(OP_HEARTBEAT);
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
-                    match self.client.heartbeat(run_id) {
-                        Ok(_) => {}
-                        Err(e) if matches!(e.status(), Some(403 | 409)) => {
-                            // The run is not this runner's any more: its
-                            // sandbox dies with the shell (PDEATHSIG); the
-                            // run's teardown follows.
-                            eprintln!("moat runner: run {run_id}: stopping its operation: {e}");
-                            let _ = moat_sandbox::process::kill(shell_pid);
-                            return;
-                        }
-                        Err(e) => eprintln!("moat runner: heartbeat: {e}"),
-                    }
-                }
-            });
+        // A run that is not this runner's any more: its sandbox dies with
+        // the shell (PDEATHSIG); the run's teardown follows.
+        let stop_sandbox = move || {
+            let _ = moat_sandbox::process::kill(shell_pid);
+        };
+        self.renewing(run_id, stop_sandbox, || {
             let started = std::time::Instant::now();
-            let result = shell.ask_json(&json, &envelope.id);
-            drop(stop);
-            let result = result?;
+            let result = shell.ask_json(&json, &envelope.id)?;
             self.metrics.op_finished(
                 envelope.op.as_str(),
                 result.status.as_str(),
@@ -486,6 +476,35 @@ impl Runner {
                 self.metrics.report(report);
             }
             Ok(result)
+        })
+    }
+
+    /// Does `work` with the run's lease renewed meanwhile (an operation, a
+    /// volume's restore or snapshot: each may outlast the lease), at least
+    /// every second; `lost` is called once if the run stops being this
+    /// runner's (cancelled, revoked, its lease lost), so that a cancel stops
+    /// an operation's sandbox within two seconds.
+    fn renewing<T>(&self, run_id: &str, lost: impl FnOnce() + Send, work: impl FnOnce() -> T) -> T {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                // Woken at once when the work ends (the sender drops).
+                let period = self.heartbeat.min(OP_HEARTBEAT);
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+                    match self.client.heartbeat(run_id) {
+                        Ok(_) => {}
+                        Err(e) if matches!(e.status(), Some(403 | 409)) => {
+                            eprintln!("moat runner: run {run_id}: no longer this runner's: {e}");
+                            lost();
+                            return;
+                        }
+                        Err(e) => eprintln!("moat runner: heartbeat: {e}"),
+                    }
+                }
+            });
+            let done = work();
+            drop(stop);
+            done
         })
     }
 

@@ -181,9 +181,11 @@ pub(crate) fn move_heads(
         };
         let (files, bytes) = (stored.int("files")?, stored.int("bytes")?);
         let parent = attached.snapshot.replace(head.snapshot.clone());
-        tx.execute(
+        // Only the writer moves the head (one live writer at a time makes
+        // this hold already; checked all the same).
+        let moved_rows = tx.execute(
             "UPDATE volumes SET head = ?, files = ?, bytes = ?, updated_ms = ?
-             WHERE id = ? AND org_id = ?",
+             WHERE id = ? AND org_id = ? AND writer_run_id = ?",
             &[
                 head.snapshot.as_str().into(),
                 files.into(),
@@ -191,8 +193,15 @@ pub(crate) fn move_heads(
                 now.into(),
                 attached.volume_id.as_str().into(),
                 org.into(),
+                run.id.as_str().into(),
             ],
         )?;
+        if moved_rows != 1 {
+            return Err(StoreError::InUse(format!(
+                "volume {} is not written by run {}",
+                head.volume, run.id
+            )));
+        }
         let data = EventData::VolumeSnapshotted(VolumeSnapshotted {
             volume: head.volume.clone(),
             path: attached.path.clone(),
@@ -361,6 +370,18 @@ impl Store {
                 ],
             )?;
             Ok(())
+        })
+    }
+
+    /// Whether the snapshot `id` of `volume_id` was stored.
+    pub fn has_snapshot(&self, org: &str, volume_id: &str, id: &str) -> Result<bool, StoreError> {
+        self.read(|tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT 1 AS held FROM volume_snapshots WHERE volume_id = ? AND id = ? AND org_id = ?",
+                    &[volume_id.into(), id.into(), org.into()],
+                )?
+                .is_some())
         })
     }
 

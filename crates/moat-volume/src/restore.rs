@@ -138,6 +138,7 @@ impl Tracker {
             rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode & MODE_BITS))
                 .map_err(|e| VolumeError::io(format!("{path:?}"), e))?;
         }
+        self.restored(restored.id.clone());
         Ok(restored)
     }
 }

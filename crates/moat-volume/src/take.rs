@@ -93,6 +93,9 @@ fn now_ns() -> i128 {
 #[derive(Debug, Default)]
 pub struct Tracker {
     known: HashMap<String, Known>,
+    /// The snapshot the area stood at after the last take or restore: an
+    /// unchanged area is not stored again.
+    last: Option<moat_core::ids::Sha256>,
 }
 
 /// A snapshot taken, and what it cost.
@@ -123,6 +126,11 @@ pub struct Costs {
 impl Tracker {
     pub fn new() -> Tracker {
         Tracker::default()
+    }
+
+    /// Remembers the snapshot a restore wrote.
+    pub(crate) fn restored(&mut self, id: moat_core::ids::Sha256) {
+        self.last = Some(id);
     }
 
     /// Remembers a file restored or written by Moat itself, so the next
@@ -167,8 +175,15 @@ impl Tracker {
         };
         // Nothing learnt is kept unless the snapshot was stored: chunks sent
         // by a take that failed may not be durable.
-        let id = walked.and_then(|()| store::put_snapshot(store, &snapshot))?;
+        let id = walked.and_then(|()| {
+            let id = snapshot.id()?;
+            if self.last.as_ref() == Some(&id) {
+                return Ok(id);
+            }
+            store::put_snapshot(store, &snapshot)
+        })?;
         self.known = walk.known;
+        self.last = Some(id.clone());
         Ok(Taken {
             snapshot,
             id,

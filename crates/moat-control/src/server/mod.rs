@@ -31,6 +31,7 @@ mod manifests;
 mod openapi;
 mod org_api;
 mod quarantine;
+mod refusals;
 pub mod routes;
 mod runner_api;
 mod secrets;

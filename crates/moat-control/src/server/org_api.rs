@@ -207,8 +207,12 @@ async fn attachments(
                 "resumeFrom: run {from} had no volumes: there is nothing to continue from"
             )));
         }
+        // A volume or path the new run names itself is attached as named.
         for v in previous.volumes {
-            if !out.iter().any(|(_, path, _)| *path == v.path) {
+            if !out
+                .iter()
+                .any(|(volume, path, _)| *path == v.path || *volume == v.volume)
+            {
                 out.push((v.volume, v.path, v.read_only));
             }
         }

@@ -935,6 +935,8 @@ pub async fn result(
         .await??;
     let (runner, result_json, events, mut blobs, held) = judged;
     keep_promoted(&state, &mut blobs).await?;
+    let (asker, moves_heads) = (runner.clone(), !heads.is_empty());
+    let path = format!("/v1/runner/runs/{changed}/ops/{oid}/result");
     let recorded = state
         .db(move |s| {
             s.finish_op(
@@ -953,7 +955,17 @@ pub async fn result(
                 now,
             )
         })
-        .await?;
+        .await;
+    // A head the run may not move (not its volume, not written by it, a
+    // snapshot not stored for that volume) is refused and kept on record.
+    let recorded = match recorded {
+        Err(e)
+            if moves_heads && matches!(e.status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) =>
+        {
+            return Err(super::refusals::volume_not_held(&state, &asker, "POST", path, e).await);
+        }
+        other => other?,
+    };
     state.notify_run(&changed);
     Ok(Json(Recorded { recorded }))
 }

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use moat_api::org::{NewVolume, VolumeList, VolumeView};
 use moat_api::runner::{ChunkName, ChunkNames, Recorded};
 use moat_core::EventData;
-use moat_core::event_data::{RefusalReason, RequestRefused, RunResumed};
+use moat_core::event_data::RunResumed;
 use moat_store::{RunRow, RunVolume, VolumeBytes, VolumeRow, stamp, typed_event};
 
 use super::AppState;
@@ -122,9 +122,7 @@ async fn attached(
     Ok((run, volume))
 }
 
-/// Records a runner's refused ask in its org's ledger
-/// (`request.refused`, `volume_not_held`) and returns the refusal: a
-/// runner asking for what its org does not hold is an anomaly to look at.
+/// A refusal of a runner's ask, recorded (see `refusals`).
 async fn recorded<T>(
     state: &Arc<AppState>,
     runner: &moat_store::RunnerRow,
@@ -132,26 +130,12 @@ async fn recorded<T>(
     path: String,
     result: ApiResult<T>,
 ) -> ApiResult<T> {
-    let refusal = match result {
-        Err(e) if matches!(e.status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) => e,
-        other => return other,
-    };
-    let data = EventData::RequestRefused(RequestRefused {
-        reason: RefusalReason::VolumeNotHeld,
-        message: refusal.message.clone(),
-        path,
-        method: Some(method.to_owned()),
-        by: Some(runner.id.clone()),
-        origin: None,
-        referer: None,
-        secret: None,
-        field: None,
-    });
-    let (org, now) = (runner.org_id.clone(), state.now());
-    state
-        .db(move |s| s.append_events(&org, &[typed_event(data, "", now)]))
-        .await?;
-    Err(refusal)
+    match result {
+        Err(e) if matches!(e.status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) => {
+            Err(super::refusals::volume_not_held(state, runner, method, path, e).await)
+        }
+        other => other,
+    }
 }
 
 fn sha256_of(text: &str) -> ApiResult<moat_core::ids::Sha256> {
@@ -340,11 +324,29 @@ pub async fn put_snapshot(
             "the body does not hash to {id}"
         )));
     }
-    let snapshot = moat_volume::Snapshot::parse(&body)
-        .map_err(|e| ApiError::bad_request(format!("snapshot {id}: {e}")))?;
     let path = format!("/v1/runner/runs/{run_id}/volumes/{name}/snapshots/{id}");
     let held = attached(&state, &runner, &run_id, &name, true).await;
     let (run, volume) = recorded(&state, &runner, "PUT", path.clone(), held).await?;
+    let (org, vid, known) = (runner.org_id.clone(), volume.volume_id.clone(), id.clone());
+    if state
+        .db(move |s| s.has_snapshot(&org, &vid, &known))
+        .await?
+    {
+        // Stored already: the same bytes (they hash to its id).
+        return Ok(Json(Recorded { recorded: true }));
+    }
+    let snapshot = moat_volume::Snapshot::parse(&body)
+        .map_err(|e| ApiError::bad_request(format!("snapshot {id}: {e}")))?;
+    // Only the canonical form: one content, one id.
+    if snapshot
+        .id()
+        .ok()
+        .is_none_or(|canonical| canonical.as_str() != id)
+    {
+        return Err(ApiError::bad_request(format!(
+            "snapshot {id}: not in its canonical form"
+        )));
+    }
     let named: Vec<String> = snapshot
         .chunks()
         .iter()

@@ -248,6 +248,9 @@ fn keep_bytes(tx: &mut dyn Tx, sha256: &str, bytes: Bytes<'_>) -> Result<(), Sto
     Ok(())
 }
 
+/// Chunk names asked about in one statement.
+const MISSING_BATCH: usize = 500;
+
 /// What a read of stored bytes found: nothing the org holds, or the bytes
 /// (`None` when they are in the output store's objects).
 pub type Found = Option<Option<Vec<u8>>>;
@@ -289,17 +292,26 @@ impl Store {
     /// Those of `chunks` (SHA-256s) that `org` has not stored.
     pub fn missing_chunks(&self, org: &str, chunks: &[String]) -> Result<Vec<String>, StoreError> {
         self.read(|tx| {
-            let mut missing = Vec::new();
-            for sha in chunks {
-                let held = tx.query_one(
-                    "SELECT 1 AS held FROM volume_chunks WHERE org_id = ? AND sha256 = ?",
-                    &[org.into(), sha.as_str().into()],
-                )?;
-                if held.is_none() {
-                    missing.push(sha.clone());
+            let mut held = std::collections::HashSet::new();
+            // A few hundred names a statement: one round trip each, not
+            // one per chunk.
+            for batch in chunks.chunks(MISSING_BATCH) {
+                let marks = vec!["?"; batch.len()].join(", ");
+                let sql = format!(
+                    "SELECT sha256 FROM volume_chunks WHERE org_id = ? AND sha256 IN ({marks})"
+                );
+                let mut params: Vec<crate::Value> = Vec::with_capacity(batch.len() + 1);
+                params.push(org.into());
+                params.extend(batch.iter().map(|sha| sha.as_str().into()));
+                for row in tx.query(&sql, &params)? {
+                    held.insert(row.text("sha256")?);
                 }
             }
-            Ok(missing)
+            Ok(chunks
+                .iter()
+                .filter(|sha| !held.contains(sha.as_str()))
+                .cloned()
+                .collect())
         })
     }
 

@@ -942,3 +942,104 @@ fn rejected_files_are_quarantined_and_held_ones_wait_for_their_approval() {
         );
     }
 }
+
+#[test]
+fn volume_chunks_and_snapshots_are_answered_per_org_and_one_writer_holds_a_volume() {
+    use moat_store::{Attach, StoreError, VolumeBytes};
+    for b in backends() {
+        let s = &b.store;
+        let (a, z) = (org(s, "a"), org(s, "z"));
+        let vol = s.create_volume(&a, "cache", 1).expect("volume");
+        assert!(matches!(
+            s.create_volume(&a, "cache", 2),
+            Err(StoreError::Conflict(_))
+        ));
+        // Another org may have a volume of the same name: another volume.
+        let theirs = s.create_volume(&z, "cache", 2).expect("their volume");
+        assert_ne!(vol.id, theirs.id);
+
+        // Over a statement's batch of names: every one answered.
+        let names: Vec<String> = (0..1200).map(|i| format!("{i:064x}")).collect();
+        for (i, sha) in names.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+            let data = vec![u8::try_from(i % 251).unwrap_or(0); 4];
+            s.record_chunk(&a, sha, 4, VolumeBytes::Database(&data), 3)
+                .expect("chunk");
+        }
+        let missing = s.missing_chunks(&a, &names).expect("missing");
+        assert_eq!(missing.len(), 800);
+        assert!(
+            missing
+                .iter()
+                .all(|m| names.iter().position(|n| n == m).unwrap_or(0) % 3 != 0)
+        );
+        // What org a stored is missing, and unreadable, for org z.
+        assert_eq!(s.missing_chunks(&z, &names).expect("missing").len(), 1200);
+        assert!(s.chunk(&z, &names[0]).expect("chunk").is_none());
+        assert_eq!(
+            s.chunk(&a, &names[0]).expect("chunk"),
+            Some(Some(vec![0; 4]))
+        );
+
+        // A snapshot is read back only through the volume it was stored for.
+        let id = "ab".repeat(32);
+        s.record_snapshot(
+            &a,
+            &vol.id,
+            &id,
+            1,
+            4,
+            VolumeBytes::Database(b"{}"),
+            2,
+            "r1",
+            4,
+        )
+        .expect("snapshot");
+        assert!(s.has_snapshot(&a, &vol.id, &id).expect("has"));
+        assert!(!s.has_snapshot(&z, &theirs.id, &id).expect("has"));
+        assert!(s.snapshot(&z, &vol.id, &id).expect("snapshot").is_none());
+
+        // One live writer; readers any number; the other org's name is not found.
+        let attach = |run: &str, volume: &str, read_only: bool, org: &str| {
+            s.create_run(
+                &NewRun {
+                    org,
+                    id: run,
+                    environment: "test",
+                    inputs: &[],
+                    blobs: &[],
+                    manifest_hash: None,
+                    max_attempts: 1,
+                    needs_classes: &[],
+                    volumes: &[Attach {
+                        volume,
+                        path: "state",
+                        read_only,
+                    }],
+                },
+                5,
+            )
+        };
+        attach("w1", "cache", false, &a).expect("writer");
+        assert!(matches!(
+            attach("w2", "cache", false, &a),
+            Err(StoreError::InUse(_))
+        ));
+        attach("r2", "cache", true, &a).expect("reader");
+        assert!(matches!(
+            attach("x1", "nope", true, &a),
+            Err(StoreError::NoSuch(_))
+        ));
+        assert_eq!(
+            s.volume(&a, "cache")
+                .expect("volume")
+                .and_then(|v| v.writer),
+            Some("w1".to_owned())
+        );
+        // The writer's end frees it.
+        assert!(
+            s.force_end_run(&a, "w1", RunState::Cancelled, "cancelled", 6)
+                .expect("cancel")
+        );
+        attach("w3", "cache", false, &a).expect("next writer");
+    }
+}

@@ -90,6 +90,13 @@ pub struct ShellArgs {
     /// /lib/modules/VERSION).
     #[arg(long, value_name = "DIR")]
     pub vm_modules: Option<PathBuf>,
+    /// Give an operation in --network ingress-only a unix socket per port
+    /// it exposes, DIR/PORT.sock, through which the runtime reaches it
+    /// (a managed runner relays the control plane's /v1/runs/RUN/ports/PORT/
+    /// route there). DIR must be yours alone and out of the sandbox's
+    /// sight; without it such an operation is refused.
+    #[arg(long, value_name = "DIR")]
+    pub expose_dir: Option<PathBuf>,
 }
 
 impl ShellArgs {
@@ -150,6 +157,10 @@ impl ShellArgs {
         if let Some(modules) = &self.vm_modules {
             out.push("--vm-modules".into());
             out.push(modules.clone().into());
+        }
+        if let Some(dir) = &self.expose_dir {
+            out.push("--expose-dir".into());
+            out.push(dir.clone().into());
         }
         out
     }
@@ -226,6 +237,14 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
     } else {
         None
     };
+    let expose_dir = match args.expose_dir {
+        Some(dir) if !moat_sandbox::spec::is_private_dir(&dir) => bail!(
+            "--expose-dir {}: must be a directory (not a link) owned by moat's user that \
+             nobody else may write to",
+            dir.display()
+        ),
+        other => other,
+    };
     let session_id = format!("shell-{}", moat_core::random::hex(6));
     let mut egress_hosts = std::collections::BTreeMap::new();
     for entry in &args.resolve {
@@ -254,5 +273,6 @@ pub fn open(args: ShellArgs) -> anyhow::Result<Shell> {
             overridden: args.override_launch_policy,
         },
         vm,
+        expose_dir,
     })?)
 }

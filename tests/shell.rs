@@ -835,8 +835,9 @@ fn exec_argv_gets_the_network_the_manifest_grants_and_no_more() {
     )]);
     assert_denied(&results[0], "network_not_allowed");
 
-    // ingress-only: nothing can reach an operation's port yet, so it is
-    // refused rather than run unreachable, even where the manifest allows it.
+    // ingress-only: a shell given no --expose-dir has no way for anyone to
+    // reach an operation's port, so it is refused rather than run
+    // unreachable, even where the manifest allows it.
     let ingress = network_session("ingress-only", vec![], |_| {});
     let results = ingress.ops(&[op(
         "1",

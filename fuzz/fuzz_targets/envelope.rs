@@ -63,6 +63,7 @@ fn shell() -> &'static Mutex<Shell> {
                 id_range: None,
                 launch_policy: Default::default(),
                 vm: None,
+                expose_dir: None,
             })
             .expect("shell"),
         )

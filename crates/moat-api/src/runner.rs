@@ -262,3 +262,23 @@ mod tests {
         Ok(())
     }
 }
+
+/// `GET /v1/runner/runs/{run}/ingress`: connections waiting for the
+/// runner, each to be carried through a tunnel of its own
+/// (`POST /v1/runner/runs/{run}/ingress/{conn}`, upgraded) to the port's
+/// socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct IngressDials {
+    pub dials: Vec<IngressDial>,
+}
+
+/// One connection from the runtime to a port of the run's operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct IngressDial {
+    /// Names the tunnel to open for it (random, single-use).
+    pub conn: String,
+    /// The sandbox's port.
+    pub port: u16,
+}

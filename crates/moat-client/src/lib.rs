@@ -13,9 +13,11 @@ mod http;
 mod org;
 mod roots;
 mod runner;
+mod tunnel;
 
 pub use error::ClientError;
 pub use http::Answer;
 pub use org::OrgClient;
 pub use roots::{CaFileError, CaRoots};
 pub use runner::{Retry, RunnerClient, VolumeSpace};
+pub use tunnel::{TUNNEL_PROTOCOL, Tunnel};

@@ -68,6 +68,11 @@ impl CaRoots {
         Ok(CaRoots(Arc::new(certificates)))
     }
 
+    /// Each CA certificate, DER-encoded (for a TLS client of one's own).
+    pub fn ders(&self) -> Vec<Vec<u8>> {
+        self.0.iter().map(|c| c.der().to_vec()).collect()
+    }
+
     pub(crate) fn root_certs(&self) -> RootCerts {
         RootCerts::Specific(Arc::clone(&self.0))
     }

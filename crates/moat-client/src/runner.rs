@@ -5,8 +5,9 @@ use std::time::{Duration, SystemTime};
 
 use moat_api::ManifestView;
 use moat_api::runner::{
-    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor,
-    ManifestRefreshed, Next, Recorded, Registered, Registration, Released, ResultBody, Teardown,
+    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, IngressDial,
+    IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered, Registration, Released,
+    ResultBody, Teardown,
 };
 use moat_core::Event;
 use moat_core::event_data::RunResumed;
@@ -38,6 +39,8 @@ pub struct RunnerClient {
     on_retry: RetryLog,
     /// Once set, nothing is retried any more (the runner is stopping).
     stop_retrying: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The CAs trusted for `https://` (`None`: Mozilla's), for tunnels.
+    roots: Option<crate::CaRoots>,
 }
 
 impl RunnerClient {
@@ -60,6 +63,7 @@ impl RunnerClient {
             runner_id: String::new(),
             on_retry,
             stop_retrying: None,
+            roots: roots.cloned(),
         }
     }
 
@@ -393,7 +397,49 @@ impl RunnerClient {
         }
     }
 
-    fn signed(&self, method: &str, path: &str, body: &[u8]) -> Result<Answer, ClientError> {
+    /// `GET /v1/runner/runs/{run}/ingress`: requests to the run's ports
+    /// waiting for a tunnel, waiting up to `wait` for one (asked once).
+    pub fn ingress_dials(
+        &self,
+        run: &str,
+        wait: Duration,
+    ) -> Result<Vec<IngressDial>, ClientError> {
+        let path = format!(
+            "/v1/runner/runs/{}/ingress?wait_ms={}",
+            segment(run),
+            wait.as_millis()
+        );
+        let answer: IngressDials = self.call(
+            &format!("run {run}: ingress"),
+            "GET",
+            &path,
+            None::<&()>,
+            Retry::Once,
+        )?;
+        Ok(answer.dials)
+    }
+
+    /// Where and how to open the tunnel for `conn`
+    /// (`POST /v1/runner/runs/{run}/ingress/{conn}`, upgraded): the
+    /// connection is the caller's to make, as it speaks async I/O.
+    pub fn tunnel(&self, run: &str, conn: &str) -> Result<crate::Tunnel, ClientError> {
+        let path = format!("/v1/runner/runs/{}/ingress/{}", segment(run), segment(conn));
+        let headers = self.signature_headers("POST", &path, b"");
+        crate::Tunnel::new(
+            self.http.base(),
+            &path,
+            &headers,
+            self.roots.as_ref().map(crate::CaRoots::ders),
+        )
+    }
+
+    /// The headers that sign `method path` with `body`.
+    fn signature_headers(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> [(&'static str, String); 4] {
         let timestamp = moat_core::time::ms(SystemTime::now());
         let nonce = moat_core::random::hex(16);
         let signature = request_sig::Signed {
@@ -405,12 +451,16 @@ impl RunnerClient {
             body,
         }
         .sign(&self.key);
-        let headers = [
+        [
             (request_sig::RUNNER, self.runner_id.clone()),
             (request_sig::TIMESTAMP, timestamp.to_string()),
             (request_sig::NONCE, nonce),
             (request_sig::SIGNATURE, signature),
-        ];
+        ]
+    }
+
+    fn signed(&self, method: &str, path: &str, body: &[u8]) -> Result<Answer, ClientError> {
+        let headers = self.signature_headers(method, path, body);
         self.http
             .send(method, path, &headers, (method != "GET").then_some(body))
     }

@@ -58,6 +58,12 @@ pub struct NetworkPolicy {
     pub max_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u64>,
+    /// Ports an operation may expose in the `ingress-only` mode (its
+    /// `exec_argv` `expose`): a program may listen on them, reached only
+    /// by the runtime. Empty: no operation exposes anything. Each
+    /// 1024-65535, at most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose: Vec<u16>,
 }
 
 /// A service an operation may call by name.

@@ -138,6 +138,12 @@ pub struct ExecArgvArgs {
     /// operation only, as its stdin.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_token: Vec<String>,
+    /// With `network: ingress-only`: the TCP ports the program listens on
+    /// while it runs, each one the manifest's `networkPolicy.expose` lists.
+    /// A managed run's are reached through the control plane's
+    /// `/v1/runs/{run}/ports/{port}/` route, with the org's token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose: Vec<u16>,
 }
 
 /// `http_request`: a named profile and a stored request (`{profile,

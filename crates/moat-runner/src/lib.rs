@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod ingress;
 mod manifests;
 pub mod seal;
 mod serve;

@@ -222,6 +222,15 @@ impl Runner {
     /// as `run.destroyed`.
     fn destroy(&self, run_id: &str) {
         let workspace = self.config.state_dir.join("runs").join(run_id);
+        let expose_dir = self.expose_dir(run_id);
+        if let Err(e) = std::fs::remove_dir_all(&expose_dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!(
+                "moat runner: run {run_id}: removing {}: {e}",
+                expose_dir.display()
+            );
+        }
         let sandboxes = Ledger::open(&self.shell_state.join("ledger.db"))
             .map(|ledger| crate::teardown::sandboxes_of(&ledger, run_id))
             .unwrap_or_default();
@@ -260,6 +269,9 @@ impl Runner {
         if workspace.exists() {
             std::fs::remove_dir_all(&workspace).io(|| workspace.display().to_string())?;
         }
+        // The sockets of the ports an operation exposes: the runner's own,
+        // out of every sandbox's sight (not under `runs/`).
+        let expose_dir = self.expose_dir(run_id);
         // Made at the first operation, with the shell: a run without any
         // costs no process and no files.
         let mut prepared: Option<(Ledger, i64, Vec<Area>)> = None;
@@ -346,11 +358,22 @@ impl Runner {
                     let shell = match &mut shell {
                         Some((shell, _)) => shell,
                         None => {
-                            let started = self.start_shell(&workspace, manifest_file.as_deref())?;
+                            for dir in [expose_dir.parent(), Some(expose_dir.as_path())]
+                                .into_iter()
+                                .flatten()
+                            {
+                                private_dir(dir)?;
+                            }
+                            let started = self.start_shell(
+                                &workspace,
+                                manifest_file.as_deref(),
+                                &expose_dir,
+                            )?;
                             &mut shell.insert((started, generation)).0
                         }
                     };
-                    let result = self.run_op(shell, run_id, &envelope, tool_token.as_deref())?;
+                    let result =
+                        self.run_op(shell, run_id, &envelope, tool_token.as_deref(), &expose_dir)?;
                     let mut events = Vec::new();
                     loop {
                         let page = ledger.events(Some(run_id), *ledger_seq, 1000)?;
@@ -452,6 +475,7 @@ impl Runner {
         run_id: &str,
         envelope: &Envelope,
         tool_token: Option<&str>,
+        expose_dir: &Path,
     ) -> Result<OpResult, RunnerError> {
         let mut json = serde_json::to_value(envelope)
             .map_err(|e| RunnerError::Protocol(format!("operation {}: {e}", envelope.id)))?;
@@ -464,9 +488,13 @@ impl Runner {
         let stop_sandbox = move || {
             let _ = moat_sandbox::process::kill(shell_pid);
         };
+        let ports = crate::ingress::exposed_ports(envelope);
         self.renewing(run_id, stop_sandbox, || {
             let started = std::time::Instant::now();
-            let result = shell.ask_json(&json, &envelope.id)?;
+            let result =
+                crate::ingress::relaying(&self.client, run_id, expose_dir, &ports, || {
+                    shell.ask_json(&json, &envelope.id)
+                })?;
             self.metrics.op_finished(
                 envelope.op.as_str(),
                 result.status.as_str(),
@@ -508,13 +536,23 @@ impl Runner {
         })
     }
 
+    /// Where the ports a run's operations expose get their sockets.
+    fn expose_dir(&self, run_id: &str) -> PathBuf {
+        self.config.state_dir.join("ingress").join(run_id)
+    }
+
     /// `manifest`: a refreshed manifest's file (default: the sealed one).
     fn start_shell(
         &self,
         workspace: &Path,
         manifest: Option<&Path>,
+        expose_dir: &Path,
     ) -> Result<ShellChild, RunnerError> {
-        let mut extra: Vec<std::ffi::OsString> = vec!["--require-capabilities".into()];
+        let mut extra: Vec<std::ffi::OsString> = vec![
+            "--require-capabilities".into(),
+            "--expose-dir".into(),
+            expose_dir.into(),
+        ];
         if let Some(manifest) = manifest {
             extra.push("--manifest".into());
             extra.push(manifest.into());

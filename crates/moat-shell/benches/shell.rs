@@ -64,6 +64,7 @@ fn shell(dir: &std::path::Path) -> Shell {
         id_range: None,
         launch_policy: moat_sandbox::LaunchPolicy::default(),
         vm: None,
+        expose_dir: None,
     })
     .unwrap()
 }

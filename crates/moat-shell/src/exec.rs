@@ -10,7 +10,7 @@ use moat_egress::{Egress, EgressPolicy};
 
 use crate::egress::SandboxEgress;
 use moat_sandbox::microvm::VmOptions;
-use moat_sandbox::{BindMount, OutputMode, SANDBOX_PATH, SandboxSpec};
+use moat_sandbox::{BindMount, ExposedPort, OutputMode, SANDBOX_PATH, SandboxSpec};
 
 use crate::workspace::{PathError, Refusal, Workspace};
 
@@ -159,6 +159,10 @@ fn working_directory(
 }
 
 /// Checks `args` against the manifest and builds the sandbox spec.
+///
+/// `expose_dir`: where the runtime reaches an `ingress-only` program's
+/// ports (one socket per port; `moat shell --expose-dir`). Without one, an
+/// operation that asks for `ingress-only` is refused.
 pub fn plan(
     manifest: &Manifest,
     workspace: &Workspace,
@@ -166,29 +170,96 @@ pub fn plan(
     envelope: &Envelope,
     args: &ExecArgvArgs,
     sandbox_run_id: String,
+    expose_dir: Option<&Path>,
 ) -> Result<Plan, PathError> {
     let cwd = working_directory(workspace, envelope, args)?;
     Ok(checked(
-        manifest,
-        workspace,
-        mode,
-        envelope,
-        args,
+        &Asked {
+            manifest,
+            workspace,
+            mode,
+            envelope,
+            args,
+            expose_dir,
+        },
         sandbox_run_id,
         cwd,
     )?)
 }
 
-/// The rest of [`plan`], once the working directory is known.
-fn checked(
-    manifest: &Manifest,
-    workspace: &Workspace,
+/// What an `exec_argv` is checked against.
+struct Asked<'a> {
+    manifest: &'a Manifest,
+    workspace: &'a Workspace,
     mode: SandboxMode,
-    envelope: &Envelope,
-    args: &ExecArgvArgs,
-    sandbox_run_id: String,
-    cwd: PathBuf,
-) -> Result<Plan, Refusal> {
+    envelope: &'a Envelope,
+    args: &'a ExecArgvArgs,
+    expose_dir: Option<&'a Path>,
+}
+
+/// The sockets an `ingress-only` operation's ports are reached through:
+/// each port the manifest's `networkPolicy.expose` lists, at
+/// `DIR/PORT.sock` in the runtime's directory. A socket left there by an
+/// operation that ended badly is removed first (the directory is the
+/// runtime's alone, and one operation runs at a time).
+fn exposed_ports(asked: &Asked<'_>, network: NetworkMode) -> Result<Vec<ExposedPort>, Refusal> {
+    let ports = &asked.args.expose;
+    if network != NetworkMode::IngressOnly {
+        if !ports.is_empty() {
+            return Err(refuse(
+                DenialReason::InvalidArgs,
+                format!("expose needs network ingress-only, not {network}"),
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    let Some(dir) = asked.expose_dir else {
+        return Err(refuse(
+            DenialReason::NetworkNotAllowed,
+            "network ingress-only: this shell has no directory to reach exposed ports through \
+             (moat shell --expose-dir; a managed runner gives one)",
+        ));
+    };
+    moat_sandbox::spec::check_ports(ports)
+        .map_err(|e| refuse(DenialReason::InvalidArgs, e.to_string()))?;
+    let allowed = &asked.manifest.network_policy.expose;
+    let mut exposed = Vec::with_capacity(ports.len());
+    for port in ports {
+        if !allowed.contains(port) {
+            return Err(refuse(
+                DenialReason::NetworkNotAllowed,
+                format!("port {port} is not in the manifest's networkPolicy.expose"),
+            ));
+        }
+        let socket = dir.join(format!("{port}.sock"));
+        match std::fs::remove_file(&socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(refuse(
+                    DenialReason::NetworkNotAllowed,
+                    format!("port {port}: {}: {e}", socket.display()),
+                ));
+            }
+        }
+        exposed.push(ExposedPort {
+            port: *port,
+            socket,
+        });
+    }
+    Ok(exposed)
+}
+
+/// The rest of [`plan`], once the working directory is known.
+fn checked(asked: &Asked<'_>, sandbox_run_id: String, cwd: PathBuf) -> Result<Plan, Refusal> {
+    let Asked {
+        manifest,
+        workspace,
+        mode,
+        envelope,
+        args,
+        ..
+    } = *asked;
     let Some(program) = args.argv.first() else {
         return Err(refuse(DenialReason::InvalidArgs, "argv is empty"));
     };
@@ -216,13 +287,6 @@ fn checked(
         .network
         .or(envelope.network)
         .unwrap_or(NetworkMode::Off);
-    if network == NetworkMode::IngressOnly {
-        return Err(refuse(
-            DenialReason::NetworkNotAllowed,
-            "network ingress-only: an operation's program cannot be reached from outside the \
-             shell yet; `moat exec --network ingress-only --expose PORT` can",
-        ));
-    }
     if network_rank(network) > network_rank(manifest.network_policy.mode) {
         return Err(refuse(
             DenialReason::NetworkNotAllowed,
@@ -232,6 +296,7 @@ fn checked(
             ),
         ));
     }
+    let expose = exposed_ports(asked, network)?;
     let ceiling = &manifest.limits;
     let timeout_ms = args
         .timeout_ms
@@ -267,6 +332,7 @@ fn checked(
     }
     spec.mode = mode;
     spec.network = network;
+    spec.expose = expose;
     spec.without_cgroup = manifest.cgroup_limits == moat_core::manifest::CgroupLimits::Deployment;
     spec.cwd = Some(cwd);
     spec.env = args

@@ -69,6 +69,10 @@ pub struct ShellConfig {
     /// (`None`: programs run in `namespace` sandboxes only, and an
     /// operation whose capability asks for more is refused).
     pub vm: Option<moat_sandbox::microvm::VmOptions>,
+    /// Where an `ingress-only` operation's ports get their sockets, one
+    /// per port (`None`: such an operation is refused). The runtime's
+    /// own directory, out of every sandbox's sight.
+    pub expose_dir: Option<PathBuf>,
 }
 
 /// Why the shell could not start.
@@ -681,6 +685,7 @@ impl Shell {
             envelope,
             &a,
             sandbox_id,
+            self.config.expose_dir.as_deref(),
         ) {
             Ok(plan) => plan,
             Err(refusal) => return refusal.into(),

@@ -206,6 +206,24 @@ impl Store {
         })
     }
 
+    /// The org's run's operations handed to its runner and not answered
+    /// yet (one at a time today): what a request to a port the run's
+    /// program exposes is checked against.
+    pub fn dispatched_ops(&self, org: &str, run: &str) -> Result<Vec<OpRow>, StoreError> {
+        self.read(|tx| {
+            tx.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM ops WHERE org_id = ? AND run_id = ? \
+                     AND state = 'dispatched' ORDER BY n"
+                ),
+                &[org.into(), run.into()],
+            )?
+            .iter()
+            .map(decode)
+            .collect()
+        })
+    }
+
     /// A run with how many of its operations are still open (waiting for
     /// approval, queued or dispatched), in one statement: what a runner's
     /// wait for its run's next step looks at each time it wakes.

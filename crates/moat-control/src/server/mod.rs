@@ -25,6 +25,7 @@ mod content;
 mod enrolments;
 mod error;
 mod event_stream;
+mod ingress;
 mod inputs;
 mod inspector;
 mod manifests;
@@ -107,6 +108,8 @@ pub struct AppState {
     pub metrics: Arc<moat_metrics::Metrics>,
     pub(crate) lifetimes:
         std::sync::Mutex<std::collections::HashMap<(String, String), runner_api::ManifestTerms>>,
+    /// Requests to runs' ports waiting for their runners' tunnels.
+    ingress: ingress::Ingress,
 }
 
 impl AppState {
@@ -138,6 +141,7 @@ impl AppState {
             ledger_check: tokio::sync::Mutex::new(None),
             metrics,
             lifetimes: std::sync::Mutex::default(),
+            ingress: ingress::Ingress::default(),
         })
     }
 
@@ -247,7 +251,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The API's routes.
 /// Every route of the API (the Inspector's pages are added by `router`).
 pub fn routes() -> routes::Routes {
-    use routes::{GET, POST, PUT};
+    use routes::{ANY, GET, POST, PUT};
     routes::Routes::default()
         .on(GET, "/healthz", || async { "ok" })
         .on(GET, "/readyz", ready)
@@ -367,6 +371,19 @@ pub fn routes() -> routes::Routes {
             volumes_api::get_snapshot,
         )
         .on(POST, "/v1/runner/runs/{run}/resumed", volumes_api::resumed)
+        .on(ANY, "/v1/runs/{run}/ports/{port}", ingress::port_root)
+        .on(ANY, "/v1/runs/{run}/ports/{port}/", ingress::port_root)
+        .on(
+            ANY,
+            "/v1/runs/{run}/ports/{port}/{*path}",
+            ingress::port_path,
+        )
+        .on(GET, "/v1/runner/runs/{run}/ingress", ingress::dials)
+        .on(
+            POST,
+            "/v1/runner/runs/{run}/ingress/{conn}",
+            ingress::tunnel,
+        )
 }
 
 pub fn router(state: Arc<AppState>) -> Router {

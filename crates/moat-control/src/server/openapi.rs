@@ -14,7 +14,7 @@ use moat_api::org::{
     VolumeList, VolumeView,
 };
 use moat_api::runner::{
-    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor,
+    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, IngressDials, Janitor,
     ManifestRefreshed, Next, Recorded, Registered, Registration, Released, ResultBody, Teardown,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
@@ -415,6 +415,36 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "runner",
         "The runner that took over a lost run restored its volumes: recorded as `run.resumed` when they are the run's snapshots as it stands.",
     ),
+    (
+        "any",
+        "/v1/runs/{run}/ports/{port}",
+        "org",
+        "The run's program, listening on `port`: the request (any method; a WebSocket through an upgrade) is carried to it through its runner, without the `Authorization` header, as `/` with its query, `Host: localhost:PORT` and `X-Forwarded-Prefix`. Only while an operation of the run in `ingress-only` exposes the port (else 409 `port_not_exposed`); 504 `runner_unreachable` if the runner opens no tunnel in 15 s. Recorded per connection as `network.ingress` with the operation's result.",
+    ),
+    (
+        "any",
+        "/v1/runs/{run}/ports/{port}/",
+        "org",
+        "As `/v1/runs/{run}/ports/{port}`.",
+    ),
+    (
+        "any",
+        "/v1/runs/{run}/ports/{port}/{*path}",
+        "org",
+        "As `/v1/runs/{run}/ports/{port}`, for the program's path `/PATH`.",
+    ),
+    (
+        "get",
+        "/v1/runner/runs/{run}/ingress",
+        "runner",
+        "Requests to the run's ports waiting for a tunnel (`wait_ms`: long poll, at most 30 s). Only the runner that holds the run.",
+    ),
+    (
+        "post",
+        "/v1/runner/runs/{run}/ingress/{conn}",
+        "runner",
+        "The tunnel for one waiting request: `Connection: upgrade`, `Upgrade: moat-ingress`; after `101` the connection carries that request to the port's socket as HTTP/1.1.",
+    ),
 ];
 
 fn security(auth: &str) -> Value {
@@ -453,6 +483,8 @@ enum Request {
     Json(SchemaOf, bool),
     /// Raw bytes (required), and what they are.
     Octets(&'static str),
+    /// Anything or nothing (a program's own request), and what it is.
+    Any(&'static str),
 }
 
 /// The request body and the answers of one route.
@@ -647,6 +679,28 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("post", "/v1/runner/runs/{run}/resumed") => {
             takes(schema::<RunResumed>, "200", schema::<Recorded>)
         }
+        (
+            "any",
+            "/v1/runs/{run}/ports/{port}"
+            | "/v1/runs/{run}/ports/{port}/"
+            | "/v1/runs/{run}/ports/{port}/{*path}",
+        ) => Bodies {
+            request: Some(Request::Any(
+                "Whatever the program takes, passed on as it is",
+            )),
+            answers: vec![(
+                "200",
+                Answer::Other("*/*", "Whatever the program answers, as it answers it"),
+            )],
+        },
+        ("get", "/v1/runner/runs/{run}/ingress") => answers("200", schema::<IngressDials>),
+        ("post", "/v1/runner/runs/{run}/ingress/{conn}") => Bodies {
+            request: None,
+            answers: vec![(
+                "101",
+                Answer::Empty("Switching to the tunnel (`Upgrade: moat-ingress`)"),
+            )],
+        },
         _ => return None,
     })
 }
@@ -685,10 +739,12 @@ pub fn document() -> Value {
     let error = schema::<ErrorBody>(&mut generator);
     let mut paths = serde_json::Map::new();
     for (method, path, auth, summary) in ROUTES {
+        // `{*path}` (the rest of the path, slashes and all) is written
+        // `{path}` in the document.
         let params: Vec<Value> = path
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .map(|name| json!({"name": name.trim_start_matches('*'), "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
         let Bodies { request, answers } = bodies(method, path).unwrap_or(Bodies {
             request: None,
@@ -719,11 +775,25 @@ pub fn document() -> Value {
                     "content": {"application/octet-stream": {"schema": {"type": "string", "description": what}}},
                 });
             }
+            Some(Request::Any(what)) => {
+                operation["requestBody"] = json!({
+                    "required": false,
+                    "content": {"*/*": {"schema": {"type": "string", "description": what}}},
+                });
+            }
             None => {}
         }
-        let entry = paths.entry((*path).to_owned()).or_insert_with(|| json!({}));
+        let entry = paths
+            .entry(path.replace("{*", "{"))
+            .or_insert_with(|| json!({}));
+        let methods: &[&str] = match *method {
+            "any" => &["get", "head", "post", "put", "delete", "patch", "options"],
+            one => &[one],
+        };
         if let Some(map) = entry.as_object_mut() {
-            map.insert((*method).to_owned(), operation);
+            for method in methods {
+                map.insert((*method).to_owned(), operation.clone());
+            }
         }
     }
     json!({

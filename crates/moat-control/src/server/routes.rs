@@ -18,6 +18,18 @@ pub struct Method(pub &'static str, MethodFilter);
 pub const GET: Method = Method("get", MethodFilter::GET);
 pub const POST: Method = Method("post", MethodFilter::POST);
 pub const PUT: Method = Method("put", MethodFilter::PUT);
+/// Every method a program's HTTP server may answer (a run's ports): the
+/// document lists each.
+pub const ANY: Method = Method(
+    "any",
+    MethodFilter::GET
+        .or(MethodFilter::HEAD)
+        .or(MethodFilter::POST)
+        .or(MethodFilter::PUT)
+        .or(MethodFilter::DELETE)
+        .or(MethodFilter::PATCH)
+        .or(MethodFilter::OPTIONS),
+);
 
 /// Routes being registered.
 #[derive(Default)]

@@ -760,11 +760,12 @@ pub async fn heartbeat(
     }
 }
 
-/// Most events a runner may report with one result.
-const MAX_RESULT_EVENTS: usize = 1000;
+/// Most events a runner may report with one result: a sandbox records up
+/// to 10,000 connections to its ports (`network.ingress`) besides the rest.
+const MAX_RESULT_EVENTS: usize = 12_000;
 
 /// The events a shell records about an operation.
-const SHELL_EVENTS: [EventType; 16] = [
+const SHELL_EVENTS: [EventType; 17] = [
     EventType::CapabilityRequested,
     EventType::CapabilityGranted,
     EventType::CapabilityDenied,
@@ -780,6 +781,7 @@ const SHELL_EVENTS: [EventType; 16] = [
     EventType::ProcessTimeout,
     EventType::NetworkDenied,
     EventType::NetworkRequest,
+    EventType::NetworkIngress,
     EventType::PathDenied,
 ];
 

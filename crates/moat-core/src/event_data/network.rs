@@ -156,7 +156,8 @@ impl NetworkRequest {
 }
 
 /// One connection from outside to a port an `ingress-only` sandbox exposes
-/// (through `moat exec --expose`'s socket). What is recorded comes from the
+/// (through `moat exec --expose`'s socket, or a managed run's
+/// `/v1/runs/{run}/ports/{port}/` route, one request per connection). What is recorded comes from the
 /// first bytes each way, read as HTTP when they are: the first request's
 /// method and path (without the query) and the answer's status. Never
 /// bodies, queries or headers.
@@ -187,4 +188,14 @@ pub struct NetworkIngress {
     /// records: how many more there were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unrecorded: Option<u64>,
+    /// The sandbox, when a shell's operation ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_run_id: Option<String>,
+    /// The runner that served it (added by the control plane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
 }

@@ -61,6 +61,13 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
     listen: String,
+    /// This replica's own URL, as runners reach it directly (not through
+    /// the load balancer): with several replicas on PostgreSQL, a request
+    /// to a run's port that arrives here is announced to the others, and
+    /// the run's runner opens its tunnel to URL, wherever it polls. Same
+    /// scheme as the runners' --control-plane.
+    #[arg(long, value_name = "URL")]
+    advertise_url: Option<String>,
     /// Also serve Prometheus metrics at http://ADDR/metrics, without a token
     /// (runs finished, operations by kind and status, refusals by layer,
     /// teardowns, programs' CPU and egress, queued runs, pending approvals):
@@ -259,6 +266,19 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let backend = store.backend();
+    let advertise_url = match args.advertise_url {
+        Some(url) => {
+            let lower = url.to_ascii_lowercase();
+            if !(lower.starts_with("http://") || lower.starts_with("https://"))
+                || url.len() > 512
+                || url.chars().any(char::is_whitespace)
+            {
+                bail!("--advertise-url {url:?}: an http:// or https:// URL without spaces");
+            }
+            Some(url.trim_end_matches('/').to_owned())
+        }
+        None => None,
+    };
     // Kept here so the store is dropped after the runtime, on this thread:
     // PostgreSQL's client blocks on its own runtime when dropped, which
     // must not happen on one of tokio's threads.
@@ -283,6 +303,7 @@ fn run(args: ServeArgs) -> anyhow::Result<()> {
             landlock_abi: args.min_landlock_abi,
         },
         placement,
+        advertise_url,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

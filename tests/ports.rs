@@ -13,6 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::control::*;
+use common::free_port;
 use serde_json::{Value, json};
 
 /// The program: files of the workspace (`http.server`'s), `/checks` (what
@@ -386,4 +387,78 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
     let sockets = runner.state.join("ingress").join("web");
     assert!(!sockets.exists(), "{} is left", sockets.display());
     assert_ledger_intact(&serve);
+}
+
+/// Waits until `url` answers 200 with the org's token, and returns the body.
+fn until_served(url: &str, token: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, body) = request("GET", url, Some(token), None);
+        if status == 200 {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} never answered: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_port_is_reached_through_any_replica_whichever_one_its_runner_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup_with(dir.path(), |m| {
+        m["networkPolicy"]["expose"] = json!([8000]);
+        m["limits"]["timeoutMs"] = json!(120_000);
+    });
+    let dbs = databases(dir.path());
+    let pg = dbs.iter().find(|d| !d.url.starts_with("sqlite:")).unwrap();
+    let replica = |port: u16| {
+        let url = format!("http://127.0.0.1:{port}");
+        Serve::start_with(
+            &setup,
+            &pg.url,
+            &format!("127.0.0.1:{port}"),
+            &["--advertise-url", &url],
+        )
+    };
+    let a = replica(free_port());
+    let b = replica(free_port());
+    let acme = org(&a, "acme");
+    prepare_org(&a, &setup, &acme);
+    // The runner asks replica B only; the agent calls replica A.
+    let _runner = Runner::start(&b, &setup, &acme, "runner");
+    create_run(&a, &acme, "web");
+    let serve_op = envelope(
+        "serve",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
+               "expose": [8000], "timeoutMs": 120000}),
+    );
+    submit_approved(&a, &acme, "web", serve_op);
+    for replica in [&a, &b, &a] {
+        let page = until_served(
+            &format!("{}/v1/runs/web/ports/8000/input/a.txt", replica.url),
+            &acme,
+        );
+        assert_eq!(page, "abc\n");
+    }
+    let (status, echoed) = websocket(&a, &acme, "web", "both ways");
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    assert_eq!(echoed, "syaw htob");
+    let (status, body) = request(
+        "GET",
+        &format!("{}/v1/runs/web/ports/8000/quit", a.url),
+        Some(&acme),
+        None,
+    );
+    assert_eq!((status, body.as_str()), (200, "bye"));
+    finish_run(&a, &acme, "web");
+    let events = run_events(&a, &acme, "web");
+    let served = events
+        .iter()
+        .filter(|e| e["type"] == "network.ingress" && e["data"]["path"] == "/input/a.txt")
+        .count();
+    assert_eq!(served, 3, "{events:#?}");
 }

@@ -281,4 +281,8 @@ pub struct IngressDial {
     pub conn: String,
     /// The sandbox's port.
     pub port: u16,
+    /// The control plane replica to open the tunnel to (its advertised
+    /// URL), when it is not the one asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }

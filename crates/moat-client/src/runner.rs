@@ -420,13 +420,29 @@ impl RunnerClient {
     }
 
     /// Where and how to open the tunnel for `conn`
-    /// (`POST /v1/runner/runs/{run}/ingress/{conn}`, upgraded): the
-    /// connection is the caller's to make, as it speaks async I/O.
-    pub fn tunnel(&self, run: &str, conn: &str) -> Result<crate::Tunnel, ClientError> {
+    /// (`POST /v1/runner/runs/{run}/ingress/{conn}`, upgraded), to the
+    /// replica `via` names or this client's control plane: the connection
+    /// is the caller's to make, as it speaks async I/O. An `https://`
+    /// control plane's tunnels go over HTTPS only.
+    pub fn tunnel(
+        &self,
+        run: &str,
+        conn: &str,
+        via: Option<&str>,
+    ) -> Result<crate::Tunnel, ClientError> {
+        let base = self.http.base();
+        let target = via.map_or(base, |v| v.trim_end_matches('/'));
+        let secure = |url: &str| url.to_ascii_lowercase().starts_with("https://");
+        if secure(base) && !secure(target) {
+            return Err(ClientError::Unreachable {
+                base: target.to_owned(),
+                message: "a tunnel of an https:// control plane must go over https://".into(),
+            });
+        }
         let path = format!("/v1/runner/runs/{}/ingress/{}", segment(run), segment(conn));
         let headers = self.signature_headers("POST", &path, b"");
         crate::Tunnel::new(
-            self.http.base(),
+            target,
             &path,
             &headers,
             self.roots.as_ref().map(crate::CaRoots::ders),

@@ -116,6 +116,7 @@ fn bench(c: &mut Criterion) {
             run_idle_timeout: Duration::from_secs(900),
             outputs: moat_store::Outputs::database(),
             host_minimum: Default::default(),
+            advertise_url: None,
             placement: moat_control::placement::PlacementEngine::new(
                 moat_control::placement::DEFAULT_PLACEMENT,
             )

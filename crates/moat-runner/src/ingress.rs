@@ -101,7 +101,7 @@ fn relay(
                 );
                 continue;
             }
-            let tunnel = match client.tunnel(run, &dial.conn) {
+            let tunnel = match client.tunnel(run, &dial.conn, dial.via.as_deref()) {
                 Ok(tunnel) => tunnel,
                 Err(e) => {
                     eprintln!("moat runner: run {run}: tunnel: {e}");

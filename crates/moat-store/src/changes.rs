@@ -43,6 +43,15 @@ pub enum Change {
     /// An org has a run to claim in an environment (created, or queued
     /// again): one of its runners' claims there looks again.
     Queue { org: String, environment: String },
+    /// A request to a run's port waits on the replica at `via` (its
+    /// advertised URL) for a tunnel from the run's runner, whichever
+    /// replica that runner asks.
+    Dial {
+        run: String,
+        conn: String,
+        port: u16,
+        via: String,
+    },
 }
 
 /// What goes out on the channel.
@@ -67,6 +76,12 @@ impl Outgoing {
             Outgoing::Change(Change::Queue { org, environment }) => {
                 format!("{replica} queue {org} {environment}")
             }
+            Outgoing::Change(Change::Dial {
+                run,
+                conn,
+                port,
+                via,
+            }) => format!("{replica} dial {run} {conn} {port} {}", hex(via)),
             Outgoing::Hello => format!("{replica} hello"),
         }
     }
@@ -85,6 +100,27 @@ fn parse<'a>(payload: &'a str, replica: &str) -> Option<(&'a str, Heard)> {
             let (kind, id) = rest.split_once(' ').filter(|(_, id)| !id.is_empty())?;
             match kind {
                 "run" => Heard::Change(Change::Run(id.to_owned())),
+                "dial" => {
+                    let mut parts = id.split(' ');
+                    let (Some(run), Some(conn), Some(port), Some(via), None) = (
+                        parts.next(),
+                        parts.next(),
+                        parts.next(),
+                        parts.next(),
+                        parts.next(),
+                    ) else {
+                        return None;
+                    };
+                    if run.is_empty() || conn.is_empty() {
+                        return None;
+                    }
+                    Heard::Change(Change::Dial {
+                        run: run.to_owned(),
+                        conn: conn.to_owned(),
+                        port: port.parse().ok()?,
+                        via: unhex(via)?,
+                    })
+                }
                 "queue" => {
                     let (org, environment) = id
                         .split_once(' ')
@@ -393,8 +429,27 @@ fn plain(outgoing: Outgoing) -> Outgoing {
         {
             Outgoing::Change(Change::All)
         }
+        Outgoing::Change(Change::Dial { run, conn, .. }) if !is_plain(&run) || !is_plain(&conn) => {
+            Outgoing::Change(Change::All)
+        }
         other => other,
     }
+}
+
+/// A URL as lower-case hex: plain, whatever it holds.
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<String> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// `text` (a replica's hex name and a plain run id) as an SQL string literal.
@@ -429,6 +484,27 @@ mod tests {
             parse(&Outgoing::Change(queue.clone()).payload("a"), "b"),
             Some(("a", Heard::Change(queue)))
         );
+        let dial = Change::Dial {
+            run: "run-1".into(),
+            conn: "0f".into(),
+            port: 8000,
+            via: "https://replica-1.internal:8443/x y".into(),
+        };
+        let said = plain(Outgoing::Change(dial.clone())).payload("a");
+        assert!(
+            said.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b" _-.".contains(&b))
+        );
+        assert_eq!(parse(&said, "b"), Some(("a", Heard::Change(dial))));
+        for bad in [
+            "a dial r c 8000",
+            "a dial r c port 68",
+            "a dial r c 8000 6",
+            "a dial r c 8000 zz",
+            "a dial r c 8000 68 x",
+        ] {
+            assert_eq!(parse(bad, "b"), None, "{bad}");
+        }
         assert_eq!(parse(&run.payload("a"), "a"), None);
         for bad in [
             "",

@@ -14,7 +14,11 @@
 //! `Authorization` never reaches the program. Dials and waiting requests
 //! live in this replica's memory: the runner's poll and tunnel must reach
 //! the replica that holds the request (one replica, or sticky routing of
-//! `/v1/runner/runs/{run}/ingress*` and `/v1/runs/{run}/ports/*` by run).
+//! `/v1/runner/runs/{run}/ingress*` and `/v1/runs/{run}/ports/*` by run),
+//! or, on PostgreSQL, each replica started with `--advertise-url` (its own
+//! address as runners reach it): a request is then announced to every
+//! replica (`moat_store::Change::Dial`), and the runner opens its tunnel to
+//! the replica that holds it, wherever it asked.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -64,7 +68,8 @@ struct Hub {
 
 #[derive(Default)]
 struct RunDials {
-    dials: Vec<IngressDial>,
+    /// Each with when it was queued: one nobody took in time is dropped.
+    dials: Vec<(IngressDial, tokio::time::Instant)>,
     ready: Arc<Notify>,
 }
 
@@ -86,13 +91,24 @@ impl Drop for Placed<'_> {
         let mut hub = self.ingress.lock();
         hub.waiting.remove(&self.conn);
         if let Some(run) = hub.runs.get_mut(&self.run) {
-            run.dials.retain(|d| d.conn != self.conn);
+            run.dials.retain(|(d, _)| d.conn != self.conn);
         }
         hub.forget_idle(&self.run);
     }
 }
 
 impl Hub {
+    /// Hands `dial` to `run`'s runner at its next ask. A run's queue is
+    /// bounded: past it, the oldest dial goes (its request will time out).
+    fn queue(&mut self, run: &str, dial: IngressDial) {
+        let dials = self.runs.entry(run.to_owned()).or_default();
+        if dials.dials.len() >= MAX_WAITING_PER_RUN {
+            dials.dials.remove(0);
+        }
+        dials.dials.push((dial, tokio::time::Instant::now()));
+        dials.ready.notify_one();
+    }
+
     fn forget_idle(&mut self, run: &str) {
         let idle = self
             .runs
@@ -131,12 +147,14 @@ impl Ingress {
                 tunnel: send,
             },
         );
-        let dials = hub.runs.entry(run.to_owned()).or_default();
-        dials.dials.push(IngressDial {
-            conn: conn.clone(),
-            port,
-        });
-        dials.ready.notify_one();
+        hub.queue(
+            run,
+            IngressDial {
+                conn: conn.clone(),
+                port,
+                via: None,
+            },
+        );
         drop(hub);
         Ok((
             Placed {
@@ -155,8 +173,12 @@ impl Ingress {
             let ready = {
                 let mut hub = self.lock();
                 let dials = hub.runs.entry(run.to_owned()).or_default();
+                dials.dials.retain(|(_, at)| at.elapsed() < TUNNEL_WAIT);
                 if !dials.dials.is_empty() {
-                    return std::mem::take(&mut dials.dials);
+                    return std::mem::take(&mut dials.dials)
+                        .into_iter()
+                        .map(|(dial, _)| dial)
+                        .collect();
                 }
                 Arc::clone(&dials.ready)
             };
@@ -167,6 +189,19 @@ impl Ingress {
                 return Vec::new();
             }
         }
+    }
+
+    /// Another replica holds a request to `port` of `run`, waiting for a
+    /// tunnel to `via`: handed to the runner if it asks here.
+    pub fn heard(&self, run: &str, conn: String, port: u16, via: String) {
+        self.lock().queue(
+            run,
+            IngressDial {
+                conn,
+                port,
+                via: Some(via),
+            },
+        );
     }
 
     /// The request waiting on `conn`, if it is `run`'s.
@@ -270,6 +305,15 @@ async fn relayed(
     let port = exposed(state, org, run, port).await?;
     let upgrade = wants_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));
     let (placed, tunnel) = state.ingress.place(run, port)?;
+    // The run's runner may ask another replica: tell them where to send it.
+    if let (Some(via), Some(feed)) = (&state.config.advertise_url, &state.feed) {
+        feed.publish(moat_store::Change::Dial {
+            run: run.to_owned(),
+            conn: placed.conn.clone(),
+            port,
+            via: via.clone(),
+        });
+    }
     let tunnel = match tokio::time::timeout(TUNNEL_WAIT, tunnel).await {
         Ok(Ok(tunnel)) => tunnel,
         _ => {

@@ -89,6 +89,10 @@ pub struct Config {
     pub host_minimum: moat_core::host::HostMinimum,
     /// Which org's runs may go to which host (`moat serve --placement-policy`).
     pub placement: crate::placement::PlacementEngine,
+    /// This replica's own URL for runners' tunnels (`moat serve
+    /// --advertise-url`): requests to runs' ports are announced to the
+    /// other replicas with it.
+    pub advertise_url: Option<String>,
 }
 
 /// Shared state of the handlers.
@@ -109,13 +113,15 @@ pub struct AppState {
     pub(crate) lifetimes:
         std::sync::Mutex<std::collections::HashMap<(String, String), runner_api::ManifestTerms>>,
     /// Requests to runs' ports waiting for their runners' tunnels.
-    ingress: ingress::Ingress,
+    ingress: Arc<ingress::Ingress>,
 }
 
 impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
         let wakes = Arc::new(wake::Wakes::new());
         let heard = Arc::clone(&wakes);
+        let ingress = Arc::new(ingress::Ingress::default());
+        let dialled = Arc::clone(&ingress);
         let feed = config
             .store
             .change_feed(move |change| match change {
@@ -124,6 +130,12 @@ impl AppState {
                 moat_store::Change::Queue { org, environment } => {
                     heard.topic(&wake::Topic::Queue { org, environment })
                 }
+                moat_store::Change::Dial {
+                    run,
+                    conn,
+                    port,
+                    via,
+                } => dialled.heard(&run, conn, port, via),
             })
             .unwrap_or_else(|e| {
                 eprintln!("moat serve: {e}; other replicas' changes are polled for");
@@ -141,7 +153,7 @@ impl AppState {
             ledger_check: tokio::sync::Mutex::new(None),
             metrics,
             lifetimes: std::sync::Mutex::default(),
-            ingress: ingress::Ingress::default(),
+            ingress,
         })
     }
 

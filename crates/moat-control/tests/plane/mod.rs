@@ -158,6 +158,7 @@ fn start(
         run_idle_timeout: Duration::from_secs(900),
         outputs: outputs.clone(),
         host_minimum: Default::default(),
+        advertise_url: None,
         placement: moat_control::placement::PlacementEngine::new(
             moat_control::placement::DEFAULT_PLACEMENT,
         )

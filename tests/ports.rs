@@ -235,6 +235,11 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
     assert!(policy.starts_with("sandbox "), "{policy:?}");
     assert!(!policy.contains("allow-same-origin"), "{policy:?}");
 
+    // The Inspector shows the operation's network and where its port is.
+    let page = inspector_page(&serve, &acme, "/ui/runs/web");
+    assert!(page.contains(r#"data-network="ingress-only""#), "{page}");
+    assert!(page.contains("/v1/runs/web/ports/8000/"), "{page}");
+
     // Refused without the org's token, to another org, and on a port the
     // operation does not expose.
     let (status, body) = request("GET", &port("8000/input/a.txt"), None, None);
@@ -386,6 +391,17 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
     wait_run_event(&serve, &acme, "web", "run.destroyed");
     let sockets = runner.state.join("ingress").join("web");
     assert!(!sockets.exists(), "{} is left", sockets.display());
+    // The audit says the mode and counts the connections in.
+    let out = std::process::Command::new(common::MOAT)
+        .args(["audit", "web", "--db", &db])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    let connections = format!("{} connections in)", ingress.len());
+    assert!(
+        said.contains("Network: ingress-only") && said.contains(&connections),
+        "{said}"
+    );
     assert_ledger_intact(&serve);
 }
 

@@ -189,6 +189,13 @@ fn a_run_whose_runner_is_killed_resumes_from_its_volumes_last_snapshot_on_anothe
         );
         assert!(said.contains(&persisted), "{said}");
         assert!(said.contains("resumed: attempt 2 on runner"), "{said}");
+        // So does the Inspector's run page.
+        let page = inspector_page(&serve, &acme, "/ui/runs/r");
+        let shown = format!("from empty · now {}", &head[..12]);
+        assert!(
+            page.contains(r#"data-volume="model""#) && page.contains(&shown),
+            "{page}"
+        );
 
         // A session: a later run continues from r's volume, and its replay
         // starts from the snapshot it started from.

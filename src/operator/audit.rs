@@ -142,10 +142,11 @@ fn print_text(a: &Audit, intact: &str) {
         list(&a.root_views)
     );
     outln!(
-        "Network: {} ({} requests, {} refused)",
+        "Network: {} ({} requests, {} refused, {} connections in)",
         list(&a.network_modes),
         a.network_requests,
-        a.network_denied
+        a.network_denied,
+        a.network_ingress
     );
     if a.usage.is_object() {
         let u = &a.usage;

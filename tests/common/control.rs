@@ -469,6 +469,23 @@ pub fn sqlite_plane(dir: &Path) -> (Setup, String, Serve, String) {
     (setup, db, serve, acme)
 }
 
+/// The Inspector's page at `path` as the org whose token this is sees it
+/// (signed in: its cookie).
+pub fn inspector_page(serve: &Serve, token: &str, path: &str) -> String {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into();
+    let mut answer = agent
+        .get(&format!("{}{path}", serve.url))
+        .header("cookie", &format!("moat_inspector={token}"))
+        .call()
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{path}");
+    answer.body_mut().read_to_string().unwrap()
+}
+
 /// Queues `run` with one input, `input/a.txt`.
 pub fn create_run(serve: &Serve, token: &str, run: &str) {
     let (status, body) = call(

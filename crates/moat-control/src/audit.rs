@@ -38,6 +38,9 @@ pub struct Audit {
     pub network_modes: BTreeSet<String>,
     pub network_requests: usize,
     pub network_denied: usize,
+    /// Connections the runtime made to ports programs exposed
+    /// (`ingress-only`).
+    pub network_ingress: usize,
     /// Policy rules that granted its operations.
     pub granted_by: BTreeSet<String>,
     /// Operations the agent asked for (by id).
@@ -292,6 +295,7 @@ pub fn audit(run_id: &str, events: &[StoredEvent]) -> Audit {
             }
             EventType::NetworkRequest => a.network_requests += 1,
             EventType::NetworkDenied => a.network_denied += 1,
+            EventType::NetworkIngress => a.network_ingress += 1,
             _ => {}
         }
     }

@@ -193,6 +193,14 @@ fn op_item(o: &OpRow) -> Markup {
             None => c.to_owned(),
         }
     });
+    // The network its program asked for, and the ports it serves (reached
+    // through the run's ports route while it runs).
+    let args = &o.envelope["args"];
+    let network = first_text([&args["network"], &o.envelope["network"]]);
+    let ports: Vec<String> = args["expose"]
+        .as_array()
+        .map(|p| p.iter().map(text).collect())
+        .unwrap_or_default();
     html! {
         li class=(class) data-op-id=(o.id) data-state=(o.state.as_str()) {
             span.muted { "#" (o.n) " " (o.id) }
@@ -204,6 +212,21 @@ fn op_item(o: &OpRow) -> Markup {
             }
             @if let Some(workload) = &workload {
                 " · in " span.class data-class=(workload) { (workload) }
+            }
+            @if !network.is_empty() && network != "off" {
+                " · network " span.network data-network=(network) { (network) }
+            }
+            @if !ports.is_empty() {
+                " · ports " span.ports data-ports=(ports.join(",")) {
+                    @for (i, port) in ports.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        @if o.state == OpState::Dispatched {
+                            code { "/v1/runs/" (o.run_id) "/ports/" (port) "/" }
+                        } @else {
+                            (port)
+                        }
+                    }
+                }
             }
             @if !reason.is_empty() {
                 div.reason { (reason) }
@@ -487,6 +510,17 @@ pub fn run(
                 dt { "Manifest" } dd { code { (run.manifest_hash.as_deref().unwrap_or("-")) } }
                 dt { "Attempts" } dd { (run.attempts) "/" (run.max_attempts) }
                 dt { "Workload classes" } dd #run-classes { (class_names(run.needs_classes)) }
+                dt { "Volumes" } dd #run-volumes {
+                    @if run.volumes.is_empty() { "-" }
+                    @for v in &run.volumes {
+                        div.volume data-volume=(v.volume) {
+                            code { (v.volume) } " at " code { (v.path) }
+                            (if v.read_only { " (ro)" } else { " (rw)" })
+                            " · from " (v.start_snapshot.as_deref().map_or("empty", short))
+                            " · now " (v.snapshot.as_deref().map_or("empty", short))
+                        }
+                    }
+                }
                 dt { "Created" } dd { (stamp(run.created_ms)) }
                 dt { "Error" } dd { (run.error.as_deref().unwrap_or("-")) }
                 @if let Some(why) = page.waiting {

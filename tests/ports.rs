@@ -37,6 +37,9 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     def answer(self, body, status=200):
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Set-Cookie", "moat_inspector=forged; Path=/ui")
+        self.send_header("Strict-Transport-Security", "max-age=31536000")
+        self.send_header("Cache-Control", "public, max-age=86400")
         self.end_headers()
         self.wfile.write(body)
     def do_GET(self):
@@ -217,9 +220,11 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(page, "abc\n");
-    // In a browser, the program's pages cannot script the control plane.
+    // In a browser, the program's pages cannot script the control plane;
+    // the program cannot set cookies, transport or caching rules on it.
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        .max_redirects(0)
         .build()
         .into();
     let answer = agent
@@ -227,13 +232,36 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
         .header("authorization", &format!("Bearer {acme}"))
         .call()
         .unwrap();
-    let policy = answer
-        .headers()
-        .get("content-security-policy")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+    let header = |name: &str| {
+        answer
+            .headers()
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let policy = header("content-security-policy");
     assert!(policy.starts_with("sandbox "), "{policy:?}");
     assert!(!policy.contains("allow-same-origin"), "{policy:?}");
+    assert_eq!(header("set-cookie"), "");
+    assert_eq!(header("strict-transport-security"), "");
+    assert_eq!(header("cache-control"), "private, no-store");
+    // The port without a slash is the program's `/`, where a browser-like
+    // caller is sent (so that relative links resolve).
+    let answer = agent
+        .get(&port("8000?a=b"))
+        .header("authorization", &format!("Bearer {acme}"))
+        .call()
+        .unwrap();
+    assert_eq!(answer.status(), 308);
+    assert_eq!(
+        answer
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok()),
+        Some("/v1/runs/web/ports/8000/?a=b")
+    );
 
     // The Inspector shows the operation's network and where its port is.
     let page = inspector_page(&serve, &acme, "/ui/runs/web");
@@ -253,18 +281,27 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
     let (status, body) = request("GET", &port("http/"), Some(&acme), None);
     assert_eq!(status, 400, "{body}");
 
-    // The caller's credentials never reach the program; its query does.
-    let (status, body) = request("GET", &port("8000/headers?x=1"), Some(&acme), None);
-    assert_eq!(status, 200, "{body}");
+    // The caller's credentials never reach the program, nor what a proxy
+    // said about the caller; its path (as sent, any bytes escaped) and its
+    // query do.
+    let mut answer = agent
+        .get(&port("8000/headers%FF?x=1"))
+        .header("authorization", &format!("Bearer {acme}"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("forwarded", "for=203.0.113.9")
+        .call()
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let body = answer.body_mut().read_to_string().unwrap();
     let seen: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(seen["path"], "/headers?x=1", "{seen}");
+    assert_eq!(seen["path"], "/headers%FF?x=1", "{seen}");
     let headers = seen["headers"].as_object().unwrap();
-    assert!(
-        headers
-            .keys()
-            .all(|k| !k.eq_ignore_ascii_case("authorization")),
-        "{seen}"
-    );
+    for withheld in ["authorization", "x-forwarded-for", "forwarded"] {
+        assert!(
+            headers.keys().all(|k| !k.eq_ignore_ascii_case(withheld)),
+            "{withheld}: {seen}"
+        );
+    }
     assert!(
         !body.contains(&acme),
         "the token reached the program: {body}"
@@ -324,7 +361,7 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
     };
     for (method, path, status) in [
         ("GET", "/input/a.txt", 200),
-        ("GET", "/headers", 200),
+        ("GET", "/headers%FF", 200),
         ("POST", "/sum", 200),
         ("GET", "/echo", 101),
         ("GET", "/checks", 200),

@@ -23,6 +23,7 @@ pub mod channel;
 mod fetch;
 mod gate;
 mod host;
+pub mod idle;
 pub mod outbound;
 pub mod policy;
 mod proxy;

@@ -13,12 +13,16 @@ use std::time::Duration;
 use moat_client::{RunnerClient, Tunnel};
 use moat_core::op::ExecArgvArgs;
 use moat_core::{Envelope, NetworkMode};
+use moat_egress::idle::copy_until_idle;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixStream};
 
 /// How long one ask for waiting requests lasts: also how long an
 /// operation's end may wait for the relay to notice it.
 const ASK_WAIT: Duration = Duration::from_secs(1);
+
+/// A tunnel with nothing moving either way for this long is closed.
+const IDLE: Duration = Duration::from_secs(300);
 
 /// How long a tunnel waits for its port's socket to appear.
 const SOCKET_WAIT: Duration = Duration::from_secs(5);
@@ -56,6 +60,14 @@ pub fn relaying<T>(
     if ports.is_empty() {
         return work();
     }
+    /// Stops the relay when the work ends, however it ends (a panic too:
+    /// the scope waits for the relay).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -63,9 +75,8 @@ pub fn relaying<T>(
                 eprintln!("moat runner: run {run}: the ports' relay stopped: {e}");
             }
         });
-        let done = work();
-        stop.store(true, Ordering::Relaxed);
-        done
+        let _stop = Stop(&stop);
+        work()
     })
 }
 
@@ -81,6 +92,25 @@ fn relay(
         .thread_name("moat-ingress")
         .enable_all()
         .build()?;
+    // The runner's requests may go through a proxy its environment names;
+    // its tunnels do not (an upgraded connection through a proxy would need
+    // CONNECT): say so where a failed tunnel will be looked for.
+    if let Some(var) = [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+    ]
+    .into_iter()
+    .find(|var| std::env::var_os(var).is_some())
+    {
+        eprintln!(
+            "moat runner: run {run}: {var} is set, but tunnels for the run's ports connect to \
+             the control plane directly"
+        );
+    }
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_TUNNELS));
     let mut tls: Option<Arc<rustls::ClientConfig>> = None;
     while !stop.load(Ordering::Relaxed) {
@@ -101,6 +131,16 @@ fn relay(
                 );
                 continue;
             }
+            // A request past the tunnels open at once is left to time out:
+            // its tunnel would be signed now and opened too late.
+            let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
+                eprintln!(
+                    "moat runner: run {run}: {MAX_TUNNELS} tunnels are open: a request to \
+                     port {} dropped",
+                    dial.port
+                );
+                continue;
+            };
             let tunnel = match client.tunnel(run, &dial.conn, dial.via.as_deref()) {
                 Ok(tunnel) => tunnel,
                 Err(e) => {
@@ -120,12 +160,9 @@ fn relay(
                 },
             };
             let socket = dir.join(format!("{}.sock", dial.port));
-            let open = Arc::clone(&open);
             let run = run.to_owned();
             runtime.spawn(async move {
-                let Ok(_slot) = open.acquire_owned().await else {
-                    return;
-                };
+                let _slot = slot;
                 if let Err(e) = carry(tunnel, config, socket).await {
                     eprintln!("moat runner: run {run}: port {}: {e}", dial.port);
                 }
@@ -191,21 +228,8 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin>(
             "the control plane answered the tunnel with {status:?}"
         )));
     }
-    let mut program = connect(socket).await?;
-    match tokio::io::copy_bidirectional(&mut control, &mut program).await {
-        // Either side may end a connection abruptly: nothing to report.
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::UnexpectedEof
-            ) =>
-        {
-            Ok(())
-        }
-        other => other.map(|_| ()),
-    }
+    let program = connect(socket).await?;
+    copy_until_idle(control, program, IDLE).await
 }
 
 /// The port's socket. A request that came as the operation began may be
@@ -215,9 +239,12 @@ async fn connect(socket: &Path) -> std::io::Result<UnixStream> {
     loop {
         match UnixStream::connect(socket).await {
             Ok(stream) => return Ok(stream),
+            // Not made yet, or a stale one the launcher is about to replace.
             Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    && tokio::time::Instant::now() < deadline =>
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) && tokio::time::Instant::now() < deadline =>
             {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

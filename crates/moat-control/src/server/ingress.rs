@@ -27,13 +27,16 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{FromRequest as _, Path, Query, Request, State};
+use axum::http::Method;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::Redirect;
 use axum::response::{IntoResponse, Response};
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use moat_api::runner::{IngressDial, IngressDials};
 use moat_core::NetworkMode;
 use moat_core::op::ExecArgvArgs;
+use moat_egress::idle::{Activity, Watched, copy_until_idle};
 use tokio::sync::{Notify, oneshot};
 
 use super::AppState;
@@ -48,8 +51,11 @@ const TUNNEL_WAIT: Duration = Duration::from_secs(15);
 const MAX_WAITING_PER_RUN: usize = 256;
 
 /// Added to every answer of a program (besides any policy of its own).
-const PAGE_POLICY: &str =
-    "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
+const PAGE_POLICY: &str = "sandbox allow-scripts";
+
+/// A tunnel, or a caller's connection switched through one, with nothing
+/// moving either way for this long is closed.
+const IDLE: Duration = Duration::from_secs(300);
 
 /// The protocol a runner's tunnel is upgraded to.
 pub const TUNNEL_PROTOCOL: &str = "moat-ingress";
@@ -168,6 +174,15 @@ impl Ingress {
 
     /// The dials of `run` waiting now, or the first to come within `wait`.
     async fn take(&self, run: &str, wait: Duration) -> Vec<IngressDial> {
+        /// Forgets the run's queue when empty once the ask ends, however it
+        /// ends (its caller may go away mid-wait).
+        struct Asking<'a>(&'a Ingress, &'a str);
+        impl Drop for Asking<'_> {
+            fn drop(&mut self) {
+                self.0.lock().forget_idle(self.1);
+            }
+        }
+        let _asking = Asking(self, run);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let ready = {
@@ -185,7 +200,6 @@ impl Ingress {
             let woken = tokio::time::timeout_at(deadline, ready.notified()).await;
             drop(ready);
             if woken.is_err() {
-                self.lock().forget_idle(run);
                 return Vec::new();
             }
         }
@@ -252,43 +266,33 @@ async fn exposed(state: &Arc<AppState>, org: &str, run: &str, port: &str) -> Api
     Ok(port)
 }
 
-/// `ANY /v1/runs/{run}/ports/{port}`.
-pub async fn port_root(
-    state: State<Arc<AppState>>,
-    agent: auth::Agent,
-    Path((run, port)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    relay(state, agent, run, port, request).await
-}
-
-/// `ANY /v1/runs/{run}/ports/{port}/{*path}`.
-pub async fn port_path(
-    state: State<Arc<AppState>>,
-    agent: auth::Agent,
-    Path((run, port, _)): Path<(String, String, String)>,
-    request: Request,
-) -> Response {
-    relay(state, agent, run, port, request).await
-}
-
-async fn relay(
+/// `ANY /v1/runs/{run}/ports/{port}` (and with a slash and a path). The
+/// run, the port and the path below it are read from the path as the
+/// caller sent it: the program decodes its own path, whatever bytes it
+/// escapes.
+pub async fn port(
     State(state): State<Arc<AppState>>,
     auth::Agent(org): auth::Agent,
-    run: String,
-    port: String,
     request: Request,
 ) -> Response {
-    // The path below the port as the caller sent it (still percent-encoded:
-    // the program decodes it, as it would have).
-    let rest = request
-        .uri()
-        .path()
-        .splitn(7, '/')
-        .nth(6)
-        .unwrap_or_default()
-        .to_owned();
-    match relayed(&state, &org, &run, &port, &rest, request).await {
+    let raw = request.uri().path().to_owned();
+    let mut segments = raw.splitn(7, '/');
+    let (Some(run), Some(port)) = (segments.nth(3), segments.nth(1)) else {
+        return ApiError::bad_request("a run's port is /v1/runs/RUN/ports/PORT/...")
+            .into_response();
+    };
+    let rest = segments.next();
+    // `/ports/8000` is the program's `/`: relative links on its pages
+    // resolve against `/ports/8000/`, where a browser-like caller is sent.
+    if rest.is_none() && matches!(*request.method(), Method::GET | Method::HEAD) {
+        let query = request
+            .uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        return Redirect::permanent(&format!("{raw}/{query}")).into_response();
+    }
+    match relayed(&state, &org, run, port, rest.unwrap_or_default(), request).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
@@ -316,7 +320,14 @@ async fn relayed(
     }
     let tunnel = match tokio::time::timeout(TUNNEL_WAIT, tunnel).await {
         Ok(Ok(tunnel)) => tunnel,
-        _ => {
+        Ok(Err(_)) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "runner_unreachable",
+                format!("run {run}'s runner's tunnel to port {port} failed as it opened"),
+            ));
+        }
+        Err(_) => {
             return Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "runner_unreachable",
@@ -332,43 +343,93 @@ async fn relayed(
         ApiError::new(
             StatusCode::BAD_GATEWAY,
             "bad_gateway",
-            format!("port {port} of run {run}: {e}"),
+            format!(
+                "port {port} of run {run}: the program closed the connection or does not \
+                 listen on the port ({e})"
+            ),
         )
     };
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(tunnel)
+    // A runner or program that goes silent frees the connection in time.
+    let activity = Activity::new();
+    let watched = Watched::new(TokioIo::new(tunnel), activity.clone());
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(watched))
         .await
         .map_err(bad_gateway)?;
+    let watchdog = activity.clone();
     tokio::spawn(async move {
-        let _ = connection.with_upgrades().await;
+        tokio::select! {
+            _ = connection.with_upgrades() => {}
+            () = watchdog.idle(IDLE) => {}
+        }
     });
     let forwarded = forwarded_request(request, run, port, path)?;
     let mut response = sender.send_request(forwarded).await.map_err(bad_gateway)?;
     if let (Some(client), StatusCode::SWITCHING_PROTOCOLS) = (upgrade, response.status()) {
         let program = hyper::upgrade::on(&mut response);
         tokio::spawn(join_upgraded(client, program));
-        let (parts, _) = response.into_parts();
+        let (mut parts, _) = response.into_parts();
+        guard_answer(&mut parts.headers, true);
         return Ok(Response::from_parts(parts, Body::empty()));
     }
     let (mut parts, body) = response.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
-    // The program's pages are served on the control plane's origin: a
-    // browser gets them as a sandboxed document of an origin of its own,
-    // which cannot script the API or the Inspector.
-    parts.headers.append(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(PAGE_POLICY),
-    );
+    guard_answer(&mut parts.headers, false);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
+/// Answer headers a program may not set on the control plane's origin:
+/// cookies (the Inspector's session is a cookie), site data, transport
+/// and caching rules for the whole host, and a front proxy's internal
+/// redirects.
+const WITHHELD_ANSWER_HEADERS: &[&str] = &[
+    "set-cookie",
+    "set-cookie2",
+    "clear-site-data",
+    "strict-transport-security",
+    "alt-svc",
+    "public-key-pins",
+    "public-key-pins-report-only",
+    "expect-ct",
+    "x-sendfile",
+    "x-lighttpd-send-file",
+    "origin-agent-cluster",
+    "service-worker-allowed",
+];
+
+/// The program's answer headers as the caller gets them: one hop's and
+/// the withheld ones gone, never stored by a shared cache (the answer is
+/// an org's), and a page a browser shows runs as a sandboxed document of
+/// an origin of its own, which cannot script the API or the Inspector.
+fn guard_answer(headers: &mut HeaderMap, switching: bool) {
+    strip_hop_by_hop(headers, switching);
+    for name in WITHHELD_ANSWER_HEADERS {
+        headers.remove(*name);
+    }
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("x-accel-"))
+        .cloned()
+        .collect();
+    for name in internal {
+        headers.remove(name);
+    }
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
+    headers.append(header::VARY, HeaderValue::from_static("authorization"));
+    headers.append(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(PAGE_POLICY),
+    );
+}
+
 /// Copies both ways between the caller's upgraded connection and the
-/// program's, until either side closes.
+/// program's, until either side closes or both go silent.
 async fn join_upgraded(client: OnUpgrade, program: OnUpgrade) {
     let (Ok(client), Ok(program)) = (client.await, program.await) else {
         return;
     };
-    let _ =
-        tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(program)).await;
+    let _ = copy_until_idle(TokioIo::new(client), TokioIo::new(program), IDLE).await;
 }
 
 /// Whether the caller asks to switch protocols (a WebSocket).
@@ -436,7 +497,18 @@ fn forwarded_request(
     parts.version = axum::http::Version::HTTP_11;
     let upgrade = wants_upgrade(&parts.headers);
     strip_hop_by_hop(&mut parts.headers, upgrade);
-    parts.headers.remove(header::AUTHORIZATION);
+    // The caller's credentials, and what proxies in front said about it.
+    for name in [
+        "authorization",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-real-ip",
+    ] {
+        parts.headers.remove(name);
+    }
     parts.headers.insert(
         header::HOST,
         HeaderValue::from_str(&format!("localhost:{port}"))

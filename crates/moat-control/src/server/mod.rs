@@ -383,13 +383,9 @@ pub fn routes() -> routes::Routes {
             volumes_api::get_snapshot,
         )
         .on(POST, "/v1/runner/runs/{run}/resumed", volumes_api::resumed)
-        .on(ANY, "/v1/runs/{run}/ports/{port}", ingress::port_root)
-        .on(ANY, "/v1/runs/{run}/ports/{port}/", ingress::port_root)
-        .on(
-            ANY,
-            "/v1/runs/{run}/ports/{port}/{*path}",
-            ingress::port_path,
-        )
+        .on(ANY, "/v1/runs/{run}/ports/{port}", ingress::port)
+        .on(ANY, "/v1/runs/{run}/ports/{port}/", ingress::port)
+        .on(ANY, "/v1/runs/{run}/ports/{port}/{*path}", ingress::port)
         .on(GET, "/v1/runner/runs/{run}/ingress", ingress::dials)
         .on(
             POST,

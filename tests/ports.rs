@@ -515,3 +515,90 @@ fn a_port_is_reached_through_any_replica_whichever_one_its_runner_asks() {
         .count();
     assert_eq!(served, 3, "{events:#?}");
 }
+
+#[test]
+fn an_unprivileged_runner_restores_a_volume_and_serves_its_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_world_accessible(dir.path());
+    let setup = setup_with(dir.path(), |m| {
+        m["networkPolicy"]["expose"] = json!([8000]);
+        m["limits"]["timeoutMs"] = json!(120_000);
+        m["filesystem"]["writeRoots"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("state"));
+        m["filesystem"]["persistentRoots"] = json!(["state"]);
+        // An unprivileged runner here has no cgroup of its own to give.
+        m["cgroupLimits"] = json!("deployment");
+    });
+    let db = format!("sqlite:{}", dir.path().join("control.db").display());
+    let serve = Serve::start(&setup, &db, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/volumes", serve.url),
+        &acme,
+        Some(json!({"name": "site"})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let runner = Runner::start_as(&serve, &setup, &acme, "nobody-runner", 65534);
+
+    // One run writes the site into the volume...
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "build", "volumes": [{"volume": "site", "path": "state"}]})),
+    );
+    assert_eq!(status, 201, "{body}");
+    python_op(
+        &serve,
+        &acme,
+        "build",
+        "write",
+        "import os\nos.makedirs('state', exist_ok=True)\nopen('state/index.html', 'w').write('built by run 1\\n')",
+    );
+    finish_run(&serve, &acme, "build");
+
+    // ...a later one, on the same unprivileged runner, starts from it and
+    // serves it.
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "site", "resumeFrom": "build"})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let serve_op = envelope(
+        "serve",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
+               "expose": [8000], "timeoutMs": 120000}),
+    );
+    submit_approved(&serve, &acme, "site", serve_op);
+    let page = until_served(
+        &format!("{}/v1/runs/site/ports/8000/state/index.html", serve.url),
+        &acme,
+    );
+    assert_eq!(page, "built by run 1\n");
+    let (status, _) = request(
+        "GET",
+        &format!("{}/v1/runs/site/ports/8000/quit", serve.url),
+        Some(&acme),
+        None,
+    );
+    assert_eq!(status, 200);
+    finish_run(&serve, &acme, "site");
+    wait_run_event(&serve, &acme, "site", "run.destroyed");
+    // The runner ran as that user, and left nothing of the run behind.
+    let owner = {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(runner.state.join("ingress"))
+            .unwrap()
+            .uid()
+    };
+    assert_eq!(owner, 65534);
+    assert!(!runner.state.join("ingress/site").exists());
+    assert!(!runner.state.join("runs/site").exists());
+}

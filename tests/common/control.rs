@@ -399,6 +399,23 @@ impl Runner {
         name: &str,
         extra: &[&str],
     ) -> Runner {
+        Self::spawn(serve, setup, token, name, None, extra)
+    }
+
+    /// `start` as host user `uid` (no privilege): its token file and state
+    /// directory are given to that user first.
+    pub fn start_as(serve: &Serve, setup: &Setup, token: &str, name: &str, uid: u32) -> Runner {
+        Self::spawn(serve, setup, token, name, Some(uid), &[])
+    }
+
+    fn spawn(
+        serve: &Serve,
+        setup: &Setup,
+        token: &str,
+        name: &str,
+        uid: Option<u32>,
+        extra: &[&str],
+    ) -> Runner {
         let (status, body) = call(
             "POST",
             &format!("{}/v1/bootstrap-tokens", serve.url),
@@ -409,7 +426,16 @@ impl Runner {
         let token_file = setup.dir.join(format!("{name}.token"));
         std::fs::write(&token_file, body["token"].as_str().unwrap()).unwrap();
         let state = setup.dir.join(name);
-        let child = Command::new(&setup.runner)
+        let mut command = super::command_as(path_str(&setup.runner), uid);
+        if let Some(uid) = uid {
+            std::fs::create_dir(&state).unwrap();
+            for path in [&token_file, &state] {
+                std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+            }
+            // Its sandboxes take the user's own id, not a block of root's.
+            command.env_remove("MOAT_UID_RANGE");
+        }
+        let child = command
             .args(["runner", "start", "--control-plane", &serve.url])
             .args([
                 "--bootstrap-token-file",

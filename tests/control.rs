@@ -934,45 +934,6 @@ fn sigterm_drains_a_runner_its_operation_finishes_and_its_run_is_queued_again_un
     assert_ledger_intact(&serve);
 }
 
-/// A CA of the test's own and a certificate it signed for 127.0.0.1 and
-/// localhost, as PEM files in `dir`: (ca.pem, cert.pem, key.pem).
-fn private_ca(
-    dir: &std::path::Path,
-) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "Moat test private CA");
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_key = KeyPair::generate().unwrap();
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let mut params =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "moat control plane");
-    params.use_authority_key_identifier_extension = true;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let (ca, crt, pem_key) = (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    );
-    std::fs::write(&ca, ca_cert.pem()).unwrap();
-    std::fs::write(&crt, cert.pem()).unwrap();
-    std::fs::write(&pem_key, key.serialize_pem()).unwrap();
-    (ca, crt, pem_key)
-}
-
 /// `curl` against the TLS control plane: exit code, body.
 fn curl(args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("curl")

@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::control::*;
-use common::free_port;
+use common::{free_port, path_str};
 use serde_json::{Value, json};
 
 /// The program: files of the workspace (`http.server`'s), `/checks` (what
@@ -601,4 +601,82 @@ fn an_unprivileged_runner_restores_a_volume_and_serves_its_ports() {
     assert_eq!(owner, 65534);
     assert!(!runner.state.join("ingress/site").exists());
     assert!(!runner.state.join("runs/site").exists());
+}
+
+#[test]
+fn over_tls_a_runner_tunnels_to_the_control_plane_it_trusts() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup_with(dir.path(), |m| {
+        m["networkPolicy"]["expose"] = json!([8000]);
+        m["limits"]["timeoutMs"] = json!(120_000);
+    });
+    let (ca, cert, key) = private_ca(dir.path());
+    let db = format!("sqlite:{}", dir.path().join("control.db").display());
+    let serve = Serve::start_with(
+        &setup,
+        &db,
+        "127.0.0.1:0",
+        &["--tls-cert", path_str(&cert), "--tls-key", path_str(&key)],
+    );
+    assert!(serve.url.starts_with("https://"), "{}", serve.url);
+    trust_ca(&serve.url, &ca);
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let _runner = Runner::start_with(
+        &serve,
+        &setup,
+        &acme,
+        "tls-runner",
+        &["--ca-file", path_str(&ca)],
+    );
+    create_run(&serve, &acme, "web");
+    let serve_op = envelope(
+        "serve",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
+               "expose": [8000], "timeoutMs": 120000}),
+    );
+    submit_approved(&serve, &acme, "web", serve_op);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(
+                    ureq::tls::parse_pem(&std::fs::read(&ca).unwrap())
+                        .filter_map(|item| match item {
+                            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                            _ => None,
+                        })
+                        .collect(),
+                )))
+                .build(),
+        )
+        .build()
+        .into();
+    let url = format!("{}/v1/runs/web/ports/8000/input/a.txt", serve.url);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let page = loop {
+        let mut answer = agent
+            .get(&url)
+            .header("authorization", &format!("Bearer {acme}"))
+            .call()
+            .unwrap();
+        if answer.status() == 200 {
+            break answer.body_mut().read_to_string().unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served: {}",
+            answer.status()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(page, "abc\n");
+    let answer = agent
+        .get(&format!("{}/v1/runs/web/ports/8000/quit", serve.url))
+        .header("authorization", &format!("Bearer {acme}"))
+        .call()
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    finish_run(&serve, &acme, "web");
 }

@@ -259,6 +259,21 @@ static AGENT: std::sync::LazyLock<ureq::Agent> = std::sync::LazyLock::new(|| {
         .into()
 });
 
+/// The private CAs of control planes served over TLS, by base URL.
+static TRUSTED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, moat_client::CaRoots>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// The rig's calls to `base` trust only the CAs in the PEM file `ca` (a
+/// control plane served over TLS with the test's own certificate).
+pub fn trust_ca(base: &str, ca: &Path) {
+    let roots = moat_client::CaRoots::from_pem_file(ca).unwrap();
+    TRUSTED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(base.to_owned(), roots);
+}
+
 /// The API's own client (`moat-client`, as the operator commands and
 /// `moat up` use it): one per control plane and token, keeping its
 /// connections as an agent would.
@@ -270,10 +285,12 @@ fn client(base: &str, token: &str) -> std::sync::Arc<moat_client::OrgClient> {
     let mut clients = CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
     let key = (base.to_owned(), token.to_owned());
     std::sync::Arc::clone(clients.entry(key).or_insert_with(|| {
-        std::sync::Arc::new(moat_client::OrgClient::new(
+        let trusted = TRUSTED.lock().unwrap_or_else(|e| e.into_inner());
+        std::sync::Arc::new(moat_client::OrgClient::with_roots(
             base,
             token,
             Duration::from_secs(60),
+            trusted.get(base),
         ))
     }))
 }
@@ -730,4 +747,43 @@ impl ClusterKey {
             .unwrap();
         format!("{signed}.{}", b64.encode(signature.as_ref()))
     }
+}
+
+/// A CA of the test's own and a certificate it signed for 127.0.0.1 and
+/// localhost, as PEM files in `dir`: (ca.pem, cert.pem, key.pem).
+pub fn private_ca(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "Moat test private CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let mut params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "moat control plane");
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca, crt, pem_key) = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&crt, cert.pem()).unwrap();
+    std::fs::write(&pem_key, key.serialize_pem()).unwrap();
+    (ca, crt, pem_key)
 }

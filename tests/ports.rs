@@ -144,6 +144,16 @@ fn websocket(serve: &Serve, token: &str, run: &str, message: &str) -> (String, S
     (status, String::from_utf8(payload).unwrap())
 }
 
+/// The operation that runs [`SERVER`] on port 8000 (up to 2 minutes).
+fn serving_op() -> Value {
+    envelope(
+        "serve",
+        "exec_argv",
+        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
+               "expose": [8000], "timeoutMs": 120000}),
+    )
+}
+
 /// Submits `op` to `run`, which the test policy holds for an approval
 /// (python with a network), and approves it.
 fn submit_approved(serve: &Serve, token: &str, run: &str, op: Value) {
@@ -188,13 +198,7 @@ fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_els
 
     // The operation: the program serves port 8000 until /quit. Python
     // with any network asks for an approval under the test policy.
-    let serve_op = envelope(
-        "serve",
-        "exec_argv",
-        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
-               "expose": [8000], "timeoutMs": 120000}),
-    );
-    submit_approved(&serve, &acme, "web", serve_op);
+    submit_approved(&serve, &acme, "web", serving_op());
 
     // The page, once the program listens.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -483,13 +487,7 @@ fn a_port_is_reached_through_any_replica_whichever_one_its_runner_asks() {
     // The runner asks replica B only; the agent calls replica A.
     let _runner = Runner::start(&b, &setup, &acme, "runner");
     create_run(&a, &acme, "web");
-    let serve_op = envelope(
-        "serve",
-        "exec_argv",
-        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
-               "expose": [8000], "timeoutMs": 120000}),
-    );
-    submit_approved(&a, &acme, "web", serve_op);
+    submit_approved(&a, &acme, "web", serving_op());
     for replica in [&a, &b, &a] {
         let page = until_served(
             &format!("{}/v1/runs/web/ports/8000/input/a.txt", replica.url),
@@ -570,13 +568,7 @@ fn an_unprivileged_runner_restores_a_volume_and_serves_its_ports() {
         Some(json!({"id": "site", "resumeFrom": "build"})),
     );
     assert_eq!(status, 201, "{body}");
-    let serve_op = envelope(
-        "serve",
-        "exec_argv",
-        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
-               "expose": [8000], "timeoutMs": 120000}),
-    );
-    submit_approved(&serve, &acme, "site", serve_op);
+    submit_approved(&serve, &acme, "site", serving_op());
     let page = until_served(
         &format!("{}/v1/runs/site/ports/8000/state/index.html", serve.url),
         &acme,
@@ -630,13 +622,7 @@ fn over_tls_a_runner_tunnels_to_the_control_plane_it_trusts() {
         &["--ca-file", path_str(&ca)],
     );
     create_run(&serve, &acme, "web");
-    let serve_op = envelope(
-        "serve",
-        "exec_argv",
-        json!({"argv": ["/usr/bin/python3", "-c", SERVER], "network": "ingress-only",
-               "expose": [8000], "timeoutMs": 120000}),
-    );
-    submit_approved(&serve, &acme, "web", serve_op);
+    submit_approved(&serve, &acme, "web", serving_op());
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .tls_config(

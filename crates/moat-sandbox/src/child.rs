@@ -40,6 +40,11 @@ pub(crate) struct ChildFds {
     pub(crate) notify_send: RawFd,
     /// The program's stdin, when the spec gives it bytes.
     pub(crate) stdin_read: Option<RawFd>,
+    /// Descriptors the program gets as 3, 4, ... (`pass_len` of them): a
+    /// fixed array, as the payload moves them between vfork and exec,
+    /// where nothing may be allocated.
+    pub(crate) pass: [RawFd; crate::spec::MAX_PASSED_FDS],
+    pub(crate) pass_len: usize,
     /// Where the network namespace comes from, unless the run shares the
     /// host's (see [`crate::netns`]).
     pub(crate) netns_receive: Option<RawFd>,
@@ -626,20 +631,67 @@ fn end_the_rest() {
 }
 
 fn payload_main(exec: &ExecPlan, fds: &ChildFds) -> ! {
-    match confine_and_exec(exec, fds) {
+    // The status pipe may have to move out of the way of passed descriptors.
+    let mut status = fds.status_write;
+    match confine_and_exec(exec, fds, &mut status) {
         Ok(errno) => {
-            send(fds.status_write, &Message::Exec(errno));
+            send(status, &Message::Exec(errno));
             exit(if errno == libc::ENOENT { 127 } else { 126 })
         }
         Err(e) => {
-            send(fds.status_write, &Message::Setup(e));
+            send(status, &Message::Setup(e));
             exit(125)
         }
     }
 }
 
+/// Puts the passed descriptors at 3, 4, ... (open across exec), first
+/// moving each out of the range they land in, and the status pipe above it
+/// too (`status` follows it). Returns the first descriptor left to close at
+/// exec. Allocates nothing: it runs between vfork and exec.
+fn place_passed(fds: &ChildFds, status: &mut RawFd) -> Result<u32, SetupError> {
+    let n = fds.pass_len.min(fds.pass.len());
+    // At most MAX_PASSED_FDS: no overflow.
+    let first_free = 3 + n as RawFd;
+    if n == 0 {
+        return Ok(3);
+    }
+    let fail = |what: &str| SetupError::io(Layer::Launcher, what, std::io::Error::last_os_error());
+    let mut moved: [RawFd; crate::spec::MAX_PASSED_FDS] = [-1; crate::spec::MAX_PASSED_FDS];
+    for (slot, fd) in moved.iter_mut().zip(&fds.pass[..n]) {
+        // SAFETY: duplicating a descriptor this process holds, above the
+        // range; the copy is close-on-exec (only its final place survives).
+        let high = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, first_free) };
+        if high < 0 {
+            return Err(fail("moving a passed descriptor"));
+        }
+        *slot = high;
+    }
+    if (3..first_free).contains(status) {
+        // SAFETY: as above, for the status pipe.
+        let high = unsafe { libc::fcntl(*status, libc::F_DUPFD_CLOEXEC, first_free) };
+        if high < 0 {
+            return Err(fail("moving the status pipe"));
+        }
+        *status = high;
+    }
+    for (target, high) in (3..first_free).zip(moved) {
+        // SAFETY: dup2 onto a number in 3..first_free: whatever it held was
+        // moved above or is of no use to the program (closed at exec anyway);
+        // dup2 leaves the new descriptor open across exec.
+        if unsafe { libc::dup2(high, target) } < 0 {
+            return Err(fail("placing a passed descriptor"));
+        }
+    }
+    Ok(first_free.unsigned_abs())
+}
+
 /// Returns only if every candidate failed to exec, with the most telling errno.
-fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> {
+fn confine_and_exec(
+    exec: &ExecPlan,
+    fds: &ChildFds,
+    status_fd: &mut RawFd,
+) -> Result<i32, SetupError> {
     let fail = |layer, what: &str| SetupError::io(layer, what, std::io::Error::last_os_error());
     // SAFETY: setsid/dup2 on descriptors we own; resetting SIGPIPE and the
     // mask is what a fresh program expects (the launcher ignores SIGPIPE and
@@ -690,7 +742,8 @@ fn confine_and_exec(exec: &ExecPlan, fds: &ChildFds) -> Result<i32, SetupError> 
     let (status, detail) = confine::apply_landlock(&exec.landlock)?;
     send(fds.status_write, &Message::Landlock(status, detail));
     install_seccomp(exec, fds)?;
-    sys::cloexec_from(3).map_err(|e| SetupError::io(Layer::Launcher, "close_range", e))?;
+    let keep_below = place_passed(fds, status_fd)?;
+    sys::cloexec_from(keep_below).map_err(|e| SetupError::io(Layer::Launcher, "close_range", e))?;
 
     let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());

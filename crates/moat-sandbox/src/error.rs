@@ -113,6 +113,8 @@ pub enum SpecError {
     BadExpose(String),
     #[error("stdin bytes: at most {max} (they must fit in a pipe)")]
     StdinTooLarge { max: usize },
+    #[error("at most {max} descriptors passed to the program")]
+    TooManyPassedFds { max: usize },
     #[error("the microvm class does not support {0}")]
     NotInMicrovm(&'static str),
 }

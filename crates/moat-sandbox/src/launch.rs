@@ -712,6 +712,8 @@ fn launch(
                 stderr_write: stderr_write.as_raw_fd(),
                 notify_send: notify_send.as_raw_fd(),
                 stdin_read: stdin_read.as_ref().map(|fd| fd.as_raw_fd()),
+                pass: passed_fds(&spec.pass_fds),
+                pass_len: spec.pass_fds.len(),
                 netns_receive: netns_receive.as_ref().map(|fd| fd.as_raw_fd()),
                 launcher_ends: [
                     &sync,
@@ -1353,4 +1355,16 @@ fn apply_messages(lines: &str, state: &mut RunState, spec: &SandboxSpec) -> Resu
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The spec's passed descriptors as the payload places them (validated:
+/// at most [`crate::spec::MAX_PASSED_FDS`]).
+fn passed_fds(
+    fds: &[std::sync::Arc<std::os::fd::OwnedFd>],
+) -> [std::os::fd::RawFd; crate::spec::MAX_PASSED_FDS] {
+    let mut raw = [-1; crate::spec::MAX_PASSED_FDS];
+    for (slot, fd) in raw.iter_mut().zip(fds) {
+        *slot = fd.as_raw_fd();
+    }
+    raw
 }

@@ -86,7 +86,16 @@ pub struct SandboxSpec {
     /// on, each reached from the host through a unix socket the launcher
     /// binds at the given path (and removes when the sandbox ends).
     pub expose: Vec<ExposedPort>,
+    /// Descriptors the program gets as 3, 4, ... in this order (open across
+    /// its exec; every other descriptor of the launcher is closed): a
+    /// channel of the caller's own with the program, such as a browser's
+    /// DevTools pipe (`--remote-debugging-pipe` reads 3 and writes 4). At
+    /// most [`MAX_PASSED_FDS`]; shared, so a spec stays cloneable.
+    pub pass_fds: Vec<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
+
+/// Most descriptors a spec may pass to its program.
+pub const MAX_PASSED_FDS: usize = 4;
 
 /// A port of an `ingress-only` sandbox and where the host reaches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +181,7 @@ impl SandboxSpec {
             kvm: None,
             tcp_on_loopback: false,
             expose: Vec::new(),
+            pass_fds: Vec::new(),
         }
     }
 
@@ -197,6 +207,11 @@ impl SandboxSpec {
         {
             return Err(SpecError::StdinTooLarge {
                 max: MAX_STDIN_DATA,
+            });
+        }
+        if self.pass_fds.len() > MAX_PASSED_FDS {
+            return Err(SpecError::TooManyPassedFds {
+                max: MAX_PASSED_FDS,
             });
         }
         if let Some(index) = self.argv.iter().position(|a| a.contains('\0')) {

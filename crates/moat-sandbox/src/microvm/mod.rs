@@ -147,6 +147,9 @@ fn check_supported(spec: &SandboxSpec) -> Result<(), SpecError> {
     if spec.limits.max_write_bytes.is_some() {
         return refuse("a storage budget (max-write) yet");
     }
+    if !spec.pass_fds.is_empty() {
+        return refuse("descriptors passed to the program (they would stay on the host)");
+    }
     if spec.stdin_data.is_some() {
         return refuse("bytes on stdin (the program's stdin is empty)");
     }

@@ -23,8 +23,9 @@ answers each with one JSON result line on standard output, in order:
 Operations: artifact_read, artifact_write, artifact_list, exec_argv (with
 network off, or proxy-only/allowlist through Moat's egress proxy when the
 manifest grants it), http_request (to the manifest's allowDomains or its
-profiles, made by the egress proxy), browser_step (needs an approval; no
-browser backend yet). Every request, grant, denial and artifact
+profiles, made by the egress proxy), browser_step (a headless Chromium
+session in a sandbox of its own, reaching the web through the egress proxy
+only; needs an approval). Every request, grant, denial and artifact
 is recorded in the ledger in the state directory before its result is
 written. The manifest must be signed by the trusted key, unexpired, and not
 older than --max-manifest-age. See docs/protocol.md.";

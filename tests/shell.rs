@@ -498,7 +498,13 @@ fn raw_shell_strings_unknown_ops_and_disallowed_ops_are_denied() {
             "browser_step"
         ])
     });
-    let mut browser_approved = op("5", "browser_step", json!({}));
+    // Approved, but a browser reaches the web only through the egress
+    // proxy, and this manifest's network is off.
+    let mut browser_approved = op(
+        "5",
+        "browser_step",
+        json!({"action": "open", "sessionId": "s"}),
+    );
     browser_approved["policyDecisionRef"] = json!("approval-1");
     let results = s.ops(&[
         json!({"cmd": "rm -rf /"}),
@@ -516,7 +522,7 @@ fn raw_shell_strings_unknown_ops_and_disallowed_ops_are_denied() {
     assert_denied(&results[1], "unknown_op");
     assert_denied(&results[2], "op_not_in_manifest");
     assert_denied(&results[3], "approval_required");
-    assert_denied(&results[4], "unsupported");
+    assert_denied(&results[4], "network_not_allowed");
     assert_denied(&results[5], "network_not_allowed");
     assert_eq!(s.events_of("6", "network.denied").len(), 1);
     let denials = s
@@ -1425,4 +1431,278 @@ fn a_manifest_for_runners_without_per_run_cgroups_says_so_and_every_other_layer_
         denied[0]
     );
     assert!(declared.ledger_verifies() && per_run.ledger_verifies());
+}
+
+/// A site on loopback for the browser: `/page` is an HTML page, `/form`
+/// a form that posts to `/submit`, `/cookie` sets a cookie; every request
+/// it got.
+struct Site {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+/// A request the site got.
+#[derive(Debug, Clone)]
+struct Seen {
+    host: String,
+    line: String,
+    cookie: String,
+    body: String,
+}
+
+const PAGE: &str = "<html><head><title>Moat test page</title></head>\
+<body><h1>A page</h1><p id=\"greeting\">hello, browser</p></body></html>";
+
+const FORM: &str = "<html><head><title>A form</title></head><body>\
+<form method=\"post\" action=\"/submit\"><input id=\"q\" name=\"q\">\
+<button id=\"go\" type=\"submit\">Send</button></form></body></html>";
+
+impl Site {
+    fn start() -> Site {
+        use std::io::Read as _;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().map_while(Result::ok) {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let field = |name: &str| {
+                    head.lines()
+                        .find_map(|l| {
+                            let (key, value) = l.split_once(':')?;
+                            key.eq_ignore_ascii_case(name)
+                                .then(|| value.trim().to_owned())
+                        })
+                        .unwrap_or_default()
+                };
+                let length: usize = field("content-length").parse().unwrap_or(0);
+                let mut body = vec![0u8; length];
+                let _ = stream.read_exact(&mut body);
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                record.lock().unwrap().push(Seen {
+                    host: field("host"),
+                    line: line.clone(),
+                    cookie: field("cookie"),
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                });
+                let path = line.split(' ').nth(1).unwrap_or_default();
+                let (extra, page) = match path {
+                    "/page" => ("", PAGE.to_owned()),
+                    "/form" => ("", FORM.to_owned()),
+                    "/submit" => (
+                        "",
+                        "<html><head><title>Sent</title></head><body>thanks</body></html>"
+                            .to_owned(),
+                    ),
+                    "/cookie" => (
+                        "Set-Cookie: seen=yes; Path=/\r\n",
+                        "<p>cookie set</p>".to_owned(),
+                    ),
+                    _ => ("", "<p>other</p>".to_owned()),
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n{extra}\
+                     Connection: close\r\n\r\n{page}",
+                    page.len()
+                );
+            }
+        });
+        Site { port, seen }
+    }
+
+    fn hosts(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.host.clone())
+            .collect()
+    }
+}
+
+/// A `browser_step` the test's policy decided (the local mode's approval).
+fn browser(id: &str, args: Value) -> Value {
+    let mut op = op(id, "browser_step", args);
+    op["policyDecisionRef"] = json!("approved-by-the-test");
+    op
+}
+
+/// Width and height of a PNG, from its header.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    assert_eq!(&png[12..16], b"IHDR");
+    let word = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    (word(16), word(20))
+}
+
+/// A site, and a shell whose manifest allows `browser_step` and reaches
+/// the site (as `app.test`) through the egress proxy.
+fn browser_session() -> (Site, Session) {
+    let site = Site::start();
+    let s = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
+        m["allowedOps"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("browser_step"));
+    });
+    (site, s)
+}
+
+#[test]
+fn browser_step_drives_a_sandboxed_browser_that_reaches_only_the_allowed_site() {
+    let (site, s) = browser_session();
+    let port = site.port;
+    let page = format!("http://app.test:{port}/page");
+    let results = s.ops(&[
+        browser("1", json!({"action": "open", "sessionId": "b1"})),
+        browser("2", json!({"action": "navigate", "sessionId": "b1", "url": page})),
+        browser("3", json!({"action": "extract", "sessionId": "b1", "selector": "#greeting"})),
+        browser("4", json!({"action": "screenshot", "sessionId": "b1"})),
+        browser(
+            "5",
+            json!({"action": "navigate", "sessionId": "b1", "url": format!("http://other.test:{port}/page")}),
+        ),
+        browser("6", json!({"action": "close", "sessionId": "b1"})),
+        browser("7", json!({"action": "extract", "sessionId": "b1"})),
+        op("8", "browser_step", json!({"action": "open", "sessionId": "b2"})),
+    ]);
+    assert_eq!(results[0]["status"], "ok", "{}", results[0]);
+    let sandbox = results[0]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(results[1]["status"], "ok", "{}", results[1]);
+    assert_eq!(
+        results[1]["result"]["title"], "Moat test page",
+        "{}",
+        results[1]
+    );
+    assert_eq!(results[1]["result"]["status"], 200, "{}", results[1]);
+    assert_eq!(
+        results[2]["result"]["text"], "hello, browser",
+        "{}",
+        results[2]
+    );
+    // The screenshot is a PNG of the page's size, kept as an artifact.
+    let shot = results[3]["result"]["screenshot"]["sha256"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", results[3]));
+    let png = std::fs::read(s.state.join("artifacts").join(&shot[..2]).join(shot)).unwrap();
+    assert_eq!(png_size(&png), (1280, 800));
+    // A site the manifest does not list is refused by the proxy, visibly.
+    assert_denied(&results[4], "domain_not_allowed");
+    assert_eq!(results[5]["result"]["closed"], true, "{}", results[5]);
+    assert_denied(&results[6], "invalid_args");
+    // Without an approval a step does not run.
+    assert_denied(&results[7], "approval_required");
+
+    // The browser's requests are on record (with the close), the refused
+    // one too; the site saw only the allowed name.
+    let requests = s.events_of("6", "network.request");
+    assert!(
+        requests
+            .iter()
+            .any(|e| e["data"]["host"] == "app.test" && e["data"]["status"] == 200),
+        "{requests:#?}"
+    );
+    let denied = s.events_of("6", "network.denied");
+    assert!(
+        denied.iter().any(|e| e["data"]["host"] == "other.test"),
+        "{denied:#?}"
+    );
+    assert!(!s.events_of("6", "sandbox.exec.finished").is_empty());
+    let hosts = site.hosts();
+    assert!(
+        !hosts.is_empty() && hosts.iter().all(|h| h == &format!("app.test:{port}")),
+        "{hosts:?}"
+    );
+    // Nothing of the browser is left.
+    assert!(
+        common::host_processes_with(&sandbox).is_empty(),
+        "{:?}",
+        common::host_processes_with(&sandbox)
+    );
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn a_browser_fills_and_submits_a_form_and_sessions_share_no_cookies() {
+    let (site, s) = browser_session();
+    let port = site.port;
+    let url = |path: &str| format!("http://app.test:{port}{path}");
+    let results = s.ops(&[
+        browser("1", json!({"action": "open", "sessionId": "a"})),
+        browser(
+            "2",
+            json!({"action": "navigate", "sessionId": "a", "url": url("/form")}),
+        ),
+        browser(
+            "3",
+            json!({"action": "type", "sessionId": "a", "selector": "#q", "text": "moat rocks"}),
+        ),
+        browser(
+            "4",
+            json!({"action": "click", "sessionId": "a", "selector": "#go"}),
+        ),
+        browser(
+            "5",
+            json!({"action": "wait_for", "sessionId": "a", "text": "thanks", "timeoutMs": 5000}),
+        ),
+        browser(
+            "6",
+            json!({"action": "click", "sessionId": "a", "selector": "#nothing-like-it"}),
+        ),
+        browser(
+            "7",
+            json!({"action": "navigate", "sessionId": "a", "url": url("/cookie")}),
+        ),
+        browser("8", json!({"action": "open", "sessionId": "b"})),
+        browser(
+            "9",
+            json!({"action": "navigate", "sessionId": "b", "url": url("/page")}),
+        ),
+        browser(
+            "10",
+            json!({"action": "navigate", "sessionId": "a", "url": url("/page")}),
+        ),
+        browser("11", json!({"action": "close", "sessionId": "a"})),
+        browser("12", json!({"action": "close", "sessionId": "b"})),
+    ]);
+    for (i, result) in results.iter().enumerate() {
+        assert_eq!(result["status"], "ok", "step {}: {result}", i + 1);
+    }
+    assert_eq!(results[2]["result"]["matched"], true, "{}", results[2]);
+    // What was typed is not echoed into the record.
+    assert!(
+        !results[2].to_string().contains("moat rocks"),
+        "{}",
+        results[2]
+    );
+    assert_eq!(results[3]["result"]["title"], "Sent", "{}", results[3]);
+    assert_eq!(results[5]["result"]["matched"], false, "{}", results[5]);
+    let seen = site.seen.lock().unwrap().clone();
+    let posted: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.line.starts_with("POST /submit "))
+        .collect();
+    assert_eq!(posted.len(), 1, "{seen:#?}");
+    assert_eq!(posted[0].body, "q=moat+rocks");
+    // Session a got the cookie and sends it back; session b never sees it.
+    let pages: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.line.starts_with("GET /page "))
+        .collect();
+    assert_eq!(pages.len(), 2, "{seen:#?}");
+    let cookies: Vec<&str> = pages.iter().map(|s| s.cookie.as_str()).collect();
+    assert!(
+        cookies.contains(&"") && cookies.contains(&"seen=yes"),
+        "{cookies:?}"
+    );
 }

@@ -146,6 +146,92 @@ pub struct ExecArgvArgs {
     pub expose: Vec<u16>,
 }
 
+/// `browser_step`: one step of a browser session (`action`), in a headless
+/// Chromium inside the sandbox whose only way out is the egress proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(
+    tag = "action",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
+pub enum BrowserStepArgs {
+    /// Starts a session: a fresh browser with a profile of its own.
+    Open { session_id: String },
+    /// Loads `url` in the session's page and waits for it (at most
+    /// `timeoutMs`, default 15 s).
+    Navigate {
+        session_id: String,
+        url: String,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    },
+    /// Clicks the middle of the first element `selector` matches, as a
+    /// mouse would, and waits for a page it loads.
+    Click {
+        session_id: String,
+        selector: String,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    },
+    /// Focuses the first element `selector` matches and types `text` into it.
+    Type {
+        session_id: String,
+        selector: String,
+        text: String,
+    },
+    /// Waits until an element matches `selector`, or the page's text holds
+    /// `text` (one of them), at most `timeoutMs` (default 15 s).
+    WaitFor {
+        session_id: String,
+        #[serde(default)]
+        selector: Option<String>,
+        #[serde(default)]
+        text: Option<String>,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    },
+    /// The visible text of the first element `selector` matches (default:
+    /// the page's body), capped.
+    Extract {
+        session_id: String,
+        #[serde(default)]
+        selector: Option<String>,
+    },
+    /// A PNG of the page as it stands, saved as an artifact.
+    Screenshot { session_id: String },
+    /// Ends the session: the browser and its profile are gone.
+    Close { session_id: String },
+}
+
+impl BrowserStepArgs {
+    pub fn session_id(&self) -> &str {
+        match self {
+            BrowserStepArgs::Open { session_id }
+            | BrowserStepArgs::Navigate { session_id, .. }
+            | BrowserStepArgs::Click { session_id, .. }
+            | BrowserStepArgs::Type { session_id, .. }
+            | BrowserStepArgs::WaitFor { session_id, .. }
+            | BrowserStepArgs::Extract { session_id, .. }
+            | BrowserStepArgs::Screenshot { session_id }
+            | BrowserStepArgs::Close { session_id } => session_id,
+        }
+    }
+
+    pub fn action(&self) -> &'static str {
+        match self {
+            BrowserStepArgs::Open { .. } => "open",
+            BrowserStepArgs::Navigate { .. } => "navigate",
+            BrowserStepArgs::Click { .. } => "click",
+            BrowserStepArgs::Type { .. } => "type",
+            BrowserStepArgs::WaitFor { .. } => "wait_for",
+            BrowserStepArgs::Extract { .. } => "extract",
+            BrowserStepArgs::Screenshot { .. } => "screenshot",
+            BrowserStepArgs::Close { .. } => "close",
+        }
+    }
+}
+
 /// `http_request`: a named profile and a stored request (`{profile,
 /// requestRef}`), or a direct request to a domain the manifest allows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -31,6 +31,7 @@ pub fn all() -> Vec<(&'static str, String)> {
         ),
         ("args-exec-argv", schema_for!(crate::op::ExecArgvArgs)),
         ("args-http-request", schema_for!(crate::op::HttpRequestArgs)),
+        ("args-browser-step", schema_for!(crate::op::BrowserStepArgs)),
         ("stored-request", schema_for!(crate::op::StoredRequest)),
         (
             "capability-claims",

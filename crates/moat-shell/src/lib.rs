@@ -5,6 +5,7 @@
 // Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod child;
 mod collect;
 pub mod egress;

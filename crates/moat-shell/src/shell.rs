@@ -1,5 +1,6 @@
 //! The dispatcher: one envelope in, one result out, every step recorded.
 
+mod browser_step;
 mod exports;
 
 use std::collections::{BTreeMap, HashMap};
@@ -122,6 +123,8 @@ pub struct Shell {
     position: usize,
     /// The run's egress proxy, started by the first operation that needs it.
     egress: Option<Egress>,
+    /// Browser sessions by `sessionId`, kept across operations.
+    browsers: std::collections::BTreeMap<String, crate::browser::Session>,
     /// The key capabilities must be signed with.
     control_plane_key: PublicKey,
     /// Nonces of the capabilities used, until they expire (replays refused).
@@ -249,6 +252,7 @@ impl Shell {
             failed: Vec::new(),
             position: 0,
             egress: None,
+            browsers: BTreeMap::new(),
             control_plane_key,
             used_capabilities,
         })
@@ -308,15 +312,20 @@ impl Shell {
     }
 
     /// The run's egress proxy, forked on first use (the shell is single-threaded).
+    /// How the run's egress proxies are configured.
+    fn egress_config(&self) -> EgressConfig {
+        EgressConfig {
+            run_id: self.config.session_id.clone(),
+            limits: network::egress_limits(&self.config.manifest.network_policy),
+            hosts: self.config.egress_hosts.clone(),
+            extra_roots_pem: self.config.egress_roots_pem.clone(),
+            allow_degraded: false,
+        }
+    }
+
     fn egress(&mut self) -> Result<&mut Egress, String> {
         if self.egress.is_none() {
-            let config = EgressConfig {
-                run_id: self.config.session_id.clone(),
-                limits: network::egress_limits(&self.config.manifest.network_policy),
-                hosts: self.config.egress_hosts.clone(),
-                extra_roots_pem: self.config.egress_roots_pem.clone(),
-                allow_degraded: false,
-            };
+            let config = self.egress_config();
             self.egress = Some(crate::egress::start(config).map_err(|e| e.to_string())?);
         }
         self.egress
@@ -569,14 +578,17 @@ impl Shell {
             OpKind::HttpRequest => {
                 args(&envelope.args).map(|a| self.http(envelope, HttpRequestArgs::Direct(a), op))
             }
-            OpKind::BrowserStep if envelope.policy_decision_ref.is_none() => Err(Refusal::new(
-                DenialReason::ApprovalRequired,
-                "browser_step is high risk and needs an approval",
-            )),
-            OpKind::BrowserStep => Err(Refusal::new(
-                DenialReason::Unsupported,
-                "this build has no browser backend",
-            )),
+            // A capability (the control plane's decision) or, in the local
+            // mode, a policy decision's reference is its approval.
+            OpKind::BrowserStep
+                if envelope.capability.is_none() && envelope.policy_decision_ref.is_none() =>
+            {
+                Err(Refusal::new(
+                    DenialReason::ApprovalRequired,
+                    "browser_step is high risk and needs an approval",
+                ))
+            }
+            OpKind::BrowserStep => args(&envelope.args).map(|a| self.browser(envelope, a, op)),
         };
         result.unwrap_or_else(Outcome::Denied)
     }

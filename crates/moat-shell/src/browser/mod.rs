@@ -1,0 +1,7 @@
+//! `browser_step`'s backend: Debian's Chromium, headless, in a sandbox of
+//! its own per session, driven over the DevTools pipe.
+
+pub mod cdp;
+pub mod session;
+
+pub use session::{Ended, Launch, Loaded, Session};

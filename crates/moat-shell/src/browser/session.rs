@@ -1,0 +1,498 @@
+//! One browser session: a headless Chromium in a sandbox of its own, kept
+//! by a *keeper* process forked off the shell (the launcher waits for its
+//! sandbox; the shell must go on serving operations), driven over the
+//! DevTools pipe the sandbox passes it as fds 3 and 4. The browser reaches
+//! the web only through an egress proxy of its own; its profile lives on
+//! the sandbox's private `/tmp` and goes with it.
+
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moat_core::{Event, Limits, NetworkMode, SandboxMode};
+use moat_egress::{EgressConfig, EgressPolicy};
+use moat_sandbox::hostid::IdRange;
+use moat_sandbox::{OutputMode, SandboxSpec};
+use serde_json::{Value, json};
+
+use super::cdp::{Cdp, CdpError};
+
+/// Debian's Chromium (the `chromium` package): the binary itself, not the
+/// wrapper script, which reads `/etc/chromium.d`.
+pub const CHROMIUM: &str = "/usr/lib/chromium/chromium";
+
+/// The longest a session lives, whatever is asked of it.
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(15 * 60);
+
+/// The page's size: screenshots are this many pixels.
+pub const VIEWPORT: (u32, u32) = (1280, 800);
+
+/// How long the browser gets to start and answer its first command.
+const START_WAIT: Duration = Duration::from_secs(20);
+
+/// How long a closing browser gets to end, and its keeper to report.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// What a session's sandbox is made from.
+pub struct Launch {
+    pub sandbox_id: String,
+    pub mode: SandboxMode,
+    pub network: NetworkMode,
+    pub limits: Limits,
+    pub without_cgroup: bool,
+    pub id_range: Option<IdRange>,
+    pub launch_policy: moat_sandbox::LaunchPolicy,
+    pub egress: EgressConfig,
+    pub policy: EgressPolicy,
+}
+
+/// What the keeper reports once the browser's sandbox has ended.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+pub struct Ended {
+    pub events: Vec<Event>,
+    pub exit_code: Option<i32>,
+    /// The end of the browser's own error output.
+    pub stderr_tail: String,
+    pub error: Option<String>,
+}
+
+/// A live session.
+pub struct Session {
+    cdp: Cdp,
+    /// The page's DevTools session.
+    page: String,
+    keeper: Option<moat_sandbox::helper::Helper>,
+    ended: File,
+    pub sandbox_id: String,
+    opened: Instant,
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = std::io::pipe()?;
+    Ok((read.into(), write.into()))
+}
+
+impl Session {
+    /// Starts the browser and opens its page. The caller must be
+    /// single-threaded (the keeper is forked).
+    pub fn open(launch: Launch) -> Result<Session, String> {
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |e: std::io::Error| format!("{what}: {e}")
+        };
+        let (browser_reads, to_browser) = pipe().map_err(io("a pipe to the browser"))?;
+        let (from_browser, browser_writes) = pipe().map_err(io("a pipe from the browser"))?;
+        let (ended_read, ended_write) = pipe().map_err(io("the keeper's pipe"))?;
+        let sandbox_id = launch.sandbox_id.clone();
+        let mut spec =
+            SandboxSpec::new(launch.sandbox_id.clone(), chromium_argv(&launch.sandbox_id));
+        spec.mode = launch.mode;
+        spec.network = launch.network;
+        spec.limits = launch.limits;
+        spec.limits.timeout_ms = u64::try_from(SESSION_LIFETIME.as_millis()).unwrap_or(u64::MAX);
+        spec.without_cgroup = launch.without_cgroup;
+        spec.id_range = launch.id_range;
+        spec.launch_policy = launch.launch_policy;
+        spec.stdin_null = true;
+        spec.env = vec![("HOME".into(), "/tmp".into())];
+        spec.pass_fds = vec![Arc::new(browser_reads), Arc::new(browser_writes)];
+        let keep = [
+            spec.pass_fds[0].as_raw_fd(),
+            spec.pass_fds[1].as_raw_fd(),
+            ended_write.as_raw_fd(),
+        ];
+        let (config, policy) = (launch.egress, launch.policy);
+        let keeper = moat_sandbox::helper::spawn_helper(&keep, move || {
+            keep_browser(spec, config, policy, ended_write)
+        })
+        .map_err(|e| format!("starting the browser's keeper: {e}"))?;
+        let mut session = Session {
+            cdp: Cdp::new(File::from(to_browser), File::from(from_browser)),
+            page: String::new(),
+            keeper: Some(keeper),
+            ended: File::from(ended_read),
+            sandbox_id,
+            opened: Instant::now(),
+        };
+        let deadline = Instant::now() + START_WAIT;
+        session.page = session
+            .open_page(deadline)
+            .map_err(|e| format!("starting the browser: {e}"))?;
+        Ok(session)
+    }
+
+    fn open_page(&mut self, deadline: Instant) -> Result<String, CdpError> {
+        let target = self.cdp.call(
+            "Target.createTarget",
+            json!({"url": "about:blank"}),
+            None,
+            deadline,
+        )?;
+        let attached = self.cdp.call(
+            "Target.attachToTarget",
+            json!({"targetId": target["targetId"], "flatten": true}),
+            None,
+            deadline,
+        )?;
+        let page = attached["sessionId"]
+            .as_str()
+            .ok_or_else(|| CdpError::Malformed("no session for the page".into()))?
+            .to_owned();
+        for method in ["Page.enable", "Network.enable"] {
+            self.cdp.call(method, json!({}), Some(&page), deadline)?;
+        }
+        self.cdp.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": VIEWPORT.0, "height": VIEWPORT.1, "deviceScaleFactor": 1, "mobile": false}),
+            Some(&page),
+            deadline,
+        )?;
+        Ok(page)
+    }
+
+    /// Whether the session outlived [`SESSION_LIFETIME`] (its sandbox is
+    /// gone by then).
+    pub fn expired(&self) -> bool {
+        self.opened.elapsed() >= SESSION_LIFETIME
+    }
+
+    /// A command to the page.
+    pub fn page_call(
+        &mut self,
+        method: &str,
+        params: Value,
+        deadline: Instant,
+    ) -> Result<Value, CdpError> {
+        let page = self.page.clone();
+        self.cdp.call(method, params, Some(&page), deadline)
+    }
+
+    /// Loads `url` and waits for its load event: the main document's
+    /// status and headers, if one came.
+    pub fn navigate(&mut self, url: &str, deadline: Instant) -> Result<Loaded, CdpError> {
+        self.cdp.take_events();
+        let navigated = self.page_call("Page.navigate", json!({"url": url}), deadline)?;
+        if let Some(error) = navigated["errorText"].as_str() {
+            return Ok(Loaded {
+                error: Some(error.to_owned()),
+                ..Loaded::default()
+            });
+        }
+        let loader = navigated["loaderId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let page = self.page.clone();
+        let mut loaded = Loaded::default();
+        let mut document = |event: &Value| {
+            if event["method"] == "Network.responseReceived"
+                && event["params"]["type"] == "Document"
+                && event["params"]["loaderId"].as_str() == Some(loader.as_str())
+            {
+                let response = &event["params"]["response"];
+                loaded.status = response["status"].as_u64();
+                loaded.denied = header(&response["headers"], "x-moat-denied");
+            }
+        };
+        self.cdp.wait_event(deadline, &mut document, |event| {
+            event["method"] == "Page.loadEventFired" && event["sessionId"] == page.as_str()
+        })?;
+        // A response may be recorded after the load event: look again.
+        for event in self.cdp.take_events() {
+            document(&event);
+        }
+        Ok(loaded)
+    }
+
+    /// Clicks the middle of the first element `selector` matches (`false`:
+    /// none does), then waits for a page the click starts loading.
+    pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<bool, CdpError> {
+        let found = self.evaluate(
+            &format!(
+                "(() => {{ const e = document.querySelector({}); if (!e) return null; \
+                 e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
+                 return {{x: r.left + r.width / 2, y: r.top + r.height / 2}}; }})()",
+                js_string(selector)
+            ),
+            deadline,
+        )?;
+        let (Some(x), Some(y)) = (found["x"].as_f64(), found["y"].as_f64()) else {
+            return Ok(false);
+        };
+        self.cdp.take_events();
+        for kind in ["mousePressed", "mouseReleased"] {
+            self.page_call(
+                "Input.dispatchMouseEvent",
+                json!({"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1}),
+                deadline,
+            )?;
+        }
+        // A click that navigates starts loading at once: wait for that page.
+        let page = self.page.clone();
+        let soon = (Instant::now() + Duration::from_millis(500)).min(deadline);
+        let started = self.cdp.wait_event(
+            soon,
+            |_| {},
+            |event| {
+                event["method"] == "Page.frameStartedLoading" && event["sessionId"] == page.as_str()
+            },
+        );
+        match started {
+            Ok(_) => {
+                self.cdp.wait_event(
+                    deadline,
+                    |_| {},
+                    |event| {
+                        event["method"] == "Page.loadEventFired"
+                            && event["sessionId"] == page.as_str()
+                    },
+                )?;
+            }
+            Err(CdpError::Timeout) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(true)
+    }
+
+    /// Types `text` into the first element `selector` matches (`false`:
+    /// none does).
+    pub fn type_text(
+        &mut self,
+        selector: &str,
+        text: &str,
+        deadline: Instant,
+    ) -> Result<bool, CdpError> {
+        let focused = self.evaluate(
+            &format!(
+                "(() => {{ const e = document.querySelector({}); if (!e) return false; \
+                 e.focus(); return true; }})()",
+                js_string(selector)
+            ),
+            deadline,
+        )?;
+        if focused != Value::Bool(true) {
+            return Ok(false);
+        }
+        self.page_call("Input.insertText", json!({"text": text}), deadline)?;
+        Ok(true)
+    }
+
+    /// Waits until `selector` matches or the page's text holds `text`.
+    pub fn wait_for(
+        &mut self,
+        selector: Option<&str>,
+        text: Option<&str>,
+        deadline: Instant,
+    ) -> Result<bool, CdpError> {
+        let check = format!(
+            "(() => {{ const s = {}; const t = {}; \
+             if (s !== null && document.querySelector(s)) return true; \
+             if (t !== null && document.body && document.body.innerText.includes(t)) return true; \
+             return false; }})()",
+            js_string_or_null(selector),
+            js_string_or_null(text)
+        );
+        loop {
+            if self.evaluate(&check, deadline)? == Value::Bool(true) {
+                return Ok(true);
+            }
+            if Instant::now() + Duration::from_millis(100) >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A JavaScript expression's value (by value).
+    pub fn evaluate(&mut self, expression: &str, deadline: Instant) -> Result<Value, CdpError> {
+        let answer = self.page_call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "returnByValue": true}),
+            deadline,
+        )?;
+        if let Some(exception) = answer.get("exceptionDetails") {
+            return Err(CdpError::Refused {
+                method: "Runtime.evaluate".into(),
+                message: exception["text"].as_str().unwrap_or("exception").to_owned(),
+            });
+        }
+        Ok(answer["result"]["value"].clone())
+    }
+
+    /// A PNG of the page.
+    pub fn screenshot(&mut self, deadline: Instant) -> Result<Vec<u8>, CdpError> {
+        use base64::Engine as _;
+        let shot = self.page_call("Page.captureScreenshot", json!({"format": "png"}), deadline)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap_or_default())
+            .map_err(|e| CdpError::Malformed(format!("a screenshot: {e}")))
+    }
+
+    /// Ends the browser and reports what its keeper recorded. The browser
+    /// is asked to close; a keeper that does not report in time is killed,
+    /// and its sandbox with it.
+    pub fn close(mut self) -> Ended {
+        let deadline = Instant::now() + CLOSE_WAIT;
+        let _ = self.cdp.call("Browser.close", json!({}), None, deadline);
+        let report = read_until(&mut self.ended, deadline);
+        let keeper = self.keeper.take();
+        match report {
+            Ok(bytes) if !bytes.is_empty() => {
+                if let Some(keeper) = keeper {
+                    keeper.wait();
+                }
+                serde_json::from_slice(&bytes).unwrap_or_else(|e| Ended {
+                    error: Some(format!("the keeper's report: {e}")),
+                    ..Ended::default()
+                })
+            }
+            other => {
+                // Dropping the keeper kills it; its sandbox dies with it.
+                drop(keeper);
+                Ended {
+                    error: Some(match other {
+                        Err(e) => format!("the browser's keeper: {e}"),
+                        Ok(_) => "the browser's keeper ended without a report".into(),
+                    }),
+                    ..Ended::default()
+                }
+            }
+        }
+    }
+}
+
+/// The document's response as a navigation saw it.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub status: Option<u64>,
+    /// The egress proxy's refusal (`x-moat-denied`), when it refused.
+    pub denied: Option<String>,
+    /// Chromium's own error (`net::ERR_...`), when nothing loaded.
+    pub error: Option<String>,
+}
+
+/// `text` as a JavaScript string literal (JSON's is one).
+pub fn js_string(text: &str) -> String {
+    Value::from(text).to_string()
+}
+
+fn js_string_or_null(text: Option<&str>) -> String {
+    text.map_or_else(|| "null".to_owned(), js_string)
+}
+
+fn header(headers: &Value, name: &str) -> Option<String> {
+    headers.as_object().and_then(|map| {
+        map.iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .and_then(|(_, value)| value.as_str().map(str::to_owned))
+    })
+}
+
+/// Chromium, headless, its own sandbox off (it cannot nest in Moat's: the
+/// namespaces, seccomp and Landlock of Moat's sandbox stand in its place),
+/// DevTools over fds 3 and 4 only, every request through the egress proxy
+/// (loopback too: no implicit bypass), nothing phoned home.
+/// The profile is named after the sandbox, so a leftover is found by it.
+pub fn chromium_argv(sandbox_id: &str) -> Vec<String> {
+    let profile = format!("--user-data-dir=/tmp/moat-browser-{sandbox_id}");
+    [
+        CHROMIUM,
+        "--headless=new",
+        "--no-sandbox",
+        "--remote-debugging-pipe",
+        profile.as_str(),
+        "--proxy-server=http://127.0.0.1:3128",
+        "--proxy-bypass-list=<-loopback>",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-breakpad",
+        "--disable-features=Translate,OptimizationHints,MediaRouter",
+        "--metrics-recording-only",
+        "--mute-audio",
+        "about:blank",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// The keeper: runs the browser's sandbox to its end, then writes what it
+/// recorded to `ended`.
+fn keep_browser(
+    spec: SandboxSpec,
+    config: EgressConfig,
+    policy: EgressPolicy,
+    ended: OwnedFd,
+) -> i32 {
+    let mut events: Vec<Event> = Vec::new();
+    let mut egress = crate::egress::OneRunEgress::new(config, policy);
+    let report = match moat_sandbox::run_with_egress(
+        spec,
+        OutputMode::Capture,
+        &mut events,
+        Some(&mut egress),
+    ) {
+        Ok(outcome) => {
+            let stderr = String::from_utf8_lossy(&outcome.stderr);
+            let tail: String = stderr
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ended {
+                events,
+                exit_code: Some(outcome.report.exit_code),
+                stderr_tail: tail,
+                error: None,
+            }
+        }
+        Err(e) => Ended {
+            events,
+            error: Some(e.to_string()),
+            ..Ended::default()
+        },
+    };
+    let mut ended = File::from(ended);
+    match serde_json::to_vec(&report) {
+        Ok(bytes) if ended.write_all(&bytes).is_ok() => 0,
+        _ => 1,
+    }
+}
+
+/// Everything `file` holds until its writer closes it, by `deadline`.
+fn read_until(file: &mut File, deadline: Instant) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    loop {
+        if !super::cdp::readable(file, deadline)? {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no report in time",
+            ));
+        }
+        let mut chunk = [0u8; 64 << 10];
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(bytes);
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // A session dropped without `close` (the shell ending): the keeper
+        // is killed, and the browser's sandbox with it.
+        drop(self.keeper.take());
+    }
+}

@@ -1,0 +1,346 @@
+//! `browser_step`: sessions of a headless browser in the sandbox (see
+//! `crate::browser`), one per `sessionId`, kept across the run's operations
+//! and ended at `close` or when the shell ends.
+
+use std::time::{Duration, Instant};
+
+use moat_core::op::BrowserStepArgs;
+use moat_core::{DenialReason, Envelope, NetworkMode, OpStatus};
+use serde_json::{Value, json};
+
+use super::{Op, Outcome, Shell, ok};
+use crate::browser::{Launch, Session};
+use crate::workspace::Refusal;
+
+/// Sessions open at once in one shell.
+const MAX_SESSIONS: usize = 4;
+
+/// How long a step may take unless it says otherwise.
+const STEP_WAIT: Duration = Duration::from_secs(15);
+
+/// The longest a step may ask to wait.
+const MAX_STEP_WAIT: Duration = Duration::from_secs(60);
+
+/// The most text `extract` returns.
+const MAX_EXTRACT: usize = 64 << 10;
+
+fn refuse(reason: DenialReason, message: impl Into<String>) -> Outcome {
+    Outcome::Denied(Refusal::new(reason, message))
+}
+
+impl Shell {
+    pub(super) fn browser(
+        &mut self,
+        envelope: &Envelope,
+        a: BrowserStepArgs,
+        op: &mut Op,
+    ) -> Outcome {
+        let id = a.session_id().to_owned();
+        if !moat_core::op::is_plain_id(&id) || id.len() > 64 {
+            return refuse(
+                DenialReason::InvalidArgs,
+                "sessionId: 1-64 letters, digits, '.', '_' or '-'",
+            );
+        }
+        if self.browsers.get(&id).is_some_and(Session::expired) {
+            if let Some(session) = self.browsers.remove(&id) {
+                self.record_end(session, envelope, op);
+            }
+            return refuse(
+                DenialReason::LimitExceeded,
+                format!("session {id} outlived its lifetime and was closed"),
+            );
+        }
+        match a {
+            BrowserStepArgs::Open { .. } => self.open_browser(envelope, &id),
+            BrowserStepArgs::Close { .. } => match self.browsers.remove(&id) {
+                Some(session) => {
+                    let ended = self.record_end(session, envelope, op);
+                    ok(json!({"sessionId": id, "closed": true, "exitCode": ended}))
+                }
+                None => no_session(&id),
+            },
+            BrowserStepArgs::Navigate {
+                url, timeout_ms, ..
+            } => match step_wait(timeout_ms) {
+                Ok(wait) => self.navigate(&id, &url, wait, op),
+                Err(refused) => refused,
+            },
+            BrowserStepArgs::Click {
+                selector,
+                timeout_ms,
+                ..
+            } => match step_wait(timeout_ms) {
+                Ok(wait) => self.click(&id, &selector, wait, op),
+                Err(refused) => refused,
+            },
+            BrowserStepArgs::Type { selector, text, .. } => {
+                let Some(session) = self.browsers.get_mut(&id) else {
+                    return no_session(&id);
+                };
+                match session.type_text(&selector, &text, Instant::now() + STEP_WAIT) {
+                    // What was typed is the agent's: not echoed back.
+                    Ok(typed) => ok(
+                        json!({"sessionId": id, "matched": typed, "typed": typed.then_some(text.chars().count())}),
+                    ),
+                    Err(e) => Outcome::Failed(format!("session {id}: type: {e}")),
+                }
+            }
+            BrowserStepArgs::WaitFor {
+                selector,
+                text,
+                timeout_ms,
+                ..
+            } => {
+                if selector.is_none() == text.is_none() {
+                    return refuse(
+                        DenialReason::InvalidArgs,
+                        "wait_for: a selector or a text, one of them",
+                    );
+                }
+                let wait = match step_wait(timeout_ms) {
+                    Ok(wait) => wait,
+                    Err(refused) => return refused,
+                };
+                let Some(session) = self.browsers.get_mut(&id) else {
+                    return no_session(&id);
+                };
+                match session.wait_for(selector.as_deref(), text.as_deref(), Instant::now() + wait)
+                {
+                    Ok(true) => ok(json!({"sessionId": id, "matched": true})),
+                    Ok(false) => Outcome::Done {
+                        status: OpStatus::Timeout,
+                        result: json!({"sessionId": id, "matched": false}),
+                        message: Some(format!("nothing matched within {} ms", wait.as_millis())),
+                        artifacts: Vec::new(),
+                    },
+                    Err(e) => Outcome::Failed(format!("session {id}: wait_for: {e}")),
+                }
+            }
+            BrowserStepArgs::Extract { selector, .. } => self.extract(&id, selector.as_deref()),
+            BrowserStepArgs::Screenshot { .. } => {
+                let Some(session) = self.browsers.get_mut(&id) else {
+                    return no_session(&id);
+                };
+                match session.screenshot(Instant::now() + STEP_WAIT) {
+                    Ok(png) => self.with_screenshot(op, &id, png, json!({"sessionId": id})),
+                    Err(e) => Outcome::Failed(format!("session {id}: screenshot: {e}")),
+                }
+            }
+        }
+    }
+
+    fn open_browser(&mut self, envelope: &Envelope, id: &str) -> Outcome {
+        if self.browsers.contains_key(id) {
+            return refuse(
+                DenialReason::InvalidArgs,
+                format!("session {id} is already open"),
+            );
+        }
+        if self.browsers.len() >= MAX_SESSIONS {
+            return refuse(
+                DenialReason::LimitExceeded,
+                format!("at most {MAX_SESSIONS} browser sessions at once: close one first"),
+            );
+        }
+        // The browser's only way out is the egress proxy.
+        let manifest = &self.config.manifest;
+        let network = match manifest.network_policy.mode {
+            mode @ (NetworkMode::Allowlist | NetworkMode::ProxyOnly) => mode,
+            other => {
+                return refuse(
+                    DenialReason::NetworkNotAllowed,
+                    format!(
+                        "a browser reaches the web through the egress proxy only: the \
+                         manifest's networkPolicy.mode must be allowlist or proxy-only, not {other}"
+                    ),
+                );
+            }
+        };
+        let policy = match crate::network::exec_policy(manifest, network) {
+            Ok(policy) => policy,
+            Err(refusal) => return Outcome::Denied(refusal),
+        };
+        let sandbox_id = format!(
+            "browser-{}",
+            &moat_core::hash::sha256_hex(
+                format!("{}\n{}\n{}", envelope.run_id, id, super::now()).as_bytes()
+            )[..16]
+        );
+        let launch = Launch {
+            sandbox_id,
+            mode: moat_core::SandboxMode::ReadOnly,
+            network,
+            limits: manifest.limits.clone(),
+            without_cgroup: manifest.cgroup_limits == moat_core::manifest::CgroupLimits::Deployment,
+            id_range: self.config.id_range,
+            launch_policy: self.config.launch_policy.clone(),
+            egress: self.egress_config(),
+            policy,
+        };
+        match Session::open(launch) {
+            Ok(session) => {
+                let sandbox = session.sandbox_id.clone();
+                self.browsers.insert(id.to_owned(), session);
+                ok(json!({"sessionId": id, "opened": true, "sandboxRunId": sandbox}))
+            }
+            Err(e) => Outcome::Failed(format!("session {id}: {e}")),
+        }
+    }
+
+    fn navigate(&mut self, id: &str, url: &str, wait: Duration, op: &mut Op) -> Outcome {
+        let lower = url.to_ascii_lowercase();
+        if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+            return refuse(DenialReason::InvalidArgs, "url: an http:// or https:// URL");
+        }
+        let Some(session) = self.browsers.get_mut(id) else {
+            return no_session(id);
+        };
+        let deadline = Instant::now() + wait;
+        let loaded = match session.navigate(url, deadline) {
+            Ok(loaded) => loaded,
+            Err(e) => return Outcome::Failed(format!("session {id}: navigate: {e}")),
+        };
+        if let Some(denied) = &loaded.denied {
+            let reason = serde_json::from_value::<DenialReason>(Value::from(denied.as_str()))
+                .unwrap_or(DenialReason::DomainNotAllowed);
+            return refuse(reason, format!("the egress proxy refused {url} ({denied})"));
+        }
+        if let Some(error) = &loaded.error {
+            return Outcome::Done {
+                status: OpStatus::Error,
+                result: json!({"sessionId": id, "url": url, "error": error}),
+                message: Some(format!("the browser could not load {url}: {error}")),
+                artifacts: Vec::new(),
+            };
+        }
+        let page = session
+            .evaluate(
+                "({url: location.href, title: document.title})",
+                deadline.max(Instant::now() + Duration::from_secs(5)),
+            )
+            .unwrap_or(Value::Null);
+        let result = json!({
+            "sessionId": id,
+            "url": page["url"],
+            "title": page["title"],
+            "status": loaded.status,
+        });
+        match session.screenshot(Instant::now() + STEP_WAIT) {
+            Ok(png) => self.with_screenshot(op, id, png, result),
+            Err(_) => ok(result),
+        }
+    }
+
+    fn click(&mut self, id: &str, selector: &str, wait: Duration, op: &mut Op) -> Outcome {
+        let Some(session) = self.browsers.get_mut(id) else {
+            return no_session(id);
+        };
+        let deadline = Instant::now() + wait;
+        match session.click(selector, deadline) {
+            Ok(false) => ok(json!({"sessionId": id, "matched": false})),
+            Ok(true) => {
+                let page = session
+                    .evaluate(
+                        "({url: location.href, title: document.title})",
+                        deadline.max(Instant::now() + Duration::from_secs(5)),
+                    )
+                    .unwrap_or(Value::Null);
+                let result = json!({"sessionId": id, "matched": true, "url": page["url"], "title": page["title"]});
+                match session.screenshot(Instant::now() + STEP_WAIT) {
+                    Ok(png) => self.with_screenshot(op, id, png, result),
+                    Err(_) => ok(result),
+                }
+            }
+            Err(e) => Outcome::Failed(format!("session {id}: click: {e}")),
+        }
+    }
+
+    fn extract(&mut self, id: &str, selector: Option<&str>) -> Outcome {
+        let Some(session) = self.browsers.get_mut(id) else {
+            return no_session(id);
+        };
+        let selector =
+            selector.map_or_else(|| "null".to_owned(), crate::browser::session::js_string);
+        let expression = format!(
+            "(() => {{ const s = {selector}; const e = s === null ? document.body : \
+             document.querySelector(s); return e ? e.innerText : null; }})()"
+        );
+        match session.evaluate(&expression, Instant::now() + STEP_WAIT) {
+            Ok(Value::String(mut text)) => {
+                let truncated = text.len() > MAX_EXTRACT;
+                if truncated {
+                    let mut end = MAX_EXTRACT;
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.truncate(end);
+                }
+                ok(json!({"sessionId": id, "matched": true, "text": text, "truncated": truncated}))
+            }
+            Ok(_) => ok(json!({"sessionId": id, "matched": false})),
+            Err(e) => Outcome::Failed(format!("session {id}: extract: {e}")),
+        }
+    }
+
+    /// `result` with the page's screenshot saved as an artifact.
+    fn with_screenshot(
+        &mut self,
+        op: &mut Op,
+        id: &str,
+        png: Vec<u8>,
+        mut result: Value,
+    ) -> Outcome {
+        match self.artifact(op, "screenshot", &format!("browser {id} screenshot"), &png) {
+            Ok(reference) => {
+                result["screenshot"] = json!({"sha256": reference.sha256, "size": png.len()});
+                Outcome::Done {
+                    status: OpStatus::Ok,
+                    result,
+                    message: None,
+                    artifacts: vec![reference],
+                }
+            }
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// Closes `session` and records what its sandbox recorded (the
+    /// browser's start and end, every request through its proxy) with
+    /// `op`; returns the browser's exit code.
+    fn record_end(&mut self, session: Session, envelope: &Envelope, op: &mut Op) -> Option<i32> {
+        let ended = session.close();
+        let mut sink = crate::exec::Relabel {
+            events: &mut op.events,
+            run_id: &envelope.run_id,
+            op_id: &envelope.id,
+            correlation_id: &envelope.correlation_id,
+        };
+        for event in ended.events {
+            moat_core::EventSink::emit(&mut sink, event);
+        }
+        if let Some(error) = ended.error {
+            eprintln!("moat shell: a browser session's end: {error}");
+        }
+        ended.exit_code
+    }
+}
+
+/// A step's wait: its own (at most [`MAX_STEP_WAIT`]) or the default.
+fn step_wait(timeout_ms: Option<u64>) -> Result<Duration, Outcome> {
+    let wait = timeout_ms.map_or(STEP_WAIT, Duration::from_millis);
+    if wait > MAX_STEP_WAIT {
+        return Err(refuse(
+            DenialReason::LimitExceeded,
+            format!("timeoutMs: at most {}", MAX_STEP_WAIT.as_millis()),
+        ));
+    }
+    Ok(wait)
+}
+
+fn no_session(id: &str) -> Outcome {
+    refuse(
+        DenialReason::InvalidArgs,
+        format!("no open browser session {id} (open one first)"),
+    )
+}

@@ -154,26 +154,6 @@ fn serving_op() -> Value {
     )
 }
 
-/// Submits `op` to `run`, which the test policy holds for an approval
-/// (python with a network), and approves it.
-fn submit_approved(serve: &Serve, token: &str, run: &str, op: Value) {
-    let (status, op) = call(
-        "POST",
-        &format!("{}/v1/runs/{run}/ops", serve.url),
-        token,
-        Some(op),
-    );
-    assert_eq!(status, 202, "{op}");
-    let approval = op["approval"]["id"].as_str().expect("an approval");
-    let (status, body) = call(
-        "POST",
-        &format!("{}/v1/approvals/{approval}/approve", serve.url),
-        token,
-        Some(json!({})),
-    );
-    assert_eq!(status, 200, "{body}");
-}
-
 #[test]
 fn a_managed_runs_port_is_served_through_the_authenticated_route_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();

@@ -1433,100 +1433,6 @@ fn a_manifest_for_runners_without_per_run_cgroups_says_so_and_every_other_layer_
     assert!(declared.ledger_verifies() && per_run.ledger_verifies());
 }
 
-/// A site on loopback for the browser: `/page` is an HTML page, `/form`
-/// a form that posts to `/submit`, `/cookie` sets a cookie; every request
-/// it got.
-struct Site {
-    port: u16,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
-}
-
-/// A request the site got.
-#[derive(Debug, Clone)]
-struct Seen {
-    host: String,
-    line: String,
-    cookie: String,
-    body: String,
-}
-
-const PAGE: &str = "<html><head><title>Moat test page</title></head>\
-<body><h1>A page</h1><p id=\"greeting\">hello, browser</p></body></html>";
-
-const FORM: &str = "<html><head><title>A form</title></head><body>\
-<form method=\"post\" action=\"/submit\"><input id=\"q\" name=\"q\">\
-<button id=\"go\" type=\"submit\">Send</button></form></body></html>";
-
-impl Site {
-    fn start() -> Site {
-        use std::io::Read as _;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = std::sync::Arc::clone(&seen);
-        std::thread::spawn(move || {
-            for mut stream in listener.incoming().map_while(Result::ok) {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                    head.push(byte[0]);
-                }
-                let head = String::from_utf8_lossy(&head).into_owned();
-                let field = |name: &str| {
-                    head.lines()
-                        .find_map(|l| {
-                            let (key, value) = l.split_once(':')?;
-                            key.eq_ignore_ascii_case(name)
-                                .then(|| value.trim().to_owned())
-                        })
-                        .unwrap_or_default()
-                };
-                let length: usize = field("content-length").parse().unwrap_or(0);
-                let mut body = vec![0u8; length];
-                let _ = stream.read_exact(&mut body);
-                let line = head.lines().next().unwrap_or_default().to_owned();
-                record.lock().unwrap().push(Seen {
-                    host: field("host"),
-                    line: line.clone(),
-                    cookie: field("cookie"),
-                    body: String::from_utf8_lossy(&body).into_owned(),
-                });
-                let path = line.split(' ').nth(1).unwrap_or_default();
-                let (extra, page) = match path {
-                    "/page" => ("", PAGE.to_owned()),
-                    "/form" => ("", FORM.to_owned()),
-                    "/submit" => (
-                        "",
-                        "<html><head><title>Sent</title></head><body>thanks</body></html>"
-                            .to_owned(),
-                    ),
-                    "/cookie" => (
-                        "Set-Cookie: seen=yes; Path=/\r\n",
-                        "<p>cookie set</p>".to_owned(),
-                    ),
-                    _ => ("", "<p>other</p>".to_owned()),
-                };
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n{extra}\
-                     Connection: close\r\n\r\n{page}",
-                    page.len()
-                );
-            }
-        });
-        Site { port, seen }
-    }
-
-    fn hosts(&self) -> Vec<String> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|s| s.host.clone())
-            .collect()
-    }
-}
-
 /// A `browser_step` the test's policy decided (the local mode's approval).
 fn browser(id: &str, args: Value) -> Value {
     let mut op = op(id, "browser_step", args);
@@ -1544,8 +1450,8 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 
 /// A site, and a shell whose manifest allows `browser_step` and reaches
 /// the site (as `app.test`) through the egress proxy.
-fn browser_session() -> (Site, Session) {
-    let site = Site::start();
+fn browser_session() -> (common::servers::Site, Session) {
+    let site = common::servers::Site::start();
     let s = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
         m["allowedOps"]
             .as_array_mut()
@@ -1688,14 +1594,14 @@ fn a_browser_fills_and_submits_a_form_and_sessions_share_no_cookies() {
     assert_eq!(results[3]["result"]["title"], "Sent", "{}", results[3]);
     assert_eq!(results[5]["result"]["matched"], false, "{}", results[5]);
     let seen = site.seen.lock().unwrap().clone();
-    let posted: Vec<&Seen> = seen
+    let posted: Vec<&common::servers::SiteRequest> = seen
         .iter()
         .filter(|s| s.line.starts_with("POST /submit "))
         .collect();
     assert_eq!(posted.len(), 1, "{seen:#?}");
     assert_eq!(posted[0].body, "q=moat+rocks");
     // Session a got the cookie and sends it back; session b never sees it.
-    let pages: Vec<&Seen> = seen
+    let pages: Vec<&common::servers::SiteRequest> = seen
         .iter()
         .filter(|s| s.line.starts_with("GET /page "))
         .collect();

@@ -46,6 +46,14 @@ when { context.method == "GET" };
 permit(principal in Moat::Org::"acme", action == Moat::Action::"export", resource)
 when { context.path like "output/*" };
 
+@id("browse")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
+when { context.action != "click" && context.action != "type" };
+
+@id("browse-act") @approval("required")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
+when { context.action == "click" || context.action == "type" };
+
 @id("crm-write") @approval("required") @risk("high")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",
        resource == Moat::Tool::"crm_update");
@@ -527,6 +535,34 @@ pub fn inspector_page(serve: &Serve, token: &str, path: &str) -> String {
         .unwrap();
     assert_eq!(answer.status(), 200, "{path}");
     answer.body_mut().read_to_string().unwrap()
+}
+
+/// Approves the approval request `id` (as the org's admin).
+pub fn approve(serve: &Serve, token: &str, id: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/approvals/{id}/approve", serve.url),
+        token,
+        Some(json!({})),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Submits `op` to `run`, which the test policy holds for an approval,
+/// and approves it.
+pub fn submit_approved(serve: &Serve, token: &str, run: &str, op: Value) {
+    let (status, op) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/ops", serve.url),
+        token,
+        Some(op),
+    );
+    assert_eq!(status, 202, "{op}");
+    approve(
+        serve,
+        token,
+        op["approval"]["id"].as_str().expect("an approval"),
+    );
 }
 
 /// Queues `run` with one input, `input/a.txt`.

@@ -263,3 +263,96 @@ impl Pki {
         path_str(self.input.path())
     }
 }
+
+/// A site on loopback for the browser: `/page` is an HTML page, `/form`
+/// a form that posts to `/submit`, `/cookie` sets a cookie; every request
+/// it got.
+pub struct Site {
+    pub port: u16,
+    pub seen: std::sync::Arc<std::sync::Mutex<Vec<SiteRequest>>>,
+}
+
+/// A request the site got.
+#[derive(Debug, Clone)]
+pub struct SiteRequest {
+    pub host: String,
+    pub line: String,
+    pub cookie: String,
+    pub body: String,
+}
+
+const PAGE: &str = "<html><head><title>Moat test page</title></head>\
+<body><h1>A page</h1><p id=\"greeting\">hello, browser</p></body></html>";
+
+const FORM: &str = "<html><head><title>A form</title></head><body>\
+<form method=\"post\" action=\"/submit\"><input id=\"q\" name=\"q\">\
+<button id=\"go\" type=\"submit\">Send</button></form></body></html>";
+
+impl Site {
+    pub fn start() -> Site {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().map_while(Result::ok) {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let field = |name: &str| {
+                    head.lines()
+                        .find_map(|l| {
+                            let (key, value) = l.split_once(':')?;
+                            key.eq_ignore_ascii_case(name)
+                                .then(|| value.trim().to_owned())
+                        })
+                        .unwrap_or_default()
+                };
+                let length: usize = field("content-length").parse().unwrap_or(0);
+                let mut body = vec![0u8; length];
+                let _ = stream.read_exact(&mut body);
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                record.lock().unwrap().push(SiteRequest {
+                    host: field("host"),
+                    line: line.clone(),
+                    cookie: field("cookie"),
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                });
+                let path = line.split(' ').nth(1).unwrap_or_default();
+                let (extra, page) = match path {
+                    "/page" => ("", PAGE.to_owned()),
+                    "/form" => ("", FORM.to_owned()),
+                    "/submit" => (
+                        "",
+                        "<html><head><title>Sent</title></head><body>thanks</body></html>"
+                            .to_owned(),
+                    ),
+                    "/cookie" => (
+                        "Set-Cookie: seen=yes; Path=/\r\n",
+                        "<p>cookie set</p>".to_owned(),
+                    ),
+                    _ => ("", "<p>other</p>".to_owned()),
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n{extra}\
+                     Connection: close\r\n\r\n{page}",
+                    page.len()
+                );
+            }
+        });
+        Site { port, seen }
+    }
+
+    pub fn hosts(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.host.clone())
+            .collect()
+    }
+}

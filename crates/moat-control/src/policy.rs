@@ -661,9 +661,21 @@ mod tests {
                 }),
             ),
             (
+                "allow",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "extract"
+                }),
+            ),
+            (
                 "browser-act",
                 ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
-                    r.action = "submit"
+                    r.action = "click"
+                }),
+            ),
+            (
+                "browser-act",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "type"
                 }),
             ),
             (

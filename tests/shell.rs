@@ -1554,6 +1554,10 @@ fn a_browser_fills_and_submits_a_form_and_sessions_share_no_cookies() {
             json!({"action": "type", "sessionId": "a", "selector": "#q", "text": "moat rocks"}),
         ),
         browser(
+            "3b",
+            json!({"action": "select", "sessionId": "a", "selector": "#size", "value": "Large"}),
+        ),
+        browser(
             "4",
             json!({"action": "click", "sessionId": "a", "selector": "#go"}),
         ),
@@ -1591,15 +1595,16 @@ fn a_browser_fills_and_submits_a_form_and_sessions_share_no_cookies() {
         "{}",
         results[2]
     );
-    assert_eq!(results[3]["result"]["title"], "Sent", "{}", results[3]);
-    assert_eq!(results[5]["result"]["matched"], false, "{}", results[5]);
+    assert_eq!(results[3]["result"]["value"], "l", "{}", results[3]);
+    assert_eq!(results[4]["result"]["title"], "Sent", "{}", results[4]);
+    assert_eq!(results[6]["result"]["matched"], false, "{}", results[6]);
     let seen = site.seen.lock().unwrap().clone();
     let posted: Vec<&common::servers::SiteRequest> = seen
         .iter()
         .filter(|s| s.line.starts_with("POST /submit "))
         .collect();
     assert_eq!(posted.len(), 1, "{seen:#?}");
-    assert_eq!(posted[0].body, "q=moat+rocks");
+    assert_eq!(posted[0].body, "q=moat+rocks&size=l");
     // Session a got the cookie and sends it back; session b never sees it.
     let pages: Vec<&common::servers::SiteRequest> = seen
         .iter()

@@ -48,11 +48,11 @@ when { context.path like "output/*" };
 
 @id("browse")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
-when { context.action != "click" && context.action != "type" };
+when { context.action != "click" && context.action != "type" && context.action != "select" };
 
 @id("browse-act") @approval("required")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
-when { context.action == "click" || context.action == "type" };
+when { context.action == "click" || context.action == "type" || context.action == "select" };
 
 @id("crm-write") @approval("required") @risk("high")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",

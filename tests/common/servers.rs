@@ -286,6 +286,8 @@ const PAGE: &str = "<html><head><title>Moat test page</title></head>\
 
 const FORM: &str = "<html><head><title>A form</title></head><body>\
 <form method=\"post\" action=\"/submit\"><input id=\"q\" name=\"q\">\
+<select id=\"size\" name=\"size\"><option value=\"s\">Small</option>\
+<option value=\"l\">Large</option></select>\
 <button id=\"go\" type=\"submit\">Send</button></form></body></html>";
 
 impl Site {

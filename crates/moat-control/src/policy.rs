@@ -679,6 +679,12 @@ mod tests {
                 }),
             ),
             (
+                "browser-act",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "select"
+                }),
+            ),
+            (
                 "deny",
                 ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
                     r.action = "download"

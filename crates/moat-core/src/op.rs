@@ -180,6 +180,13 @@ pub enum BrowserStepArgs {
         selector: String,
         text: String,
     },
+    /// Chooses the option whose value (or, failing that, whose text) is
+    /// `value` in the first `<select>` element `selector` matches.
+    Select {
+        session_id: String,
+        selector: String,
+        value: String,
+    },
     /// Waits until an element matches `selector`, or the page's text holds
     /// `text` (one of them), at most `timeoutMs` (default 15 s).
     WaitFor {
@@ -211,6 +218,7 @@ impl BrowserStepArgs {
             | BrowserStepArgs::Navigate { session_id, .. }
             | BrowserStepArgs::Click { session_id, .. }
             | BrowserStepArgs::Type { session_id, .. }
+            | BrowserStepArgs::Select { session_id, .. }
             | BrowserStepArgs::WaitFor { session_id, .. }
             | BrowserStepArgs::Extract { session_id, .. }
             | BrowserStepArgs::Screenshot { session_id }
@@ -224,6 +232,7 @@ impl BrowserStepArgs {
             BrowserStepArgs::Navigate { .. } => "navigate",
             BrowserStepArgs::Click { .. } => "click",
             BrowserStepArgs::Type { .. } => "type",
+            BrowserStepArgs::Select { .. } => "select",
             BrowserStepArgs::WaitFor { .. } => "wait_for",
             BrowserStepArgs::Extract { .. } => "extract",
             BrowserStepArgs::Screenshot { .. } => "screenshot",

@@ -279,6 +279,32 @@ impl Session {
         Ok(true)
     }
 
+    /// Chooses `value` (an option's value, or its text) in the `<select>`
+    /// `selector` matches, as a person would (input and change events):
+    /// the option chosen, if one was.
+    pub fn select(
+        &mut self,
+        selector: &str,
+        value: &str,
+        deadline: Instant,
+    ) -> Result<Option<String>, CdpError> {
+        let chosen = self.evaluate(
+            &format!(
+                "(() => {{ const e = document.querySelector({}); const v = {}; \
+                 if (!e || e.tagName !== 'SELECT') return null; \
+                 const o = [...e.options].find(o => o.value === v) || \
+                 [...e.options].find(o => o.text.trim() === v); if (!o) return null; \
+                 e.value = o.value; \
+                 e.dispatchEvent(new Event('input', {{bubbles: true}})); \
+                 e.dispatchEvent(new Event('change', {{bubbles: true}})); return o.value; }})()",
+                js_string(selector),
+                js_string(value)
+            ),
+            deadline,
+        )?;
+        Ok(chosen.as_str().map(str::to_owned))
+    }
+
     /// Waits until `selector` matches or the page's text holds `text`.
     pub fn wait_for(
         &mut self,

@@ -86,6 +86,19 @@ impl Shell {
                     Err(e) => Outcome::Failed(format!("session {id}: type: {e}")),
                 }
             }
+            BrowserStepArgs::Select {
+                selector, value, ..
+            } => {
+                let Some(session) = self.browsers.get_mut(&id) else {
+                    return no_session(&id);
+                };
+                match session.select(&selector, &value, Instant::now() + STEP_WAIT) {
+                    Ok(chosen) => {
+                        ok(json!({"sessionId": id, "matched": chosen.is_some(), "value": chosen}))
+                    }
+                    Err(e) => Outcome::Failed(format!("session {id}: select: {e}")),
+                }
+            }
             BrowserStepArgs::WaitFor {
                 selector,
                 text,

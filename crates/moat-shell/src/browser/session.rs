@@ -32,6 +32,9 @@ pub const VIEWPORT: (u32, u32) = (1280, 800);
 /// How long the browser gets to start and answer its first command.
 const START_WAIT: Duration = Duration::from_secs(20);
 
+/// How long a click is watched for the navigation it may start.
+const CLICK_SETTLE: Duration = Duration::from_millis(150);
+
 /// How long a closing browser gets to end, and its keeper to report.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
@@ -229,14 +232,18 @@ impl Session {
                 deadline,
             )?;
         }
-        // A click that navigates starts loading at once: wait for that page.
+        // A click that navigates asks for it at once (a link, a form's
+        // submit): wait for that page; a click that does not costs this.
         let page = self.page.clone();
-        let soon = (Instant::now() + Duration::from_millis(500)).min(deadline);
+        let soon = (Instant::now() + CLICK_SETTLE).min(deadline);
         let started = self.cdp.wait_event(
             soon,
             |_| {},
             |event| {
-                event["method"] == "Page.frameStartedLoading" && event["sessionId"] == page.as_str()
+                matches!(
+                    event["method"].as_str(),
+                    Some("Page.frameRequestedNavigation" | "Page.frameStartedLoading")
+                ) && event["sessionId"] == page.as_str()
             },
         );
         match started {

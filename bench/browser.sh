@@ -81,9 +81,13 @@ count = 0
 def step(args):
     global count
     count += 1
-    line = json.dumps({"id": str(count), "runId": "bench", "correlationId": "c",
-                       "op": "browser_step", "args": args, "policyDecisionRef": "bench",
-                       "createdAt": "2026-12-04T00:00:00Z"}) + "\n"
+    envelope = json.dumps({"id": str(count), "runId": "bench", "correlationId": "c",
+                           "op": "browser_step", "args": args,
+                           "createdAt": "2026-12-04T00:00:00Z"})
+    # Approved as a control plane would (outside the timing).
+    line = subprocess.run([moat, "capability", "issue", "--ttl", "60s", "--key", f"{d}/keys/moat.key",
+                           "--manifest", f"{d}/signed.json"], input=envelope, check=True,
+                          capture_output=True, text=True).stdout.strip() + "\n"
     start = time.perf_counter()
     shell.stdin.write(line); shell.stdin.flush()
     result = json.loads(shell.stdout.readline())

@@ -498,8 +498,7 @@ fn raw_shell_strings_unknown_ops_and_disallowed_ops_are_denied() {
             "browser_step"
         ])
     });
-    // Approved, but a browser reaches the web only through the egress
-    // proxy, and this manifest's network is off.
+    // A policyDecisionRef is the agent's own word, not an approval.
     let mut browser_approved = op(
         "5",
         "browser_step",
@@ -522,7 +521,7 @@ fn raw_shell_strings_unknown_ops_and_disallowed_ops_are_denied() {
     assert_denied(&results[1], "unknown_op");
     assert_denied(&results[2], "op_not_in_manifest");
     assert_denied(&results[3], "approval_required");
-    assert_denied(&results[4], "network_not_allowed");
+    assert_denied(&results[4], "approval_required");
     assert_denied(&results[5], "network_not_allowed");
     assert_eq!(s.events_of("6", "network.denied").len(), 1);
     let denials = s
@@ -960,28 +959,7 @@ fn a_managed_runner_takes_only_operations_with_a_valid_unused_capability() {
     let mut s = Session::new(|_| {});
     s.extra = vec!["--require-capabilities".into()];
     let issue = |key: &std::path::Path, envelope: &Value, extra: &[&str]| -> Value {
-        let mut child = Command::new(MOAT)
-            .args(["capability", "issue", "--key", path_str(key)])
-            .args(["--manifest", path_str(&s.signed)])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(envelope.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        issue_capability(&s, key, envelope, extra)
     };
     let key = s.dir.path().join("keys/moat.key");
     let read = |id: &str| {
@@ -1434,10 +1412,38 @@ fn a_manifest_for_runners_without_per_run_cgroups_says_so_and_every_other_layer_
 }
 
 /// A `browser_step` the test's policy decided (the local mode's approval).
-fn browser(id: &str, args: Value) -> Value {
-    let mut op = op(id, "browser_step", args);
-    op["policyDecisionRef"] = json!("approved-by-the-test");
-    op
+/// `envelope` with a capability (`moat capability issue`) signed with
+/// `key` for the session's manifest.
+fn issue_capability(s: &Session, key: &std::path::Path, envelope: &Value, extra: &[&str]) -> Value {
+    let mut child = Command::new(MOAT)
+        .args(["capability", "issue", "--key", path_str(key)])
+        .args(["--manifest", path_str(&s.signed)])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(envelope.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A `browser_step` approved as a control plane would: with a capability
+/// signed by the session's trusted key.
+fn browser(s: &Session, id: &str, args: Value) -> Value {
+    let key = s.dir.path().join("keys/moat.key");
+    issue_capability(s, &key, &op(id, "browser_step", args), &["--ttl", "60s"])
 }
 
 /// Width and height of a PNG, from its header.
@@ -1467,16 +1473,15 @@ fn browser_step_drives_a_sandboxed_browser_that_reaches_only_the_allowed_site() 
     let port = site.port;
     let page = format!("http://app.test:{port}/page");
     let results = s.ops(&[
-        browser("1", json!({"action": "open", "sessionId": "b1"})),
-        browser("2", json!({"action": "navigate", "sessionId": "b1", "url": page})),
-        browser("3", json!({"action": "extract", "sessionId": "b1", "selector": "#greeting"})),
-        browser("4", json!({"action": "screenshot", "sessionId": "b1"})),
-        browser(
-            "5",
+        browser(&s, "1", json!({"action": "open", "sessionId": "b1"})),
+        browser(&s, "2", json!({"action": "navigate", "sessionId": "b1", "url": page})),
+        browser(&s, "3", json!({"action": "extract", "sessionId": "b1", "selector": "#greeting"})),
+        browser(&s, "4", json!({"action": "screenshot", "sessionId": "b1"})),
+        browser(&s, "5",
             json!({"action": "navigate", "sessionId": "b1", "url": format!("http://other.test:{port}/page")}),
         ),
-        browser("6", json!({"action": "close", "sessionId": "b1"})),
-        browser("7", json!({"action": "extract", "sessionId": "b1"})),
+        browser(&s, "6", json!({"action": "close", "sessionId": "b1"})),
+        browser(&s, "7", json!({"action": "extract", "sessionId": "b1"})),
         op("8", "browser_step", json!({"action": "open", "sessionId": "b2"})),
     ]);
     assert_eq!(results[0]["status"], "ok", "{}", results[0]);
@@ -1544,46 +1549,55 @@ fn a_browser_fills_and_submits_a_form_and_sessions_share_no_cookies() {
     let port = site.port;
     let url = |path: &str| format!("http://app.test:{port}{path}");
     let results = s.ops(&[
-        browser("1", json!({"action": "open", "sessionId": "a"})),
+        browser(&s, "1", json!({"action": "open", "sessionId": "a"})),
         browser(
+            &s,
             "2",
             json!({"action": "navigate", "sessionId": "a", "url": url("/form")}),
         ),
         browser(
+            &s,
             "3",
             json!({"action": "type", "sessionId": "a", "selector": "#q", "text": "moat rocks"}),
         ),
         browser(
+            &s,
             "3b",
             json!({"action": "select", "sessionId": "a", "selector": "#size", "value": "Large"}),
         ),
         browser(
+            &s,
             "4",
             json!({"action": "click", "sessionId": "a", "selector": "#go"}),
         ),
         browser(
+            &s,
             "5",
             json!({"action": "wait_for", "sessionId": "a", "text": "thanks", "timeoutMs": 5000}),
         ),
         browser(
+            &s,
             "6",
             json!({"action": "click", "sessionId": "a", "selector": "#nothing-like-it"}),
         ),
         browser(
+            &s,
             "7",
             json!({"action": "navigate", "sessionId": "a", "url": url("/cookie")}),
         ),
-        browser("8", json!({"action": "open", "sessionId": "b"})),
+        browser(&s, "8", json!({"action": "open", "sessionId": "b"})),
         browser(
+            &s,
             "9",
             json!({"action": "navigate", "sessionId": "b", "url": url("/page")}),
         ),
         browser(
+            &s,
             "10",
             json!({"action": "navigate", "sessionId": "a", "url": url("/page")}),
         ),
-        browser("11", json!({"action": "close", "sessionId": "a"})),
-        browser("12", json!({"action": "close", "sessionId": "b"})),
+        browser(&s, "11", json!({"action": "close", "sessionId": "a"})),
+        browser(&s, "12", json!({"action": "close", "sessionId": "b"})),
     ]);
     for (i, result) in results.iter().enumerate() {
         assert_eq!(result["status"], "ok", "step {}: {result}", i + 1);

@@ -113,7 +113,7 @@ pub enum SpecError {
     BadExpose(String),
     #[error("stdin bytes: at most {max} (they must fit in a pipe)")]
     StdinTooLarge { max: usize },
-    #[error("at most {max} descriptors passed to the program")]
+    #[error("at most {max} descriptors passed to the program, none of them 0, 1 or 2")]
     TooManyPassedFds { max: usize },
     #[error("the microvm class does not support {0}")]
     NotInMicrovm(&'static str),

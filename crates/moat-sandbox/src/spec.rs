@@ -209,7 +209,14 @@ impl SandboxSpec {
                 max: MAX_STDIN_DATA,
             });
         }
-        if self.pass_fds.len() > MAX_PASSED_FDS {
+        // A descriptor below 3 would be overwritten by the program's
+        // standard streams before it is placed.
+        if self.pass_fds.len() > MAX_PASSED_FDS
+            || self.pass_fds.iter().any(|fd| {
+                use std::os::fd::AsRawFd as _;
+                fd.as_raw_fd() < 3
+            })
+        {
             return Err(SpecError::TooManyPassedFds {
                 max: MAX_PASSED_FDS,
             });

@@ -578,16 +578,14 @@ impl Shell {
             OpKind::HttpRequest => {
                 args(&envelope.args).map(|a| self.http(envelope, HttpRequestArgs::Direct(a), op))
             }
-            // A capability (the control plane's decision) or, in the local
-            // mode, a policy decision's reference is its approval.
-            OpKind::BrowserStep
-                if envelope.capability.is_none() && envelope.policy_decision_ref.is_none() =>
-            {
-                Err(Refusal::new(
-                    DenialReason::ApprovalRequired,
-                    "browser_step is high risk and needs an approval",
-                ))
-            }
+            // Only a verified capability (the control plane's decision, or
+            // `moat capability issue` with the trusted key) approves a step:
+            // a free-form policyDecisionRef is the agent's own word.
+            OpKind::BrowserStep if envelope.capability.is_none() => Err(Refusal::new(
+                DenialReason::ApprovalRequired,
+                "browser_step is high risk: it needs a capability signed with the trusted key \
+                 (a control plane's, or `moat capability issue`); a policyDecisionRef is not one",
+            )),
             OpKind::BrowserStep => args(&envelope.args).map(|a| self.browser(envelope, a, op)),
         };
         result.unwrap_or_else(Outcome::Denied)

@@ -14,8 +14,15 @@ use serde_json::{Value, json};
 /// The longest message read from the browser (a full-page screenshot).
 const MAX_MESSAGE: usize = 64 << 20;
 
-/// Events kept while a command's answer is awaited.
-const MAX_BACKLOG: usize = 10_000;
+/// Events kept while a command's answer is awaited, and their bytes: what
+/// a page makes the browser say must not fill the shell's memory.
+const MAX_BACKLOG: usize = 1_000;
+const MAX_BACKLOG_BYTES: usize = 8 << 20;
+
+/// The events the shell acts on; the rest are dropped as they come.
+fn wanted(method: &str) -> bool {
+    method.starts_with("Page.") || method == "Network.responseReceived"
+}
 
 /// Why the browser did not answer.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +45,11 @@ pub struct Cdp {
     from: File,
     read: Vec<u8>,
     next_id: u64,
-    events: VecDeque<Value>,
+    /// Kept events, with their sizes.
+    events: VecDeque<(Value, usize)>,
+    backlog_bytes: usize,
+    /// Skipping the rest of a message past [`MAX_MESSAGE`].
+    skipping: bool,
 }
 
 impl Cdp {
@@ -50,6 +61,8 @@ impl Cdp {
             read: Vec::new(),
             next_id: 1,
             events: VecDeque::new(),
+            backlog_bytes: 0,
+            skipping: false,
         }
     }
 
@@ -73,7 +86,7 @@ impl Cdp {
         bytes.push(0);
         self.to.write_all(&bytes)?;
         loop {
-            let message = self.next_message(deadline)?;
+            let (message, size) = self.next_message(deadline)?;
             if message["id"].as_u64() == Some(id) {
                 if let Some(error) = message.get("error") {
                     return Err(CdpError::Refused {
@@ -83,12 +96,25 @@ impl Cdp {
                 }
                 return Ok(message["result"].clone());
             }
-            if message.get("method").is_some() {
-                if self.events.len() >= MAX_BACKLOG {
-                    self.events.pop_front();
-                }
-                self.events.push_back(message);
+            self.keep(message, size);
+        }
+    }
+
+    /// Keeps an event the shell may act on, within the backlog's bounds.
+    fn keep(&mut self, event: Value, size: usize) {
+        if !event["method"].as_str().is_some_and(wanted) {
+            return;
+        }
+        while self.events.len() >= MAX_BACKLOG
+            || (self.backlog_bytes + size > MAX_BACKLOG_BYTES && !self.events.is_empty())
+        {
+            if let Some((_, dropped)) = self.events.pop_front() {
+                self.backlog_bytes -= dropped;
             }
+        }
+        if size <= MAX_BACKLOG_BYTES {
+            self.backlog_bytes += size;
+            self.events.push_back((event, size));
         }
     }
 
@@ -100,14 +126,15 @@ impl Cdp {
         mut seen: impl FnMut(&Value),
         wanted: impl Fn(&Value) -> bool,
     ) -> Result<Value, CdpError> {
-        while let Some(event) = self.events.pop_front() {
+        while let Some((event, size)) = self.events.pop_front() {
+            self.backlog_bytes -= size;
             if wanted(&event) {
                 return Ok(event);
             }
             seen(&event);
         }
         loop {
-            let message = self.next_message(deadline)?;
+            let (message, _) = self.next_message(deadline)?;
             if message.get("method").is_none() {
                 continue;
             }
@@ -120,20 +147,30 @@ impl Cdp {
 
     /// Events kept so far, taken.
     pub fn take_events(&mut self) -> Vec<Value> {
-        self.events.drain(..).collect()
+        self.backlog_bytes = 0;
+        self.events.drain(..).map(|(event, _)| event).collect()
     }
 
-    fn next_message(&mut self, deadline: Instant) -> Result<Value, CdpError> {
+    /// The next whole message and its size. A message past
+    /// [`MAX_MESSAGE`] is skipped to its end (the next NUL): the channel
+    /// stays usable, and the command it answered times out.
+    fn next_message(&mut self, deadline: Instant) -> Result<(Value, usize), CdpError> {
         loop {
             if let Some(end) = self.read.iter().position(|b| *b == 0) {
                 let rest = self.read.split_off(end + 1);
                 let mut message = std::mem::replace(&mut self.read, rest);
+                if std::mem::take(&mut self.skipping) {
+                    continue;
+                }
                 message.pop();
+                let size = message.len();
                 return serde_json::from_slice(&message)
+                    .map(|value| (value, size))
                     .map_err(|e| CdpError::Malformed(e.to_string()));
             }
             if self.read.len() > MAX_MESSAGE {
-                return Err(CdpError::Malformed("a message past 64 MiB".into()));
+                self.read.clear();
+                self.skipping = true;
             }
             if !readable(&self.from, deadline)? {
                 return Err(CdpError::Timeout);

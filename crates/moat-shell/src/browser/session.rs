@@ -303,7 +303,7 @@ impl Session {
                  [...e.options].find(o => o.text.trim() === v); if (!o) return null; \
                  e.value = o.value; \
                  e.dispatchEvent(new Event('input', {{bubbles: true}})); \
-                 e.dispatchEvent(new Event('change', {{bubbles: true}})); return o.value; }})()",
+                 e.dispatchEvent(new Event('change', {{bubbles: true}})); return o.value.slice(0, 512); }})()",
                 js_string(selector),
                 js_string(value)
             ),

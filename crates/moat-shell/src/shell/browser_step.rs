@@ -21,8 +21,16 @@ const STEP_WAIT: Duration = Duration::from_secs(15);
 /// The longest a step may ask to wait.
 const MAX_STEP_WAIT: Duration = Duration::from_secs(60);
 
+/// A page's URL and title, cut short: they are the page's to make long.
+const PAGE_SUMMARY: &str =
+    "({url: location.href.slice(0, 2048), title: document.title.slice(0, 512)})";
+
 /// The most text `extract` returns.
 const MAX_EXTRACT: usize = 64 << 10;
+
+/// The longest selector, option value or text a step takes: its command
+/// must fit the browser's pipe at once.
+const MAX_ARG: usize = 16 << 10;
 
 fn refuse(reason: DenialReason, message: impl Into<String>) -> Outcome {
     Outcome::Denied(Refusal::new(reason, message))
@@ -42,6 +50,26 @@ impl Shell {
                 "sessionId: 1-64 letters, digits, '.', '_' or '-'",
             );
         }
+        let too_long = match &a {
+            BrowserStepArgs::Click { selector, .. } => selector.len(),
+            BrowserStepArgs::Type { selector, text, .. } => selector.len().max(text.len()),
+            BrowserStepArgs::Select {
+                selector, value, ..
+            } => selector.len().max(value.len()),
+            BrowserStepArgs::WaitFor { selector, text, .. } => selector
+                .as_deref()
+                .map_or(0, str::len)
+                .max(text.as_deref().map_or(0, str::len)),
+            BrowserStepArgs::Extract { selector, .. } => selector.as_deref().map_or(0, str::len),
+            BrowserStepArgs::Navigate { url, .. } => url.len() / 4,
+            _ => 0,
+        };
+        if too_long > MAX_ARG {
+            return refuse(
+                DenialReason::InvalidArgs,
+                format!("a selector, text, value or URL of at most {MAX_ARG} bytes"),
+            );
+        }
         if self.browsers.get(&id).is_some_and(Session::expired) {
             if let Some(session) = self.browsers.remove(&id) {
                 self.record_end(session, envelope, op);
@@ -52,7 +80,7 @@ impl Shell {
             );
         }
         match a {
-            BrowserStepArgs::Open { .. } => self.open_browser(envelope, &id),
+            BrowserStepArgs::Open { .. } => self.open_browser(envelope, &id, op),
             BrowserStepArgs::Close { .. } => match self.browsers.remove(&id) {
                 Some(session) => {
                     let ended = self.record_end(session, envelope, op);
@@ -143,12 +171,24 @@ impl Shell {
         }
     }
 
-    fn open_browser(&mut self, envelope: &Envelope, id: &str) -> Outcome {
+    fn open_browser(&mut self, envelope: &Envelope, id: &str, op: &mut Op) -> Outcome {
         if self.browsers.contains_key(id) {
             return refuse(
                 DenialReason::InvalidArgs,
                 format!("session {id} is already open"),
             );
+        }
+        // Sessions past their lifetime give their places back.
+        let expired: Vec<String> = self
+            .browsers
+            .iter()
+            .filter(|(_, session)| session.expired())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for old in expired {
+            if let Some(session) = self.browsers.remove(&old) {
+                self.record_end(session, envelope, op);
+            }
         }
         if self.browsers.len() >= MAX_SESSIONS {
             return refuse(
@@ -229,7 +269,7 @@ impl Shell {
         }
         let page = session
             .evaluate(
-                "({url: location.href, title: document.title})",
+                PAGE_SUMMARY,
                 deadline.max(Instant::now() + Duration::from_secs(5)),
             )
             .unwrap_or(Value::Null);
@@ -255,7 +295,7 @@ impl Shell {
             Ok(true) => {
                 let page = session
                     .evaluate(
-                        "({url: location.href, title: document.title})",
+                        PAGE_SUMMARY,
                         deadline.max(Instant::now() + Duration::from_secs(5)),
                     )
                     .unwrap_or(Value::Null);
@@ -277,7 +317,8 @@ impl Shell {
             selector.map_or_else(|| "null".to_owned(), crate::browser::session::js_string);
         let expression = format!(
             "(() => {{ const s = {selector}; const e = s === null ? document.body : \
-             document.querySelector(s); return e ? e.innerText : null; }})()"
+             document.querySelector(s); return e ? e.innerText.slice(0, {}) : null; }})()",
+            MAX_EXTRACT + 1
         );
         match session.evaluate(&expression, Instant::now() + STEP_WAIT) {
             Ok(Value::String(mut text)) => {

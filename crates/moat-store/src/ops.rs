@@ -235,7 +235,13 @@ impl Store {
         self.read(|tx| crate::runs::get_with_open_ops(tx, org, run))
     }
 
-    /// Hands the next queued operation of `run` to `runner`, if it holds the run.
+    /// Hands the next operation of `run` to `runner`, if it holds the run:
+    /// the one already handed to it and not answered, or else the oldest
+    /// queued. A runner asks again only once it has answered what it was
+    /// given, so an operation still dispatched when its holder asks is one
+    /// whose hand-over was lost (a replica killed between committing the
+    /// dispatch and answering): it is handed over again rather than left
+    /// dispatched for ever while the runner's asking keeps the lease alive.
     pub fn dispatch_op(
         &self,
         org: &str,
@@ -243,21 +249,23 @@ impl Store {
         run: &str,
         now: i64,
     ) -> Result<Option<OpRow>, StoreError> {
-        // One statement: the oldest queued op of a run this runner holds,
-        // taken (a concurrent taker skips the row it has locked), while the
-        // runner still stands.
+        // One statement: the oldest open op of a run this runner holds
+        // (operations are handed over in order, so a dispatched one comes
+        // before every queued one), while the runner still stands. A
+        // concurrent asker waits for the row rather than skip it: skipping
+        // would hand over the op after one not answered yet.
         self.single(|tx| {
             let sql = format!(
                 "UPDATE ops SET state = 'dispatched', updated_ms = ?
-                 WHERE run_id = ? AND state = 'queued' AND id = (
-                     SELECT q.id FROM ops q WHERE q.run_id = ? AND q.state = 'queued'
+                 WHERE run_id = ? AND state IN ('queued', 'dispatched') AND id = (
+                     SELECT q.id FROM ops q WHERE q.run_id = ?
+                       AND q.state IN ('queued', 'dispatched')
                        AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ?
                                    AND r.runner_id = ? AND r.state IN ('claimed', 'running'))
                        AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ? AND NOT ({stands}))
-                     ORDER BY q.n LIMIT 1{skip})
+                     ORDER BY q.n LIMIT 1)
                  RETURNING {COLUMNS}",
                 stands = crate::runners::RUNNER_STANDS,
-                skip = tx.skip_locked()
             );
             tx.query_one(
                 &sql,

@@ -17,12 +17,10 @@ fn step(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
     op
 }
 
-#[test]
-fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
-    let site = Site::start();
-    let port = site.port;
-    let dir = tempfile::tempdir().unwrap();
-    let setup = setup_with(dir.path(), |m| {
+/// The rig with `browser_step` allowed and the site `app.test:port` (on
+/// loopback) the only one the browser may reach.
+fn browsing(dir: &std::path::Path, port: u16) -> Setup {
+    setup_with(dir, |m| {
         m["allowedOps"]
             .as_array_mut()
             .unwrap()
@@ -32,7 +30,15 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
             "allowDomains": [format!("app.test:{port}")],
             "allowAddresses": ["127.0.0.1"],
         });
-    });
+    })
+}
+
+#[test]
+fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
+    let site = Site::start();
+    let port = site.port;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = browsing(dir.path(), port);
     let db = format!("sqlite:{}", dir.path().join("control.db").display());
     let serve = Serve::start(&setup, &db, "127.0.0.1:0");
     let acme = org(&serve, "acme");
@@ -120,6 +126,179 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
         site.hosts()
             .iter()
             .all(|h| h == &format!("app.test:{port}"))
+    );
+    assert!(
+        common::host_processes_with(&sandbox).is_empty(),
+        "the browser outlived its run"
+    );
+    drop(runner);
+    assert_ledger_intact(&serve);
+}
+
+#[test]
+fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
+    let site = Site::start();
+    let port = site.port;
+    let dir = tempfile::tempdir().unwrap();
+    let setup = browsing(dir.path(), port);
+    let key_file = dir.path().join("secrets.key");
+    std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
+    let db = format!("sqlite:{}", dir.path().join("control.db").display());
+    let serve = Serve::start_with(
+        &setup,
+        &db,
+        "127.0.0.1:0",
+        &["--secrets-key", key_file.to_str().unwrap()],
+    );
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    // Random, with spaces: a form sends it as `open+...`, a URL as `%20`.
+    let secret = format!("open sesame {}", moat_core::random::new_id(""));
+    let forms = [
+        secret.clone(),
+        secret.replace(' ', "+"),
+        secret.replace(' ', "%20"),
+    ];
+    let (s, b) = call(
+        "PUT",
+        &format!("{}/v1/secrets/site-password", serve.url),
+        &acme,
+        Some(json!({"value": secret})),
+    );
+    assert_eq!(s, 201, "{b}");
+    let runner = Runner::start_with(
+        &serve,
+        &setup,
+        &acme,
+        "runner",
+        &["--resolve", "app.test=127.0.0.1"],
+    );
+    create_run(&serve, &acme, "web");
+    let opened = step(
+        &serve,
+        &acme,
+        "open",
+        json!({"action": "open", "sessionId": "s"}),
+    );
+    let sandbox = opened["result"]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    step(
+        &serve,
+        &acme,
+        "look",
+        json!({"action": "navigate", "sessionId": "s",
+               "url": format!("http://app.test:{port}/login")}),
+    );
+    let approved = |id: &str, args: Value| {
+        submit_approved(&serve, &acme, "web", envelope(id, "browser_step", args));
+        let (_, op) = call(
+            "GET",
+            &format!("{}/v1/runs/web/ops/{id}?wait_ms=20000", serve.url),
+            &acme,
+            None,
+        );
+        op
+    };
+    // Filling a secret in is acting: a person approves it, seeing its name.
+    let filled = approved(
+        "fill",
+        json!({"action": "fill_secret", "sessionId": "s", "selector": "#pw",
+               "secret": "site-password"}),
+    );
+    assert_eq!(filled["state"], "succeeded", "{filled}");
+    assert_eq!(filled["result"]["result"]["matched"], true, "{filled}");
+    // A secret the org does not have fills nothing, and says why.
+    let missing = approved(
+        "fill-missing",
+        json!({"action": "fill_secret", "sessionId": "s", "selector": "#pw",
+               "secret": "no-such-secret"}),
+    );
+    assert_eq!(missing["result"]["reason"], "not_found", "{missing}");
+    let sent = approved(
+        "sign-in",
+        json!({"action": "click", "sessionId": "s", "selector": "#in"}),
+    );
+    assert_eq!(sent["state"], "succeeded", "{sent}");
+    // The page got it (the site saw the form), and shows it back.
+    assert!(
+        site.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.line.contains(&format!("pw={}", forms[1]))),
+        "the field was not filled"
+    );
+    let url = sent["result"]["result"]["url"].as_str().unwrap_or_default();
+    assert!(url.contains("[REDACTED:site-password]"), "{sent}");
+    let text = step(
+        &serve,
+        &acme,
+        "read",
+        json!({"action": "extract", "sessionId": "s", "selector": "#echo"}),
+    );
+    assert!(
+        text["result"]["result"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("[REDACTED:site-password]"),
+        "{text}"
+    );
+    // Asking for part of it finds nothing; a selector on a value is refused.
+    let probe = step(
+        &serve,
+        &acme,
+        "probe",
+        json!({"action": "wait_for", "sessionId": "s", "text": "sesame", "timeoutMs": 1000}),
+    );
+    assert_eq!(probe["result"]["result"]["matched"], false, "{probe}");
+    let by_value = step(
+        &serve,
+        &acme,
+        "probe-value",
+        json!({"action": "extract", "sessionId": "s", "selector": "input[value^=\"open\"]"}),
+    );
+    assert_eq!(by_value["result"]["reason"], "invalid_args", "{by_value}");
+    step(
+        &serve,
+        &acme,
+        "close",
+        json!({"action": "close", "sessionId": "s"}),
+    );
+    finish_run(&serve, &acme, "web");
+    wait_run_event(&serve, &acme, "web", "run.destroyed");
+
+    // In no form in any answer, event or file of the control plane or the
+    // runner (the control plane keeps it sealed).
+    let events = run_events(&serve, &acme, "web");
+    let mut answers = vec![Value::Array(events.clone())];
+    for id in ["fill", "fill-missing", "sign-in", "read", "probe", "close"] {
+        answers.push(
+            call(
+                "GET",
+                &format!("{}/v1/runs/web/ops/{id}", serve.url),
+                &acme,
+                None,
+            )
+            .1,
+        );
+    }
+    answers.push(call("GET", &format!("{}/v1/runs/web", serve.url), &acme, None).1);
+    for form in &forms {
+        for answer in &answers {
+            assert!(!answer.to_string().contains(form.as_str()), "{answer}");
+        }
+        for place in [dir.path(), runner.state.as_path()] {
+            let hits = common::files_containing(place, form.as_bytes());
+            assert!(hits.is_empty(), "{form:?} in {hits:?}");
+        }
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "network.request" && e["opId"] == "close"),
+        "{events:#?}"
     );
     assert!(
         common::host_processes_with(&sandbox).is_empty(),

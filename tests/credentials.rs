@@ -127,25 +127,6 @@ fn secret_and_tool(url: &str, token: &str, secret: &str, tool: Value) {
     assert_eq!(s, 201, "{b}");
 }
 
-/// Every file under `dir` that contains `needle`.
-fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
-    let mut hits = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return hits;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            hits.extend(files_containing(&path, needle));
-        } else if let Ok(bytes) = std::fs::read(&path)
-            && bytes.windows(needle.len()).any(|w| w == needle)
-        {
-            hits.push(path.display().to_string());
-        }
-    }
-    hits
-}
-
 /// A fresh random secret (whatever contains it got it from us), the vendor
 /// that expects it, and the control plane's key for sealing secrets.
 fn secret_vendor_and_key(dir: &std::path::Path) -> (String, Vendor, std::path::PathBuf) {
@@ -305,7 +286,7 @@ fn tool_calls_get_the_credential_at_the_control_plane_and_the_secret_leaks_nowhe
             !env.windows(secret.len()).any(|w| w == secret.as_bytes()),
             "runner environment"
         );
-        let hits = files_containing(&runner.state, secret.as_bytes());
+        let hits = common::files_containing(&runner.state, secret.as_bytes());
         assert!(hits.is_empty(), "runner state: {hits:?}");
 
         // An agent cannot pass the secret to a program (scrubbed from the
@@ -608,7 +589,7 @@ fn a_program_calls_a_tool_itself_with_a_token_good_for_its_operation_only() {
         for text in [serde_json::to_string(&events).unwrap(), ops.to_string()] {
             assert!(!text.contains(&secret));
         }
-        let hits = files_containing(&runner.state, secret.as_bytes());
+        let hits = common::files_containing(&runner.state, secret.as_bytes());
         assert!(hits.is_empty(), "runner state: {hits:?}");
         drop(runner);
         drop(serve);

@@ -48,11 +48,11 @@ when { context.path like "output/*" };
 
 @id("browse")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
-when { context.action != "click" && context.action != "type" && context.action != "select" };
+when { ["open", "navigate", "wait_for", "extract", "screenshot", "close"].contains(context.action) };
 
 @id("browse-act") @approval("required")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
-when { context.action == "click" || context.action == "type" || context.action == "select" };
+when { ["click", "type", "select", "fill_secret"].contains(context.action) };
 
 @id("crm-write") @approval("required") @risk("high")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",

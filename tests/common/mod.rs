@@ -416,3 +416,22 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free loopback port")
 }
+
+/// Every file under `dir` that contains `needle`.
+pub fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return hits;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            hits.extend(files_containing(&path, needle));
+        } else if let Ok(bytes) = std::fs::read(&path)
+            && bytes.windows(needle.len()).any(|w| w == needle)
+        {
+            hits.push(path.display().to_string());
+        }
+    }
+    hits
+}

@@ -265,8 +265,9 @@ impl Pki {
 }
 
 /// A site on loopback for the browser: `/page` is an HTML page, `/form`
-/// a form that posts to `/submit`, `/cookie` sets a cookie; every request
-/// it got.
+/// a form that posts to `/submit`, `/login` a form that sends its fields
+/// in the URL to `/welcome`, which shows them (as a careless site would),
+/// `/cookie` sets a cookie; every request it got.
 pub struct Site {
     pub port: u16,
     pub seen: std::sync::Arc<std::sync::Mutex<Vec<SiteRequest>>>,
@@ -289,6 +290,36 @@ const FORM: &str = "<html><head><title>A form</title></head><body>\
 <select id=\"size\" name=\"size\"><option value=\"s\">Small</option>\
 <option value=\"l\">Large</option></select>\
 <button id=\"go\" type=\"submit\">Send</button></form></body></html>";
+
+const LOGIN: &str = "<html><head><title>Sign in</title></head><body>\
+<form method=\"get\" action=\"/welcome\"><input id=\"user\" name=\"user\">\
+<input id=\"pw\" name=\"pw\" type=\"text\">\
+<button id=\"in\" type=\"submit\">Sign in</button></form></body></html>";
+
+/// A form field as sent (`+` for a space, `%XX`), decoded.
+fn form_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
 
 impl Site {
     pub fn start() -> Site {
@@ -327,6 +358,15 @@ impl Site {
                 let (extra, page) = match path {
                     "/page" => ("", PAGE.to_owned()),
                     "/form" => ("", FORM.to_owned()),
+                    "/login" => ("", LOGIN.to_owned()),
+                    p if p.starts_with("/welcome?") => (
+                        "",
+                        format!(
+                            "<html><head><title>Welcome</title></head><body>\
+                             <p id=\"echo\">you sent {}</p></body></html>",
+                            form_decoded(&p["/welcome?".len()..])
+                        ),
+                    ),
                     "/submit" => (
                         "",
                         "<html><head><title>Sent</title></head><body>thanks</body></html>"

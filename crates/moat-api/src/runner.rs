@@ -106,6 +106,12 @@ pub enum Next {
         /// program on its stdin by the shell.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_token: Option<String>,
+        /// The value of the org secret a `browser_step` `fill_secret` names,
+        /// handed to the shell beside the envelope (absent: the org has no
+        /// such secret, and the step fails).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(with = "Option<String>")]
+        secret_value: Option<zeroize::Zeroizing<String>>,
     },
     /// The agent asked to finish and nothing is left: report the end.
     Finish,

@@ -179,7 +179,14 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            (run(), 0, NetworkMode::Off)
+            // A secret filled into a page is what the step is about: a
+            // policy can name it (`resource == Moat::Secret::"crm-password"`).
+            match envelope.args["secret"].as_str() {
+                Some(name) if action == "fill_secret" => {
+                    (Resource::Secret(name.to_owned()), 0, NetworkMode::Off)
+                }
+                _ => (run(), 0, NetworkMode::Off),
+            }
         }
     };
     Ok(Described {

@@ -37,6 +37,8 @@ pub enum Resource {
     Executable(String),
     Domain(String),
     Tool(String),
+    /// An org secret, by name (`browser_step` `fill_secret`).
+    Secret(String),
     /// Operations with no narrower resource.
     Run(String),
 }
@@ -56,6 +58,7 @@ impl Resource {
             Resource::Executable(p) => ("Executable", p),
             Resource::Domain(d) => ("Domain", d),
             Resource::Tool(t) => ("Tool", t),
+            Resource::Secret(s) => ("Secret", s),
             Resource::Run(r) => ("Run", r),
         }
     }
@@ -683,6 +686,14 @@ mod tests {
                 ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
                     r.action = "select"
                 }),
+            ),
+            (
+                "browser-act",
+                ask(
+                    OpKind::BrowserStep,
+                    Resource::Secret("crm-password".into()),
+                    &|r| r.action = "fill_secret",
+                ),
             ),
             (
                 "deny",

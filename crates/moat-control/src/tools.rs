@@ -13,9 +13,8 @@ use moat_egress::outbound::Uri;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-mod scrub;
-use scrub::map_strings;
-pub use scrub::{MIN_SECRET, Scrubber, replace_text};
+use moat_core::scrub::map_strings;
+pub use moat_core::scrub::{MIN_SECRET, Scrubber, replace_text};
 
 /// The profile name a tool call carries.
 pub const PROFILE: &str = moat_api::runner::TOOL_PROFILE;

@@ -23,6 +23,7 @@ pub mod random;
 pub mod report;
 pub mod request_sig;
 pub mod schema;
+pub mod scrub;
 pub mod sign;
 pub mod size;
 pub mod strict;

@@ -35,6 +35,11 @@ pub struct Envelope {
     /// to the ledger, not to the capability's hash).
     #[serde(default, skip_serializing)]
     pub tool_token: Option<String>,
+    /// The value of the org secret a `browser_step` `fill_secret` names,
+    /// added by the runner from the control plane's dispatch. Read, never
+    /// written back out, like `toolToken`.
+    #[serde(default, skip_serializing)]
+    pub secret_value: Option<String>,
     /// RFC 3339.
     pub created_at: String,
 }
@@ -180,6 +185,15 @@ pub enum BrowserStepArgs {
         selector: String,
         text: String,
     },
+    /// Fills the text field `selector` matches with the value of the org
+    /// secret `secret` (by name), which the control plane supplies: the
+    /// value never reaches the agent, and is scrubbed from every result,
+    /// event and text of the session from then on.
+    FillSecret {
+        session_id: String,
+        selector: String,
+        secret: String,
+    },
     /// Chooses the option whose value (or, failing that, whose text) is
     /// `value` in the first `<select>` element `selector` matches.
     Select {
@@ -218,6 +232,7 @@ impl BrowserStepArgs {
             | BrowserStepArgs::Navigate { session_id, .. }
             | BrowserStepArgs::Click { session_id, .. }
             | BrowserStepArgs::Type { session_id, .. }
+            | BrowserStepArgs::FillSecret { session_id, .. }
             | BrowserStepArgs::Select { session_id, .. }
             | BrowserStepArgs::WaitFor { session_id, .. }
             | BrowserStepArgs::Extract { session_id, .. }
@@ -232,6 +247,7 @@ impl BrowserStepArgs {
             BrowserStepArgs::Navigate { .. } => "navigate",
             BrowserStepArgs::Click { .. } => "click",
             BrowserStepArgs::Type { .. } => "type",
+            BrowserStepArgs::FillSecret { .. } => "fill_secret",
             BrowserStepArgs::Select { .. } => "select",
             BrowserStepArgs::WaitFor { .. } => "wait_for",
             BrowserStepArgs::Extract { .. } => "extract",

@@ -334,6 +334,7 @@ impl Runner {
                 Next::Op {
                     envelope,
                     tool_token,
+                    secret_value,
                 } => {
                     let op_id = envelope.id.clone();
                     if !moat_core::op::is_plain_id(&op_id) {
@@ -372,8 +373,11 @@ impl Runner {
                             &mut shell.insert((started, generation)).0
                         }
                     };
-                    let result =
-                        self.run_op(shell, run_id, &envelope, tool_token.as_deref(), &expose_dir)?;
+                    let beside = Beside {
+                        tool_token: tool_token.as_deref(),
+                        secret_value: secret_value.as_ref().map(|v| v.as_str()),
+                    };
+                    let result = self.run_op(shell, run_id, &envelope, &beside, &expose_dir)?;
                     let mut events = Vec::new();
                     loop {
                         let page = ledger.events(Some(run_id), *ledger_seq, 1000)?;
@@ -467,20 +471,26 @@ impl Runner {
 
     /// One operation through the shell, with the run's lease kept alive by
     /// heartbeats while it runs (the shell child is what launches sandboxes,
-    /// so this process may have a thread). A one-operation tool token
-    /// travels beside the envelope; the shell hands it to the program.
+    /// so this process may have a thread). What travels beside the envelope
+    /// (a one-operation tool token the shell hands the program, a secret's
+    /// value a browser step fills in) goes to the shell with it.
     fn run_op(
         &self,
         shell: &mut ShellChild,
         run_id: &str,
         envelope: &Envelope,
-        tool_token: Option<&str>,
+        beside: &Beside<'_>,
         expose_dir: &Path,
     ) -> Result<OpResult, RunnerError> {
         let mut json = serde_json::to_value(envelope)
             .map_err(|e| RunnerError::Protocol(format!("operation {}: {e}", envelope.id)))?;
-        if let (Some(token), Some(map)) = (tool_token, json.as_object_mut()) {
-            map.insert("toolToken".into(), token.into());
+        if let Some(map) = json.as_object_mut() {
+            if let Some(token) = beside.tool_token {
+                map.insert("toolToken".into(), token.into());
+            }
+            if let Some(value) = beside.secret_value {
+                map.insert("secretValue".into(), value.into());
+            }
         }
         let shell_pid = shell.pid();
         // A run that is not this runner's any more: its sandbox dies with
@@ -589,4 +599,11 @@ impl Runner {
             self.config.uid_range,
         )?)
     }
+}
+
+/// What the control plane hands over beside an operation's envelope, never
+/// inside it (not signed into its capability, not recorded).
+struct Beside<'a> {
+    tool_token: Option<&'a str>,
+    secret_value: Option<&'a str>,
 }

@@ -423,6 +423,7 @@ fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
         capability: None,
         policy_decision_ref: posted.policy_decision_ref,
         tool_token: None,
+        secret_value: None,
         created_at: posted.created_at.unwrap_or_else(|| stamp(now)),
     })
 }

@@ -36,6 +36,7 @@ use moat_api::runner::{
     Recorded, Registered, Registration, Released, ResultBody, RunEnd, Teardown,
 };
 use moat_core::lifecycle::{self, Lifetime};
+use moat_core::op::BrowserStepArgs;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -677,13 +678,36 @@ pub async fn next(
                 state.db(move |s| s.put_tool_token(&hash, &row)).await?;
                 tool_token = Some(token);
             }
+            let secret_value = fill_secret_value(&state, &runner.org_id, &envelope).await?;
             Ok(Json(Next::Op {
                 envelope: Box::new(envelope),
                 tool_token,
+                secret_value,
             })
             .into_response())
         }
     }
+}
+
+/// The value of the org secret a `browser_step` `fill_secret` names, to
+/// travel beside the envelope to the runner holding the run (none: the org
+/// has no such secret, and the shell fails the step saying so).
+async fn fill_secret_value(
+    state: &Arc<AppState>,
+    org: &str,
+    envelope: &Envelope,
+) -> ApiResult<Option<zeroize::Zeroizing<String>>> {
+    let name = match serde_json::from_value::<BrowserStepArgs>(envelope.args.clone()) {
+        Ok(BrowserStepArgs::FillSecret { secret, .. }) if envelope.op == "browser_step" => secret,
+        _ => return Ok(None),
+    };
+    let o = org.to_owned();
+    let sealed = state.db(move |s| s.secrets(&o)).await?;
+    let Some(one) = sealed.into_iter().find(|s| s.name == name) else {
+        return Ok(None);
+    };
+    let mut opened = super::secrets::open_secrets(state, org, std::slice::from_ref(&one))?;
+    Ok(opened.pop().map(|(_, value)| value))
 }
 
 /// The class an operation's decision put its program in (none recorded:

@@ -4,4 +4,4 @@
 pub mod cdp;
 pub mod session;
 
-pub use session::{Ended, Launch, Loaded, Session};
+pub use session::{Ended, Filled, Launch, Loaded, Session};

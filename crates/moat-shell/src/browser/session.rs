@@ -70,6 +70,18 @@ pub struct Session {
     ended: File,
     pub sandbox_id: String,
     opened: Instant,
+    /// The secrets filled into this session's pages: scrubbed from all it
+    /// answers from then on.
+    pub filled: moat_core::scrub::Scrubber,
+}
+
+/// What `fill_secret` found at its selector.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Filled {
+    NoMatch,
+    /// Not a text field: the element's tag (and type).
+    NotAField(String),
+    Filled,
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -118,6 +130,7 @@ impl Session {
             ended: File::from(ended_read),
             sandbox_id,
             opened: Instant::now(),
+            filled: moat_core::scrub::Scrubber::default(),
         };
         let deadline = Instant::now() + START_WAIT;
         session.page = session
@@ -286,6 +299,34 @@ impl Session {
         Ok(true)
     }
 
+    /// Puts `value` into the text field `selector` matches, in place of
+    /// what it held, as typing would (input events), and hides it on
+    /// screen (a field that is not a password field is drawn as dots), so
+    /// that no screenshot shows it.
+    pub fn fill_secret(
+        &mut self,
+        selector: &str,
+        value: &str,
+        deadline: Instant,
+    ) -> Result<Filled, CdpError> {
+        let found = self.evaluate(
+            &format!(
+                "(() => {{ const e = document.querySelector({}); if (!e) return null;                  const kind = e.tagName.toLowerCase() + (e.type ? ' type=' + e.type : '');                  const text = e.tagName === 'TEXTAREA' || (e.tagName === 'INPUT' &&                  !['button', 'checkbox', 'color', 'file', 'hidden', 'image', 'radio', 'range',                  'reset', 'submit'].includes(e.type));                  if (!text || e.disabled || e.readOnly) return kind.slice(0, 64);                  if (e.type !== 'password')                  e.style.setProperty('-webkit-text-security', 'disc', 'important');                  e.focus(); e.value = ''; return document.activeElement === e; }})()",
+                js_string(selector)
+            ),
+            deadline,
+        )?;
+        match found {
+            Value::Null => Ok(Filled::NoMatch),
+            Value::Bool(true) => {
+                self.page_call("Input.insertText", json!({"text": value}), deadline)?;
+                Ok(Filled::Filled)
+            }
+            Value::String(kind) => Ok(Filled::NotAField(kind)),
+            _ => Ok(Filled::NotAField("an element that takes no focus".into())),
+        }
+    }
+
     /// Chooses `value` (an option's value, or its text) in the `<select>`
     /// `selector` matches, as a person would (input and change events):
     /// the option chosen, if one was.
@@ -319,17 +360,35 @@ impl Session {
         text: Option<&str>,
         deadline: Instant,
     ) -> Result<bool, CdpError> {
+        // Once a secret is in the page, a text is looked for in the page's
+        // text as a result would show it (scrubbed), here rather than in
+        // the page: a probe for part of a secret the page shows finds
+        // nothing.
+        let scrubbed = text.filter(|_| !self.filled.is_empty());
         let check = format!(
             "(() => {{ const s = {}; const t = {}; \
              if (s !== null && document.querySelector(s)) return true; \
              if (t !== null && document.body && document.body.innerText.includes(t)) return true; \
-             return false; }})()",
+             return {}; }})()",
             js_string_or_null(selector),
-            js_string_or_null(text)
+            js_string_or_null(text.filter(|_| scrubbed.is_none())),
+            if scrubbed.is_some() {
+                "document.body ? document.body.innerText : ''"
+            } else {
+                "false"
+            }
         );
         loop {
-            if self.evaluate(&check, deadline)? == Value::Bool(true) {
-                return Ok(true);
+            match self.evaluate(&check, deadline)? {
+                Value::Bool(true) => return Ok(true),
+                Value::String(page) => {
+                    if let Some(t) = scrubbed
+                        && self.filled.text(&page).contains(t)
+                    {
+                        return Ok(true);
+                    }
+                }
+                _ => {}
             }
             if Instant::now() + Duration::from_millis(100) >= deadline {
                 return Ok(false);

@@ -9,7 +9,7 @@ use moat_core::{DenialReason, Envelope, NetworkMode, OpStatus};
 use serde_json::{Value, json};
 
 use super::{Op, Outcome, Shell, ok};
-use crate::browser::{Launch, Session};
+use crate::browser::{Filled, Launch, Session};
 use crate::workspace::Refusal;
 
 /// Sessions open at once in one shell.
@@ -53,6 +53,9 @@ impl Shell {
         let too_long = match &a {
             BrowserStepArgs::Click { selector, .. } => selector.len(),
             BrowserStepArgs::Type { selector, text, .. } => selector.len().max(text.len()),
+            BrowserStepArgs::FillSecret {
+                selector, secret, ..
+            } => selector.len().max(secret.len()),
             BrowserStepArgs::Select {
                 selector, value, ..
             } => selector.len().max(value.len()),
@@ -70,6 +73,18 @@ impl Shell {
                 format!("a selector, text, value or URL of at most {MAX_ARG} bytes"),
             );
         }
+        // Once a secret is in the page, a selector may not ask what a
+        // `value` attribute holds (a page mirroring the field's value there
+        // would answer a probe for it, a character at a time).
+        if self.browsers.get(&id).is_some_and(|s| !s.filled.is_empty())
+            && step_selector(&a).is_some_and(asks_a_value)
+        {
+            return refuse(
+                DenialReason::InvalidArgs,
+                "a secret was filled into this session: a selector may not match on a value \
+                 attribute",
+            );
+        }
         if self.browsers.get(&id).is_some_and(Session::expired) {
             if let Some(session) = self.browsers.remove(&id) {
                 self.record_end(session, envelope, op);
@@ -79,7 +94,10 @@ impl Shell {
                 format!("session {id} outlived its lifetime and was closed"),
             );
         }
-        match a {
+        let outcome = match a {
+            BrowserStepArgs::FillSecret {
+                selector, secret, ..
+            } => self.fill_secret(envelope, &id, &selector, &secret),
             BrowserStepArgs::Open { .. } => self.open_browser(envelope, &id, op),
             BrowserStepArgs::Close { .. } => match self.browsers.remove(&id) {
                 Some(session) => {
@@ -168,6 +186,57 @@ impl Shell {
                     Err(e) => Outcome::Failed(format!("session {id}: screenshot: {e}")),
                 }
             }
+        };
+        // Whatever the page made of a secret filled into it is scrubbed
+        // from the step's answer (the control plane scrubs again).
+        match self.browsers.get(&id) {
+            Some(session) if !session.filled.is_empty() => scrub(&session.filled, outcome),
+            _ => outcome,
+        }
+    }
+
+    fn fill_secret(
+        &mut self,
+        envelope: &Envelope,
+        id: &str,
+        selector: &str,
+        name: &str,
+    ) -> Outcome {
+        let Some(value) = envelope.secret_value.as_deref() else {
+            return refuse(
+                DenialReason::NotFound,
+                format!(
+                    "no value came with secret {name:?}: a managed run's control plane \
+                     supplies it from the org's secrets (it has none of that name), and a \
+                     local shell has none to give"
+                ),
+            );
+        };
+        if value.len() < moat_core::scrub::MIN_SECRET {
+            return refuse(
+                DenialReason::InvalidArgs,
+                format!(
+                    "secret {name:?} is shorter than {} bytes: too short to keep out of results",
+                    moat_core::scrub::MIN_SECRET
+                ),
+            );
+        }
+        let Some(session) = self.browsers.get_mut(id) else {
+            return no_session(id);
+        };
+        // Scrubbed from here on, even if filling fails half-way.
+        session.filled.also_secret(name, value);
+        match session.fill_secret(selector, value, Instant::now() + STEP_WAIT) {
+            Ok(Filled::Filled) => ok(json!({"sessionId": id, "matched": true, "secret": name})),
+            Ok(Filled::NoMatch) => ok(json!({"sessionId": id, "matched": false})),
+            Ok(Filled::NotAField(kind)) => refuse(
+                DenialReason::InvalidArgs,
+                format!(
+                    "fill_secret fills an enabled text field (an input or a textarea); \
+                     {selector:?} is {kind}"
+                ),
+            ),
+            Err(e) => Outcome::Failed(format!("session {id}: fill_secret: {e}")),
         }
     }
 
@@ -363,7 +432,12 @@ impl Shell {
     /// browser's start and end, every request through its proxy) with
     /// `op`; returns the browser's exit code.
     fn record_end(&mut self, session: Session, envelope: &Envelope, op: &mut Op) -> Option<i32> {
-        let ended = session.close();
+        let filled = session.filled.clone();
+        let mut ended = session.close();
+        // A form sent with a secret in it puts it in a request's URL.
+        for event in &mut ended.events {
+            filled.json(&mut event.data);
+        }
         let mut sink = crate::exec::Relabel {
             events: &mut op.events,
             run_id: &envelope.run_id,
@@ -390,6 +464,54 @@ fn step_wait(timeout_ms: Option<u64>) -> Result<Duration, Outcome> {
         ));
     }
     Ok(wait)
+}
+
+/// The selector a step matches with, if it takes one.
+fn step_selector(step: &BrowserStepArgs) -> Option<&str> {
+    match step {
+        BrowserStepArgs::Click { selector, .. }
+        | BrowserStepArgs::Type { selector, .. }
+        | BrowserStepArgs::FillSecret { selector, .. }
+        | BrowserStepArgs::Select { selector, .. } => Some(selector),
+        BrowserStepArgs::WaitFor { selector, .. } | BrowserStepArgs::Extract { selector, .. } => {
+            selector.as_deref()
+        }
+        _ => None,
+    }
+}
+
+/// Whether `selector` has an attribute selector on an attribute whose
+/// name holds `value` (`[value^="a"]`, `[data-value*=x]`), in any case.
+fn asks_a_value(selector: &str) -> bool {
+    selector.split('[').skip(1).any(|attribute| {
+        let name: String = attribute
+            .chars()
+            .take_while(|c| !matches!(c, '=' | ']' | '~' | '|' | '^' | '$' | '*'))
+            .collect();
+        name.to_ascii_lowercase().contains("value")
+    })
+}
+
+/// `outcome` with every secret `filled` knows replaced by its name.
+fn scrub(filled: &moat_core::scrub::Scrubber, outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Done {
+            status,
+            mut result,
+            message,
+            artifacts,
+        } => {
+            filled.json(&mut result);
+            Outcome::Done {
+                status,
+                result,
+                message: message.map(|m| filled.text(&m)),
+                artifacts,
+            }
+        }
+        Outcome::Failed(message) => Outcome::Failed(filled.text(&message)),
+        Outcome::Denied(refusal) => Outcome::Denied(refusal),
+    }
 }
 
 fn no_session(id: &str) -> Outcome {

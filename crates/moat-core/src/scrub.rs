@@ -1,9 +1,11 @@
-//! Scrubbing secrets from everything that leaves the control plane or is
-//! kept: answers, events, results, artifacts and error messages.
+//! Scrubbing secrets from everything that leaves the control plane or a
+//! shell, or is kept: answers, events, results, artifacts, error messages.
 
-use crate::vault::Secret;
 use base64::Engine as _;
 use serde_json::Value;
+
+/// A secret's value, wiped from memory when dropped.
+pub type Secret = zeroize::Zeroizing<String>;
 
 /// Replaces `from` with `to` in every string of `value` (an artifact's hash
 /// after its content was scrubbed).
@@ -12,7 +14,7 @@ pub fn replace_text(value: &mut Value, from: &str, to: &str) {
 }
 
 /// Applies `f` to every string (and object key) in `value`.
-pub(super) fn map_strings(value: &mut Value, f: &dyn Fn(&str) -> String) {
+pub fn map_strings(value: &mut Value, f: &dyn Fn(&str) -> String) {
     match value {
         Value::String(s) => *s = f(s),
         Value::Array(items) => items.iter_mut().for_each(|v| map_strings(v, f)),
@@ -30,7 +32,7 @@ pub(super) fn map_strings(value: &mut Value, f: &dyn Fn(&str) -> String) {
 /// Replaces every known secret value, by exact match, with
 /// `[REDACTED:<name>]`: in answers, events, results, artifacts and error
 /// messages, before any of them is stored or returned.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Scrubber {
     secrets: Vec<(String, Secret)>,
 }
@@ -44,19 +46,35 @@ impl Scrubber {
         let mut all = Vec::new();
         for (name, value) in secrets {
             // Every form is a secret too, wiped when dropped.
-            let encoded = Secret::new(moat_core::url::encode_component(&value));
+            let encoded = Secret::new(crate::url::encode_component(&value));
             let b64 =
                 Secret::new(base64::engine::general_purpose::STANDARD.encode(value.as_bytes()));
             all.push((
                 name.clone(),
                 Secret::new(b64.trim_end_matches('=').to_owned()),
             ));
+            // A form posts a space as `+`.
+            let form = Secret::new(encoded.replace("%20", "+"));
+            if *form != *encoded {
+                all.push((name.clone(), form));
+            }
             if *encoded != *value {
                 all.push((name.clone(), encoded));
             }
             all.push((name, value));
         }
         Self::exact(all)
+    }
+
+    /// Adds a secret by its value, in every form [`Scrubber::new`] looks
+    /// for (a value already known is not added twice).
+    pub fn also_secret(&mut self, name: &str, value: &str) {
+        if self.secrets.iter().any(|(_, v)| v.as_str() == value) {
+            return;
+        }
+        let mut all = std::mem::take(&mut self.secrets);
+        all.extend(Scrubber::new(vec![(name.to_owned(), Secret::new(value.to_owned()))]).secrets);
+        *self = Self::exact(all);
     }
 
     /// Adds a form of a secret the tool itself made (a basic-auth pair).

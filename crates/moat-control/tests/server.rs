@@ -735,6 +735,16 @@ fn approvals_pause_an_operation_until_an_admin_decides_or_it_expires() {
         let (s, b) = runner_call(&plane, &runner, "/v1/runner/runs/r/next");
         assert_eq!((s, b["envelope"]["id"].as_str()), (200, Some("o1")), "{b}");
         assert!(b["envelope"]["capability"].is_string());
+        // Answered, as a runner does before it asks for more (an op still
+        // dispatched when its holder asks again is handed over again).
+        let answer = json!({"result": {"id": "o1", "status": "ok"}, "events": []}).to_string();
+        let (s, b) = runner_post(
+            &plane,
+            &runner,
+            "/v1/runner/runs/r/ops/o1/result",
+            answer.as_bytes(),
+        );
+        assert_eq!(s, 200, "{b}");
         let granted = events_of(&plane, EventType::ApprovalGranted);
         assert_eq!(granted.len(), 1);
         assert_eq!(granted[0].op_id.as_deref(), Some("o1"));

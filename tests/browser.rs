@@ -17,6 +17,33 @@ fn step(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
     op
 }
 
+/// An operator approves browser step approval `approval` of run `web` in
+/// the Inspector, in a real browser (tests/inspector/browser-session.mjs),
+/// having seen the session's page; the run's page shows session `s` with
+/// `steps` (actions) first, and the navigation's screenshot.
+fn inspector_approves(serve: &Serve, token: &str, approval: &str, steps: &str) {
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shots = here.join("target/inspector-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let walk = std::process::Command::new("node")
+        .arg(here.join("tests/inspector/browser-session.mjs"))
+        .env("MOAT_URL", &serve.url)
+        .env("MOAT_TOKEN", token)
+        .env("MOAT_RUN", "web")
+        .env("MOAT_SESSION", "s")
+        .env("MOAT_APPROVAL", approval)
+        .env("MOAT_STEPS", steps)
+        .env("MOAT_SHOTS", &shots)
+        .output()
+        .expect("node (the machine's Node.js)");
+    assert!(
+        walk.status.success(),
+        "the Inspector walk failed:\n{}\n{}",
+        String::from_utf8_lossy(&walk.stdout),
+        String::from_utf8_lossy(&walk.stderr)
+    );
+}
+
 /// The rig with `browser_step` allowed and the site `app.test:port` (on
 /// loopback) the only one the browser may reach.
 fn browsing(dir: &std::path::Path, port: u16) -> Setup {
@@ -96,6 +123,41 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
         json!({"action": "extract", "sessionId": "s", "selector": "form"}),
     );
     assert_eq!(text["state"], "succeeded", "{text}");
+    // Sending the form waits for a person, who approves it in the
+    // Inspector, seeing the page it would act on.
+    let (status, click) = call(
+        "POST",
+        &format!("{}/v1/runs/web/ops", serve.url),
+        &acme,
+        Some(envelope(
+            "send",
+            "browser_step",
+            json!({"action": "click", "sessionId": "s", "selector": "#go"}),
+        )),
+    );
+    assert_eq!(status, 202, "{click}");
+    inspector_approves(
+        &serve,
+        &acme,
+        click["approval"]["id"].as_str().unwrap(),
+        "open navigate type extract click",
+    );
+    let (_, sent) = call(
+        "GET",
+        &format!("{}/v1/runs/web/ops/send?wait_ms=20000", serve.url),
+        &acme,
+        None,
+    );
+    assert_eq!(sent["state"], "succeeded", "{sent}");
+    assert_eq!(sent["result"]["result"]["title"], "Sent", "{sent}");
+    assert!(
+        site.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.line.starts_with("POST /submit") && r.body.contains("q=managed")),
+        "the site did not get the form"
+    );
     let closed = step(
         &serve,
         &acme,

@@ -94,6 +94,7 @@ impl Shell {
                 format!("session {id} outlived its lifetime and was closed"),
             );
         }
+        let action = a.action();
         let outcome = match a {
             BrowserStepArgs::FillSecret {
                 selector, secret, ..
@@ -186,6 +187,14 @@ impl Shell {
                     Err(e) => Outcome::Failed(format!("session {id}: screenshot: {e}")),
                 }
             }
+        };
+        // Every step on a page answers with the page as it left it
+        // (`navigate`, `click` and `screenshot` take theirs themselves).
+        let outcome = match action {
+            "type" | "fill_secret" | "select" | "wait_for" | "extract" => {
+                self.with_page(op, &id, outcome)
+            }
+            _ => outcome,
         };
         // Whatever the page made of a secret filled into it is scrubbed
         // from the step's answer (the control plane scrubs again).
@@ -403,6 +412,50 @@ impl Shell {
             }
             Ok(_) => ok(json!({"sessionId": id, "matched": false})),
             Err(e) => Outcome::Failed(format!("session {id}: extract: {e}")),
+        }
+    }
+
+    /// A step's answer with the page's screenshot added, if the step was
+    /// answered and the page can be taken.
+    fn with_page(&mut self, op: &mut Op, id: &str, outcome: Outcome) -> Outcome {
+        let Outcome::Done {
+            status,
+            result,
+            message,
+            mut artifacts,
+        } = outcome
+        else {
+            return outcome;
+        };
+        let shot = match self.browsers.get_mut(id) {
+            Some(session) if matches!(status, OpStatus::Ok | OpStatus::Timeout) => {
+                session.screenshot(Instant::now() + STEP_WAIT).ok()
+            }
+            _ => None,
+        };
+        let Some(png) = shot else {
+            return Outcome::Done {
+                status,
+                result,
+                message,
+                artifacts,
+            };
+        };
+        match self.with_screenshot(op, id, png, result) {
+            Outcome::Done {
+                result,
+                artifacts: mut shot,
+                ..
+            } => {
+                artifacts.append(&mut shot);
+                Outcome::Done {
+                    status,
+                    result,
+                    message,
+                    artifacts,
+                }
+            }
+            failed => failed,
         }
     }
 

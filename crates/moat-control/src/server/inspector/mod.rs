@@ -46,6 +46,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/ui/runs/{run}/events", get(run_events))
         .route("/ui/runs/{run}/cancel", post(cancel_run))
         .route("/ui/artifacts/{sha256}", get(artifact))
+        .route("/ui/screenshots/{sha256}", get(screenshot))
         .route("/ui/approvals", get(approvals))
         .route("/ui/approvals/{id}/{verdict}", post(resolve))
         .route("/ui/runners", get(runners))
@@ -273,25 +274,52 @@ async fn run_events(
     )
 }
 
-async fn artifact(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    Path(sha): Path<String>,
-) -> Page {
-    let op = operator(&state, &headers).await?;
+/// An artifact of the operator's org, by its SHA-256, checked against it.
+async fn artifact_bytes(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    sha: &str,
+) -> Result<Vec<u8>, Response> {
+    let op = operator(state, headers).await?;
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(failure(ApiError::bad_request("not a SHA-256")));
     }
-    let lookup = sha.clone();
+    let lookup = sha.to_owned();
     let stored = state
         .db(move |s| super::content::locate(s, &op.org, &lookup))
         .await
         .map_err(failure)?
         .ok_or_else(|| failure(ApiError::not_found(format_args!("artifact {sha}"))))?;
-    let bytes = super::content::fetch(&state, stored, &sha)
+    super::content::fetch(state, stored, sha)
         .await
-        .and_then(|bytes| super::content::checked(bytes, &sha))
-        .map_err(failure)?;
+        .and_then(|bytes| super::content::checked(bytes, sha))
+        .map_err(failure)
+}
+
+/// A browser step's screenshot, shown in the page: only a PNG is served
+/// as an image (anything else stays a download).
+async fn screenshot(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(sha): Path<String>,
+) -> Page {
+    let bytes = artifact_bytes(&state, &headers, &sha).await?;
+    if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        return Err(failure(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "not_an_image",
+            format!("artifact {sha} is not a PNG"),
+        )));
+    }
+    Ok(([(header::CONTENT_TYPE, "image/png")], bytes).into_response())
+}
+
+async fn artifact(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(sha): Path<String>,
+) -> Page {
+    let bytes = artifact_bytes(&state, &headers, &sha).await?;
     let disposition = format!("attachment; filename=\"{sha}\"");
     Ok((
         [
@@ -318,12 +346,21 @@ async fn approvals_page(
     problem: Option<&str>,
 ) -> Result<String, Response> {
     let org = op.org.clone();
-    let (pending, recent, previews) = state
+    let (pending, recent, (previews, screens)) = state
         .db(move |s| {
             let pending = s.approvals(&org, Some(moat_store::ApprovalState::Pending), 500)?;
             let recent = s.approvals(&org, None, 50)?;
             let mut previews = std::collections::HashMap::new();
+            let mut screens = std::collections::HashMap::new();
             for a in &pending {
+                if a.summary["op"] == "browser_step" {
+                    let ops = s.ops(&org, &a.run_id)?;
+                    if let Some(sha) = pages::last_screenshot(&ops, &a.summary["args"]["sessionId"])
+                    {
+                        screens.insert(a.id.clone(), sha);
+                    }
+                    continue;
+                }
                 if a.summary["op"] != crate::policy::EXPORT_ACTION {
                     continue;
                 }
@@ -344,11 +381,13 @@ async fn approvals_page(
                     previews.insert(a.id.clone(), preview);
                 }
             }
-            Ok((pending, recent, previews))
+            Ok((pending, recent, (previews, screens)))
         })
         .await
         .map_err(failure)?;
-    Ok(pages::approvals(&pending, &recent, &previews, problem))
+    Ok(pages::approvals(
+        &pending, &recent, &previews, &screens, problem,
+    ))
 }
 
 #[derive(Deserialize)]

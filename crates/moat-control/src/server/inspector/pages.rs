@@ -552,6 +552,7 @@ pub fn run(
                 }
             }
             (run_usage(events))
+            (browser_sessions(ops))
             h2 { "Artifacts" }
             table #artifacts {
                 thead { tr {
@@ -595,6 +596,102 @@ pub fn run(
     )
 }
 
+/// The SHA-256 of the screenshot a browser step answered with, if any.
+fn step_screenshot(o: &OpRow) -> Option<String> {
+    let sha = o.result.as_ref()?["result"]["screenshot"]["sha256"].as_str()?;
+    (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())).then(|| sha.to_owned())
+}
+
+/// The last screenshot session `session` of these operations took: what
+/// its page showed when a step of it was asked for.
+pub fn last_screenshot(ops: &[OpRow], session: &Value) -> Option<String> {
+    ops.iter()
+        .rev()
+        .filter(|o| o.op == "browser_step" && &o.envelope["args"]["sessionId"] == session)
+        .find_map(step_screenshot)
+}
+
+fn screenshot_img(sha: &str, alt: &str) -> Markup {
+    html! {
+        a href={ "/ui/artifacts/" (sha) } {
+            img.screenshot src={ "/ui/screenshots/" (sha) } alt=(alt) width="320" height="200";
+        }
+    }
+}
+
+/// The run's browser sessions (its `browser_step` operations by session,
+/// in order), each step with what it was asked, what it answered and the
+/// screenshot it took.
+fn browser_sessions(ops: &[OpRow]) -> Markup {
+    let mut sessions: Vec<(String, Vec<&OpRow>)> = Vec::new();
+    for o in ops.iter().filter(|o| o.op == "browser_step") {
+        let id = text(&o.envelope["args"]["sessionId"]);
+        match sessions.iter_mut().find(|(s, _)| *s == id) {
+            Some((_, steps)) => steps.push(o),
+            None => sessions.push((id, vec![o])),
+        }
+    }
+    if sessions.is_empty() {
+        return html! {};
+    }
+    html! {
+        h2 { "Browser sessions" }
+        div #browser-sessions {
+            @for (id, steps) in &sessions {
+                section.session data-session=(id) {
+                    h3 { "Session " code { (id) } }
+                    ol.steps {
+                        @for o in steps { (browser_step_item(o)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn browser_step_item(o: &OpRow) -> Markup {
+    let args = &o.envelope["args"];
+    let action = text(&args["action"]);
+    // What it acted on: a URL, a selector, a text waited for.
+    let target = first_text([&args["url"], &args["selector"]]);
+    let target = if target.is_empty() {
+        text(&args["text"])
+    } else {
+        target
+    };
+    let answer = o.result.as_ref().map(|r| &r["result"]);
+    let page = answer.map(|a| text(&a["title"]));
+    let (reason, message) = o.result.as_ref().map_or_else(Default::default, |r| {
+        (
+            first_text([&r["reason"], &r["error"]["reason"]]),
+            first_text([&r["message"], &r["error"]["message"]]),
+        )
+    });
+    html! {
+        li.step data-op-id=(o.id) data-action=(action) {
+            strong { (action) } " "
+            @if !target.is_empty() { code { (truncate(&target, 200)) } " " }
+            @if let Some(secret) = args["secret"].as_str() { "secret " code { (secret) } " " }
+            (state_badge(o.state.as_str()))
+            @if let Some(page) = page.filter(|p| !p.is_empty()) {
+                div.page { (truncate(&page, 200)) }
+            }
+            @if let Some(url) = answer.and_then(|a| a["url"].as_str()) {
+                div.muted { code { (truncate(url, 300)) } }
+            }
+            @if let Some(matched) = answer.and_then(|a| a["matched"].as_bool()) {
+                div.muted { (if matched { "matched" } else { "nothing matched" }) }
+            }
+            @if !reason.is_empty() || !message.is_empty() {
+                div.reason { (reason) " " (truncate(&message, 300)) }
+            }
+            @if let Some(sha) = step_screenshot(o) {
+                (screenshot_img(&sha, &format!("the page after {action}")))
+            }
+        }
+    }
+}
+
 /// An export's request: the file, its type and size, the checks it
 /// passed, and the start of it when it is text.
 fn export_request(a: &ApprovalRow, preview: Option<&(String, bool)>) -> Markup {
@@ -627,6 +724,7 @@ pub fn approvals(
     pending: &[ApprovalRow],
     recent: &[ApprovalRow],
     previews: &std::collections::HashMap<String, (String, bool)>,
+    screens: &std::collections::HashMap<String, String>,
     problem: Option<&str>,
 ) -> String {
     layout(
@@ -659,6 +757,12 @@ pub fn approvals(
                                     strong { (text(&a.summary["op"])) } " "
                                     code { (text(&a.summary["resource"])) }
                                     div.muted { code { (truncate(&a.summary["args"].to_string(), 300)) } }
+                                    @if let Some(sha) = screens.get(&a.id) {
+                                        figure.page {
+                                            (screenshot_img(sha, "the session's page now"))
+                                            figcaption.muted { "the page as the session last showed it" }
+                                        }
+                                    }
                                 }
                             }
                             td { code { (a.rule) } }

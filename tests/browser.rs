@@ -158,6 +158,24 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
             .any(|r| r.line.starts_with("POST /submit") && r.body.contains("q=managed")),
         "the site did not get the form"
     );
+    // A second session, never closed: the run's end closes it, and what it
+    // fetched is on the record all the same, under the step that opened it.
+    let left = step(
+        &serve,
+        &acme,
+        "open-left",
+        json!({"action": "open", "sessionId": "left"}),
+    );
+    let left_sandbox = left["result"]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    step(
+        &serve,
+        &acme,
+        "look-left",
+        json!({"action": "navigate", "sessionId": "left", "url": url("/page")}),
+    );
     let closed = step(
         &serve,
         &acme,
@@ -167,6 +185,17 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     assert_eq!(closed["result"]["result"]["closed"], true, "{closed}");
     finish_run(&serve, &acme, "web");
     wait_run_event(&serve, &acme, "web", "run.destroyed");
+    let events = run_events(&serve, &acme, "web");
+    assert!(
+        events.iter().any(|e| e["type"] == "network.request"
+            && e["opId"] == "open-left"
+            && e["data"]["host"] == "app.test"),
+        "the session left open lost its record: {events:#?}"
+    );
+    assert!(
+        common::host_processes_with(&left_sandbox).is_empty(),
+        "the browser left open outlived its run"
+    );
 
     // What the browser fetched is on the run's record, with the close.
     let events = run_events(&serve, &acme, "web");

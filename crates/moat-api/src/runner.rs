@@ -202,12 +202,16 @@ pub enum RunEnd {
 }
 
 /// `POST /v1/runner/runs/{run}/finish`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FinishBody {
     pub state: RunEnd,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the shell recorded as the run ended (the browser sessions it
+    /// left open, closed then): shell events, as with a result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<moat_core::Event>,
 }
 
 /// `POST /v1/runner/runs/{run}/destroyed`: the runner tore the run down

@@ -212,6 +212,7 @@ impl Runner {
             let body = FinishBody {
                 state: RunEnd::Failed,
                 error: Some(e.to_string()),
+                events: Vec::new(),
             };
             let _ = self.client.finish(run_id, &body);
         }
@@ -378,13 +379,7 @@ impl Runner {
                         secret_value: secret_value.as_ref().map(|v| v.as_str()),
                     };
                     let result = self.run_op(shell, run_id, &envelope, &beside, &expose_dir)?;
-                    let mut events = Vec::new();
-                    loop {
-                        let page = ledger.events(Some(run_id), *ledger_seq, 1000)?;
-                        let Some(last) = page.last() else { break };
-                        *ledger_seq = last.seq;
-                        events.extend(page.into_iter().map(|e| e.event));
-                    }
+                    let events = recorded_since(ledger, ledger_seq, run_id)?;
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
                     // The result is acknowledged only with the snapshots of
                     // what it changed, already stored.
@@ -402,10 +397,19 @@ impl Runner {
                     self.client.report_result(run_id, &op_id, &body)?;
                 }
                 Next::Finish => {
-                    drop(shell);
+                    // The run's end closes what it left open (browser
+                    // sessions): their record goes with the finish.
+                    let mut events = Vec::new();
+                    if let (Some((shell, _)), Some((ledger, ledger_seq, _))) =
+                        (shell.take(), prepared.as_mut())
+                    {
+                        shell.end(SHELL_END_WAIT);
+                        events = recorded_since(ledger, ledger_seq, run_id)?;
+                    }
                     let body = FinishBody {
                         state: RunEnd::Succeeded,
                         error: None,
+                        events,
                     };
                     self.client.finish(run_id, &body)?;
                     return Ok(());
@@ -606,4 +610,25 @@ impl Runner {
 struct Beside<'a> {
     tool_token: Option<&'a str>,
     secret_value: Option<&'a str>,
+}
+
+/// How long a shell gets, once its run ended, to close what the run left
+/// open and record it.
+const SHELL_END_WAIT: Duration = Duration::from_secs(15);
+
+/// What the shells recorded about `run` in `ledger` past `seq`, which moves
+/// past it.
+fn recorded_since(
+    ledger: &Ledger,
+    seq: &mut i64,
+    run: &str,
+) -> Result<Vec<moat_core::Event>, RunnerError> {
+    let mut events = Vec::new();
+    loop {
+        let page = ledger.events(Some(run), *seq, 1000)?;
+        let Some(last) = page.last() else { break };
+        *seq = last.seq;
+        events.extend(page.into_iter().map(|e| e.event));
+    }
+    Ok(events)
 }

@@ -31,7 +31,8 @@ pub enum ChildError {
 /// The shell child serving one run; killed and reaped when dropped.
 pub struct ShellChild {
     child: Child,
-    stdin: ChildStdin,
+    /// Taken to end the shell: its input closing is its run's end.
+    stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
 }
 
@@ -43,6 +44,20 @@ impl Drop for ShellChild {
 }
 
 impl ShellChild {
+    /// Ends the shell as its run ends: its input closes, so it closes what
+    /// the run left open (browser sessions) and records it in its ledger,
+    /// within `wait`; past that it is killed.
+    pub fn end(mut self, wait: std::time::Duration) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + wait;
+        while std::time::Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                _ => return,
+            }
+        }
+    }
+
     /// The shell's pid, to stop it (and with it the sandbox it launched)
     /// from another thread while an operation runs.
     pub fn pid(&self) -> u32 {
@@ -92,7 +107,7 @@ impl ShellChild {
         };
         Ok(ShellChild {
             child,
-            stdin,
+            stdin: Some(stdin),
             stdout: BufReader::new(stdout),
         })
     }
@@ -104,8 +119,12 @@ impl ShellChild {
         envelope: &serde_json::Value,
         op_id: &str,
     ) -> Result<OpResult, ChildError> {
-        writeln!(self.stdin, "{envelope}")?;
-        self.stdin.flush()?;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| ChildError::Ended(op_id.to_owned()))?;
+        writeln!(stdin, "{envelope}")?;
+        stdin.flush()?;
         let mut line = String::new();
         if self.stdout.read_line(&mut line)? == 0 {
             return Err(ChildError::Ended(op_id.to_owned()));

@@ -363,6 +363,8 @@ impl Shell {
                 output.flush()?;
             }
         }
+        // The input ended: the run is over, and so are its browsers.
+        self.close_browsers();
         Ok(())
     }
 

@@ -809,6 +809,31 @@ const SHELL_EVENTS: [EventType; 17] = [
     EventType::PathDenied,
 ];
 
+/// A shell's event as a runner reports it: only what a shell records (a
+/// runner cannot write run, approval, manifest or runner events), of its
+/// type's shape, attributed to the runner.
+fn check_shell_event(e: &mut Event, runner: &RunnerRow) -> ApiResult<()> {
+    if !SHELL_EVENTS.contains(&e.event_type) {
+        return Err(ApiError::bad_request(format!(
+            "a runner does not report {} from its shell",
+            e.event_type.as_str()
+        )));
+    }
+    // Only the control plane settles an approval.
+    if e.data.get("approvalId").is_some()
+        && matches!(
+            e.event_type,
+            EventType::ArtifactPromoted | EventType::ArtifactRejected
+        )
+    {
+        return Err(ApiError::bad_request(format!(
+            "a runner does not report {} with an approval",
+            e.event_type.as_str()
+        )));
+    }
+    attribute(e, runner)
+}
+
 pub async fn result(
     State(state): State<Arc<AppState>>,
     Path((run_id, op_id)): Path<(String, String)>,
@@ -869,30 +894,10 @@ pub async fn result(
         )));
     }
     for e in &mut events {
-        // What the shell records about an operation, nothing else: a
-        // runner cannot write run, approval, manifest or runner events.
-        if !SHELL_EVENTS.contains(&e.event_type) {
-            return Err(ApiError::bad_request(format!(
-                "a runner does not report {} with a result",
-                e.event_type.as_str()
-            )));
-        }
-        // Only the control plane settles an approval.
-        if e.data.get("approvalId").is_some()
-            && matches!(
-                e.event_type,
-                EventType::ArtifactPromoted | EventType::ArtifactRejected
-            )
-        {
-            return Err(ApiError::bad_request(format!(
-                "a runner does not report {} with an approval",
-                e.event_type.as_str()
-            )));
-        }
+        check_shell_event(e, &runner)?;
         // A runner speaks only for the run and operation it reports on.
         e.run_id = run_id.clone();
         e.op_id = Some(op_id.clone());
-        attribute(e, &runner)?;
     }
     let succeeded = result.status == moat_core::OpStatus::Ok;
     let mut result_json =
@@ -1049,16 +1054,59 @@ pub async fn finish(
     Path(run_id): Path<String>,
     SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
-    let FinishBody { state: end, error } = parse(&body)?;
+    let FinishBody {
+        state: end,
+        error,
+        mut events,
+    } = parse(&body)?;
     let end = match end {
         RunEnd::Succeeded => RunState::Succeeded,
         RunEnd::Failed => RunState::Failed,
     };
+    if events.len() > MAX_RESULT_EVENTS {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_RESULT_EVENTS} events with a run's end"
+        )));
+    }
+    for e in &mut events {
+        check_shell_event(e, &runner)?;
+        e.run_id = run_id.clone();
+    }
     let now = state.now();
     let run = run_id.clone();
+    let st = Arc::clone(&state);
     let finished = state
-        .db(move |s| s.finish_run(&runner.org_id, &runner.id, &run, end, error.as_deref(), now))
-        .await?;
+        .db(move |s| {
+            // What the run's end closed (browser sessions left open) is
+            // recorded first, while the run is this runner's; under the
+            // operation that opened it, if that is one of the run's.
+            let held = s.run(&runner.org_id, &run)?.is_some_and(|r| {
+                !r.state.is_final() && r.runner_id.as_deref() == Some(runner.id.as_str())
+            });
+            if held && !events.is_empty() {
+                let ops: Vec<String> = s
+                    .ops(&runner.org_id, &run)?
+                    .into_iter()
+                    .map(|o| o.id)
+                    .collect();
+                let sealed = s.secrets(&runner.org_id)?;
+                let secrets = match super::secrets::open_secrets(&st, &runner.org_id, &sealed) {
+                    Ok(secrets) => secrets,
+                    Err(e) => return Ok(Err(e)),
+                };
+                let scrubber = crate::tools::Scrubber::new(secrets);
+                for e in &mut events {
+                    if e.op_id.as_ref().is_some_and(|op| !ops.contains(op)) {
+                        e.op_id = None;
+                    }
+                    scrubber.json(&mut e.data);
+                }
+                s.append_events(&runner.org_id, &events)?;
+            }
+            s.finish_run(&runner.org_id, &runner.id, &run, end, error.as_deref(), now)
+                .map(Ok)
+        })
+        .await??;
     state.notify_run(&run_id);
     Ok(Json(Recorded { recorded: finished }))
 }

@@ -73,6 +73,9 @@ pub struct Session {
     /// The secrets filled into this session's pages: scrubbed from all it
     /// answers from then on.
     pub filled: moat_core::scrub::Scrubber,
+    /// The run, operation and correlation of the step that opened it: what
+    /// its record is filed under if it is never closed.
+    pub opened_by: (String, String, String),
 }
 
 /// What `fill_secret` found at its selector.
@@ -131,6 +134,7 @@ impl Session {
             sandbox_id,
             opened: Instant::now(),
             filled: moat_core::scrub::Scrubber::default(),
+            opened_by: Default::default(),
         };
         let deadline = Instant::now() + START_WAIT;
         session.page = session

@@ -310,7 +310,12 @@ impl Shell {
             policy,
         };
         match Session::open(launch) {
-            Ok(session) => {
+            Ok(mut session) => {
+                session.opened_by = (
+                    envelope.run_id.clone(),
+                    envelope.id.clone(),
+                    envelope.correlation_id.clone(),
+                );
                 let sandbox = session.sandbox_id.clone();
                 self.browsers.insert(id.to_owned(), session);
                 ok(json!({"sessionId": id, "opened": true, "sandboxRunId": sandbox}))
@@ -485,26 +490,63 @@ impl Shell {
     /// browser's start and end, every request through its proxy) with
     /// `op`; returns the browser's exit code.
     fn record_end(&mut self, session: Session, envelope: &Envelope, op: &mut Op) -> Option<i32> {
-        let filled = session.filled.clone();
-        let mut ended = session.close();
-        // A form sent with a secret in it puts it in a request's URL.
-        for event in &mut ended.events {
-            filled.json(&mut event.data);
-        }
-        let mut sink = crate::exec::Relabel {
-            events: &mut op.events,
-            run_id: &envelope.run_id,
-            op_id: &envelope.id,
-            correlation_id: &envelope.correlation_id,
-        };
-        for event in ended.events {
-            moat_core::EventSink::emit(&mut sink, event);
-        }
-        if let Some(error) = ended.error {
-            eprintln!("moat shell: a browser session's end: {error}");
-        }
-        ended.exit_code
+        let (events, exit_code) = ended_record(
+            session,
+            &envelope.run_id,
+            &envelope.id,
+            &envelope.correlation_id,
+        );
+        op.events.extend(events);
+        exit_code
     }
+
+    /// Closes the sessions still open (the shell's input ended: its run is
+    /// over) and records what their sandboxes recorded, each under the step
+    /// that opened it, in the ledger.
+    pub(super) fn close_browsers(&mut self) {
+        let mut events = Vec::new();
+        for (_, session) in std::mem::take(&mut self.browsers) {
+            let (run, op, correlation) = session.opened_by.clone();
+            events.extend(ended_record(session, &run, &op, &correlation).0);
+        }
+        if !events.is_empty()
+            && let Err(e) = self.ledger.append_with_artifacts(&events, &[])
+        {
+            eprintln!("moat shell: recording the browser sessions left open: {e}");
+        }
+    }
+}
+
+/// Closes `session` and returns what its sandbox recorded (the browser's
+/// start and end, every request through its proxy), scrubbed of the
+/// secrets filled into it and filed under `run`, `op` and `correlation`,
+/// with the browser's exit code.
+fn ended_record(
+    session: Session,
+    run: &str,
+    op: &str,
+    correlation: &str,
+) -> (Vec<moat_core::Event>, Option<i32>) {
+    let filled = session.filled.clone();
+    let mut ended = session.close();
+    // A form sent with a secret in it puts it in a request's URL.
+    for event in &mut ended.events {
+        filled.json(&mut event.data);
+    }
+    let mut events = Vec::new();
+    let mut sink = crate::exec::Relabel {
+        events: &mut events,
+        run_id: run,
+        op_id: op,
+        correlation_id: correlation,
+    };
+    for event in ended.events {
+        moat_core::EventSink::emit(&mut sink, event);
+    }
+    if let Some(error) = ended.error {
+        eprintln!("moat shell: a browser session's end: {error}");
+    }
+    (events, ended.exit_code)
 }
 
 /// A step's wait: its own (at most [`MAX_STEP_WAIT`]) or the default.

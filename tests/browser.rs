@@ -269,7 +269,7 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         &serve,
         &acme,
         "open",
-        json!({"action": "open", "sessionId": "s"}),
+        json!({"action": "open", "sessionId": "s", "trace": true}),
     );
     let sandbox = opened["result"]["result"]["sandboxRunId"]
         .as_str()
@@ -351,19 +351,42 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         json!({"action": "extract", "sessionId": "s", "selector": "input[value^=\"open\"]"}),
     );
     assert_eq!(by_value["result"]["reason"], "invalid_args", "{by_value}");
-    step(
+    let mut answers = Vec::new();
+    let closed = step(
         &serve,
         &acme,
         "close",
         json!({"action": "close", "sessionId": "s"}),
     );
+    // The session's trace: its pages, requests and console, scrubbed too.
+    let trace_sha = closed["result"]["result"]["trace"]["sha256"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no trace: {closed}"))
+        .to_owned();
+    let (status, trace) = download(&format!("{}/v1/artifacts/{trace_sha}", serve.url), &acme);
+    assert_eq!(status, 200);
+    let trace: Value = serde_json::from_slice(&trace).unwrap();
+    let entries = trace["entries"].as_array().unwrap();
+    let has = |kind: &str, field: &str, part: &str| {
+        entries.iter().any(|e| {
+            e["kind"] == kind && e["event"][field].as_str().is_some_and(|v| v.contains(part))
+        })
+    };
+    assert!(has("navigated", "url", "/login"), "{trace:#}");
+    assert!(
+        has("navigated", "url", "[REDACTED:site-password]"),
+        "{trace:#}"
+    );
+    assert!(has("request", "url", "/welcome"), "{trace:#}");
+    assert!(has("console", "text", "login page ready"), "{trace:#}");
+    answers.push(trace);
     finish_run(&serve, &acme, "web");
     wait_run_event(&serve, &acme, "web", "run.destroyed");
 
     // In no form in any answer, event or file of the control plane or the
     // runner (the control plane keeps it sealed).
     let events = run_events(&serve, &acme, "web");
-    let mut answers = vec![Value::Array(events.clone())];
+    answers.push(Value::Array(events.clone()));
     for id in ["fill", "fill-missing", "sign-in", "read", "probe", "close"] {
         answers.push(
             call(

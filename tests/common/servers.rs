@@ -291,7 +291,8 @@ const FORM: &str = "<html><head><title>A form</title></head><body>\
 <option value=\"l\">Large</option></select>\
 <button id=\"go\" type=\"submit\">Send</button></form></body></html>";
 
-const LOGIN: &str = "<html><head><title>Sign in</title></head><body>\
+const LOGIN: &str = "<html><head><title>Sign in</title>\
+<script>console.log('login page ready')</script></head><body>\
 <form method=\"get\" action=\"/welcome\"><input id=\"user\" name=\"user\">\
 <input id=\"pw\" name=\"pw\" type=\"text\">\
 <button id=\"in\" type=\"submit\">Sign in</button></form></body></html>";

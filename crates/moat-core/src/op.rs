@@ -161,8 +161,14 @@ pub struct ExecArgvArgs {
     deny_unknown_fields
 )]
 pub enum BrowserStepArgs {
-    /// Starts a session: a fresh browser with a profile of its own.
-    Open { session_id: String },
+    /// Starts a session: a fresh browser with a profile of its own; with
+    /// `trace`, it keeps a trace of its page (navigations, requests and
+    /// their answers, console), saved as an artifact at `close`.
+    Open {
+        session_id: String,
+        #[serde(default)]
+        trace: bool,
+    },
     /// Loads `url` in the session's page and waits for it (at most
     /// `timeoutMs`, default 15 s).
     Navigate {
@@ -228,7 +234,7 @@ pub enum BrowserStepArgs {
 impl BrowserStepArgs {
     pub fn session_id(&self) -> &str {
         match self {
-            BrowserStepArgs::Open { session_id }
+            BrowserStepArgs::Open { session_id, .. }
             | BrowserStepArgs::Navigate { session_id, .. }
             | BrowserStepArgs::Click { session_id, .. }
             | BrowserStepArgs::Type { session_id, .. }

@@ -50,6 +50,9 @@ pub struct Cdp {
     backlog_bytes: usize,
     /// Skipping the rest of a message past [`MAX_MESSAGE`].
     skipping: bool,
+    /// The session's trace, when it keeps one: every event read feeds it,
+    /// whether the shell keeps the event or not.
+    pub trace: Option<super::trace::Trace>,
 }
 
 impl Cdp {
@@ -63,6 +66,7 @@ impl Cdp {
             events: VecDeque::new(),
             backlog_bytes: 0,
             skipping: false,
+            trace: None,
         }
     }
 
@@ -164,9 +168,14 @@ impl Cdp {
                 }
                 message.pop();
                 let size = message.len();
-                return serde_json::from_slice(&message)
-                    .map(|value| (value, size))
-                    .map_err(|e| CdpError::Malformed(e.to_string()));
+                let value: Value = serde_json::from_slice(&message)
+                    .map_err(|e| CdpError::Malformed(e.to_string()))?;
+                if let Some(trace) = &mut self.trace
+                    && value.get("method").is_some()
+                {
+                    trace.record(&value);
+                }
+                return Ok((value, size));
             }
             if self.read.len() > MAX_MESSAGE {
                 self.read.clear();

@@ -3,5 +3,6 @@
 
 pub mod cdp;
 pub mod session;
+pub mod trace;
 
 pub use session::{Ended, Filled, Launch, Loaded, Session};

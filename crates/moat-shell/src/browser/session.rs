@@ -172,6 +172,28 @@ impl Session {
         Ok(page)
     }
 
+    /// Starts keeping a trace of the page (navigations, requests, console).
+    pub fn start_trace(&mut self, deadline: Instant) -> Result<(), CdpError> {
+        self.cdp.trace = Some(super::trace::Trace::default());
+        for method in super::trace::DOMAINS {
+            self.page_call(method, json!({}), deadline)?;
+        }
+        Ok(())
+    }
+
+    /// The trace kept so far (with what the browser said up to now), with
+    /// the secrets filled into the session scrubbed; `None` if none is kept.
+    pub fn take_trace(&mut self, deadline: Instant) -> Option<Value> {
+        self.cdp.trace.as_ref()?;
+        // Any answer comes after the events sent before it.
+        let _ = self
+            .cdp
+            .call("Browser.getVersion", json!({}), None, deadline);
+        let mut trace = self.cdp.trace.take()?.to_json();
+        self.filled.json(&mut trace);
+        Some(trace)
+    }
+
     /// Whether the session outlived [`SESSION_LIFETIME`] (its sandbox is
     /// gone by then).
     pub fn expired(&self) -> bool {

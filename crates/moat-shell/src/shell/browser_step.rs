@@ -99,11 +99,16 @@ impl Shell {
             BrowserStepArgs::FillSecret {
                 selector, secret, ..
             } => self.fill_secret(envelope, &id, &selector, &secret),
-            BrowserStepArgs::Open { .. } => self.open_browser(envelope, &id, op),
+            BrowserStepArgs::Open { trace, .. } => self.open_browser(envelope, &id, trace, op),
             BrowserStepArgs::Close { .. } => match self.browsers.remove(&id) {
-                Some(session) => {
+                Some(mut session) => {
+                    let trace = session.take_trace(Instant::now() + Duration::from_secs(5));
                     let ended = self.record_end(session, envelope, op);
-                    ok(json!({"sessionId": id, "closed": true, "exitCode": ended}))
+                    let result = json!({"sessionId": id, "closed": true, "exitCode": ended});
+                    match trace {
+                        Some(trace) => self.with_trace(op, &id, &trace, result),
+                        None => ok(result),
+                    }
                 }
                 None => no_session(&id),
             },
@@ -249,7 +254,7 @@ impl Shell {
         }
     }
 
-    fn open_browser(&mut self, envelope: &Envelope, id: &str, op: &mut Op) -> Outcome {
+    fn open_browser(&mut self, envelope: &Envelope, id: &str, trace: bool, op: &mut Op) -> Outcome {
         if self.browsers.contains_key(id) {
             return refuse(
                 DenialReason::InvalidArgs,
@@ -311,6 +316,9 @@ impl Shell {
         };
         match Session::open(launch) {
             Ok(mut session) => {
+                if trace && let Err(e) = session.start_trace(Instant::now() + STEP_WAIT) {
+                    return Outcome::Failed(format!("session {id}: starting its trace: {e}"));
+                }
                 session.opened_by = (
                     envelope.run_id.clone(),
                     envelope.id.clone(),
@@ -464,17 +472,30 @@ impl Shell {
         }
     }
 
+    /// `result` with the session's trace saved as an artifact.
+    fn with_trace(&mut self, op: &mut Op, id: &str, trace: &Value, result: Value) -> Outcome {
+        let bytes = serde_json::to_vec_pretty(trace).unwrap_or_default();
+        self.with_artifact(op, id, "trace", &bytes, result)
+    }
+
     /// `result` with the page's screenshot saved as an artifact.
-    fn with_screenshot(
+    fn with_screenshot(&mut self, op: &mut Op, id: &str, png: Vec<u8>, result: Value) -> Outcome {
+        self.with_artifact(op, id, "screenshot", &png, result)
+    }
+
+    /// `result` with `bytes` saved as an artifact of `kind`, named in the
+    /// result under the same key.
+    fn with_artifact(
         &mut self,
         op: &mut Op,
         id: &str,
-        png: Vec<u8>,
+        kind: &str,
+        bytes: &[u8],
         mut result: Value,
     ) -> Outcome {
-        match self.artifact(op, "screenshot", &format!("browser {id} screenshot"), &png) {
+        match self.artifact(op, kind, &format!("browser {id} {kind}"), bytes) {
             Ok(reference) => {
-                result["screenshot"] = json!({"sha256": reference.sha256, "size": png.len()});
+                result[kind] = json!({"sha256": reference.sha256, "size": bytes.len()});
                 Outcome::Done {
                     status: OpStatus::Ok,
                     result,

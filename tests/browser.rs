@@ -150,6 +150,20 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     );
     assert_eq!(sent["state"], "succeeded", "{sent}");
     assert_eq!(sent["result"]["result"]["title"], "Sent", "{sent}");
+    // What was clicked, on the record: the form's submit button, posting.
+    let element = &sent["result"]["result"]["element"];
+    assert_eq!(
+        (&element["tag"], &element["type"], &element["text"]),
+        (&json!("button"), &json!("submit"), &json!("Send")),
+        "{sent}"
+    );
+    assert_eq!(element["form"]["method"], "post", "{sent}");
+    assert!(
+        element["form"]["action"]
+            .as_str()
+            .is_some_and(|a| a.ends_with("/submit")),
+        "{sent}"
+    );
     assert!(
         site.seen
             .lock()

@@ -78,6 +78,17 @@ pub struct Session {
     pub opened_by: (String, String, String),
 }
 
+/// A page script's `describe(e)`: what an element an acting step acts on
+/// is (tag, type, role, its visible text, a link's target, its form's
+/// method and action), each cut short; never a field's value.
+const DESCRIBE: &str = "const describe = (e) => { const f = e.form || e.closest('form'); \
+    const cut = (s, n) => String(s || '').slice(0, n); \
+    return {tag: e.tagName.toLowerCase(), type: cut(e.getAttribute('type'), 32), \
+    role: cut(e.getAttribute('role'), 32), text: cut(e.innerText, 200), \
+    href: cut(e.tagName === 'A' ? e.href : '', 2048), \
+    form: f ? {method: cut(f.getAttribute('method') || 'get', 16).toLowerCase(), \
+    action: cut(f.action, 2048)} : null}; };";
+
 /// What `fill_secret` found at its selector.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Filled {
@@ -248,21 +259,23 @@ impl Session {
         Ok(loaded)
     }
 
-    /// Clicks the middle of the first element `selector` matches (`false`:
-    /// none does), then waits for a page the click starts loading.
-    pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<bool, CdpError> {
+    /// Clicks the middle of the first element `selector` matches, then
+    /// waits for a page the click starts loading: what the element was
+    /// ([`DESCRIBE`]), or `None` if nothing matched.
+    pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<Option<Value>, CdpError> {
         let found = self.evaluate(
             &format!(
-                "(() => {{ const e = document.querySelector({}); if (!e) return null; \
+                "(() => {{ {DESCRIBE} const e = document.querySelector({}); if (!e) return null; \
                  e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
-                 return {{x: r.left + r.width / 2, y: r.top + r.height / 2}}; }})()",
+                 return {{x: r.left + r.width / 2, y: r.top + r.height / 2, element: describe(e)}}; }})()",
                 js_string(selector)
             ),
             deadline,
         )?;
         let (Some(x), Some(y)) = (found["x"].as_f64(), found["y"].as_f64()) else {
-            return Ok(false);
+            return Ok(None);
         };
+        let element = found["element"].clone();
         self.cdp.take_events();
         for kind in ["mousePressed", "mouseReleased"] {
             self.page_call(
@@ -299,7 +312,7 @@ impl Session {
             Err(CdpError::Timeout) => {}
             Err(e) => return Err(e),
         }
-        Ok(true)
+        Ok(Some(element))
     }
 
     /// Types `text` into the first element `selector` matches (`false`:
@@ -309,20 +322,20 @@ impl Session {
         selector: &str,
         text: &str,
         deadline: Instant,
-    ) -> Result<bool, CdpError> {
+    ) -> Result<Option<Value>, CdpError> {
         let focused = self.evaluate(
             &format!(
-                "(() => {{ const e = document.querySelector({}); if (!e) return false; \
-                 e.focus(); return true; }})()",
+                "(() => {{ {DESCRIBE} const e = document.querySelector({}); if (!e) return null; \
+                 e.focus(); return describe(e); }})()",
                 js_string(selector)
             ),
             deadline,
         )?;
-        if focused != Value::Bool(true) {
-            return Ok(false);
+        if focused.is_null() {
+            return Ok(None);
         }
         self.page_call("Input.insertText", json!({"text": text}), deadline)?;
-        Ok(true)
+        Ok(Some(focused))
     }
 
     /// Puts `value` into the text field `selector` matches, in place of

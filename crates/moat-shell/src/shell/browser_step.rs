@@ -132,9 +132,9 @@ impl Shell {
                 };
                 match session.type_text(&selector, &text, Instant::now() + STEP_WAIT) {
                     // What was typed is the agent's: not echoed back.
-                    Ok(typed) => ok(
-                        json!({"sessionId": id, "matched": typed, "typed": typed.then_some(text.chars().count())}),
-                    ),
+                    Ok(Some(element)) => ok(json!({"sessionId": id, "matched": true,
+                        "typed": text.chars().count(), "element": element})),
+                    Ok(None) => ok(json!({"sessionId": id, "matched": false})),
                     Err(e) => Outcome::Failed(format!("session {id}: type: {e}")),
                 }
             }
@@ -382,15 +382,16 @@ impl Shell {
         };
         let deadline = Instant::now() + wait;
         match session.click(selector, deadline) {
-            Ok(false) => ok(json!({"sessionId": id, "matched": false})),
-            Ok(true) => {
+            Ok(None) => ok(json!({"sessionId": id, "matched": false})),
+            Ok(Some(element)) => {
                 let page = session
                     .evaluate(
                         PAGE_SUMMARY,
                         deadline.max(Instant::now() + Duration::from_secs(5)),
                     )
                     .unwrap_or(Value::Null);
-                let result = json!({"sessionId": id, "matched": true, "url": page["url"], "title": page["title"]});
+                let result = json!({"sessionId": id, "matched": true, "element": element,
+                    "url": page["url"], "title": page["title"]});
                 match session.screenshot(Instant::now() + STEP_WAIT) {
                     Ok(png) => self.with_screenshot(op, id, png, result),
                     Err(_) => ok(result),

@@ -682,6 +682,18 @@ fn browser_step_item(o: &OpRow) -> Markup {
             @if let Some(matched) = answer.and_then(|a| a["matched"].as_bool()) {
                 div.muted { (if matched { "matched" } else { "nothing matched" }) }
             }
+            @if let Some(e) = answer.map(|a| &a["element"]).filter(|e| e.is_object()) {
+                div.element.muted {
+                    "on " code { "<" (text(&e["tag"]))
+                        @if !text(&e["type"]).is_empty() { " type=" (text(&e["type"])) } ">" }
+                    @if !text(&e["text"]).is_empty() { " \u{201c}" (truncate(&text(&e["text"]), 80)) "\u{201d}" }
+                    @if e["form"].is_object() {
+                        " in a " (text(&e["form"]["method"]).to_uppercase()) " form to "
+                        code { (truncate(&text(&e["form"]["action"]), 200)) }
+                    }
+                    @if !text(&e["href"]).is_empty() { " to " code { (truncate(&text(&e["href"]), 200)) } }
+                }
+            }
             @if !reason.is_empty() || !message.is_empty() {
                 div.reason { (reason) " " (truncate(&message, 300)) }
             }

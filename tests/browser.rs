@@ -314,6 +314,11 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
     );
     assert_eq!(filled["state"], "succeeded", "{filled}");
     assert_eq!(filled["result"]["result"]["matched"], true, "{filled}");
+    assert_eq!(
+        filled["result"]["result"]["origin"],
+        format!("http://app.test:{port}"),
+        "{filled}"
+    );
     // A secret the org does not have fills nothing, and says why.
     let missing = approved(
         "fill-missing",
@@ -365,6 +370,13 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         json!({"action": "extract", "sessionId": "s", "selector": "input[value^=\"open\"]"}),
     );
     assert_eq!(by_value["result"]["reason"], "invalid_args", "{by_value}");
+    let escaped = step(
+        &serve,
+        &acme,
+        "probe-escape",
+        json!({"action": "wait_for", "sessionId": "s", "selector": "#echo\\20", "timeoutMs": 500}),
+    );
+    assert_eq!(escaped["result"]["reason"], "invalid_args", "{escaped}");
     let mut answers = Vec::new();
     let closed = step(
         &serve,

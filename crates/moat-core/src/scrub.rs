@@ -53,9 +53,9 @@ impl Scrubber {
                 name.clone(),
                 Secret::new(b64.trim_end_matches('=').to_owned()),
             ));
-            // A form posts a space as `+`.
-            let form = Secret::new(encoded.replace("%20", "+"));
-            if *form != *encoded {
+            // As a browser's form sends it (in a URL or a body).
+            let form = Secret::new(form_encoded(&value));
+            if *form != *encoded && *form != *value {
                 all.push((name.clone(), form));
             }
             if *encoded != *value {
@@ -105,6 +105,37 @@ impl Scrubber {
         out
     }
 
+    /// [`Scrubber::text`], and also the start of a secret that ends
+    /// `text` (before a `…`): what is left of one when a page-made string
+    /// was cut short before it could be scrubbed (at least 4 bytes of it).
+    pub fn text_and_tail(&self, text: &str) -> String {
+        let mut out = self.text(text);
+        let cut = out.ends_with('…');
+        let body_len = out.len() - if cut { '…'.len_utf8() } else { 0 };
+        for (name, value) in &self.secrets {
+            let tail = (4..value.len())
+                .rev()
+                .filter(|n| value.is_char_boundary(*n))
+                .find(|n| out[..body_len].ends_with(&value[..*n]));
+            if let Some(n) = tail {
+                let start = body_len - n;
+                let rest = out[body_len..].to_owned();
+                out.truncate(start);
+                out.push_str(&format!("[REDACTED:{name}]"));
+                out.push_str(&rest);
+                break;
+            }
+        }
+        out
+    }
+
+    /// [`Scrubber::text_and_tail`] over every string of `value`.
+    pub fn json_and_tails(&self, value: &mut Value) {
+        if !self.is_empty() {
+            map_strings(value, &|s| self.text_and_tail(s));
+        }
+    }
+
     pub fn json(&self, value: &mut Value) {
         if !self.is_empty() {
             map_strings(value, &|s| self.text(s));
@@ -140,5 +171,51 @@ impl Scrubber {
     }
 }
 
+/// `text` as a browser's form sends it (`application/x-www-form-urlencoded`):
+/// ASCII letters, digits and `*-._` as they are, a space as `+`, every
+/// other byte as `%XX`.
+pub fn form_encoded(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                out.push(char::from(b));
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
 /// The shortest secret value accepted.
 pub const MIN_SECRET: usize = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(value: &str) -> Scrubber {
+        Scrubber::new(vec![("pw".into(), Secret::new(value.to_owned()))])
+    }
+
+    #[test]
+    fn a_secret_is_found_as_a_browser_form_sends_it() {
+        let s = one("p@ss~w0rd *x");
+        assert_eq!(form_encoded("p@ss~w0rd *x"), "p%40ss%7Ew0rd+*x");
+        assert_eq!(s.text("?pw=p%40ss%7Ew0rd+*x&a=1"), "?pw=[REDACTED:pw]&a=1");
+    }
+
+    #[test]
+    fn the_start_of_a_secret_left_by_a_cut_is_scrubbed_too() {
+        let s = one("correct horse battery");
+        assert_eq!(
+            s.text_and_tail("url?q=correct hor…"),
+            "url?q=[REDACTED:pw]…"
+        );
+        assert_eq!(s.text_and_tail("url?q=correct hor"), "url?q=[REDACTED:pw]");
+        // Fewer than 4 bytes of it: left (it would match anything).
+        assert_eq!(s.text_and_tail("the cor"), "the cor");
+        assert_eq!(s.text_and_tail("plain"), "plain");
+    }
+}

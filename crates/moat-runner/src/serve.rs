@@ -403,7 +403,8 @@ impl Runner {
                     if let (Some((shell, _)), Some((ledger, ledger_seq, _))) =
                         (shell.take(), prepared.as_mut())
                     {
-                        shell.end(SHELL_END_WAIT);
+                        // The run stays this runner's meanwhile.
+                        self.renewing(run_id, || {}, || shell.end(SHELL_END_WAIT));
                         events = recorded_since(ledger, ledger_seq, run_id)?;
                     }
                     let body = FinishBody {
@@ -613,8 +614,8 @@ struct Beside<'a> {
 }
 
 /// How long a shell gets, once its run ended, to close what the run left
-/// open and record it.
-const SHELL_END_WAIT: Duration = Duration::from_secs(15);
+/// open and record it: its browser sessions, each given 10 s to close.
+const SHELL_END_WAIT: Duration = Duration::from_secs(45);
 
 /// What the shells recorded about `run` in `ledger` past `seq`, which moves
 /// past it.

@@ -809,6 +809,19 @@ const SHELL_EVENTS: [EventType; 17] = [
     EventType::PathDenied,
 ];
 
+/// The events a shell records as its run ends (the browser sessions the
+/// run left open, closed then).
+const END_EVENTS: [EventType; 8] = [
+    EventType::SandboxExecStarted,
+    EventType::SandboxExecDenied,
+    EventType::SandboxExecFinished,
+    EventType::SandboxSyscallDenied,
+    EventType::SandboxViolation,
+    EventType::ProcessTimeout,
+    EventType::NetworkDenied,
+    EventType::NetworkRequest,
+];
+
 /// A shell's event as a runner reports it: only what a shell records (a
 /// runner cannot write run, approval, manifest or runner events), of its
 /// type's shape, attributed to the runner.
@@ -1069,6 +1082,15 @@ pub async fn finish(
         )));
     }
     for e in &mut events {
+        // Only what closing a browser records: its sandbox's start and end
+        // and its requests (an artifact or a capability is never reported
+        // past the export boundary's and the policy's decisions this way).
+        if !END_EVENTS.contains(&e.event_type) {
+            return Err(ApiError::bad_request(format!(
+                "a runner does not report {} with a run's end",
+                e.event_type.as_str()
+            )));
+        }
         check_shell_event(e, &runner)?;
         e.run_id = run_id.clone();
     }

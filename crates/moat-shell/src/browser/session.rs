@@ -89,6 +89,14 @@ const DESCRIBE: &str = "const describe = (e) => { const f = e.form || e.closest(
     form: f ? {method: cut(f.getAttribute('method') || 'get', 16).toLowerCase(), \
     action: cut(f.action, 2048)} : null}; };";
 
+/// A page script drawing every input and textarea of the page (and of its
+/// open shadow roots' documents) as dots, above the page's own styles.
+const MASK_FIELDS: &str = "(() => { for (const e of document.querySelectorAll('input, textarea')) \
+    e.style.setProperty('-webkit-text-security', 'disc', 'important'); \
+    if (!document.getElementById('moat-mask')) { const s = document.createElement('style'); \
+    s.id = 'moat-mask'; s.textContent = 'input, textarea { -webkit-text-security: disc !important; }'; \
+    (document.head || document.documentElement).appendChild(s); } return true; })()";
+
 /// What `fill_secret` found at its selector.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Filled {
@@ -201,7 +209,7 @@ impl Session {
             .cdp
             .call("Browser.getVersion", json!({}), None, deadline);
         let mut trace = self.cdp.trace.take()?.to_json();
-        self.filled.json(&mut trace);
+        self.filled.json_and_tails(&mut trace);
         Some(trace)
     }
 
@@ -339,9 +347,9 @@ impl Session {
     }
 
     /// Puts `value` into the text field `selector` matches, in place of
-    /// what it held, as typing would (input events), and hides it on
-    /// screen (a field that is not a password field is drawn as dots), so
-    /// that no screenshot shows it.
+    /// what it held, as typing would (input events); the page's fields are
+    /// drawn as dots for every screenshot from then on. The page's origin
+    /// is part of the answer.
     pub fn fill_secret(
         &mut self,
         selector: &str,
@@ -350,7 +358,13 @@ impl Session {
     ) -> Result<Filled, CdpError> {
         let found = self.evaluate(
             &format!(
-                "(() => {{ const e = document.querySelector({}); if (!e) return null;                  const kind = e.tagName.toLowerCase() + (e.type ? ' type=' + e.type : '');                  const text = e.tagName === 'TEXTAREA' || (e.tagName === 'INPUT' &&                  !['button', 'checkbox', 'color', 'file', 'hidden', 'image', 'radio', 'range',                  'reset', 'submit'].includes(e.type));                  if (!text || e.disabled || e.readOnly) return kind.slice(0, 64);                  if (e.type !== 'password')                  e.style.setProperty('-webkit-text-security', 'disc', 'important');                  e.focus(); e.value = ''; return document.activeElement === e; }})()",
+                "(() => {{ const e = document.querySelector({}); if (!e) return null; \
+                 const kind = e.tagName.toLowerCase() + (e.type ? ' type=' + e.type : ''); \
+                 const text = e.tagName === 'TEXTAREA' || (e.tagName === 'INPUT' && \
+                 !['button', 'checkbox', 'color', 'file', 'hidden', 'image', 'radio', 'range', \
+                 'reset', 'submit'].includes(e.type)); \
+                 if (!text || e.disabled || e.readOnly) return kind.slice(0, 64); \
+                 e.focus(); e.value = ''; return document.activeElement === e; }})()",
                 js_string(selector)
             ),
             deadline,
@@ -452,9 +466,14 @@ impl Session {
         Ok(answer["result"]["value"].clone())
     }
 
-    /// A PNG of the page.
+    /// A PNG of the page. Once a secret is in the page, every text field is
+    /// drawn as dots first (whatever its type: a page's "show password"
+    /// makes a password field a text field).
     pub fn screenshot(&mut self, deadline: Instant) -> Result<Vec<u8>, CdpError> {
         use base64::Engine as _;
+        if !self.filled.is_empty() {
+            self.evaluate(MASK_FIELDS, deadline)?;
+        }
         let shot = self.page_call("Page.captureScreenshot", json!({"format": "png"}), deadline)?;
         base64::engine::general_purpose::STANDARD
             .decode(shot["data"].as_str().unwrap_or_default())

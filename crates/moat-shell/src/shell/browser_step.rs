@@ -73,16 +73,17 @@ impl Shell {
                 format!("a selector, text, value or URL of at most {MAX_ARG} bytes"),
             );
         }
-        // Once a secret is in the page, a selector may not ask what a
-        // `value` attribute holds (a page mirroring the field's value there
-        // would answer a probe for it, a character at a time).
+        // Once a secret is in the page, a selector may not match on
+        // attributes (a page mirroring the field's value in one, as
+        // frameworks do, would answer a probe for it a character at a
+        // time), nor hold CSS escapes that could spell one.
         if self.browsers.get(&id).is_some_and(|s| !s.filled.is_empty())
-            && step_selector(&a).is_some_and(asks_a_value)
+            && step_selector(&a).is_some_and(|s| s.contains(['[', '\\']))
         {
             return refuse(
                 DenialReason::InvalidArgs,
-                "a secret was filled into this session: a selector may not match on a value \
-                 attribute",
+                "a secret was filled into this session: a selector may not match on attributes \
+                 ([...]) or hold escapes (\\) from now on",
             );
         }
         if self.browsers.get(&id).is_some_and(Session::expired) {
@@ -241,7 +242,13 @@ impl Shell {
         // Scrubbed from here on, even if filling fails half-way.
         session.filled.also_secret(name, value);
         match session.fill_secret(selector, value, Instant::now() + STEP_WAIT) {
-            Ok(Filled::Filled) => ok(json!({"sessionId": id, "matched": true, "secret": name})),
+            Ok(Filled::Filled) => {
+                // Where it went, on the record.
+                let origin = session
+                    .evaluate("location.origin.slice(0, 512)", Instant::now() + STEP_WAIT)
+                    .unwrap_or(Value::Null);
+                ok(json!({"sessionId": id, "matched": true, "secret": name, "origin": origin}))
+            }
             Ok(Filled::NoMatch) => ok(json!({"sessionId": id, "matched": false})),
             Ok(Filled::NotAField(kind)) => refuse(
                 DenialReason::InvalidArgs,
@@ -526,15 +533,16 @@ impl Shell {
     /// over) and records what their sandboxes recorded, each under the step
     /// that opened it, in the ledger.
     pub(super) fn close_browsers(&mut self) {
-        let mut events = Vec::new();
+        // Each on record as soon as it is closed: a shell stopped half-way
+        // keeps what it closed.
         for (_, session) in std::mem::take(&mut self.browsers) {
             let (run, op, correlation) = session.opened_by.clone();
-            events.extend(ended_record(session, &run, &op, &correlation).0);
-        }
-        if !events.is_empty()
-            && let Err(e) = self.ledger.append_with_artifacts(&events, &[])
-        {
-            eprintln!("moat shell: recording the browser sessions left open: {e}");
+            let events = ended_record(session, &run, &op, &correlation).0;
+            if !events.is_empty()
+                && let Err(e) = self.ledger.append_with_artifacts(&events, &[])
+            {
+                eprintln!("moat shell: recording a browser session left open: {e}");
+            }
         }
     }
 }
@@ -553,7 +561,7 @@ fn ended_record(
     let mut ended = session.close();
     // A form sent with a secret in it puts it in a request's URL.
     for event in &mut ended.events {
-        filled.json(&mut event.data);
+        filled.json_and_tails(&mut event.data);
     }
     let mut events = Vec::new();
     let mut sink = crate::exec::Relabel {
@@ -597,18 +605,6 @@ fn step_selector(step: &BrowserStepArgs) -> Option<&str> {
     }
 }
 
-/// Whether `selector` has an attribute selector on an attribute whose
-/// name holds `value` (`[value^="a"]`, `[data-value*=x]`), in any case.
-fn asks_a_value(selector: &str) -> bool {
-    selector.split('[').skip(1).any(|attribute| {
-        let name: String = attribute
-            .chars()
-            .take_while(|c| !matches!(c, '=' | ']' | '~' | '|' | '^' | '$' | '*'))
-            .collect();
-        name.to_ascii_lowercase().contains("value")
-    })
-}
-
 /// `outcome` with every secret `filled` knows replaced by its name.
 fn scrub(filled: &moat_core::scrub::Scrubber, outcome: Outcome) -> Outcome {
     match outcome {
@@ -618,15 +614,15 @@ fn scrub(filled: &moat_core::scrub::Scrubber, outcome: Outcome) -> Outcome {
             message,
             artifacts,
         } => {
-            filled.json(&mut result);
+            filled.json_and_tails(&mut result);
             Outcome::Done {
                 status,
                 result,
-                message: message.map(|m| filled.text(&m)),
+                message: message.map(|m| filled.text_and_tail(&m)),
                 artifacts,
             }
         }
-        Outcome::Failed(message) => Outcome::Failed(filled.text(&message)),
+        Outcome::Failed(message) => Outcome::Failed(filled.text_and_tail(&message)),
         Outcome::Denied(refusal) => Outcome::Denied(refusal),
     }
 }

@@ -352,10 +352,18 @@ async fn approvals_page(
             let recent = s.approvals(&org, None, 50)?;
             let mut previews = std::collections::HashMap::new();
             let mut screens = std::collections::HashMap::new();
+            // A run's operations read once, however many of its steps wait.
+            let mut runs_ops = std::collections::HashMap::new();
             for a in &pending {
                 if a.summary["op"] == "browser_step" {
-                    let ops = s.ops(&org, &a.run_id)?;
-                    if let Some(sha) = pages::last_screenshot(&ops, &a.summary["args"]["sessionId"])
+                    if !runs_ops.contains_key(&a.run_id) {
+                        runs_ops.insert(a.run_id.clone(), s.ops(&org, &a.run_id)?);
+                    }
+                    let ops = runs_ops
+                        .get(&a.run_id)
+                        .map(Vec::as_slice)
+                        .unwrap_or_default();
+                    if let Some(sha) = pages::last_screenshot(ops, &a.summary["args"]["sessionId"])
                     {
                         screens.insert(a.id.clone(), sha);
                     }

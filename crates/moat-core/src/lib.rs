@@ -27,6 +27,7 @@ pub mod scrub;
 pub mod sign;
 pub mod size;
 pub mod strict;
+pub mod text;
 pub mod time;
 pub mod url;
 

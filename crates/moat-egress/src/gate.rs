@@ -84,14 +84,7 @@ struct EventLog {
 
 /// `text` cut to [`MAX_TEXT`] bytes, on a character boundary.
 pub(crate) fn clip(text: &str) -> String {
-    if text.len() <= MAX_TEXT {
-        return text.to_owned();
-    }
-    let mut end = MAX_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    moat_core::text::clip(text, MAX_TEXT)
 }
 
 /// A refusal (answered 403) or a failure to reach an allowed server

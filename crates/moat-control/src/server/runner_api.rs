@@ -697,8 +697,12 @@ async fn fill_secret_value(
     org: &str,
     envelope: &Envelope,
 ) -> ApiResult<Option<zeroize::Zeroizing<String>>> {
+    // Every dispatch passes here: only a fill_secret's arguments are read.
+    if envelope.op != "browser_step" || envelope.args["action"] != "fill_secret" {
+        return Ok(None);
+    }
     let name = match serde_json::from_value::<BrowserStepArgs>(envelope.args.clone()) {
-        Ok(BrowserStepArgs::FillSecret { secret, .. }) if envelope.op == "browser_step" => secret,
+        Ok(BrowserStepArgs::FillSecret { secret, .. }) => secret,
         _ => return Ok(None),
     };
     let o = org.to_owned();

@@ -38,14 +38,7 @@ impl Default for Trace {
 }
 
 fn cut(text: &str) -> String {
-    if text.len() <= MAX_TEXT {
-        return text.to_owned();
-    }
-    let mut end = MAX_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    moat_core::text::clip(text, MAX_TEXT)
 }
 
 fn text(value: &Value) -> String {

@@ -5,6 +5,7 @@
 
 use maud::{DOCTYPE, Markup, html};
 use moat_core::size::format_size;
+use moat_core::text::clip as truncate;
 use moat_core::url::encode_component as seg;
 use moat_ledger::StoredEvent;
 use moat_store::{
@@ -817,17 +818,6 @@ pub fn approvals(
             }
         },
     )
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 pub fn runners(rows: &[(RunnerRow, Option<ManifestRow>)], now: i64) -> String {

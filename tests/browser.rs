@@ -60,14 +60,13 @@ fn browsing(dir: &std::path::Path, port: u16) -> Setup {
     })
 }
 
-#[test]
-fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
-    let site = Site::start();
-    let port = site.port;
-    let dir = tempfile::tempdir().unwrap();
-    let setup = browsing(dir.path(), port);
-    let db = format!("sqlite:{}", dir.path().join("control.db").display());
-    let serve = Serve::start(&setup, &db, "127.0.0.1:0");
+/// A control plane started with `flags` on a fresh database, org acme
+/// ready to browse the site on `port` (see [`browsing`]), its runner
+/// resolving `app.test` to loopback, and run `web` created.
+fn browsing_run(dir: &std::path::Path, port: u16, flags: &[&str]) -> (Serve, String, Runner) {
+    let setup = browsing(dir, port);
+    let db = format!("sqlite:{}", dir.join("control.db").display());
+    let serve = Serve::start_with(&setup, &db, "127.0.0.1:0", flags);
     let acme = org(&serve, "acme");
     prepare_org(&serve, &setup, &acme);
     let runner = Runner::start_with(
@@ -78,6 +77,37 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
         &["--resolve", "app.test=127.0.0.1"],
     );
     create_run(&serve, &acme, "web");
+    (serve, acme, runner)
+}
+
+/// Step `id` of run `web`, which waits for a person: approved, then its
+/// operation once it has ended.
+fn step_approved(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
+    submit_approved(serve, token, "web", envelope(id, "browser_step", args));
+    let (_, op) = call(
+        "GET",
+        &format!("{}/v1/runs/web/ops/{id}?wait_ms=20000", serve.url),
+        token,
+        None,
+    );
+    op
+}
+
+/// The run's record holds the shell's refusal of step `id` for `reason`.
+fn refusal_recorded(events: &[Value], id: &str, reason: &str) -> bool {
+    events.iter().any(|e| {
+        e["opId"] == id
+            && e["type"].as_str().is_some_and(|t| t.ends_with("denied"))
+            && e.to_string().contains(reason)
+    })
+}
+
+#[test]
+fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
+    let site = Site::start();
+    let port = site.port;
+    let dir = tempfile::tempdir().unwrap();
+    let (serve, acme, runner) = browsing_run(dir.path(), port, &[]);
     let url = |path: &str| format!("http://app.test:{port}{path}");
 
     let opened = step(
@@ -99,21 +129,11 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     );
     assert_eq!(page["result"]["result"]["title"], "A form", "{page}");
     // Typing is acting: it waits for a person.
-    submit_approved(
+    let typed = step_approved(
         &serve,
         &acme,
-        "web",
-        envelope(
-            "type",
-            "browser_step",
-            json!({"action": "type", "sessionId": "s", "selector": "#q", "text": "managed"}),
-        ),
-    );
-    let (_, typed) = call(
-        "GET",
-        &format!("{}/v1/runs/web/ops/type?wait_ms=20000", serve.url),
-        &acme,
-        None,
+        "type",
+        json!({"action": "type", "sessionId": "s", "selector": "#q", "text": "managed"}),
     );
     assert_eq!(typed["state"], "succeeded", "{typed}");
     let text = step(
@@ -212,7 +232,6 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     );
 
     // What the browser fetched is on the run's record, with the close.
-    let events = run_events(&serve, &acme, "web");
     assert!(
         events.iter().any(|e| e["type"] == "network.request"
             && e["opId"] == "close"
@@ -245,18 +264,13 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
     let site = Site::start();
     let port = site.port;
     let dir = tempfile::tempdir().unwrap();
-    let setup = browsing(dir.path(), port);
     let key_file = dir.path().join("secrets.key");
     std::fs::write(&key_file, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
-    let db = format!("sqlite:{}", dir.path().join("control.db").display());
-    let serve = Serve::start_with(
-        &setup,
-        &db,
-        "127.0.0.1:0",
+    let (serve, acme, runner) = browsing_run(
+        dir.path(),
+        port,
         &["--secrets-key", key_file.to_str().unwrap()],
     );
-    let acme = org(&serve, "acme");
-    prepare_org(&serve, &setup, &acme);
     // Random, with spaces: a form sends it as `open+...`, a URL as `%20`.
     let secret = format!("open sesame {}", moat_core::random::new_id(""));
     let forms = [
@@ -271,14 +285,6 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         Some(json!({"value": secret})),
     );
     assert_eq!(s, 201, "{b}");
-    let runner = Runner::start_with(
-        &serve,
-        &setup,
-        &acme,
-        "runner",
-        &["--resolve", "app.test=127.0.0.1"],
-    );
-    create_run(&serve, &acme, "web");
     let opened = step(
         &serve,
         &acme,
@@ -296,16 +302,7 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         json!({"action": "navigate", "sessionId": "s",
                "url": format!("http://app.test:{port}/login")}),
     );
-    let approved = |id: &str, args: Value| {
-        submit_approved(&serve, &acme, "web", envelope(id, "browser_step", args));
-        let (_, op) = call(
-            "GET",
-            &format!("{}/v1/runs/web/ops/{id}?wait_ms=20000", serve.url),
-            &acme,
-            None,
-        );
-        op
-    };
+    let approved = |id: &str, args: Value| step_approved(&serve, &acme, id, args);
     // Filling a secret in is acting: a person approves it, seeing its name.
     let filled = approved(
         "fill",
@@ -440,6 +437,14 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
             .any(|e| e["type"] == "network.request" && e["opId"] == "close"),
         "{events:#?}"
     );
+    // Each refusal is on the run's record with its reason.
+    for (id, reason) in [
+        ("fill-missing", "not_found"),
+        ("probe-value", "invalid_args"),
+        ("probe-escape", "invalid_args"),
+    ] {
+        assert!(refusal_recorded(&events, id, reason), "{id}: {events:#?}");
+    }
     assert!(
         common::host_processes_with(&sandbox).is_empty(),
         "the browser outlived its run"

@@ -14,50 +14,20 @@
 // stderr, leaves failure.png in MOAT_SHOTS and exits 1 (2 for a bad
 // environment).
 
-import { chromium } from 'playwright-core';
-import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { environment, navigating, plain, signIn } from './operator.mjs';
 
-const CHROMIUM = '/usr/bin/chromium';
-const WAIT_MS = 12_000;
-
-const env = {};
-for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_DETAILS', 'MOAT_RUN', 'MOAT_REJECTED', 'MOAT_SECRET', 'MOAT_SHOTS']) {
-  env[name] = process.env[name];
-  if (!env[name]) {
-    console.error(`approve-export: ${name} is not set`);
-    process.exit(2);
-  }
-}
-if (!existsSync(CHROMIUM)) {
-  console.error(`approve-export: ${CHROMIUM} is missing (apt-get install chromium)`);
-  process.exit(2);
-}
-const base = env.MOAT_URL.replace(/\/+$/, '');
+const env = environment('approve-export', ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_APPROVAL', 'MOAT_PATH', 'MOAT_PREVIEW', 'MOAT_DETAILS', 'MOAT_RUN', 'MOAT_REJECTED', 'MOAT_SECRET', 'MOAT_SHOTS']);
 const row = `table#approvals tr[data-approval-id="${env.MOAT_APPROVAL.replace(/["\\]/g, '\\$&')}"]`;
 
-const profile = await mkdtemp(path.join(tmpdir(), 'moat-export-approval-'));
-let context = null;
+let operator = null;
 let page = null;
 let exitCode = 0;
 try {
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    viewport: { width: 1280, height: 900 },
-    args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-  });
-  context.setDefaultTimeout(WAIT_MS);
-  page = context.pages()[0] ?? (await context.newPage());
+  operator = await signIn(env.MOAT_URL, env.MOAT_TOKEN, 'moat-export-approval-');
+  ({ page } = operator);
 
-  await go(page, '/ui/login');
-  await page.locator('form#login input[name=token]').fill(env.MOAT_TOKEN);
-  await navigating(page, () => page.locator('form#login button[type=submit]').click());
-
-  await go(page, '/ui/approvals');
+  await operator.go('/ui/approvals');
   const request = page.locator(row);
   await request.waitFor({ state: 'attached' });
   const shown = {
@@ -85,7 +55,7 @@ try {
   if ((await page.locator(row).count()) !== 0) throw new Error('the request is still pending');
   await page.screenshot({ path: path.join(env.MOAT_SHOTS, 'export-approved.png'), fullPage: true });
 
-  await go(page, `/ui/runs/${encodeURIComponent(env.MOAT_RUN)}`);
+  await operator.go(`/ui/runs/${encodeURIComponent(env.MOAT_RUN)}`);
   const held = page.locator('table#quarantine tr.rejected');
   await held.first().waitFor({ state: 'attached' });
   // Each row: its path (first cell) and its rules (the code of each reason).
@@ -109,23 +79,9 @@ try {
   console.log(JSON.stringify({ ok: true, shown, heldBack: rows.length }));
 } catch (err) {
   exitCode = 1;
-  console.error(`approve-export failed: ${String(err?.message ?? err).replace(/\x1b\[[0-9;]*m/g, '')}`);
+  console.error(`approve-export failed: ${plain(err)}`);
   await page?.screenshot({ path: path.join(env.MOAT_SHOTS, 'failure.png'), fullPage: true }).catch(() => {});
 } finally {
-  await context?.close().catch(() => {});
-  await rm(profile, { recursive: true, force: true });
+  await operator?.close();
 }
 process.exit(exitCode);
-
-async function go(page, pathname) {
-  const response = await page.goto(base + pathname, { waitUntil: 'load' });
-  if (!response?.ok()) throw new Error(`GET ${pathname} answered ${response?.status()}`);
-}
-
-// A click that leads to a new document (the server redirects back).
-async function navigating(page, act) {
-  const navigated = page.waitForEvent('framenavigated', (f) => f === page.mainFrame());
-  await act();
-  await navigated;
-  await page.waitForLoadState('load');
-}

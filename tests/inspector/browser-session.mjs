@@ -12,51 +12,21 @@
 // stderr, leaves failure.png in MOAT_SHOTS and exits 1 (2 for a bad
 // environment).
 
-import { chromium } from 'playwright-core';
-import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { environment, navigating, plain, signIn } from './operator.mjs';
 
-const CHROMIUM = '/usr/bin/chromium';
-const WAIT_MS = 12_000;
-
-const env = {};
-for (const name of ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_RUN', 'MOAT_SESSION', 'MOAT_APPROVAL', 'MOAT_STEPS', 'MOAT_SHOTS']) {
-  env[name] = process.env[name];
-  if (!env[name]) {
-    console.error(`browser-session: ${name} is not set`);
-    process.exit(2);
-  }
-}
-if (!existsSync(CHROMIUM)) {
-  console.error(`browser-session: ${CHROMIUM} is missing (apt-get install chromium)`);
-  process.exit(2);
-}
-const base = env.MOAT_URL.replace(/\/+$/, '');
+const env = environment('browser-session', ['MOAT_URL', 'MOAT_TOKEN', 'MOAT_RUN', 'MOAT_SESSION', 'MOAT_APPROVAL', 'MOAT_STEPS', 'MOAT_SHOTS']);
 const quote = (s) => s.replace(/["\\]/g, '\\$&');
 
-const profile = await mkdtemp(path.join(tmpdir(), 'moat-browser-session-'));
-let context = null;
+let operator = null;
 let page = null;
 let exitCode = 0;
 try {
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    viewport: { width: 1280, height: 900 },
-    args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-  });
-  context.setDefaultTimeout(WAIT_MS);
-  page = context.pages()[0] ?? (await context.newPage());
-
-  await go(page, '/ui/login');
-  await page.locator('form#login input[name=token]').fill(env.MOAT_TOKEN);
-  await navigating(page, () => page.locator('form#login button[type=submit]').click());
+  operator = await signIn(env.MOAT_URL, env.MOAT_TOKEN, 'moat-browser-session-');
+  ({ page } = operator);
 
   // The step waiting for a person, with the page it would act on.
-  await go(page, '/ui/approvals');
+  await operator.go('/ui/approvals');
   const request = page.locator(`table#approvals tr[data-approval-id="${quote(env.MOAT_APPROVAL)}"]`);
   await request.waitFor({ state: 'attached' });
   const now = request.locator('figure.page img.screenshot');
@@ -69,7 +39,7 @@ try {
   if ((await settled.getAttribute('data-state')) !== 'approved') throw new Error('the step is not approved');
 
   // The session on the run's page: its steps in order, with screenshots.
-  await go(page, `/ui/runs/${encodeURIComponent(env.MOAT_RUN)}`);
+  await operator.go(`/ui/runs/${encodeURIComponent(env.MOAT_RUN)}`);
   const session = page.locator(`#browser-sessions section.session[data-session="${quote(env.MOAT_SESSION)}"]`);
   await session.waitFor({ state: 'attached' });
   const actions = [];
@@ -87,11 +57,10 @@ try {
   console.log(JSON.stringify({ ok: true, actions, approvalScreenshot: nowSize, stepScreenshot: shotSize }));
 } catch (err) {
   exitCode = 1;
-  console.error(`browser-session failed: ${String(err?.message ?? err).replace(/\x1b\[[0-9;]*m/g, '')}`);
+  console.error(`browser-session failed: ${plain(err)}`);
   await page?.screenshot({ path: path.join(env.MOAT_SHOTS, 'failure.png'), fullPage: true }).catch(() => {});
 } finally {
-  await context?.close().catch(() => {});
-  await rm(profile, { recursive: true, force: true });
+  await operator?.close();
 }
 process.exit(exitCode);
 
@@ -104,17 +73,4 @@ async function loaded(img, what) {
   });
   if (!size.width || !size.height) throw new Error(`${what} did not load`);
   return size;
-}
-
-async function go(page, pathname) {
-  const response = await page.goto(base + pathname, { waitUntil: 'load' });
-  if (!response?.ok()) throw new Error(`GET ${pathname} answered ${response?.status()}`);
-}
-
-// A click that leads to a new document (the server redirects back).
-async function navigating(page, act) {
-  const navigated = page.waitForEvent('framenavigated', (f) => f === page.mainFrame());
-  await act();
-  await navigated;
-  await page.waitForLoadState('load');
 }

@@ -441,6 +441,28 @@ fn concurrent_claims_take_each_run_once() {
     }
 }
 
+/// runner-1 answers operation `op` of run `r` (of org `org`) as succeeded,
+/// at `now`: whether this answer was the one recorded.
+fn answer(s: &Store, org: &str, op: &str, now: i64) -> bool {
+    let result = json!({"status": "ok"});
+    s.finish_op(
+        &moat_store::OpResult {
+            org,
+            runner: "runner-1",
+            run: "r",
+            op,
+            succeeded: true,
+            result: &result,
+            events: &[],
+            artifacts: &[],
+            held: &[],
+            heads: &[],
+        },
+        now,
+    )
+    .expect("finish")
+}
+
 #[test]
 fn concurrent_dispatches_hand_ops_out_in_order_and_each_is_answered_once() {
     for b in backends() {
@@ -477,20 +499,7 @@ fn concurrent_dispatches_hand_ops_out_in_order_and_each_is_answered_once() {
                         };
                         assert_eq!(op.state, OpState::Dispatched);
                         seen.push(op.n);
-                        let result = json!({"status": "ok"});
-                        let report = moat_store::OpResult {
-                            org: &a,
-                            runner: "runner-1",
-                            run: "r",
-                            op: &op.id,
-                            succeeded: true,
-                            result: &result,
-                            events: &[],
-                            artifacts: &[],
-                            held: &[],
-                            heads: &[],
-                        };
-                        if s.finish_op(&report, 23).expect("finish") {
+                        if answer(&s, &a, &op.id, 23) {
                             answered.push(op.n);
                         }
                     }
@@ -726,25 +735,7 @@ fn a_released_run_is_queued_again_uncounted_only_between_operations() {
             s.release_run(&a, "runner-1", "r", 13).unwrap().is_none(),
             "an operation is dispatched: its outcome would be lost"
         );
-        let result = json!({"status": "ok"});
-        assert!(
-            s.finish_op(
-                &moat_store::OpResult {
-                    org: &a,
-                    runner: "runner-1",
-                    run: "r",
-                    op: "op-1",
-                    succeeded: true,
-                    result: &result,
-                    events: &[],
-                    artifacts: &[],
-                    held: &[],
-                    heads: &[],
-                },
-                14
-            )
-            .unwrap()
-        );
+        assert!(answer(s, &a, "op-1", 14));
         assert!(
             s.release_run(&a, "runner-2", "r", 15).unwrap().is_none(),
             "only its holder gives a run back"

@@ -46,6 +46,12 @@ struct IssueArgs {
     /// microvm; the shell refuses a class it cannot give).
     #[arg(long, value_name = "CLASS", default_value = "namespace")]
     class: WorkloadClass,
+    /// For an acting browser step (click, type, select, fill_secret): the
+    /// element it may act on, as the `result.fingerprint` of its
+    /// `element_unchecked` answer, or `any` (no check). Without it the step
+    /// only answers what its selector matches.
+    #[arg(long, value_name = "FINGERPRINT|any")]
+    element: Option<String>,
     /// The envelope, as JSON (`-` = standard input).
     #[arg(value_name = "ENVELOPE", default_value = "-")]
     envelope: String,
@@ -84,6 +90,12 @@ fn run(args: IssueArgs) -> anyhow::Result<String> {
         std::fs::read_to_string(&args.envelope).with_context(|| args.envelope.clone())?
     };
     let mut envelope: Envelope = serde_json::from_str(&text).context("the envelope")?;
+    if let Some(element) = &args.element
+        && element != moat_core::element::ANY_ELEMENT
+        && !is_fingerprint(element)
+    {
+        bail!("--element: `any` or a fingerprint (sha256: and 64 hex digits), not {element:?}");
+    }
     let op: OpKind = serde_json::from_value(serde_json::Value::String(envelope.op.clone()))
         .with_context(|| format!("unknown operation {:?}", envelope.op))?;
     let issued = match &args.issued_at {
@@ -102,7 +114,15 @@ fn run(args: IssueArgs) -> anyhow::Result<String> {
         expires_at: stamp(issued + args.ttl),
         nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
         class: args.class,
+        element: args.element.clone(),
     };
     envelope.capability = Some(claims.sign(&key));
     Ok(serde_json::to_string(&envelope)?)
+}
+
+/// `sha256:` and 64 lower-case hex digits, as [`moat_core::element::ElementFacts::fingerprint`].
+fn is_fingerprint(text: &str) -> bool {
+    text.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
 }

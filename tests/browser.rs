@@ -83,7 +83,8 @@ fn browsing_run(dir: &std::path::Path, port: u16, flags: &[&str]) -> (Serve, Str
 /// Step `id` of run `web`, which waits for a person: approved, then its
 /// operation once it has ended.
 fn step_approved(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
-    submit_approved(serve, token, "web", envelope(id, "browser_step", args));
+    let approval = step_held(serve, token, id, args);
+    approve(serve, token, approval["id"].as_str().unwrap());
     let (_, op) = call(
         "GET",
         &format!("{}/v1/runs/web/ops/{id}?wait_ms=20000", serve.url),
@@ -91,6 +92,53 @@ fn step_approved(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
         None,
     );
     op
+}
+
+/// Submits acting step `id` of run `web` and returns the approval it then
+/// waits on: asked for once the runner's browser has found the element
+/// (the submission itself only lets it through to be looked at).
+fn step_held(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
+    let (status, op) = call(
+        "POST",
+        &format!("{}/v1/runs/web/ops", serve.url),
+        token,
+        Some(envelope(id, "browser_step", args)),
+    );
+    assert_eq!(status, 201, "{op}");
+    assert_eq!(op["decision"]["elementCheck"], true, "{op}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, list) = call(
+            "GET",
+            &format!("{}/v1/approvals?state=pending", serve.url),
+            token,
+            None,
+        );
+        if let Some(found) = list["approvals"]
+            .as_array()
+            .and_then(|all| all.iter().find(|a| a["opId"] == id && a["runId"] == "web"))
+        {
+            return found.clone();
+        }
+        let (_, now) = call(
+            "GET",
+            &format!("{}/v1/runs/web/ops/{id}", serve.url),
+            token,
+            None,
+        );
+        assert!(
+            matches!(
+                now["state"].as_str(),
+                Some("queued" | "dispatched" | "pending_approval")
+            ),
+            "step {id} did not wait for a person: {now}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no approval for {id}: {now}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// The run's record holds the shell's refusal of step `id` for `reason`.
@@ -125,10 +173,26 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
         &serve,
         &acme,
         "look",
-        json!({"action": "navigate", "sessionId": "s", "url": url("/form")}),
+        json!({"action": "navigate", "sessionId": "s", "url": url("/page")}),
     );
-    assert_eq!(page["result"]["result"]["title"], "A form", "{page}");
-    // Typing is acting: it waits for a person.
+    assert_eq!(
+        page["result"]["result"]["title"], "Moat test page",
+        "{page}"
+    );
+    // Following a link is decided on the link, and needs no person.
+    let followed = step(
+        &serve,
+        &acme,
+        "follow",
+        json!({"action": "click", "sessionId": "s", "selector": "#to-form"}),
+    );
+    assert_eq!(followed["state"], "succeeded", "{followed}");
+    assert_eq!(
+        followed["result"]["result"]["title"], "A form",
+        "{followed}"
+    );
+    assert_eq!(followed["decision"]["element"]["tag"], "a", "{followed}");
+    // Typing into a form that posts is acting: it waits for a person.
     let typed = step_approved(
         &serve,
         &acme,
@@ -143,24 +207,54 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
         json!({"action": "extract", "sessionId": "s", "selector": "form"}),
     );
     assert_eq!(text["state"], "succeeded", "{text}");
-    // Sending the form waits for a person, who approves it in the
-    // Inspector, seeing the page it would act on.
-    let (status, click) = call(
-        "POST",
-        &format!("{}/v1/runs/web/ops", serve.url),
+    // A rule on what an element says refuses the step once its element is
+    // found: nothing clicked, the refusal on record with the element.
+    let wipe = step(
+        &serve,
         &acme,
-        Some(envelope(
-            "send",
-            "browser_step",
-            json!({"action": "click", "sessionId": "s", "selector": "#go"}),
-        )),
+        "wipe",
+        json!({"action": "click", "sessionId": "s", "selector": "#wipe"}),
     );
-    assert_eq!(status, 202, "{click}");
+    assert_eq!(wipe["state"], "denied", "{wipe}");
+    assert_eq!(wipe["result"]["reason"], "policy_denied", "{wipe}");
+    assert_eq!(wipe["decision"]["policies"], json!(["no-deleting"]), "{wipe}");
+    let refused = run_events(&serve, &acme, "web");
+    assert!(
+        refused.iter().any(|e| e["opId"] == "wipe"
+            && e["type"] == "capability.denied"
+            && e["data"]["element"]["text"] == "Delete everything"),
+        "{refused:#?}"
+    );
+    // Sending the form waits for a person, who approves it in the
+    // Inspector, seeing the page and the button it would act on.
+    let held = step_held(
+        &serve,
+        &acme,
+        "send",
+        json!({"action": "click", "sessionId": "s", "selector": "#go"}),
+    );
+    assert_eq!(held["rule"], "browse-act", "{held}");
+    let would = &held["summary"]["element"];
+    assert_eq!(
+        (
+            &would["tag"],
+            &would["text"],
+            &would["submits"],
+            &would["formMethod"]
+        ),
+        (
+            &json!("button"),
+            &json!("Send"),
+            &json!(true),
+            &json!("post")
+        ),
+        "{held}"
+    );
     inspector_approves(
         &serve,
         &acme,
-        click["approval"]["id"].as_str().unwrap(),
-        "open navigate type extract click",
+        held["id"].as_str().unwrap(),
+        "open navigate click type extract click click",
     );
     let (_, sent) = call(
         "GET",
@@ -177,9 +271,9 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
         (&json!("button"), &json!("submit"), &json!("Send")),
         "{sent}"
     );
-    assert_eq!(element["form"]["method"], "post", "{sent}");
+    assert_eq!(element["formMethod"], "post", "{sent}");
     assert!(
-        element["form"]["action"]
+        element["formAction"]
             .as_str()
             .is_some_and(|a| a.ends_with("/submit")),
         "{sent}"

@@ -1440,10 +1440,20 @@ fn issue_capability(s: &Session, key: &std::path::Path, envelope: &Value, extra:
 }
 
 /// A `browser_step` approved as a control plane would: with a capability
-/// signed by the session's trusted key.
+/// signed by the session's trusted key (an acting step on any element).
 fn browser(s: &Session, id: &str, args: Value) -> Value {
+    browser_on(s, id, args, "any")
+}
+
+/// A `browser_step` whose capability binds `element` (a fingerprint, or
+/// `any`; "" binds none).
+fn browser_on(s: &Session, id: &str, args: Value, element: &str) -> Value {
     let key = s.dir.path().join("keys/moat.key");
-    issue_capability(s, &key, &op(id, "browser_step", args), &["--ttl", "60s"])
+    let mut flags = vec!["--ttl", "60s"];
+    if !element.is_empty() {
+        flags.extend(["--element", element]);
+    }
+    issue_capability(s, &key, &op(id, "browser_step", args), &flags)
 }
 
 /// Width and height of a PNG, from its header.
@@ -1540,6 +1550,96 @@ fn browser_step_drives_a_sandboxed_browser_that_reaches_only_the_allowed_site() 
         "{:?}",
         common::host_processes_with(&sandbox)
     );
+    assert!(s.ledger_verifies());
+}
+
+#[test]
+fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
+    let (site, s) = browser_session();
+    let port = site.port;
+    let url = |path: &str| format!("http://app.test:{port}{path}");
+    // The form's submit button, as the browser will find it.
+    let send = moat_core::element::ElementFacts {
+        origin: format!("http://app.test:{port}"),
+        tag: "button".into(),
+        kind: "submit".into(),
+        text: "Send".into(),
+        form_method: "post".into(),
+        form_action: url("/submit"),
+        submits: true,
+        ..Default::default()
+    };
+    let go = json!({"action": "click", "sessionId": "a", "selector": "#go"});
+    let results = s.ops(&[
+        browser(&s, "1", json!({"action": "open", "sessionId": "a"})),
+        browser(
+            &s,
+            "2",
+            json!({"action": "navigate", "sessionId": "a", "url": url("/form")}),
+        ),
+        // Decided on no element: it only says what it would act on.
+        browser_on(&s, "3", go.clone(), ""),
+        // Decided on another element: not this one.
+        browser_on(&s, "4", go.clone(), &format!("sha256:{}", "0".repeat(64))),
+        // Decided on that very element: it acts.
+        browser_on(&s, "5", go, &send.fingerprint()),
+        // A covered element is not clicked through what covers it.
+        browser(
+            &s,
+            "6",
+            json!({"action": "navigate", "sessionId": "a", "url": url("/page")}),
+        ),
+        browser(
+            &s,
+            "7",
+            json!({"action": "click", "sessionId": "a", "selector": "#under"}),
+        ),
+        browser(&s, "8", json!({"action": "close", "sessionId": "a"})),
+    ]);
+    assert_denied(&results[2], "element_unchecked");
+    assert_eq!(
+        results[2]["result"]["element"],
+        serde_json::to_value(&send).unwrap(),
+        "{}",
+        results[2]
+    );
+    assert_eq!(results[2]["result"]["fingerprint"], send.fingerprint());
+    assert_denied(&results[3], "element_unchecked");
+    // Each refusal is on record, with the element.
+    for id in ["3", "4"] {
+        let denied = s.events_of(id, "capability.denied");
+        assert!(
+            denied
+                .iter()
+                .any(|e| e["data"]["reason"] == "element_unchecked"
+                    && e["data"]["element"]["text"] == "Send"),
+            "{id}: {denied:#?}"
+        );
+    }
+    assert_eq!(results[4]["status"], "ok", "{}", results[4]);
+    assert_eq!(
+        results[4]["result"]["element"]["text"], "Send",
+        "{}",
+        results[4]
+    );
+    assert_denied(&results[6], "invalid_args");
+    assert!(
+        results[6]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("covers"),
+        "{}",
+        results[6]
+    );
+    // The form went once: for the step decided on its button.
+    let posted = site
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.line.starts_with("POST /submit"))
+        .count();
+    assert_eq!(posted, 1);
     assert!(s.ledger_verifies());
 }
 

@@ -50,9 +50,18 @@ when { context.path like "output/*" };
 permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
 when { ["open", "navigate", "wait_for", "extract", "screenshot", "close"].contains(context.action) };
 
+@id("follow-links")
+permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
+when { context.action == "click" && context.element.tag == "a" && context.domain == "app.test" };
+
+@id("no-deleting")
+forbid(principal, action == Moat::Action::"browser_step", resource)
+when { context.element.text like "*Delete*" };
+
 @id("browse-act") @approval("required")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"browser_step", resource)
-when { ["click", "type", "select", "fill_secret"].contains(context.action) };
+when { ["click", "type", "select", "fill_secret"].contains(context.action) &&
+       !(context.action == "click" && context.element.tag == "a" && context.domain == "app.test") };
 
 @id("crm-write") @approval("required") @risk("high")
 permit(principal in Moat::Org::"acme", action == Moat::Action::"http_request",

@@ -283,13 +283,18 @@ pub struct SiteRequest {
 }
 
 const PAGE: &str = "<html><head><title>Moat test page</title></head>\
-<body><h1>A page</h1><p id=\"greeting\">hello, browser</p></body></html>";
+<body><h1>A page</h1><p id=\"greeting\">hello, browser</p>\
+<p><a id=\"to-form\" href=\"/form\">the form</a></p>\
+<div style=\"position: relative\"><button id=\"under\">Hidden</button>\
+<div id=\"veil\" style=\"position: absolute; inset: 0\"></div></div>\
+</body></html>";
 
 const FORM: &str = "<html><head><title>A form</title></head><body>\
 <form method=\"post\" action=\"/submit\"><input id=\"q\" name=\"q\">\
 <select id=\"size\" name=\"size\"><option value=\"s\">Small</option>\
 <option value=\"l\">Large</option></select>\
-<button id=\"go\" type=\"submit\">Send</button></form></body></html>";
+<button id=\"go\" type=\"submit\">Send</button></form>\
+<button id=\"wipe\" type=\"button\">Delete everything</button></body></html>";
 
 const LOGIN: &str = "<html><head><title>Sign in</title>\
 <script>console.log('login page ready')</script></head><body>\

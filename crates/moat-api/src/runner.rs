@@ -153,6 +153,39 @@ pub struct ResultBody {
     pub volumes: Vec<VolumeHead>,
 }
 
+/// `POST /v1/runner/runs/{run}/ops/{op}/element`: what an acting browser
+/// step would act on, as the runner's browser found it (the shell's
+/// `element_unchecked` answer), to be decided on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ElementBody {
+    pub element: moat_core::element::ElementFacts,
+    /// The events the shell recorded for the step so far.
+    #[serde(default)]
+    pub events: Vec<Event>,
+}
+
+/// The decision on an acting step's element.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(
+    tag = "decision",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase"
+)]
+pub enum ElementDecision {
+    /// Take the step: its capability now binds the element.
+    Act {
+        envelope: Box<Envelope>,
+        /// As [`Next::Op`]'s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(with = "Option<String>")]
+        secret_value: Option<zeroize::Zeroizing<String>>,
+    },
+    /// Not now: the step waits for a person (`pending_approval`) or was
+    /// refused (`denied`); either way the runner asks for its next step.
+    Held { state: String },
+}
+
 /// A volume's new head.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -5,9 +5,9 @@ use std::time::{Duration, SystemTime};
 
 use moat_api::ManifestView;
 use moat_api::runner::{
-    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, IngressDial,
-    IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered, Registration, Released,
-    ResultBody, Teardown,
+    ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
+    Heartbeat, IngressDial, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered,
+    Registration, Released, ResultBody, Teardown,
 };
 use moat_core::Event;
 use moat_core::event_data::RunResumed;
@@ -187,6 +187,28 @@ impl RunnerClient {
             Retry::WhileUnavailable,
         )?;
         Ok(answer.recorded)
+    }
+
+    /// `POST /v1/runner/runs/{run}/ops/{op}/element`: the decision on the
+    /// element an acting browser step would act on.
+    pub fn element(
+        &self,
+        run: &str,
+        op: &str,
+        body: &ElementBody,
+    ) -> Result<ElementDecision, ClientError> {
+        let path = format!(
+            "/v1/runner/runs/{}/ops/{}/element",
+            segment(run),
+            segment(op)
+        );
+        self.call(
+            &format!("deciding on operation {op}'s element"),
+            "POST",
+            &path,
+            Some(body),
+            Retry::WhileUnavailable,
+        )
     }
 
     /// `POST /v1/runner/runs/{run}/finish`.

@@ -48,6 +48,8 @@ fn bench(c: &mut Criterion) {
         path: "input/a.csv",
         method: "",
         action: "",
+        domain: "",
+        element: None,
     };
     c.bench_function("decide + sign capability (202 policies)", |b| {
         b.iter(|| {
@@ -59,6 +61,7 @@ fn bench(c: &mut Criterion) {
                         &envelope,
                         OpKind::ArtifactRead,
                         moat_core::WorkloadClass::Namespace,
+                        None,
                     ),
                     &key,
                     SystemTime::now(),

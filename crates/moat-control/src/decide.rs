@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use moat_core::element::ElementFacts;
 use moat_core::event_data::{CapabilityDenied, CapabilityGranted, PolicyDecision};
 use moat_core::{
     DenialReason, Envelope, EventType, OpKind, OpResult, OpStatus, SandboxMode, SignedManifest,
@@ -55,7 +56,18 @@ pub struct DecisionRecord {
     /// The hash of the tool definition a tool call was decided under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_hash: Option<String>,
+    /// An acting browser step let through to be decided on its element.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub element_check: bool,
+    /// The element an acting browser step was decided on: its capability
+    /// binds that element's fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<ElementFacts>,
 }
+
+/// The browser actions that change a page (and may send what it holds):
+/// decided on the element they act on.
+pub const ACTING: [&str; 4] = ["click", "type", "select", "fill_secret"];
 
 impl DecisionRecord {
     fn denial(policy_hash: &str, manifest_hash: Option<&str>) -> DecisionRecord {
@@ -72,6 +84,8 @@ impl DecisionRecord {
             error: None,
             tool_token: None,
             tool_hash: None,
+            element_check: false,
+            element: None,
         }
     }
 
@@ -95,6 +109,8 @@ impl DecisionRecord {
             risk: self.risk.clone(),
             tool_token: self.tool_token.clone(),
             tool_hash: self.tool_hash.clone(),
+            element_check: self.element_check.then_some(true),
+            element: self.element.clone(),
             ..CapabilityGranted::default()
         }
     }
@@ -115,6 +131,7 @@ impl DecisionRecord {
             rule: self.rule.clone(),
             risk: self.risk.clone(),
             tool_hash: self.tool_hash.clone(),
+            element: self.element.clone(),
             ..CapabilityDenied::default()
         }
     }
@@ -146,6 +163,10 @@ impl Decided {
 
 /// `offered`: the classes of the runner that holds the run (`None`: no
 /// runner holds it yet; the claim then looks for one that offers them).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "each is one input of the decision, from its own place in the store or the request"
+)]
 pub fn decide(
     policy: &PolicyEngine,
     org_name: &str,
@@ -154,6 +175,7 @@ pub fn decide(
     envelope: &Envelope,
     tool: Option<&ToolDef>,
     offered: Option<&[WorkloadClass]>,
+    element: Option<&ElementFacts>,
 ) -> Decided {
     let policy_hash = policy.hash().to_owned();
     let described = match describe(envelope) {
@@ -230,7 +252,42 @@ pub fn decide(
         path: &described.path,
         method: &method,
         action: &described.action,
+        domain: &element
+            .and_then(|e| crate::describe::host_of(&e.origin))
+            .unwrap_or_else(|| described.domain.clone()),
+        element,
     };
+    let acting = described.op == OpKind::BrowserStep && ACTING.contains(&described.action.as_str());
+    if described.op == OpKind::BrowserStep {
+        match policy.classify(&request) {
+            Ok(class) if class.is_namespace() => {}
+            Ok(class) => {
+                return Decided::denied(
+                    DecisionRecord {
+                        manifest_hash: Some(manifest.manifest_hash.clone()),
+                        resource: Some(described.resource.to_string()),
+                        class: Some(class),
+                        ..DecisionRecord::denial(&policy_hash, None)
+                    },
+                    DenialReason::ClassNotAvailable,
+                    format!(
+                        "the policy puts this browser step in workload class {class}; browsers \
+                         run in the namespace class only"
+                    ),
+                );
+            }
+            Err(e) => {
+                return Decided::denied(
+                    DecisionRecord {
+                        error: Some(e.to_string()),
+                        ..DecisionRecord::denial(&policy_hash, Some(&manifest.manifest_hash))
+                    },
+                    DenialReason::PolicyDenied,
+                    format!("the policy could not classify: {e}"),
+                );
+            }
+        }
+    }
     let decision = policy.decide(&request);
     let class = match decision {
         Ok(Decision::Allow { .. } | Decision::RequireApproval { .. })
@@ -260,8 +317,42 @@ pub fn decide(
         sandbox: Some(sandbox),
         class,
         policies: Some(policies),
+        element: element.cloned(),
         ..DecisionRecord::denial(&policy_hash, None)
     };
+    // An acting step is decided on the element it would act on, which only
+    // the runner's browser can find: until then, anything but a denial lets
+    // it through to be looked at (and a person, if one must, approves it
+    // seeing that element, not before).
+    if acting && element.is_none() {
+        match decision {
+            Ok(Decision::Allow { policies }) => {
+                return Decided {
+                    state: OpState::Queued,
+                    record: DecisionRecord {
+                        element_check: true,
+                        ..with(PolicyDecision::Allow, policies)
+                    },
+                    denial: None,
+                    approval: None,
+                    described: Some(described),
+                };
+            }
+            Ok(Decision::RequireApproval { rule, .. }) => {
+                return Decided {
+                    state: OpState::Queued,
+                    record: DecisionRecord {
+                        element_check: true,
+                        ..with(PolicyDecision::Allow, vec![rule])
+                    },
+                    denial: None,
+                    approval: None,
+                    described: Some(described),
+                };
+            }
+            _ => {}
+        }
+    }
     match decision {
         Ok(Decision::Allow { policies }) if tool_approval.is_some() => {
             let rule = tool_approval.unwrap_or_default();
@@ -370,6 +461,8 @@ pub fn run_classes(
                 path: "",
                 method: "",
                 action: "",
+                domain: "",
+                element: None,
             };
             // A program the policy cannot classify, or that no listed class
             // fits, is refused when asked for: it needs no runner.
@@ -409,6 +502,8 @@ pub fn reclassify(
         path: &described.path,
         method: &described.method,
         action: &described.action,
+        domain: &described.domain,
+        element: None,
     };
     let strongest = WorkloadClass::ALL
         .iter()
@@ -532,6 +627,8 @@ pub fn decide_token_tools(
             path: "",
             method: &def.method,
             action: "",
+            domain: "",
+            element: None,
         };
         match policy.decide(&request) {
             Ok(Decision::Allow { .. }) if def.approval => {
@@ -835,6 +932,7 @@ mod tests {
                 &envelope,
                 tool,
                 None,
+                None,
             );
             assert_eq!(outcome(&decided), expected, "{what}: {:?}", decided.record);
             assert_eq!(
@@ -886,6 +984,7 @@ mod tests {
                 &exec(program),
                 None,
                 offered,
+                None,
             )
         };
         // A trusted tool stays in the namespace class; generated code goes
@@ -982,7 +1081,7 @@ mod tests {
             updated_ms: 0,
         };
         let token = |tools: &[(String, Option<moat_store::ToolRow>)]| {
-            let mut decided = decide(&policy, "org", &run(), Some(&m), &exec, None, None);
+            let mut decided = decide(&policy, "org", &run(), Some(&m), &exec, None, None, None);
             decide_token_tools(&policy, "org", &run(), Some(&m), tools, &mut decided);
             decided
         };

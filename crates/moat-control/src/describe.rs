@@ -24,6 +24,9 @@ pub struct Described {
     pub method: String,
     /// A browser step's action (`navigate`, `click`, `submit`...; "" for others).
     pub action: String,
+    /// The host a `navigate` goes to ("" for others: an acting step's is
+    /// the page's, known once the runner's browser has found the element).
+    pub domain: String,
 }
 
 /// Why an envelope cannot be described (and so is refused before policy).
@@ -43,7 +46,7 @@ fn args<T: DeserializeOwned>(op: OpKind, value: &serde_json::Value) -> Result<T,
 }
 
 /// The host of an `http://` or `https://` URL, lower-cased, without port or user info.
-fn host_of(url: &str) -> Option<String> {
+pub fn host_of(url: &str) -> Option<String> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))?;
@@ -112,6 +115,7 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
         OpKind::parse(&envelope.op).ok_or_else(|| DescribeError::UnknownOp(envelope.op.clone()))?;
     let run = || Resource::Run(envelope.run_id.clone());
     let (mut path, mut method, mut action) = (String::new(), String::new(), String::new());
+    let mut domain = String::new();
     let (resource, size, network) = match op {
         OpKind::ArtifactRead => {
             let a: ArtifactReadArgs = args(op, &envelope.args)?;
@@ -181,6 +185,12 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
                 .to_owned();
             // A secret filled into a page is what the step is about: a
             // policy can name it (`resource == Moat::Secret::"crm-password"`).
+            if action == "navigate" {
+                domain = envelope.args["url"]
+                    .as_str()
+                    .and_then(host_of)
+                    .unwrap_or_default();
+            }
             match envelope.args["secret"].as_str() {
                 Some(name) if action == "fill_secret" => {
                     (Resource::Secret(name.to_owned()), 0, NetworkMode::Off)
@@ -197,6 +207,7 @@ pub fn describe(envelope: &Envelope) -> Result<Described, DescribeError> {
         path,
         method,
         action,
+        domain,
     })
 }
 

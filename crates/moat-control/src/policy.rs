@@ -8,6 +8,7 @@ use cedar_policy::{
     PolicySet, Request,
 };
 use moat_core::capability::{CapabilityClaims, MAX_LIFETIME, args_hash};
+use moat_core::element::ElementFacts;
 use moat_core::sign::PrivateKey;
 use moat_core::{Envelope, ExecutableOrigin, NetworkMode, OpKind, SandboxMode, WorkloadClass};
 use serde_json::json;
@@ -87,6 +88,29 @@ pub struct OpRequest<'a> {
     pub path: &'a str,
     pub method: &'a str,
     pub action: &'a str,
+    /// `context.domain`: the host a browser step goes to or acts on ("" if none).
+    pub domain: &'a str,
+    /// `context.element`: what an acting browser step would act on, once
+    /// the runner's browser has found it (see [`element_context`]).
+    pub element: Option<&'a ElementFacts>,
+}
+
+/// `context.element`: always there, so that a rule about it evaluates for
+/// every request; `checked` says whether it is a found element's.
+fn element_context(element: Option<&ElementFacts>) -> serde_json::Value {
+    let none = ElementFacts::default();
+    let e = element.unwrap_or(&none);
+    json!({
+        "checked": element.is_some(),
+        "tag": e.tag,
+        "type": e.kind,
+        "role": e.role,
+        "text": e.text,
+        "href": e.href,
+        "formMethod": e.form_method,
+        "formAction": e.form_action,
+        "submits": e.submits,
+    })
 }
 
 /// The action a file's way out of the export boundary is decided as.
@@ -285,6 +309,8 @@ impl PolicyEngine {
                 "path": request.path,
                 "method": request.method,
                 "action": request.action,
+                "domain": request.domain,
+                "element": element_context(request.element),
             }),
         )
     }
@@ -311,6 +337,8 @@ impl PolicyEngine {
                 "path": request.path,
                 "method": "",
                 "action": "",
+                "domain": "",
+                "element": element_context(None),
                 "type": request.exported_as,
                 "destination": request.destination,
             }),
@@ -399,7 +427,7 @@ impl PolicyEngine {
     /// workload class its program must run in.
     pub fn grant(
         &self,
-        (envelope, op, class): (&Envelope, OpKind, WorkloadClass),
+        (envelope, op, class, element): (&Envelope, OpKind, WorkloadClass, Option<String>),
         key: &PrivateKey,
         now: SystemTime,
         ttl: Duration,
@@ -419,6 +447,7 @@ impl PolicyEngine {
             expires_at: stamp(now + ttl),
             nonce,
             class,
+            element,
         };
         Ok(claims.sign(key))
     }
@@ -460,6 +489,8 @@ mod tests {
             path: "",
             method: "",
             action: "",
+            domain: "",
+            element: None,
         }
     }
 
@@ -561,7 +592,12 @@ mod tests {
         let now = SystemTime::now();
         let token = engine
             .grant(
-                (&envelope, OpKind::ArtifactRead, WorkloadClass::Namespace),
+                (
+                    &envelope,
+                    OpKind::ArtifactRead,
+                    WorkloadClass::Namespace,
+                    None,
+                ),
                 &key,
                 now,
                 Duration::from_secs(30),
@@ -574,7 +610,12 @@ mod tests {
         assert_eq!(bound, Ok(()));
         assert!(matches!(
             engine.grant(
-                (&envelope, OpKind::ArtifactRead, WorkloadClass::Microvm),
+                (
+                    &envelope,
+                    OpKind::ArtifactRead,
+                    WorkloadClass::Microvm,
+                    None
+                ),
                 &key,
                 now,
                 Duration::from_secs(61),
@@ -583,6 +624,27 @@ mod tests {
             Err(PolicyError::Lifetime)
         ));
     }
+
+    fn facts(tag: &str, kind: &str, href: &str, method: &str, submits: bool) -> ElementFacts {
+        ElementFacts {
+            origin: "https://app.example".into(),
+            tag: tag.into(),
+            kind: kind.into(),
+            href: href.into(),
+            form_method: method.into(),
+            submits,
+            ..ElementFacts::default()
+        }
+    }
+
+    static SUBMIT: std::sync::LazyLock<ElementFacts> =
+        std::sync::LazyLock::new(|| facts("button", "submit", "", "post", true));
+    static LINK: std::sync::LazyLock<ElementFacts> =
+        std::sync::LazyLock::new(|| facts("a", "", "https://app.example/next", "", false));
+    static POST_FIELD: std::sync::LazyLock<ElementFacts> =
+        std::sync::LazyLock::new(|| facts("input", "text", "", "post", false));
+    static SEARCH_FIELD: std::sync::LazyLock<ElementFacts> =
+        std::sync::LazyLock::new(|| facts("input", "search", "", "get", false));
 
     #[test]
     fn the_default_policy_asks_a_person_for_the_risky_operations() {
@@ -669,30 +731,59 @@ mod tests {
                     r.action = "extract"
                 }),
             ),
+            // Acting steps: let through to be looked at, then decided on
+            // the element found.
             (
-                "browser-act",
+                "allow",
                 ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
                     r.action = "click"
                 }),
             ),
             (
-                "browser-act",
-                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
-                    r.action = "type"
-                }),
-            ),
-            (
-                "browser-act",
-                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
-                    r.action = "select"
-                }),
-            ),
-            (
-                "browser-act",
+                "allow",
                 ask(
                     OpKind::BrowserStep,
                     Resource::Secret("crm-password".into()),
                     &|r| r.action = "fill_secret",
+                ),
+            ),
+            (
+                "browser-send",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "click";
+                    r.element = Some(&*SUBMIT);
+                }),
+            ),
+            (
+                "allow",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "click";
+                    r.element = Some(&*LINK);
+                }),
+            ),
+            (
+                "browser-send",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "type";
+                    r.element = Some(&*POST_FIELD);
+                }),
+            ),
+            (
+                "allow",
+                ask(OpKind::BrowserStep, Resource::Run("r".into()), &|r| {
+                    r.action = "select";
+                    r.element = Some(&*SEARCH_FIELD);
+                }),
+            ),
+            (
+                "browser-send",
+                ask(
+                    OpKind::BrowserStep,
+                    Resource::Secret("crm-password".into()),
+                    &|r| {
+                        r.action = "fill_secret";
+                        r.element = Some(&*SEARCH_FIELD);
+                    },
                 ),
             ),
             (

@@ -46,6 +46,15 @@ pub struct CapabilityClaims {
     /// out: `namespace`, as before classes existed).
     #[serde(default, skip_serializing_if = "WorkloadClass::is_namespace")]
     pub class: WorkloadClass,
+    /// For an acting browser step: the [fingerprint] of the element it
+    /// was decided on ([`ANY_ELEMENT`] by hand). Left out, the step acts on
+    /// nothing: the runner's browser answers `element_unchecked` with what
+    /// it found, for the control plane to decide on.
+    ///
+    /// [fingerprint]: crate::element::ElementFacts::fingerprint
+    /// [`ANY_ELEMENT`]: crate::element::ANY_ELEMENT
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<String>,
 }
 
 /// Why a capability was refused (each maps to `capability_invalid`, with
@@ -182,6 +191,7 @@ mod tests {
             expires_at: at(issued + life),
             nonce: "n1".into(),
             class: WorkloadClass::Namespace,
+            element: None,
         }
     }
 

@@ -100,6 +100,8 @@ reasons! {
     Unsupported => "unsupported",
     /// The policy puts the program in a workload class the manifest does not list or the runner does not offer.
     ClassNotAvailable => "class_not_available",
+    /// An acting browser step was not decided on the element it would act on (or that element changed since): the answer's `result.element` says what it found, for the control plane to decide on.
+    ElementUnchecked => "element_unchecked",
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 
 pub mod capability;
 pub mod denial;
+pub mod element;
 pub mod event;
 pub mod event_data;
 pub mod exports;

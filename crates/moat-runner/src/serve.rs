@@ -7,7 +7,9 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
-use moat_api::runner::{Claim, FinishBody, Next, ResultBody, RunEnd, TOOL_PROFILE};
+use moat_api::runner::{
+    Claim, ElementBody, ElementDecision, FinishBody, Next, ResultBody, RunEnd, TOOL_PROFILE,
+};
 use moat_client::RunnerClient;
 use moat_core::{Envelope, OpResult};
 use moat_ledger::Ledger;
@@ -378,7 +380,46 @@ impl Runner {
                         tool_token: tool_token.as_deref(),
                         secret_value: secret_value.as_ref().map(|v| v.as_str()),
                     };
-                    let result = self.run_op(shell, run_id, &envelope, &beside, &expose_dir)?;
+                    let mut result = self.run_op(shell, run_id, &envelope, &beside, &expose_dir)?;
+                    // An acting browser step answers what it would act on:
+                    // decided on that, it is taken (again if the page
+                    // changed meanwhile, a few times), or it waits for a
+                    // person or was refused, and the run goes on.
+                    let mut checks = 0;
+                    let held = loop {
+                        let Some(element) = unchecked_element(&result) else {
+                            break false;
+                        };
+                        if checks == MAX_ELEMENT_CHECKS {
+                            break false;
+                        }
+                        checks += 1;
+                        let body = ElementBody {
+                            element,
+                            events: recorded_since(ledger, ledger_seq, run_id)?,
+                        };
+                        match self.client.element(run_id, &op_id, &body) {
+                            Ok(ElementDecision::Act {
+                                envelope,
+                                secret_value,
+                            }) => {
+                                let beside = Beside {
+                                    tool_token: None,
+                                    secret_value: secret_value.as_ref().map(|v| v.as_str()),
+                                };
+                                result =
+                                    self.run_op(shell, run_id, &envelope, &beside, &expose_dir)?;
+                            }
+                            Ok(ElementDecision::Held { .. }) => break true,
+                            // Taken back (cancelled, another answer won):
+                            // the next step says what is left.
+                            Err(e) if e.status() == Some(409) => break true,
+                            Err(e) => return Err(e.into()),
+                        }
+                    };
+                    if held {
+                        continue;
+                    }
                     let events = recorded_since(ledger, ledger_seq, run_id)?;
                     let artifacts = collect_artifacts(&self.shell_state, &result)?;
                     // The result is acknowledged only with the snapshots of
@@ -619,6 +660,20 @@ const SHELL_END_WAIT: Duration = Duration::from_secs(45);
 
 /// What the shells recorded about `run` in `ledger` past `seq`, which moves
 /// past it.
+/// How many times one dispatch of an acting browser step is decided on its
+/// element: a page that changes the element under every decision has the
+/// step fail with `element_unchecked` after this.
+const MAX_ELEMENT_CHECKS: usize = 3;
+
+/// The element an acting browser step's answer says it would act on
+/// (`element_unchecked`), if that is its answer.
+fn unchecked_element(result: &OpResult) -> Option<moat_core::element::ElementFacts> {
+    if result.reason != Some(moat_core::DenialReason::ElementUnchecked) {
+        return None;
+    }
+    serde_json::from_value(result.result.as_ref()?.get("element")?.clone()).ok()
+}
+
 fn recorded_since(
     ledger: &Ledger,
     seq: &mut i64,

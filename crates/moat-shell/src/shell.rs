@@ -173,6 +173,9 @@ enum Outcome {
         artifacts: Vec<ArtifactRef>,
     },
     Denied(Refusal),
+    /// An acting browser step not decided on what it would act on (or
+    /// decided on another element than the page has now): nothing done.
+    Unchecked(Box<moat_core::element::ElementFacts>),
     Failed(String),
 }
 
@@ -297,6 +300,17 @@ impl Shell {
     /// this shell can start: a capability's class is never given less.
     fn offered(&self, kind: OpKind, class: WorkloadClass) -> Result<WorkloadClass, Refusal> {
         let manifest = &self.config.manifest;
+        // A browser runs in a namespace sandbox only: a step the policy
+        // puts in a stronger class is refused, never run weaker.
+        if kind == OpKind::BrowserStep && !class.is_namespace() {
+            return Err(Refusal::new(
+                DenialReason::ClassNotAvailable,
+                format!(
+                    "the policy puts this browser step in workload class {class}; browsers run \
+                     in the namespace class only"
+                ),
+            ));
+        }
         if kind != OpKind::ExecArgv {
             return Ok(class);
         }
@@ -525,10 +539,12 @@ impl Shell {
         // Without a capability, the weakest class the manifest lists.
         // Every class is at least namespace: the weakest listed one.
         let mut class = manifest.fit(WorkloadClass::Namespace).unwrap_or_default();
+        let mut element = None;
         let granted = match &envelope.capability {
             Some(token) => match self.check_capability(token, envelope, kind) {
                 Ok(claims) => {
                     class = claims.class;
+                    element.clone_from(&claims.element);
                     CapabilityGranted {
                         op: Some(kind.as_str().into()),
                         capability: Some(GrantedCapability {
@@ -588,7 +604,9 @@ impl Shell {
                 "browser_step is high risk: it needs a capability signed with the trusted key \
                  (a control plane's, or `moat capability issue`); a policyDecisionRef is not one",
             )),
-            OpKind::BrowserStep => args(&envelope.args).map(|a| self.browser(envelope, a, op)),
+            OpKind::BrowserStep => {
+                args(&envelope.args).map(|a| self.browser(envelope, a, op, element.as_deref()))
+            }
         };
         result.unwrap_or_else(Outcome::Denied)
     }
@@ -930,6 +948,25 @@ impl Shell {
                     ..CapabilityDenied::default()
                 }));
                 OpResult::denied(&op.id, refusal.reason, refusal.message)
+            }
+            Outcome::Unchecked(facts) => {
+                let message = "this step acts on the element in result.element: it needs a \
+                               capability decided on that element (the control plane decides \
+                               on it; by hand: moat capability issue --element FINGERPRINT)";
+                op.event(EventData::CapabilityDenied(CapabilityDenied {
+                    op: op.kind.map(|k| k.as_str().to_owned()),
+                    reason: Some(DenialReason::ElementUnchecked),
+                    message: Some(message.into()),
+                    element: Some((*facts).clone()),
+                    ..CapabilityDenied::default()
+                }));
+                OpResult {
+                    result: Some(json!({
+                        "fingerprint": facts.fingerprint(),
+                        "element": *facts,
+                    })),
+                    ..OpResult::denied(&op.id, DenialReason::ElementUnchecked, message)
+                }
             }
             Outcome::Failed(message) => OpResult::error(&op.id, message),
         };

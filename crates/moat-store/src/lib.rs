@@ -48,7 +48,7 @@ pub use fixtures::TempPostgres;
 pub use gauges::Waiting;
 pub use held::{HeldExport, HeldOutcome, HeldRow};
 pub use objects::{ArtifactRow, Kept, ManifestRow, NewArtifact};
-pub use ops::{NewOp, OpResult, OpRow, OpState};
+pub use ops::{NewOp, OpResult, OpRow, OpState, Redecided};
 pub use orgs::TokenKind;
 pub use outputs::{Outputs, OutputsError};
 pub use quarantine::QuarantineRow;

@@ -113,6 +113,20 @@ pub struct NewOp<'a> {
     pub approval: Option<NewApproval<'a>>,
 }
 
+/// A dispatched operation decided again (see [`Store::redecide_op`]).
+pub struct Redecided<'a> {
+    pub org: &'a str,
+    pub runner: &'a str,
+    pub run: &'a str,
+    pub id: &'a str,
+    /// `Dispatched`, `PendingApproval` or `Denied`.
+    pub state: OpState,
+    pub decision: &'a serde_json::Value,
+    pub result: Option<&'a serde_json::Value>,
+    pub events: &'a [Event],
+    pub approval: Option<NewApproval<'a>>,
+}
+
 /// A runner's result for an operation.
 pub struct OpResult<'a> {
     pub org: &'a str,
@@ -282,6 +296,42 @@ impl Store {
             .as_ref()
             .map(decode)
             .transpose()
+        })
+    }
+
+    /// Records a decision made again on an operation its runner holds (an
+    /// acting browser step, decided on the element its browser found): the
+    /// op stays `dispatched` (allowed: the runner takes it), waits for a
+    /// person (`PendingApproval`, with `approval`) or is `Denied` (with
+    /// `result`). `false` if the op is not dispatched in a run `runner`
+    /// holds.
+    pub fn redecide_op(&self, op: &Redecided<'_>, now: i64) -> Result<bool, StoreError> {
+        self.tx(|tx| {
+            let updated = tx.execute(
+                "UPDATE ops SET state = ?, decision = ?, result = COALESCE(?, result), updated_ms = ?
+                 WHERE run_id = ? AND id = ? AND state = 'dispatched'
+                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ? AND r.runner_id = ?
+                               AND r.state IN ('claimed', 'running'))",
+                &[
+                    op.state.as_str().into(),
+                    op.decision.to_string().into(),
+                    op.result.map(|r| r.to_string()).into(),
+                    now.into(),
+                    op.run.into(),
+                    op.id.into(),
+                    op.org.into(),
+                    op.run.into(),
+                    op.runner.into(),
+                ],
+            )?;
+            if updated == 0 {
+                return Ok(false);
+            }
+            if let Some(approval) = &op.approval {
+                approvals::insert(tx, op.org, op.run, op.id, approval, now)?;
+            }
+            events::append(tx, op.org, op.events)?;
+            Ok(true)
         })
     }
 

@@ -22,6 +22,7 @@ mod auth;
 mod body;
 pub(crate) mod capacity;
 mod content;
+mod element_api;
 mod enrolments;
 mod error;
 mod event_stream;
@@ -345,6 +346,11 @@ pub fn routes() -> routes::Routes {
             POST,
             "/v1/runner/runs/{run}/ops/{op}/result",
             runner_api::result,
+        )
+        .on(
+            POST,
+            "/v1/runner/runs/{run}/ops/{op}/element",
+            element_api::element,
         )
         .on(POST, "/v1/runner/runs/{run}/finish", runner_api::finish)
         .on(POST, "/v1/runner/runs/{run}/release", runner_api::release)

@@ -14,8 +14,9 @@ use moat_api::org::{
     VolumeList, VolumeView,
 };
 use moat_api::runner::{
-    ChunkNames, Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, IngressDials, Janitor,
-    ManifestRefreshed, Next, Recorded, Registered, Registration, Released, ResultBody, Teardown,
+    ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
+    Heartbeat, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered, Registration,
+    Released, ResultBody, Teardown,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
@@ -333,6 +334,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "post",
+        "/v1/runner/runs/{run}/ops/{op}/element",
+        "runner",
+        "Decide a dispatched acting browser step (`click`, `type`, `select`, `fill_secret`) on the element its browser found: `act` with a capability bound to that element, or `held` (it now waits for a person, or was denied). 409 `op_not_dispatched` if the runner is not taking it.",
+    ),
+    (
+        "post",
         "/v1/runner/runs/{run}/ops/{op}/tool",
         "runner",
         "Make a dispatched `control-plane-tool-proxy` operation's call: the control plane adds the credential, redacts and scrubs the answer, and records it as the result.",
@@ -634,6 +641,9 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("post", "/v1/runner/runs/{run}/heartbeat") => answers("200", schema::<Heartbeat>),
         ("post", "/v1/runner/runs/{run}/ops/{op}/result") => {
             takes(schema::<ResultBody>, "200", schema::<Recorded>)
+        }
+        ("post", "/v1/runner/runs/{run}/ops/{op}/element") => {
+            takes(schema::<ElementBody>, "200", schema::<ElementDecision>)
         }
         ("post", "/v1/runner/runs/{run}/ops/{op}/tool") => answers("200", schema::<ToolResult>),
         ("post", "/v1/runner/runs/{run}/finish") => {

@@ -17,7 +17,7 @@ use moat_api::org::{
 use moat_core::event_data::{ApprovalRequested, ApprovalSummary, CapabilityRequested};
 use moat_core::hash::sha256_hex;
 use moat_core::ids::RunId;
-use moat_core::{Envelope, EventData, SignedManifest};
+use moat_core::{Envelope, Event, EventData, SignedManifest};
 use moat_store::{
     NewApproval, NewArtifact, NewOp, NewRun, OpRow, RunRow, RunState, stamp, typed_event,
 };
@@ -429,7 +429,22 @@ fn complete_envelope(body: Value, run: &str, now: i64) -> ApiResult<Envelope> {
 }
 
 /// What an approver reads about an operation.
-fn approval_summary(
+/// `capability.requested` for `envelope`, filed under its run and op.
+pub(super) fn requested_event(envelope: &Envelope, now: i64) -> Event {
+    let mut requested = typed_event(
+        EventData::CapabilityRequested(CapabilityRequested {
+            op: Some(envelope.op.clone()),
+            ..CapabilityRequested::default()
+        }),
+        &envelope.run_id,
+        now,
+    );
+    requested.op_id = Some(envelope.id.clone());
+    requested.correlation_id = Some(envelope.correlation_id.clone());
+    requested
+}
+
+pub(super) fn approval_summary(
     envelope: &Envelope,
     described: Option<&crate::describe::Described>,
 ) -> ApprovalSummary {
@@ -439,6 +454,7 @@ fn approval_summary(
         size: described.map(|d| d.size),
         network: described.map(|d| d.network),
         args: envelope.args.clone(),
+        element: None,
     }
 }
 
@@ -527,6 +543,7 @@ pub async fn post_op(
         &envelope,
         tool.as_ref(),
         runner_classes.as_deref(),
+        None,
     );
     if let Some(def) = &tool {
         decided.record.tool_hash = Some(def.hash());
@@ -546,16 +563,7 @@ pub async fn post_op(
         decided.record.clone(),
         decided.denial.clone(),
     );
-    let mut requested = typed_event(
-        EventData::CapabilityRequested(CapabilityRequested {
-            op: Some(envelope.op.clone()),
-            ..CapabilityRequested::default()
-        }),
-        &run_id,
-        now,
-    );
-    requested.op_id = Some(envelope.id.clone());
-    requested.correlation_id = Some(envelope.correlation_id.clone());
+    let requested = requested_event(&envelope, now);
     let approval_id = moat_core::random::new_id("apr_");
     let approval_ttl = i64::try_from(state.config.approval_ttl.as_millis()).unwrap_or(i64::MAX);
     let approval_expires = now.saturating_add(approval_ttl);

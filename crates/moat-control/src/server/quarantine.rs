@@ -354,6 +354,7 @@ fn hold(
                 "none of the org's secrets (control plane)".to_owned(),
             ],
         }),
+        element: None,
     };
     HeldExport {
         path: file.path.clone(),
@@ -395,6 +396,7 @@ fn requested(deciding: &Deciding<'_>, held: &HeldExport) -> Event {
         size: None,
         network: None,
         args: Value::Null,
+        element: None,
     });
     let mut e = typed_event(
         EventData::ApprovalRequested(ApprovalRequested {

@@ -638,23 +638,10 @@ pub async fn next(
         Some(Err(what)) => Ok(Json(what).into_response()),
         Some(Ok(op)) => {
             state.notify_run(&run_id);
-            let mut envelope: Envelope = serde_json::from_value(op.envelope.clone())
+            let envelope: Envelope = serde_json::from_value(op.envelope.clone())
                 .map_err(|e| ApiError::internal(format!("stored envelope: {e}")))?;
-            let kind =
-                OpKind::parse(&envelope.op).ok_or_else(|| ApiError::internal("stored op kind"))?;
-            let class = dispatch_class(&state, &runner, &op.decision, &envelope).await?;
-            let capability = state
-                .config
-                .policy
-                .grant(
-                    (&envelope, kind, class),
-                    &state.config.key,
-                    state.config.clock.now(),
-                    state.config.capability_ttl,
-                    moat_core::random::new_id(""),
-                )
-                .map_err(|e| ApiError::internal(e.to_string()))?;
-            envelope.capability = Some(capability);
+            let (envelope, secret_value) =
+                dispatch_envelope(&state, &runner, &op.decision, envelope).await?;
             let mut tool_token = None;
             if let Some(tools) = op.decision.get("toolToken").filter(|t| t.is_object()) {
                 // Good for this operation only: until its timeout (plus a
@@ -678,7 +665,6 @@ pub async fn next(
                 state.db(move |s| s.put_tool_token(&hash, &row)).await?;
                 tool_token = Some(token);
             }
-            let secret_value = fill_secret_value(&state, &runner.org_id, &envelope).await?;
             Ok(Json(Next::Op {
                 envelope: Box::new(envelope),
                 tool_token,
@@ -687,6 +673,53 @@ pub async fn next(
             .into_response())
         }
     }
+}
+
+/// `envelope` with the capability its decision grants (in the class its
+/// program runs in; for an acting browser step decided on its element,
+/// bound to that element), and what travels beside it: the value of the
+/// secret a `fill_secret` decided on its element fills in.
+pub(super) async fn dispatch_envelope(
+    state: &Arc<AppState>,
+    runner: &RunnerRow,
+    decision: &Value,
+    mut envelope: Envelope,
+) -> ApiResult<(Envelope, Option<zeroize::Zeroizing<String>>)> {
+    let kind = OpKind::parse(&envelope.op).ok_or_else(|| ApiError::internal("stored op kind"))?;
+    let class = dispatch_class(state, runner, decision, &envelope).await?;
+    let element = match decision.get("element") {
+        None | Some(Value::Null) => None,
+        Some(facts) => Some(
+            serde_json::from_value::<moat_core::element::ElementFacts>(facts.clone()).map_err(
+                |e| ApiError::internal(format!("the operation's recorded element: {e}")),
+            )?,
+        ),
+    };
+    let capability = state
+        .config
+        .policy
+        .grant(
+            (
+                &envelope,
+                kind,
+                class,
+                element
+                    .as_ref()
+                    .map(moat_core::element::ElementFacts::fingerprint),
+            ),
+            &state.config.key,
+            state.config.clock.now(),
+            state.config.capability_ttl,
+            moat_core::random::new_id(""),
+        )
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    envelope.capability = Some(capability);
+    // Only once decided on where it goes does a secret leave the vault.
+    let secret_value = match element {
+        Some(_) => fill_secret_value(state, &runner.org_id, &envelope).await?,
+        None => None,
+    };
+    Ok((envelope, secret_value))
 }
 
 /// The value of the org secret a `browser_step` `fill_secret` names, to
@@ -790,7 +823,7 @@ pub async fn heartbeat(
 
 /// Most events a runner may report with one result: a sandbox records up
 /// to 10,000 connections to its ports (`network.ingress`) besides the rest.
-const MAX_RESULT_EVENTS: usize = 12_000;
+pub(super) const MAX_RESULT_EVENTS: usize = 12_000;
 
 /// The events a shell records about an operation.
 const SHELL_EVENTS: [EventType; 17] = [
@@ -829,7 +862,7 @@ const END_EVENTS: [EventType; 8] = [
 /// A shell's event as a runner reports it: only what a shell records (a
 /// runner cannot write run, approval, manifest or runner events), of its
 /// type's shape, attributed to the runner.
-fn check_shell_event(e: &mut Event, runner: &RunnerRow) -> ApiResult<()> {
+pub(super) fn check_shell_event(e: &mut Event, runner: &RunnerRow) -> ApiResult<()> {
     if !SHELL_EVENTS.contains(&e.event_type) {
         return Err(ApiError::bad_request(format!(
             "a runner does not report {} from its shell",

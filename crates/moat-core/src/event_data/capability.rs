@@ -96,6 +96,13 @@ pub struct CapabilityGranted {
     /// The definition hash of the tool called.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_hash: Option<String>,
+    /// An acting browser step let through to be decided again on the
+    /// element it would act on, once the runner's browser has found it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element_check: Option<bool>,
+    /// The element an acting browser step was decided on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<crate::element::ElementFacts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
     /// Who approved (a token's fingerprint).
@@ -151,6 +158,10 @@ pub struct CapabilityDenied {
     pub risk: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_hash: Option<String>,
+    /// The element an acting browser step would have acted on: what the
+    /// browser found (`element_unchecked`), or what the policy refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<crate::element::ElementFacts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
     /// Who denied (a token's fingerprint); `null` when it expired.

@@ -293,6 +293,9 @@ pub struct ApprovalSummary {
     /// The operation's arguments, secrets scrubbed: open, as each
     /// operation's arguments have a schema of their own.
     pub args: serde_json::Value,
+    /// For an acting browser step: the element it would act on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element: Option<crate::element::ElementFacts>,
 }
 
 /// A policy rule asked for a person to approve the operation first.

@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use moat_core::element::ElementFacts;
 use moat_core::{Event, Limits, NetworkMode, SandboxMode};
 use moat_egress::{EgressConfig, EgressPolicy};
 use moat_sandbox::hostid::IdRange;
@@ -78,16 +79,22 @@ pub struct Session {
     pub opened_by: (String, String, String),
 }
 
-/// A page script's `describe(e)`: what an element an acting step acts on
-/// is (tag, type, role, its visible text, a link's target, its form's
-/// method and action), each cut short; never a field's value.
+/// A page script's `describe(e)`: what an acting step would act on, as
+/// [`ElementFacts`] (the page's origin; the element's tag, type, role,
+/// visible text, a link's target; the method and action its form, or the
+/// button's own `formmethod`/`formaction`, would send with; whether it
+/// submits), each cut short; never a field's value.
 const DESCRIBE: &str = "const describe = (e) => { const f = e.form || e.closest('form'); \
     const cut = (s, n) => String(s || '').slice(0, n); \
-    return {tag: e.tagName.toLowerCase(), type: cut(e.getAttribute('type'), 32), \
-    role: cut(e.getAttribute('role'), 32), text: cut(e.innerText, 200), \
-    href: cut(e.tagName === 'A' ? e.href : '', 2048), \
-    form: f ? {method: cut(f.getAttribute('method') || 'get', 16).toLowerCase(), \
-    action: cut(f.action, 2048)} : null}; };";
+    const at = (n) => e.getAttribute(n) || ''; const t = at('type').toLowerCase(); \
+    const submits = !!f && ((e.tagName === 'BUTTON' && (t === '' || t === 'submit')) || \
+    (e.tagName === 'INPUT' && (t === 'submit' || t === 'image'))); \
+    const method = submits && at('formmethod') ? at('formmethod') : (f ? f.getAttribute('method') || 'get' : ''); \
+    const action = submits && at('formaction') ? e.formAction : (f ? f.action : ''); \
+    return {origin: cut(location.origin, 512), tag: e.tagName.toLowerCase(), type: cut(t, 32), \
+    role: cut(at('role'), 32), text: cut(e.innerText, 200), \
+    href: cut(e.tagName === 'A' ? e.href : '', 2048), formMethod: cut(method, 16).toLowerCase(), \
+    formAction: cut(action, 2048), submits}; };";
 
 /// A page script drawing every input and textarea of the page (and of its
 /// open shadow roots' documents) as dots, above the page's own styles.
@@ -96,6 +103,15 @@ const MASK_FIELDS: &str = "(() => { for (const e of document.querySelectorAll('i
     if (!document.getElementById('moat-mask')) { const s = document.createElement('style'); \
     s.id = 'moat-mask'; s.textContent = 'input, textarea { -webkit-text-security: disc !important; }'; \
     (document.head || document.documentElement).appendChild(s); } return true; })()";
+
+/// What a click did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Clicked {
+    NoMatch,
+    /// Another element covers its middle: not clicked.
+    Covered,
+    Clicked,
+}
 
 /// What `fill_secret` found at its selector.
 #[derive(Debug, PartialEq, Eq)]
@@ -267,23 +283,50 @@ impl Session {
         Ok(loaded)
     }
 
-    /// Clicks the middle of the first element `selector` matches, then
-    /// waits for a page the click starts loading: what the element was
-    /// ([`DESCRIBE`]), or `None` if nothing matched.
-    pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<Option<Value>, CdpError> {
+    /// What the first element `selector` matches is ([`DESCRIBE`]), or
+    /// `None` if nothing does.
+    pub fn describe(
+        &mut self,
+        selector: &str,
+        deadline: Instant,
+    ) -> Result<Option<ElementFacts>, CdpError> {
         let found = self.evaluate(
             &format!(
-                "(() => {{ {DESCRIBE} const e = document.querySelector({}); if (!e) return null; \
+                "(() => {{ {DESCRIBE} const e = document.querySelector({}); \
+                 return e ? describe(e) : null; }})()",
+                js_string(selector)
+            ),
+            deadline,
+        )?;
+        if found.is_null() {
+            return Ok(None);
+        }
+        serde_json::from_value(found)
+            .map(Some)
+            .map_err(|e| CdpError::Malformed(format!("an element's description: {e}")))
+    }
+
+    /// Clicks the middle of the first element `selector` matches, then
+    /// waits for a page the click starts loading. A click whose middle
+    /// another element covers is not made: it would land on that one.
+    pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<Clicked, CdpError> {
+        let found = self.evaluate(
+            &format!(
+                "(() => {{ const e = document.querySelector({}); if (!e) return null; \
                  e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
-                 return {{x: r.left + r.width / 2, y: r.top + r.height / 2, element: describe(e)}}; }})()",
+                 const x = r.left + r.width / 2, y = r.top + r.height / 2; \
+                 const hit = document.elementFromPoint(x, y); \
+                 return {{x, y, covered: !(hit && (hit === e || e.contains(hit)))}}; }})()",
                 js_string(selector)
             ),
             deadline,
         )?;
         let (Some(x), Some(y)) = (found["x"].as_f64(), found["y"].as_f64()) else {
-            return Ok(None);
+            return Ok(Clicked::NoMatch);
         };
-        let element = found["element"].clone();
+        if found["covered"] != false {
+            return Ok(Clicked::Covered);
+        }
         self.cdp.take_events();
         for kind in ["mousePressed", "mouseReleased"] {
             self.page_call(
@@ -320,7 +363,7 @@ impl Session {
             Err(CdpError::Timeout) => {}
             Err(e) => return Err(e),
         }
-        Ok(Some(element))
+        Ok(Clicked::Clicked)
     }
 
     /// Types `text` into the first element `selector` matches (`false`:
@@ -330,20 +373,20 @@ impl Session {
         selector: &str,
         text: &str,
         deadline: Instant,
-    ) -> Result<Option<Value>, CdpError> {
+    ) -> Result<bool, CdpError> {
         let focused = self.evaluate(
             &format!(
-                "(() => {{ {DESCRIBE} const e = document.querySelector({}); if (!e) return null; \
-                 e.focus(); return describe(e); }})()",
+                "(() => {{ const e = document.querySelector({}); if (!e) return false; \
+                 e.focus(); return true; }})()",
                 js_string(selector)
             ),
             deadline,
         )?;
-        if focused.is_null() {
-            return Ok(None);
+        if focused != true {
+            return Ok(false);
         }
         self.page_call("Input.insertText", json!({"text": text}), deadline)?;
-        Ok(Some(focused))
+        Ok(true)
     }
 
     /// Puts `value` into the text field `selector` matches, in place of

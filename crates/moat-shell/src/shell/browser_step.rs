@@ -4,12 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use moat_core::element::{ANY_ELEMENT, ElementFacts};
 use moat_core::op::BrowserStepArgs;
 use moat_core::{DenialReason, Envelope, NetworkMode, OpStatus};
 use serde_json::{Value, json};
 
 use super::{Op, Outcome, Shell, ok};
-use crate::browser::{Filled, Launch, Session};
+use crate::browser::{Clicked, Filled, Launch, Session};
 use crate::workspace::Refusal;
 
 /// Sessions open at once in one shell.
@@ -42,6 +43,7 @@ impl Shell {
         envelope: &Envelope,
         a: BrowserStepArgs,
         op: &mut Op,
+        grant: Option<&str>,
     ) -> Outcome {
         let id = a.session_id().to_owned();
         if !moat_core::op::is_plain_id(&id) || id.len() > 64 {
@@ -95,6 +97,14 @@ impl Shell {
                 format!("session {id} outlived its lifetime and was closed"),
             );
         }
+        // An acting step acts only on the element it was decided on.
+        let element = match acting_selector(&a) {
+            Some(selector) => match self.element_gate(&id, selector, grant) {
+                Ok(facts) => Some(facts),
+                Err(outcome) => return outcome,
+            },
+            None => None,
+        };
         let action = a.action();
         let outcome = match a {
             BrowserStepArgs::FillSecret {
@@ -124,7 +134,7 @@ impl Shell {
                 timeout_ms,
                 ..
             } => match step_wait(timeout_ms) {
-                Ok(wait) => self.click(&id, &selector, wait, op),
+                Ok(wait) => self.click(&id, &selector, element.as_ref(), wait, op),
                 Err(refused) => refused,
             },
             BrowserStepArgs::Type { selector, text, .. } => {
@@ -133,9 +143,9 @@ impl Shell {
                 };
                 match session.type_text(&selector, &text, Instant::now() + STEP_WAIT) {
                     // What was typed is the agent's: not echoed back.
-                    Ok(Some(element)) => ok(json!({"sessionId": id, "matched": true,
+                    Ok(true) => ok(json!({"sessionId": id, "matched": true,
                         "typed": text.chars().count(), "element": element})),
-                    Ok(None) => ok(json!({"sessionId": id, "matched": false})),
+                    Ok(false) => ok(json!({"sessionId": id, "matched": false})),
                     Err(e) => Outcome::Failed(format!("session {id}: type: {e}")),
                 }
             }
@@ -207,6 +217,37 @@ impl Shell {
         match self.browsers.get(&id) {
             Some(session) if !session.filled.is_empty() => scrub(&session.filled, outcome),
             _ => outcome,
+        }
+    }
+
+    /// What an acting step's `selector` matches, if the step's capability
+    /// was decided on it (or on any element, by hand). Otherwise the step
+    /// does nothing and answers what it found (`element_unchecked`), or
+    /// that nothing matched.
+    fn element_gate(
+        &mut self,
+        id: &str,
+        selector: &str,
+        grant: Option<&str>,
+    ) -> Result<ElementFacts, Outcome> {
+        let Some(session) = self.browsers.get_mut(id) else {
+            return Err(no_session(id));
+        };
+        let mut facts = match session.describe(selector, Instant::now() + STEP_WAIT) {
+            Ok(Some(facts)) => facts,
+            Ok(None) => return Err(ok(json!({"sessionId": id, "matched": false}))),
+            Err(e) => return Err(Outcome::Failed(format!("session {id}: {e}"))),
+        };
+        // The page may show a secret filled into it: never in a decision.
+        if !session.filled.is_empty() {
+            for text in [&mut facts.text, &mut facts.href, &mut facts.form_action] {
+                *text = session.filled.text_and_tail(text);
+            }
+        }
+        match grant {
+            Some(ANY_ELEMENT) => Ok(facts),
+            Some(decided) if decided == facts.fingerprint() => Ok(facts),
+            _ => Err(Outcome::Unchecked(Box::new(facts))),
         }
     }
 
@@ -383,14 +424,28 @@ impl Shell {
         }
     }
 
-    fn click(&mut self, id: &str, selector: &str, wait: Duration, op: &mut Op) -> Outcome {
+    fn click(
+        &mut self,
+        id: &str,
+        selector: &str,
+        element: Option<&ElementFacts>,
+        wait: Duration,
+        op: &mut Op,
+    ) -> Outcome {
         let Some(session) = self.browsers.get_mut(id) else {
             return no_session(id);
         };
         let deadline = Instant::now() + wait;
         match session.click(selector, deadline) {
-            Ok(None) => ok(json!({"sessionId": id, "matched": false})),
-            Ok(Some(element)) => {
+            Ok(Clicked::NoMatch) => ok(json!({"sessionId": id, "matched": false})),
+            Ok(Clicked::Covered) => refuse(
+                DenialReason::InvalidArgs,
+                format!(
+                    "another element covers the middle of {selector:?}: the click would land \
+                     on it (click that one, if it is the one meant)"
+                ),
+            ),
+            Ok(Clicked::Clicked) => {
                 let page = session
                     .evaluate(
                         PAGE_SUMMARY,
@@ -591,17 +646,25 @@ fn step_wait(timeout_ms: Option<u64>) -> Result<Duration, Outcome> {
     Ok(wait)
 }
 
-/// The selector a step matches with, if it takes one.
-fn step_selector(step: &BrowserStepArgs) -> Option<&str> {
+/// The selector of an acting step: one that changes a page (and may send
+/// what it holds), decided on the element it acts on.
+fn acting_selector(step: &BrowserStepArgs) -> Option<&str> {
     match step {
         BrowserStepArgs::Click { selector, .. }
         | BrowserStepArgs::Type { selector, .. }
         | BrowserStepArgs::FillSecret { selector, .. }
         | BrowserStepArgs::Select { selector, .. } => Some(selector),
+        _ => None,
+    }
+}
+
+/// The selector a step matches with, if it takes one.
+fn step_selector(step: &BrowserStepArgs) -> Option<&str> {
+    match step {
         BrowserStepArgs::WaitFor { selector, .. } | BrowserStepArgs::Extract { selector, .. } => {
             selector.as_deref()
         }
-        _ => None,
+        acting => acting_selector(acting),
     }
 }
 
@@ -623,7 +686,8 @@ fn scrub(filled: &moat_core::scrub::Scrubber, outcome: Outcome) -> Outcome {
             }
         }
         Outcome::Failed(message) => Outcome::Failed(filled.text_and_tail(&message)),
-        Outcome::Denied(refusal) => Outcome::Denied(refusal),
+        // Scrubbed when found (element_gate).
+        other @ (Outcome::Denied(_) | Outcome::Unchecked(_)) => other,
     }
 }
 

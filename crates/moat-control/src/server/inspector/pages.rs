@@ -684,16 +684,7 @@ fn browser_step_item(o: &OpRow) -> Markup {
                 div.muted { (if matched { "matched" } else { "nothing matched" }) }
             }
             @if let Some(e) = answer.map(|a| &a["element"]).filter(|e| e.is_object()) {
-                div.element.muted {
-                    "on " code { "<" (text(&e["tag"]))
-                        @if !text(&e["type"]).is_empty() { " type=" (text(&e["type"])) } ">" }
-                    @if !text(&e["text"]).is_empty() { " \u{201c}" (truncate(&text(&e["text"]), 80)) "\u{201d}" }
-                    @if e["form"].is_object() {
-                        " in a " (text(&e["form"]["method"]).to_uppercase()) " form to "
-                        code { (truncate(&text(&e["form"]["action"]), 200)) }
-                    }
-                    @if !text(&e["href"]).is_empty() { " to " code { (truncate(&text(&e["href"]), 200)) } }
-                }
+                div.element.muted { "on " (element_line(e)) }
             }
             @if !reason.is_empty() || !message.is_empty() {
                 div.reason { (reason) " " (truncate(&message, 300)) }
@@ -702,6 +693,22 @@ fn browser_step_item(o: &OpRow) -> Markup {
                 (screenshot_img(&sha, &format!("the page after {action}")))
             }
         }
+    }
+}
+
+/// What an acting browser step acts on: `<button type=submit> "Send"`,
+/// the form it sends and how, or a link's target.
+fn element_line(e: &Value) -> Markup {
+    html! {
+        code { "<" (text(&e["tag"]))
+            @if !text(&e["type"]).is_empty() { " type=" (text(&e["type"])) } ">" }
+        @if !text(&e["text"]).is_empty() { " \u{201c}" (truncate(&text(&e["text"]), 80)) "\u{201d}" }
+        @if !text(&e["formMethod"]).is_empty() {
+            @if e["submits"] == true { ", sending" } @else { ", in" }
+            " a " (text(&e["formMethod"]).to_uppercase()) " form to "
+            code { (truncate(&text(&e["formAction"]), 200)) }
+        }
+        @if !text(&e["href"]).is_empty() { " to " code { (truncate(&text(&e["href"]), 200)) } }
     }
 }
 
@@ -770,6 +777,12 @@ pub fn approvals(
                                     strong { (text(&a.summary["op"])) } " "
                                     code { (text(&a.summary["resource"])) }
                                     div.muted { code { (truncate(&a.summary["args"].to_string(), 300)) } }
+                                    @if a.summary["element"].is_object() {
+                                        div.element {
+                                            "would act on " (element_line(&a.summary["element"]))
+                                            " at " code { (text(&a.summary["element"]["origin"])) }
+                                        }
+                                    }
                                     @if let Some(sha) = screens.get(&a.id) {
                                         figure.page {
                                             (screenshot_img(sha, "the session's page now"))

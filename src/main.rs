@@ -20,6 +20,7 @@ mod files;
 mod ledger;
 mod manifest;
 mod mcp;
+mod mcp_plane;
 mod operator;
 mod replay;
 mod runner;

@@ -217,7 +217,11 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     );
     assert_eq!(wipe["state"], "denied", "{wipe}");
     assert_eq!(wipe["result"]["reason"], "policy_denied", "{wipe}");
-    assert_eq!(wipe["decision"]["policies"], json!(["no-deleting"]), "{wipe}");
+    assert_eq!(
+        wipe["decision"]["policies"],
+        json!(["no-deleting"]),
+        "{wipe}"
+    );
     let refused = run_events(&serve, &acme, "web");
     assert!(
         refused.iter().any(|e| e["opId"] == "wipe"
@@ -545,4 +549,293 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
     );
     drop(runner);
     assert_ledger_intact(&serve);
+}
+
+/// `moat mcp` over stdio: JSON-RPC requests in, answers matched by id.
+struct McpServer {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    next: u64,
+}
+
+impl McpServer {
+    fn start(args: &[&str]) -> McpServer {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(common::MOAT)
+            .arg("mcp")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut server = McpServer {
+            child,
+            stdin,
+            lines,
+            next: 1,
+        };
+        server.ask(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "moat-tests", "version": "0"}}),
+        );
+        server.write(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        server
+    }
+
+    fn write(&mut self, message: &Value) {
+        use std::io::Write as _;
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{message}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Sends a request and returns its id, without waiting.
+    fn send(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        self.write(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    /// The answer to request `id` (within 120 s).
+    fn answer(&mut self, id: u64) -> Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(std::time::Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("no answer from moat mcp to request {id}: {e}"));
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    fn ask(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
+        self.answer(id)
+    }
+
+    /// A `browser_step` tool call: whether it is an error, and the result
+    /// it carries.
+    fn browse(&mut self, args: Value) -> (bool, Value) {
+        let answer = self.ask(
+            "tools/call",
+            json!({"name": "browser_step", "arguments": args}),
+        );
+        tool_result(&answer)
+    }
+
+    /// Ends the session (stdin closed) and waits for the server's exit.
+    fn end(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().unwrap()
+    }
+}
+
+fn tool_result(answer: &Value) -> (bool, Value) {
+    let result = &answer["result"];
+    let text = result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"));
+    (
+        result["isError"] == true,
+        serde_json::from_str(text).unwrap(),
+    )
+}
+
+#[test]
+fn an_mcp_client_browses_as_a_managed_run_and_a_person_approves_its_submit() {
+    let site = Site::start();
+    let port = site.port;
+    let dir = tempfile::tempdir().unwrap();
+    let (serve, acme, _runner) = browsing_run(dir.path(), port, &[]);
+    let url = |path: &str| format!("http://app.test:{port}{path}");
+    let (status, agent) = call(
+        "POST",
+        &format!("{}/v1/agent-tokens", serve.url),
+        &acme,
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{agent}");
+    let token_file = dir.path().join("agent-token");
+    std::fs::write(&token_file, agent["token"].as_str().unwrap()).unwrap();
+    let plane = [
+        "--control-plane",
+        serve.url.as_str(),
+        "--token-file",
+        common::path_str(&token_file),
+    ];
+
+    // Fronting a control plane, the browser's tool is offered (a local
+    // `moat mcp` has no capability to give it, and does not: tests/mcp.rs).
+    let mut mcp = McpServer::start(&[&plane[..], &["--run", "web"]].concat());
+    let tools = mcp.ask("tools/list", json!({}));
+    let names: Vec<&str> = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"browser_step"), "{names:?}");
+    let schema = &tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "browser_step")
+        .unwrap()["inputSchema"];
+    assert_eq!(schema["type"], "object", "{schema}");
+
+    let (failed, opened) = mcp.browse(json!({"sessionId": "m", "action": "open"}));
+    assert!(!failed, "{opened}");
+    let sandbox = opened["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A site off the list is refused, visibly.
+    let (failed, refused) = mcp.browse(
+        json!({"sessionId": "m", "action": "navigate", "url": format!("http://other.test:{port}/page")}),
+    );
+    assert!(failed, "{refused}");
+    assert_eq!(refused["reason"], "domain_not_allowed", "{refused}");
+    let (failed, page) =
+        mcp.browse(json!({"sessionId": "m", "action": "navigate", "url": url("/page")}));
+    assert!(!failed, "{page}");
+    assert_eq!(page["result"]["title"], "Moat test page", "{page}");
+    assert!(page["result"]["screenshot"]["sha256"].is_string(), "{page}");
+    let (_, text) =
+        mcp.browse(json!({"sessionId": "m", "action": "extract", "selector": "#greeting"}));
+    assert_eq!(text["result"]["text"], "hello, browser", "{text}");
+    // A link is followed without a person.
+    let (failed, followed) =
+        mcp.browse(json!({"sessionId": "m", "action": "click", "selector": "#to-form"}));
+    assert!(!failed, "{followed}");
+    assert_eq!(followed["result"]["title"], "A form", "{followed}");
+    // The form's submit waits for a person; the call waits with it.
+    let pending = mcp.send(
+        "tools/call",
+        json!({"name": "browser_step",
+               "arguments": {"sessionId": "m", "action": "click", "selector": "#go"}}),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let approval = loop {
+        let (_, list) = call(
+            "GET",
+            &format!("{}/v1/approvals?state=pending", serve.url),
+            &acme,
+            None,
+        );
+        if let Some(found) = list["approvals"].as_array().and_then(|all| {
+            all.iter()
+                .find(|a| a["runId"] == "web" && a["summary"]["element"]["text"] == "Send")
+        }) {
+            break found["id"].as_str().unwrap().to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "no approval: {list}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    approve(&serve, &acme, &approval);
+    let (failed, sent) = tool_result(&mcp.answer(pending));
+    assert!(!failed, "{sent}");
+    assert_eq!(sent["result"]["title"], "Sent", "{sent}");
+    let (failed, closed) = mcp.browse(json!({"sessionId": "m", "action": "close"}));
+    assert!(!failed, "{closed}");
+    assert!(mcp.end().success());
+
+    // The site got the form; the steps are the run's, on its record.
+    assert!(
+        site.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.line.starts_with("POST /submit")),
+        "the site did not get the form"
+    );
+    let events = run_events(&serve, &acme, "web");
+    assert!(
+        events.iter().any(|e| e["type"] == "network.denied"
+            && e["data"]["host"] == "other.test"
+            && e["opId"].as_str().is_some_and(|id| id.starts_with("mcp-"))),
+        "{events:#?}"
+    );
+    assert!(
+        events.iter().any(|e| e["type"] == "approval.granted"),
+        "{events:#?}"
+    );
+    assert!(
+        common::host_processes_with(&sandbox).is_empty(),
+        "the browser outlived its session"
+    );
+
+    // A token the control plane does not know is refused at start, before
+    // any call; so is a run that has ended.
+    let wrong = dir.path().join("wrong-token");
+    std::fs::write(&wrong, "moat_at_not-a-token").unwrap();
+    for args in [
+        vec![
+            "--control-plane",
+            serve.url.as_str(),
+            "--token-file",
+            common::path_str(&wrong),
+        ],
+        vec![
+            "--control-plane",
+            serve.url.as_str(),
+            "--token-file",
+            common::path_str(&token_file),
+            "--run",
+            "no-such-run",
+        ],
+    ] {
+        let refused = std::process::Command::new(common::MOAT)
+            .arg("mcp")
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.starts_with("moat mcp: "), "{stderr}");
+        assert!(!stderr.contains("moat_at_not-a-token"), "{stderr}");
+    }
+
+    // Without --run, the client's run is its own, finished when it goes.
+    let mcp = McpServer::start(&plane);
+    assert!(mcp.end().success());
+    let (_, runs) = call("GET", &format!("{}/v1/runs", serve.url), &acme, None);
+    let own: Vec<&Value> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["id"] != "web")
+        .collect();
+    assert_eq!(own.len(), 1, "{runs}");
+    let own_id = own[0]["id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, run) = call(
+            "GET",
+            &format!("{}/v1/runs/{own_id}", serve.url),
+            &acme,
+            None,
+        );
+        if run["state"] == "succeeded" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{run}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }

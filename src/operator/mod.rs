@@ -40,6 +40,22 @@ pub struct Target {
     pub ca_file: Option<PathBuf>,
 }
 
+/// The token in `file`, else in `$MOAT_TOKEN`, trimmed; `what` says which
+/// token is wanted when there is none.
+pub fn read_token(file: Option<&std::path::Path>, what: &str) -> anyhow::Result<String> {
+    let token = match (file, std::env::var("MOAT_TOKEN")) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .with_context(|| format!("--token-file {}", path.display()))?,
+        (None, Ok(token)) => token,
+        (None, Err(_)) => bail!("no token: give --token-file FILE or set MOAT_TOKEN ({what})"),
+    };
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        bail!("the token is empty");
+    }
+    Ok(token)
+}
+
 /// An authenticated HTTP client for one control plane.
 pub struct Api {
     client: OrgClient,
@@ -47,18 +63,10 @@ pub struct Api {
 
 impl Api {
     pub fn new(target: &Target) -> anyhow::Result<Api> {
-        let token = match (&target.token_file, std::env::var("MOAT_TOKEN")) {
-            (Some(path), _) => std::fs::read_to_string(path)
-                .with_context(|| format!("--token-file {}", path.display()))?,
-            (None, Ok(token)) => token,
-            (None, Err(_)) => bail!(
-                "no token: give --token-file FILE or set MOAT_TOKEN (the org's admin token; `moat up` prints where it is)"
-            ),
-        };
-        let token = token.trim().to_owned();
-        if token.is_empty() {
-            bail!("the token is empty");
-        }
+        let token = read_token(
+            target.token_file.as_deref(),
+            "the org's admin token; `moat up` prints where it is",
+        )?;
         let roots = target
             .ca_file
             .as_deref()

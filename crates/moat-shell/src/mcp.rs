@@ -1,20 +1,27 @@
 //! The same operations as MCP tools over stdio, so any MCP client can use
 //! Moat as its tool surface.
 //!
-//! The MCP server runs an async runtime, which starts threads; the sandbox
-//! launcher must clone from a single-threaded process. So the tools do not
-//! run here: each call becomes an envelope for a `moat shell` child process
-//! (started once, single-threaded), and its result line becomes the tool's
-//! result. Manifest checks, events and the ledger are therefore exactly the
-//! shell's.
+//! The tools do not run here: each call becomes an operation envelope for a
+//! [`Backend`], and its result becomes the tool's. Locally that is a `moat
+//! shell` child process ([`serve`]: the MCP server runs an async runtime,
+//! which starts threads, and the sandbox launcher must clone from a
+//! single-threaded process), so manifest checks, events and the ledger are
+//! exactly the shell's. Fronting a control plane ([`serve_with`]), each call
+//! is an operation of a managed run, decided by its policy (a person may
+//! approve it), run by a runner and recorded there; only that way do the
+//! browser's steps, which need the control plane's capability, run.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use moat_core::op::{
     ArtifactListArgs, ArtifactReadArgs, ArtifactWriteArgs, DirectRequestArgs, ExecArgvArgs,
     ProfileRequestArgs,
 };
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ErrorData, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
@@ -23,23 +30,59 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::Mutex;
 
-struct Backend {
-    _child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+/// Where a tool's operation goes.
+pub trait Backend: Send + Sync + 'static {
+    /// Carries out one operation envelope and answers its result (an
+    /// `OpResult`, as JSON), or why it could not.
+    fn call(self: Arc<Self>, envelope: Value) -> Reply;
 }
 
-/// The MCP server: one `moat shell` behind it.
+/// What a [`Backend`] answers, later.
+pub type Reply = Pin<Box<dyn Future<Output = Result<Value, String>> + Send>>;
+
+/// A `moat shell` child: one envelope line in, one result line out.
+struct ShellBackend {
+    io: Mutex<(ChildStdin, BufReader<ChildStdout>)>,
+    _child: Child,
+}
+
+impl Backend for ShellBackend {
+    fn call(self: Arc<Self>, envelope: Value) -> Reply {
+        let me = self;
+        Box::pin(async move {
+            let mut io = me.io.lock().await;
+            let (stdin, stdout) = &mut *io;
+            let line = envelope.to_string() + "\n";
+            let failed = |e: std::io::Error| format!("moat shell: {e}");
+            stdin.write_all(line.as_bytes()).await.map_err(failed)?;
+            stdin.flush().await.map_err(failed)?;
+            let mut answer = String::new();
+            if stdout.read_line(&mut answer).await.map_err(failed)? == 0 {
+                return Err("moat shell exited".into());
+            }
+            serde_json::from_str(&answer).map_err(|e| format!("moat shell answered: {e}"))
+        })
+    }
+}
+
+/// The MCP server: its tools, each call an envelope for the backend.
 #[derive(Clone)]
 pub struct MoatTools {
-    backend: std::sync::Arc<Mutex<Backend>>,
+    backend: Arc<dyn Backend>,
+    router: ToolRouter<MoatTools>,
     run_id: String,
-    next: std::sync::Arc<AtomicU64>,
+    /// Unique per server: a managed run may outlive it and take another.
+    prefix: String,
+    next: Arc<AtomicU64>,
 }
 
 impl MoatTools {
     async fn call(&self, op: &str, args: Value) -> Result<CallToolResult, ErrorData> {
-        let id = format!("mcp-{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let id = format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
         let envelope = json!({
             "id": id,
             "runId": self.run_id,
@@ -48,18 +91,13 @@ impl MoatTools {
             "args": args,
             "createdAt": moat_core::time::now_stamp(),
         });
-        let mut backend = self.backend.lock().await;
-        let line = envelope.to_string() + "\n";
-        let io = |e: std::io::Error| ErrorData::internal_error(format!("moat shell: {e}"), None);
-        backend.stdin.write_all(line.as_bytes()).await.map_err(io)?;
-        backend.stdin.flush().await.map_err(io)?;
-        let mut answer = String::new();
-        if backend.stdout.read_line(&mut answer).await.map_err(io)? == 0 {
-            return Err(ErrorData::internal_error("moat shell exited", None));
-        }
-        let result: Value = serde_json::from_str(&answer)
-            .map_err(|e| ErrorData::internal_error(format!("moat shell answered: {e}"), None))?;
-        let text = ContentBlock::text(serde_json::to_string_pretty(&result).unwrap_or(answer));
+        let result = Arc::clone(&self.backend)
+            .call(envelope)
+            .await
+            .map_err(|e| ErrorData::internal_error(e, None))?;
+        let text = ContentBlock::text(
+            serde_json::to_string_pretty(&result).unwrap_or_else(|_| result.to_string()),
+        );
         Ok(if result["status"] == "ok" {
             CallToolResult::success(vec![text])
         } else {
@@ -137,9 +175,97 @@ impl MoatTools {
     ) -> Result<CallToolResult, ErrorData> {
         self.call("http_request", to_value(args)?).await
     }
+
+    #[tool(
+        description = "One step of a headless browser session in Moat's sandbox, whose only way out \
+                          is the egress proxy (the manifest's domains). Actions: open, navigate {url}, \
+                          click {selector}, type {selector, text}, fill_secret {selector, secret} (an org \
+                          secret by name: its value never reaches you), select {selector, value}, \
+                          wait_for {selector | text, timeoutMs?}, extract {selector?}, screenshot, close. \
+                          Acting steps are decided on the element they act on and may wait for a person. \
+                          Needs a control plane (moat mcp --control-plane)."
+    )]
+    async fn browser_step(
+        &self,
+        Parameters(args): Parameters<BrowserStepTool>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.call("browser_step", args.into_args()).await
+    }
 }
 
-#[tool_handler]
+/// `browser_step`'s input, flat (an MCP tool's input schema is one
+/// object): each action takes the fields it names; the step itself checks
+/// them strictly.
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BrowserStepTool {
+    /// The session (1-64 letters, digits, `.`, `_`, `-`), opened by `open`.
+    pub session_id: String,
+    /// open, navigate, click, type, fill_secret, select, wait_for, extract,
+    /// screenshot or close.
+    pub action: BrowserAction,
+    /// navigate: an http(s) URL.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// click, type, fill_secret, select; wait_for and extract (optional):
+    /// a CSS selector.
+    #[serde(default)]
+    pub selector: Option<String>,
+    /// type: what to type; wait_for: text to wait for on the page.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// select: an option's value or text.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// fill_secret: the org secret's name.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// navigate, click, wait_for: how long to wait, in ms (at most 60000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// open: keep a trace (navigations, requests, console), saved at close.
+    #[serde(default)]
+    pub trace: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BrowserAction {
+    Open,
+    Navigate,
+    Click,
+    Type,
+    FillSecret,
+    Select,
+    WaitFor,
+    Extract,
+    Screenshot,
+    Close,
+}
+
+impl BrowserStepTool {
+    /// The step's arguments as `browser_step` takes them (the fields given).
+    fn into_args(self) -> Value {
+        let mut args = json!({"sessionId": self.session_id, "action": self.action});
+        let fields = [
+            ("url", self.url.map(Value::from)),
+            ("selector", self.selector.map(Value::from)),
+            ("text", self.text.map(Value::from)),
+            ("value", self.value.map(Value::from)),
+            ("secret", self.secret.map(Value::from)),
+            ("timeoutMs", self.timeout_ms.map(Value::from)),
+            ("trace", self.trace.map(Value::from)),
+        ];
+        for (name, value) in fields {
+            if let Some(value) = value {
+                args[name] = value;
+            }
+        }
+        args
+    }
+}
+
+#[tool_handler(router = self.router)]
 impl ServerHandler for MoatTools {
     fn get_info(&self) -> ServerConfig {
         // Without a server_info, rmcp names itself (its crate and version):
@@ -173,13 +299,11 @@ pub fn tool_summaries() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Serves MCP on stdin/stdout until the client goes away. `shell` is the
-/// command line of the `moat shell` to delegate to.
+/// Serves MCP on stdin/stdout until the client goes away, each call an
+/// envelope for a `moat shell` (`shell`, its command line). The browser's
+/// tool is not offered: a local shell has no control plane to approve it.
 pub fn serve(mut shell: std::process::Command) -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
+    runtime()?.block_on(async move {
         shell
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -195,27 +319,60 @@ pub fn serve(mut shell: std::process::Command) -> std::io::Result<()> {
             .stdout
             .take()
             .ok_or_else(|| std::io::Error::other("no stdout"))?;
+        let backend = Arc::new(ShellBackend {
+            io: Mutex::new((stdin, BufReader::new(stdout))),
+            _child: child,
+        });
         let id = moat_core::random::bytes::<6>();
-        let tools = MoatTools {
-            backend: std::sync::Arc::new(Mutex::new(Backend {
-                _child: child,
-                stdin,
-                stdout: BufReader::new(stdout),
-            })),
-            run_id: format!(
-                "mcp-{}",
-                id.iter().map(|b| format!("{b:02x}")).collect::<String>()
-            ),
-            next: std::sync::Arc::new(AtomicU64::new(1)),
-        };
-        let service = tools
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        service
-            .waiting()
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        Ok(())
+        let run_id = format!(
+            "mcp-{}",
+            id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let mut router = MoatTools::tool_router();
+        router.remove_route("browser_step");
+        serving(MoatTools {
+            backend,
+            router,
+            run_id,
+            prefix: "mcp".into(),
+            next: Arc::new(AtomicU64::new(1)),
+        })
+        .await
     })
+}
+
+/// Serves MCP on stdin/stdout until the client goes away, each call an
+/// operation of run `run_id` through `backend` (a control plane), every
+/// tool offered.
+pub fn serve_with(backend: Arc<dyn Backend>, run_id: String) -> std::io::Result<()> {
+    let id = moat_core::random::bytes::<4>();
+    let prefix = format!(
+        "mcp-{}",
+        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    runtime()?.block_on(serving(MoatTools {
+        backend,
+        router: MoatTools::tool_router(),
+        run_id,
+        prefix,
+        next: Arc::new(AtomicU64::new(1)),
+    }))
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+async fn serving(tools: MoatTools) -> std::io::Result<()> {
+    let service = tools
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    service
+        .waiting()
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(())
 }

@@ -84,9 +84,11 @@ def step(args):
     envelope = json.dumps({"id": str(count), "runId": "bench", "correlationId": "c",
                            "op": "browser_step", "args": args,
                            "createdAt": "2026-12-04T00:00:00Z"})
-    # Approved as a control plane would (outside the timing).
+    # Approved as a control plane would (outside the timing); an acting
+    # step still looks its element up before it acts (`--element any`
+    # binds none, as a control plane's fingerprint would bind one).
     line = subprocess.run([moat, "capability", "issue", "--ttl", "60s", "--key", f"{d}/keys/moat.key",
-                           "--manifest", f"{d}/signed.json"], input=envelope, check=True,
+                           "--manifest", f"{d}/signed.json", "--element", "any"], input=envelope, check=True,
                           capture_output=True, text=True).stdout.strip() + "\n"
     start = time.perf_counter()
     shell.stdin.write(line); shell.stdin.flush()

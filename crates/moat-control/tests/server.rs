@@ -842,3 +842,67 @@ fn approvals_pause_an_operation_until_an_admin_decides_or_it_expires() {
         assert_eq!(v["ok"], json!(true), "{v}");
     }
 }
+
+/// An operation marked dispatched that the control plane cannot hand over
+/// (here: its record names a workload class this build does not know, as a
+/// newer replica might write) fails at once, saying why, instead of being
+/// handed over again at every ask until the run expires; the next one
+/// comes after it.
+#[test]
+fn an_operation_that_cannot_be_handed_over_fails_and_the_next_one_follows() {
+    for plane in Plane::both() {
+        let acme = org(&plane, "acme");
+        let runner = registered(&plane, &acme, 7);
+        assert_eq!(post(&plane, &acme, "/v1/runs", json!({"id": "r"})).0, 201);
+        let org_id = plane.store.org_id("acme").unwrap().unwrap();
+        let envelope = json!({"id": "o1", "runId": "r", "correlationId": "o1",
+            "op": "artifact_read", "args": {"path": "input/a", "maxBytes": 1},
+            "createdAt": "2030-01-01T00:00:00Z"});
+        plane
+            .store
+            .insert_op(
+                &moat_store::NewOp {
+                    org: &org_id,
+                    run: "r",
+                    id: "o1",
+                    op: "artifact_read",
+                    state: moat_store::OpState::Queued,
+                    envelope: &envelope,
+                    decision: &json!({"decision": "allow", "class": "quantum"}),
+                    result: None,
+                    events: &[],
+                    approval: None,
+                },
+                plane.clock.now_ms(),
+            )
+            .unwrap();
+        let op =
+            json!({"id": "o2", "op": "artifact_read", "args": {"path": "input/a", "maxBytes": 1}});
+        assert_eq!(post(&plane, &acme, "/v1/runs/r/ops", op).0, 201);
+        assert_eq!(runner_call(&plane, &runner, "/v1/runner/claim").0, 200);
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/runs/r/next");
+        assert_eq!(s, 500, "{b}");
+        let (_, o1) = call(
+            "GET",
+            &format!("{}/v1/runs/r/ops/o1", plane.url),
+            &bearer(&acme.token),
+            b"",
+        );
+        assert_eq!(o1["state"], "failed", "{o1}");
+        assert!(
+            o1["result"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("could not hand the operation over")),
+            "{o1}"
+        );
+        assert!(
+            plane
+                .events_named("op.finished")
+                .iter()
+                .any(|e| e.op_id.as_deref() == Some("o1") && e.data["status"] == "error"),
+            "the failure is not on record"
+        );
+        let (s, b) = runner_call(&plane, &runner, "/v1/runner/runs/r/next");
+        assert_eq!((s, b["envelope"]["id"].as_str()), (200, Some("o2")), "{b}");
+    }
+}

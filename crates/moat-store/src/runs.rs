@@ -638,18 +638,21 @@ impl Store {
         })
     }
 
-    /// The runner reports the run's end. Idempotent: only the holder of a
-    /// live claim can finish it, and only once.
+    /// The runner reports the run's end (its state, and the error of a
+    /// failed one), with `events` (what the end
+    /// closed) recorded in the same transaction. Idempotent: only the
+    /// holder of a live claim can finish it, and only once: a repeated
+    /// report records nothing again.
     pub fn finish_run(
         &self,
         org: &str,
         runner: &str,
         run: &str,
-        state: RunState,
-        error: Option<&str>,
+        end: (RunState, Option<&str>),
+        events: &[moat_core::Event],
         now: i64,
     ) -> Result<bool, StoreError> {
-        self.end_live_run(org, run, Some(runner), state, error, now)
+        self.end_live_run(org, run, Some(runner), end, events, now)
     }
 
     /// Ends a run from the control plane's side (dead-letter on manifest
@@ -662,7 +665,7 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        self.end_live_run(org, run, None, state, Some(reason), now)
+        self.end_live_run(org, run, None, (state, Some(reason)), &[], now)
     }
 
     /// Ends `run` if it is live (and held by `holder`, when given).
@@ -671,8 +674,8 @@ impl Store {
         org: &str,
         run: &str,
         holder: Option<&str>,
-        state: RunState,
-        reason: Option<&str>,
+        (state, reason): (RunState, Option<&str>),
+        events: &[moat_core::Event],
         now: i64,
     ) -> Result<bool, StoreError> {
         self.tx(|tx| {
@@ -689,6 +692,7 @@ impl Store {
                 return Ok(false);
             }
             end(tx, &row, state, reason, now)?;
+            crate::events::append(tx, org, events)?;
             Ok(true)
         })
     }

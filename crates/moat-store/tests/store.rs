@@ -338,7 +338,7 @@ fn a_lost_lease_retries_then_dead_letters() {
             RunState::DeadLettered
         );
         assert!(
-            !s.finish_run(&a, "runner-2", "r", RunState::Succeeded, None, 301)
+            !s.finish_run(&a, "runner-2", "r", (RunState::Succeeded, None), &[], 301)
                 .unwrap()
         );
         let types = event_types(s, "r");
@@ -357,6 +357,37 @@ fn a_lost_lease_retries_then_dead_letters() {
             "{}",
             s.backend()
         );
+    }
+}
+
+#[test]
+fn a_finish_records_what_the_end_closed_once_and_only_from_the_holder() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 100, 50);
+        let closed = moat_store::typed_event(
+            moat_core::EventData::CapabilityGranted(Default::default()),
+            "r",
+            120,
+        );
+        let ended = |runner: &str| {
+            s.finish_run(
+                &a,
+                runner,
+                "r",
+                (RunState::Succeeded, None),
+                std::slice::from_ref(&closed),
+                130,
+            )
+            .unwrap()
+        };
+        assert!(!ended("runner-2"), "another runner finished the run");
+        assert!(ended("runner-1"));
+        // Sent again (its answer lost): nothing more is recorded.
+        assert!(!ended("runner-1"));
+        let types = event_types(s, "r");
+        let count = types.iter().filter(|t| *t == "capability.granted").count();
+        assert_eq!(count, 1, "{types:?}");
     }
 }
 
@@ -404,8 +435,8 @@ fn concurrent_claims_take_each_run_once() {
                                 &a,
                                 &format!("w{w}"),
                                 &r.id,
-                                RunState::Succeeded,
-                                None,
+                                (RunState::Succeeded, None),
+                                &[],
                                 1_001
                             )
                             .expect("finish")

@@ -638,41 +638,116 @@ pub async fn next(
         Some(Err(what)) => Ok(Json(what).into_response()),
         Some(Ok(op)) => {
             state.notify_run(&run_id);
-            let envelope: Envelope = serde_json::from_value(op.envelope.clone())
-                .map_err(|e| ApiError::internal(format!("stored envelope: {e}")))?;
-            let (envelope, secret_value) =
-                dispatch_envelope(&state, &runner, &op.decision, envelope).await?;
-            let mut tool_token = None;
-            if let Some(tools) = op.decision.get("toolToken").filter(|t| t.is_object()) {
-                // Good for this operation only: until its timeout (plus a
-                // moment), and not at all once its result is in.
-                let timeout = envelope.args["timeoutMs"]
-                    .as_u64()
-                    .or(envelope.timeout_ms)
-                    .unwrap_or(30_000)
-                    .min(MAX_TOOL_TOKEN_MS);
-                let token = moat_core::random::new_id("moat_tt_");
-                let row = moat_store::ToolTokenRow {
-                    org_id: runner.org_id.clone(),
-                    run_id: run_id.clone(),
-                    op_id: op.id.clone(),
-                    tools: tools.clone(),
-                    expires_ms: now
-                        .saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX))
-                        .saturating_add(5_000),
-                };
-                let hash = moat_core::hash::sha256_hex(token.as_bytes());
-                state.db(move |s| s.put_tool_token(&hash, &row)).await?;
-                tool_token = Some(token);
+            match hand_over(&state, &runner, &run_id, &op, now).await {
+                Ok(next) => Ok(Json(next).into_response()),
+                // Marked dispatched, it would be handed over again at every
+                // ask and fail the same way until the run expired: it fails
+                // now, saying why (a database that was busy is asked again).
+                Err(e) if e.reason != "store_unavailable" => {
+                    fail_dispatched(&state, &runner, &run_id, &op.id, &e.message, now).await?;
+                    Err(e)
+                }
+                Err(e) => Err(e),
             }
-            Ok(Json(Next::Op {
-                envelope: Box::new(envelope),
-                tool_token,
-                secret_value,
-            })
-            .into_response())
         }
     }
+}
+
+/// Operation `op`, just marked dispatched to `runner`, as the runner takes
+/// it: with its capability and what travels beside it.
+async fn hand_over(
+    state: &Arc<AppState>,
+    runner: &RunnerRow,
+    run_id: &str,
+    op: &moat_store::OpRow,
+    now: i64,
+) -> ApiResult<Next> {
+    let envelope: Envelope = serde_json::from_value(op.envelope.clone())
+        .map_err(|e| ApiError::internal(format!("stored envelope: {e}")))?;
+    let (envelope, secret_value) = dispatch_envelope(state, runner, &op.decision, envelope).await?;
+    let mut tool_token = None;
+    if let Some(tools) = op.decision.get("toolToken").filter(|t| t.is_object()) {
+        // Good for this operation only: until its timeout (plus a
+        // moment), and not at all once its result is in.
+        let timeout = envelope.args["timeoutMs"]
+            .as_u64()
+            .or(envelope.timeout_ms)
+            .unwrap_or(30_000)
+            .min(MAX_TOOL_TOKEN_MS);
+        let token = moat_core::random::new_id("moat_tt_");
+        let row = moat_store::ToolTokenRow {
+            org_id: runner.org_id.clone(),
+            run_id: run_id.to_owned(),
+            op_id: op.id.clone(),
+            tools: tools.clone(),
+            expires_ms: now
+                .saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX))
+                .saturating_add(5_000),
+        };
+        let hash = moat_core::hash::sha256_hex(token.as_bytes());
+        state.db(move |s| s.put_tool_token(&hash, &row)).await?;
+        tool_token = Some(token);
+    }
+    Ok(Next::Op {
+        envelope: Box::new(envelope),
+        tool_token,
+        secret_value,
+    })
+}
+
+/// Records operation `op` of `run` as failed with `message` (and its
+/// `op.finished` event), as if its runner had reported it so.
+async fn fail_dispatched(
+    state: &Arc<AppState>,
+    runner: &RunnerRow,
+    run: &str,
+    op: &str,
+    message: &str,
+    now: i64,
+) -> ApiResult<()> {
+    let message = format!("the control plane could not hand the operation over: {message}");
+    let result = serde_json::to_value(moat_core::OpResult::error(op, message.clone()))
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut finished = typed_event(
+        EventData::OpFinished(OpFinished {
+            status: moat_core::OpStatus::Error,
+            runner_id: runner.id.clone(),
+            reason: None,
+            artifacts: None,
+            profile: None,
+            message: Some(message),
+        }),
+        run,
+        now,
+    );
+    finished.op_id = Some(op.to_owned());
+    let (org, w, r, o) = (
+        runner.org_id.clone(),
+        runner.id.clone(),
+        run.to_owned(),
+        op.to_owned(),
+    );
+    state
+        .db(move |s| {
+            s.finish_op(
+                &StoreOpResult {
+                    org: &org,
+                    runner: &w,
+                    run: &r,
+                    op: &o,
+                    succeeded: false,
+                    result: &result,
+                    events: &[finished],
+                    artifacts: &[],
+                    held: &[],
+                    heads: &[],
+                },
+                now,
+            )
+        })
+        .await?;
+    state.notify_run(run);
+    Ok(())
 }
 
 /// `envelope` with the capability its decision grants (in the class its
@@ -1137,8 +1212,8 @@ pub async fn finish(
     let finished = state
         .db(move |s| {
             // What the run's end closed (browser sessions left open) is
-            // recorded first, while the run is this runner's; under the
-            // operation that opened it, if that is one of the run's.
+            // recorded while the run is this runner's; under the operation
+            // that opened it, if that is one of the run's.
             let held = s.run(&runner.org_id, &run)?.is_some_and(|r| {
                 !r.state.is_final() && r.runner_id.as_deref() == Some(runner.id.as_str())
             });
@@ -1160,10 +1235,18 @@ pub async fn finish(
                     }
                     scrubber.json(&mut e.data);
                 }
-                s.append_events(&runner.org_id, &events)?;
             }
-            s.finish_run(&runner.org_id, &runner.id, &run, end, error.as_deref(), now)
-                .map(Ok)
+            // With the end, in one transaction: a finish sent again (its
+            // answer lost) records them once.
+            s.finish_run(
+                &runner.org_id,
+                &runner.id,
+                &run,
+                (end, error.as_deref()),
+                if held { &events } else { &[] },
+                now,
+            )
+            .map(Ok)
         })
         .await??;
     state.notify_run(&run_id);

@@ -1594,7 +1594,19 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
             "7",
             json!({"action": "click", "sessionId": "a", "selector": "#under"}),
         ),
-        browser(&s, "8", json!({"action": "close", "sessionId": "a"})),
+        // A page's scripts cannot make its submit button pass for a link.
+        browser(
+            &s,
+            "8",
+            json!({"action": "navigate", "sessionId": "a", "url": url("/tricky")}),
+        ),
+        browser_on(
+            &s,
+            "9",
+            json!({"action": "click", "sessionId": "a", "selector": "#sneaky"}),
+            "",
+        ),
+        browser(&s, "10", json!({"action": "close", "sessionId": "a"})),
     ]);
     assert_denied(&results[2], "element_unchecked");
     assert_eq!(
@@ -1630,6 +1642,24 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
             .contains("covers"),
         "{}",
         results[6]
+    );
+    assert_denied(&results[8], "element_unchecked");
+    let sneaky = &results[8]["result"]["element"];
+    assert_eq!(
+        (
+            &sneaky["tag"],
+            &sneaky["type"],
+            &sneaky["submits"],
+            &sneaky["formMethod"]
+        ),
+        (
+            &json!("button"),
+            &json!("submit"),
+            &json!(true),
+            &json!("post")
+        ),
+        "{}",
+        results[8]
     );
     // The form went once: for the step decided on its button.
     let posted = site

@@ -302,6 +302,19 @@ const LOGIN: &str = "<html><head><title>Sign in</title>\
 <input id=\"pw\" name=\"pw\" type=\"text\">\
 <button id=\"in\" type=\"submit\">Sign in</button></form></body></html>";
 
+/// A page whose script rewrites the DOM's prototypes so that its submit
+/// button would describe itself as a harmless link, sit elsewhere, and
+/// report nothing covering it.
+const TRICKY: &str = "<html><head><title>Tricky</title><script>\
+Object.defineProperty(Element.prototype, 'tagName', {get() { return 'A'; }});\
+Element.prototype.getAttribute = function () { return null; };\
+Object.defineProperty(HTMLButtonElement.prototype, 'form', {get() { return null; }});\
+Element.prototype.closest = function () { return null; };\
+Element.prototype.getBoundingClientRect = function () { return {left: 0, top: 0, width: 1, height: 1}; };\
+</script></head><body><form method=\"post\" action=\"/submit\">\
+<input name=\"q\" value=\"tricked\"><button id=\"sneaky\" type=\"submit\">Delete</button></form>\
+</body></html>";
+
 /// A form field as sent (`+` for a space, `%XX`), decoded.
 fn form_decoded(text: &str) -> String {
     let bytes = text.as_bytes();
@@ -365,6 +378,7 @@ impl Site {
                     "/page" => ("", PAGE.to_owned()),
                     "/form" => ("", FORM.to_owned()),
                     "/login" => ("", LOGIN.to_owned()),
+                    "/tricky" => ("", TRICKY.to_owned()),
                     p if p.starts_with("/welcome?") => (
                         "",
                         format!(

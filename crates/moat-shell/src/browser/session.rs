@@ -67,6 +67,8 @@ pub struct Session {
     cdp: Cdp,
     /// The page's DevTools session.
     page: String,
+    /// The page's target id: its main frame's id too.
+    frame: String,
     keeper: Option<moat_sandbox::helper::Helper>,
     ended: File,
     pub sandbox_id: String,
@@ -164,6 +166,7 @@ impl Session {
         let mut session = Session {
             cdp: Cdp::new(File::from(to_browser), File::from(from_browser)),
             page: String::new(),
+            frame: String::new(),
             keeper: Some(keeper),
             ended: File::from(ended_read),
             sandbox_id,
@@ -172,13 +175,14 @@ impl Session {
             opened_by: Default::default(),
         };
         let deadline = Instant::now() + START_WAIT;
-        session.page = session
+        (session.page, session.frame) = session
             .open_page(deadline)
             .map_err(|e| format!("starting the browser: {e}"))?;
         Ok(session)
     }
 
-    fn open_page(&mut self, deadline: Instant) -> Result<String, CdpError> {
+    /// The page's DevTools session and target id.
+    fn open_page(&mut self, deadline: Instant) -> Result<(String, String), CdpError> {
         let target = self.cdp.call(
             "Target.createTarget",
             json!({"url": "about:blank"}),
@@ -204,7 +208,11 @@ impl Session {
             Some(&page),
             deadline,
         )?;
-        Ok(page)
+        let frame = target["targetId"]
+            .as_str()
+            .ok_or_else(|| CdpError::Malformed("no id for the page".into()))?
+            .to_owned();
+        Ok((page, frame))
     }
 
     /// Starts keeping a trace of the page (navigations, requests, console).
@@ -290,7 +298,7 @@ impl Session {
         selector: &str,
         deadline: Instant,
     ) -> Result<Option<ElementFacts>, CdpError> {
-        let found = self.evaluate(
+        let found = self.evaluate_isolated(
             &format!(
                 "(() => {{ {DESCRIBE} const e = document.querySelector({}); \
                  return e ? describe(e) : null; }})()",
@@ -310,7 +318,7 @@ impl Session {
     /// waits for a page the click starts loading. A click whose middle
     /// another element covers is not made: it would land on that one.
     pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<Clicked, CdpError> {
-        let found = self.evaluate(
+        let found = self.evaluate_isolated(
             &format!(
                 "(() => {{ const e = document.querySelector({}); if (!e) return null; \
                  e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
@@ -374,7 +382,7 @@ impl Session {
         text: &str,
         deadline: Instant,
     ) -> Result<bool, CdpError> {
-        let focused = self.evaluate(
+        let focused = self.evaluate_isolated(
             &format!(
                 "(() => {{ const e = document.querySelector({}); if (!e) return false; \
                  e.focus(); return true; }})()",
@@ -399,7 +407,7 @@ impl Session {
         value: &str,
         deadline: Instant,
     ) -> Result<Filled, CdpError> {
-        let found = self.evaluate(
+        let found = self.evaluate_isolated(
             &format!(
                 "(() => {{ const e = document.querySelector({}); if (!e) return null; \
                  const kind = e.tagName.toLowerCase() + (e.type ? ' type=' + e.type : ''); \
@@ -432,7 +440,7 @@ impl Session {
         value: &str,
         deadline: Instant,
     ) -> Result<Option<String>, CdpError> {
-        let chosen = self.evaluate(
+        let chosen = self.evaluate_isolated(
             &format!(
                 "(() => {{ const e = document.querySelector({}); const v = {}; \
                  if (!e || e.tagName !== 'SELECT') return null; \
@@ -495,11 +503,41 @@ impl Session {
 
     /// A JavaScript expression's value (by value).
     pub fn evaluate(&mut self, expression: &str, deadline: Instant) -> Result<Value, CdpError> {
-        let answer = self.page_call(
-            "Runtime.evaluate",
-            json!({"expression": expression, "returnByValue": true}),
+        self.evaluate_in(expression, None, deadline)
+    }
+
+    /// [`Session::evaluate`] in a world of Moat's own on the page's main
+    /// frame: the page's DOM, but not its scripts' globals or their changes
+    /// to the DOM's prototypes, so a page cannot make an element describe
+    /// itself as another, nor move where a step acts (its own
+    /// `getBoundingClientRect`, `focus` or `elementFromPoint`).
+    pub fn evaluate_isolated(
+        &mut self,
+        expression: &str,
+        deadline: Instant,
+    ) -> Result<Value, CdpError> {
+        let world = self.page_call(
+            "Page.createIsolatedWorld",
+            json!({"frameId": self.frame, "worldName": "moat", "grantUniveralAccess": false}),
             deadline,
         )?;
+        let context = world["executionContextId"]
+            .as_i64()
+            .ok_or_else(|| CdpError::Malformed("no context for Moat's world".into()))?;
+        self.evaluate_in(expression, Some(context), deadline)
+    }
+
+    fn evaluate_in(
+        &mut self,
+        expression: &str,
+        context: Option<i64>,
+        deadline: Instant,
+    ) -> Result<Value, CdpError> {
+        let mut params = json!({"expression": expression, "returnByValue": true});
+        if let Some(context) = context {
+            params["contextId"] = context.into();
+        }
+        let answer = self.page_call("Runtime.evaluate", params, deadline)?;
         if let Some(exception) = answer.get("exceptionDetails") {
             return Err(CdpError::Refused {
                 method: "Runtime.evaluate".into(),

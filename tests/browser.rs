@@ -47,6 +47,11 @@ fn inspector_approves(serve: &Serve, token: &str, approval: &str, steps: &str) {
 /// The rig with `browser_step` allowed and the site `app.test:port` (on
 /// loopback) the only one the browser may reach.
 fn browsing(dir: &std::path::Path, port: u16) -> Setup {
+    browsing_with(dir, port, |_| {})
+}
+
+/// [`browsing`], with the manifest edited further.
+fn browsing_with(dir: &std::path::Path, port: u16, edit: impl FnOnce(&mut Value)) -> Setup {
     setup_with(dir, |m| {
         m["allowedOps"]
             .as_array_mut()
@@ -57,6 +62,7 @@ fn browsing(dir: &std::path::Path, port: u16) -> Setup {
             "allowDomains": [format!("app.test:{port}")],
             "allowAddresses": ["127.0.0.1"],
         });
+        edit(m);
     })
 }
 
@@ -65,13 +71,22 @@ fn browsing(dir: &std::path::Path, port: u16) -> Setup {
 /// resolving `app.test` to loopback, and run `web` created.
 fn browsing_run(dir: &std::path::Path, port: u16, flags: &[&str]) -> (Serve, String, Runner) {
     let setup = browsing(dir, port);
+    browsing_run_of(&setup, dir, flags)
+}
+
+/// [`browsing_run`] with `setup`'s manifest.
+fn browsing_run_of(
+    setup: &Setup,
+    dir: &std::path::Path,
+    flags: &[&str],
+) -> (Serve, String, Runner) {
     let db = format!("sqlite:{}", dir.join("control.db").display());
-    let serve = Serve::start_with(&setup, &db, "127.0.0.1:0", flags);
+    let serve = Serve::start_with(setup, &db, "127.0.0.1:0", flags);
     let acme = org(&serve, "acme");
-    prepare_org(&serve, &setup, &acme);
+    prepare_org(&serve, setup, &acme);
     let runner = Runner::start_with(
         &serve,
-        &setup,
+        setup,
         &acme,
         "runner",
         &["--resolve", "app.test=127.0.0.1"],
@@ -548,6 +563,83 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         "the browser outlived its run"
     );
     drop(runner);
+    assert_ledger_intact(&serve);
+}
+
+#[test]
+fn a_refreshed_manifest_ends_the_runs_browser_sessions_on_the_record() {
+    let site = Site::start();
+    let port = site.port;
+    let dir = tempfile::tempdir().unwrap();
+    let now = std::time::SystemTime::now();
+    let day = std::time::Duration::from_secs(86_400);
+    // Ten days of life, nine gone: the runner looks for a newer one.
+    let setup = browsing_with(dir.path(), port, |m| {
+        m["createdAt"] = json!(rfc3339(now - 9 * day));
+        m["expiresAt"] = json!(rfc3339(now + day));
+    });
+    let (serve, acme, _runner) = browsing_run_of(&setup, dir.path(), &[]);
+    let db = format!("sqlite:{}", dir.path().join("control.db").display());
+    let opened = step(
+        &serve,
+        &acme,
+        "open",
+        json!({"action": "open", "sessionId": "s"}),
+    );
+    let sandbox = opened["result"]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let page = step(
+        &serve,
+        &acme,
+        "look",
+        json!({"action": "navigate", "sessionId": "s", "url": format!("http://app.test:{port}/page")}),
+    );
+    assert_eq!(page["state"], "succeeded", "{page}");
+
+    // A newer manifest takes over at the run's next operation, in a new
+    // shell: the old one's session is closed, and what it fetched is on
+    // the record under the step that opened it.
+    let newer = resign(&setup, |m| {
+        m["createdAt"] = json!(rfc3339(now));
+        m["expiresAt"] = json!(rfc3339(now + 7 * day));
+    });
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/manifests", serve.url),
+        &acme,
+        Some(newer.clone()),
+    );
+    assert_eq!(status, 201, "{body}");
+    let store = moat_store::Store::open(&db).unwrap();
+    wait_event(&store, moat_core::EventType::RunnerManifestRefreshed);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let events = run_events(&serve, &acme, "web");
+        if events.iter().any(|e| {
+            e["type"] == "network.request" && e["opId"] == "open" && e["data"]["host"] == "app.test"
+        }) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session's record was lost with its shell: {events:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The next step runs in the new shell, where the session is no more.
+    let after = step(
+        &serve,
+        &acme,
+        "after",
+        json!({"action": "extract", "sessionId": "s"}),
+    );
+    assert_eq!(after["result"]["reason"], "invalid_args", "{after}");
+    assert!(
+        common::host_processes_with(&sandbox).is_empty(),
+        "the browser outlived its shell"
+    );
     assert_ledger_intact(&serve);
 }
 

@@ -247,6 +247,15 @@ pub struct FinishBody {
     pub events: Vec<moat_core::Event>,
 }
 
+/// `POST /v1/runner/runs/{run}/shell-ended`: what a run's shell recorded
+/// as it ended between operations (a refreshed manifest, a drain), closing
+/// the browser sessions it held: shell events, as with a finish.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellEnded {
+    pub events: Vec<moat_core::Event>,
+}
+
 /// `POST /v1/runner/runs/{run}/destroyed`: the runner tore the run down
 /// (recorded as `run.destroyed`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -7,7 +7,7 @@ use moat_api::ManifestView;
 use moat_api::runner::{
     ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
     Heartbeat, IngressDial, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered,
-    Registration, Released, ResultBody, Teardown,
+    Registration, Released, ResultBody, ShellEnded, Teardown,
 };
 use moat_core::Event;
 use moat_core::event_data::RunResumed;
@@ -209,6 +209,19 @@ impl RunnerClient {
             Some(body),
             Retry::WhileUnavailable,
         )
+    }
+
+    /// `POST /v1/runner/runs/{run}/shell-ended`.
+    pub fn shell_ended(&self, run: &str, body: &ShellEnded) -> Result<bool, ClientError> {
+        let path = format!("/v1/runner/runs/{}/shell-ended", segment(run));
+        let answer: Recorded = self.call(
+            &format!("run {run}: reporting its shell's end"),
+            "POST",
+            &path,
+            Some(body),
+            Retry::WhileUnavailable,
+        )?;
+        Ok(answer.recorded)
     }
 
     /// `POST /v1/runner/runs/{run}/finish`.

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
 use moat_api::runner::{
-    Claim, ElementBody, ElementDecision, FinishBody, Next, ResultBody, RunEnd, TOOL_PROFILE,
+    Claim, ElementBody, ElementDecision, FinishBody, Next, ResultBody, RunEnd, ShellEnded,
+    TOOL_PROFILE,
 };
 use moat_client::RunnerClient;
 use moat_core::{Envelope, OpResult};
@@ -287,7 +288,9 @@ impl Runner {
             // inputs and its volumes' last snapshots, as after a lost
             // lease)...
             if self.draining() {
-                drop(shell);
+                if let Some((old, _)) = shell.take() {
+                    self.end_shell(run_id, old, prepared.as_mut());
+                }
                 // The claiming loop may sit in a long poll for a while yet:
                 // the run's lease must outlive the wait, or it lapses and
                 // the run is retried (counted) instead of given back.
@@ -309,8 +312,10 @@ impl Runner {
             }
             // ...and a refreshed manifest takes over, in a new shell.
             let (generation, manifest_file) = self.refresh_manifest();
-            if shell.as_ref().is_some_and(|(_, g)| *g != generation) {
-                shell = None;
+            if shell.as_ref().is_some_and(|(_, g)| *g != generation)
+                && let Some((old, _)) = shell.take()
+            {
+                self.end_shell(run_id, old, prepared.as_mut());
             }
             // Each `next` renews the lease as it starts: its wait must end
             // well before the lease would (a control plane run with a
@@ -458,6 +463,35 @@ impl Runner {
                 }
                 Next::Ended => return Ok(()),
             }
+        }
+    }
+
+    /// Ends a run's shell between operations (a refreshed manifest takes
+    /// over, a drain gives the run back): it closes the browser sessions
+    /// it held, and what that recorded goes to the control plane, as a
+    /// finish's would. A report that fails is said, not fatal: the run
+    /// goes on.
+    fn end_shell(
+        &self,
+        run_id: &str,
+        shell: ShellChild,
+        prepared: Option<&mut (Ledger, i64, Vec<Area>)>,
+    ) {
+        self.renewing(run_id, || {}, || shell.end(SHELL_END_WAIT));
+        let Some((ledger, ledger_seq, _)) = prepared else {
+            return;
+        };
+        let reported = recorded_since(ledger, ledger_seq, run_id).and_then(|events| {
+            if events.is_empty() {
+                return Ok(());
+            }
+            self.client
+                .shell_ended(run_id, &ShellEnded { events })
+                .map(|_| ())
+                .map_err(RunnerError::from)
+        });
+        if let Err(e) = reported {
+            eprintln!("moat runner: run {run_id}: reporting what its shell closed: {e}");
         }
     }
 

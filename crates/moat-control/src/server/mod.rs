@@ -353,6 +353,11 @@ pub fn routes() -> routes::Routes {
             element_api::element,
         )
         .on(POST, "/v1/runner/runs/{run}/finish", runner_api::finish)
+        .on(
+            POST,
+            "/v1/runner/runs/{run}/shell-ended",
+            runner_api::shell_ended,
+        )
         .on(POST, "/v1/runner/runs/{run}/release", runner_api::release)
         .on(
             POST,

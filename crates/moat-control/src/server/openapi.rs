@@ -16,7 +16,7 @@ use moat_api::org::{
 use moat_api::runner::{
     ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
     Heartbeat, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered, Registration,
-    Released, ResultBody, Teardown,
+    Released, ResultBody, ShellEnded, Teardown,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
@@ -352,6 +352,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "post",
+        "/v1/runner/runs/{run}/shell-ended",
+        "runner",
+        "What a run's shell recorded as it ended between operations (a refreshed manifest, a drain): the browser sessions it closed. 409 `lease_lost` if the runner no longer holds the run.",
+    ),
+    (
+        "post",
         "/v1/runner/runs/{run}/release",
         "runner",
         "Give a held run back unfinished, at an operation boundary (the runner is stopping): it is queued again and the claim does not count as an attempt (`run.released`). 409 `not_releasable` if the runner does not hold it or an operation of it is dispatched.",
@@ -648,6 +654,9 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("post", "/v1/runner/runs/{run}/ops/{op}/tool") => answers("200", schema::<ToolResult>),
         ("post", "/v1/runner/runs/{run}/finish") => {
             takes(schema::<FinishBody>, "200", schema::<Recorded>)
+        }
+        ("post", "/v1/runner/runs/{run}/shell-ended") => {
+            takes(schema::<ShellEnded>, "200", schema::<Recorded>)
         }
         ("post", "/v1/runner/runs/{run}/release") => answers("200", schema::<Released>),
         ("post", "/v1/runner/runs/{run}/destroyed") => {

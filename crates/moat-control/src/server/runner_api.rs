@@ -33,7 +33,7 @@ use super::wake::Topic;
 use moat_api::ManifestView;
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
-    Recorded, Registered, Registration, Released, ResultBody, RunEnd, Teardown,
+    Recorded, Registered, Registration, Released, ResultBody, RunEnd, ShellEnded, Teardown,
 };
 use moat_core::lifecycle::{self, Lifetime};
 use moat_core::op::BrowserStepArgs;
@@ -1188,56 +1188,19 @@ pub async fn finish(
         RunEnd::Succeeded => RunState::Succeeded,
         RunEnd::Failed => RunState::Failed,
     };
-    if events.len() > MAX_RESULT_EVENTS {
-        return Err(ApiError::bad_request(format!(
-            "at most {MAX_RESULT_EVENTS} events with a run's end"
-        )));
-    }
-    for e in &mut events {
-        // Only what closing a browser records: its sandbox's start and end
-        // and its requests (an artifact or a capability is never reported
-        // past the export boundary's and the policy's decisions this way).
-        if !END_EVENTS.contains(&e.event_type) {
-            return Err(ApiError::bad_request(format!(
-                "a runner does not report {} with a run's end",
-                e.event_type.as_str()
-            )));
-        }
-        check_shell_event(e, &runner)?;
-        e.run_id = run_id.clone();
-    }
+    check_closing(&mut events, &runner, &run_id, "with a run's end")?;
     let now = state.now();
     let run = run_id.clone();
     let st = Arc::clone(&state);
     let finished = state
         .db(move |s| {
             // What the run's end closed (browser sessions left open) is
-            // recorded while the run is this runner's; under the operation
-            // that opened it, if that is one of the run's.
-            let held = s.run(&runner.org_id, &run)?.is_some_and(|r| {
-                !r.state.is_final() && r.runner_id.as_deref() == Some(runner.id.as_str())
-            });
-            if held && !events.is_empty() {
-                let ops: Vec<String> = s
-                    .ops(&runner.org_id, &run)?
-                    .into_iter()
-                    .map(|o| o.id)
-                    .collect();
-                let sealed = s.secrets(&runner.org_id)?;
-                let secrets = match super::secrets::open_secrets(&st, &runner.org_id, &sealed) {
-                    Ok(secrets) => secrets,
-                    Err(e) => return Ok(Err(e)),
-                };
-                let scrubber = crate::tools::Scrubber::new(secrets);
-                for e in &mut events {
-                    if e.op_id.as_ref().is_some_and(|op| !ops.contains(op)) {
-                        e.op_id = None;
-                    }
-                    scrubber.json(&mut e.data);
-                }
-            }
-            // With the end, in one transaction: a finish sent again (its
-            // answer lost) records them once.
+            // recorded while the run is this runner's, with its end in one
+            // transaction: a finish sent again records nothing twice.
+            let held = match file_closing(s, &st, &runner, &run, &mut events)? {
+                Ok(held) => held,
+                Err(e) => return Ok(Err(e)),
+            };
             s.finish_run(
                 &runner.org_id,
                 &runner.id,
@@ -1251,6 +1214,102 @@ pub async fn finish(
         .await??;
     state.notify_run(&run_id);
     Ok(Json(Recorded { recorded: finished }))
+}
+
+/// `POST /v1/runner/runs/{run}/shell-ended`: what a run's shell recorded as
+/// it ended between operations (a refreshed manifest takes over in a new
+/// shell; a draining runner gives the run back), closing the browser
+/// sessions it held: recorded as a finish's are.
+pub async fn shell_ended(
+    State(state): State<Arc<AppState>>,
+    Path(run_id): Path<String>,
+    SignedRunner { runner, body }: SignedRunner,
+) -> ApiResult<Json<Recorded>> {
+    let ShellEnded { mut events } = parse(&body)?;
+    check_closing(&mut events, &runner, &run_id, "as a shell ends")?;
+    let st = Arc::clone(&state);
+    let run = run_id.clone();
+    let recorded = state
+        .db(move |s| {
+            let held = match file_closing(s, &st, &runner, &run, &mut events)? {
+                Ok(held) => held,
+                Err(e) => return Ok(Err(e)),
+            };
+            if held && !events.is_empty() {
+                s.append_events(&runner.org_id, &events)?;
+            }
+            Ok(Ok(held))
+        })
+        .await??;
+    if !recorded {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_lost",
+            format!("this runner no longer holds run {run_id}"),
+        ));
+    }
+    state.notify_run(&run_id);
+    Ok(Json(Recorded { recorded }))
+}
+
+/// Checks the events a runner reports as its shell ended (`when`, for the
+/// refusal): only what closing a browser records (its sandbox's start and
+/// end, its requests: an artifact or a capability is never reported past
+/// the export boundary's and the policy's decisions this way), each a
+/// shell event of run `run`.
+fn check_closing(events: &mut [Event], runner: &RunnerRow, run: &str, when: &str) -> ApiResult<()> {
+    if events.len() > MAX_RESULT_EVENTS {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_RESULT_EVENTS} events {when}"
+        )));
+    }
+    for e in events {
+        if !END_EVENTS.contains(&e.event_type) {
+            return Err(ApiError::bad_request(format!(
+                "a runner does not report {} {when}",
+                e.event_type.as_str()
+            )));
+        }
+        check_shell_event(e, runner)?;
+        e.run_id = run.to_owned();
+    }
+    Ok(())
+}
+
+/// Whether `runner` holds live run `run`; if so, `events` are made ready to
+/// record: each under the operation that opened its session if that is one
+/// of the run's, scrubbed of the org's secrets.
+fn file_closing(
+    s: &moat_store::Store,
+    state: &AppState,
+    runner: &RunnerRow,
+    run: &str,
+    events: &mut [Event],
+) -> Result<ApiResult<bool>, moat_store::StoreError> {
+    let held = s
+        .run(&runner.org_id, run)?
+        .is_some_and(|r| !r.state.is_final() && r.runner_id.as_deref() == Some(runner.id.as_str()));
+    if !held || events.is_empty() {
+        return Ok(Ok(held));
+    }
+    let ops: Vec<String> = s
+        .ops(&runner.org_id, run)?
+        .into_iter()
+        .map(|o| o.id)
+        .collect();
+    let sealed = s.secrets(&runner.org_id)?;
+    let secrets = match super::secrets::open_secrets(state, &runner.org_id, &sealed) {
+        Ok(secrets) => secrets,
+        Err(e) => return Ok(Err(e)),
+    };
+    let scrubber = crate::tools::Scrubber::new(secrets);
+    for e in events {
+        if e.op_id.as_ref().is_some_and(|op| !ops.contains(op)) {
+            e.op_id = None;
+        }
+        scrubber.json(&mut e.data);
+    }
+    Ok(Ok(true))
 }
 
 /// The runner is stopping: the run goes back to the queue, the claim not

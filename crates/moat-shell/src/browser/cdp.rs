@@ -1,7 +1,8 @@
 //! The DevTools protocol over Chromium's pipe (`--remote-debugging-pipe`):
 //! JSON messages, each ended by a NUL byte, commands with ids one way,
 //! their answers and events the other. Blocking, with a deadline on every
-//! wait (the shell is single-threaded).
+//! wait, writes included (the shell is single-threaded: a browser that
+//! stops reading must not stall it past a step's deadline).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -53,11 +54,19 @@ pub struct Cdp {
     /// The session's trace, when it keeps one: every event read feeds it,
     /// whether the shell keeps the event or not.
     pub trace: Option<super::trace::Trace>,
+    /// A command was cut off part-way (its write timed out): the browser
+    /// would read what follows as its rest, so nothing more is sent.
+    broken: bool,
 }
 
 impl Cdp {
     /// `to` is the browser's fd 3 (what it reads), `from` its fd 4.
     pub fn new(to: File, from: File) -> Cdp {
+        // Writes wait on `poll` with the call's deadline instead. Should
+        // the flag not take, a write blocks as before: no worse.
+        if let Ok(flags) = rustix::fs::fcntl_getfl(&to) {
+            let _ = rustix::fs::fcntl_setfl(&to, flags | rustix::fs::OFlags::NONBLOCK);
+        }
         Cdp {
             to,
             from,
@@ -67,6 +76,7 @@ impl Cdp {
             backlog_bytes: 0,
             skipping: false,
             trace: None,
+            broken: false,
         }
     }
 
@@ -88,7 +98,7 @@ impl Cdp {
         let mut bytes =
             serde_json::to_vec(&message).map_err(|e| CdpError::Malformed(e.to_string()))?;
         bytes.push(0);
-        self.to.write_all(&bytes)?;
+        self.send(&bytes, deadline)?;
         loop {
             let (message, size) = self.next_message(deadline)?;
             if message["id"].as_u64() == Some(id) {
@@ -102,6 +112,30 @@ impl Cdp {
             }
             self.keep(message, size);
         }
+    }
+
+    /// Writes `bytes` whole by `deadline`; a write cut off by it leaves
+    /// the channel [`Cdp::broken`].
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), CdpError> {
+        if self.broken {
+            return Err(CdpError::Ended);
+        }
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match self.to.write(rest) {
+                Ok(0) => return Err(CdpError::Ended),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if !ready(&self.to, rustix::event::PollFlags::OUT, deadline)? {
+                        self.broken = rest.len() < bytes.len();
+                        return Err(CdpError::Timeout);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Keeps an event the shell may act on, within the backlog's bounds.
@@ -197,6 +231,12 @@ impl Cdp {
 /// Waits until `file` can be read (or has ended); `false` if `deadline`
 /// passed first.
 pub fn readable(file: &File, deadline: Instant) -> std::io::Result<bool> {
+    ready(file, rustix::event::PollFlags::IN, deadline)
+}
+
+/// Waits until `file` is ready for `what` (or has ended); `false` if
+/// `deadline` passed first.
+fn ready(file: &File, what: rustix::event::PollFlags, deadline: Instant) -> std::io::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -207,15 +247,46 @@ pub fn readable(file: &File, deadline: Instant) -> std::io::Result<bool> {
             tv_nsec: i64::from(left.subsec_nanos()),
         };
         let fd = file.as_fd();
-        let mut fds = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
+        let mut fds = [rustix::event::PollFd::new(&fd, what)];
         match rustix::event::poll(&mut fds, Some(&timeout)) {
             Ok(0) => {}
             Ok(_) => return Ok(true),
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_browser_that_stops_reading_times_a_command_out_and_ends_the_channel() {
+        let (_browser_reads, to) = std::io::pipe().expect("pipe");
+        let (from, _browser_writes) = std::io::pipe().expect("pipe");
+        let mut cdp = Cdp::new(
+            File::from(std::os::fd::OwnedFd::from(to)),
+            File::from(std::os::fd::OwnedFd::from(from)),
+        );
+        // Far more than a pipe holds, and nobody reads it.
+        let big = "x".repeat(4 << 20);
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let cut = cdp.call(
+            "Runtime.evaluate",
+            json!({"expression": big}),
+            None,
+            deadline,
+        );
+        assert!(matches!(cut, Err(CdpError::Timeout)), "{cut:?}");
+        // Half a command went out: nothing more is sent after it.
+        let next = cdp.call(
+            "Page.enable",
+            json!({}),
+            None,
+            Instant::now() + Duration::from_secs(1),
+        );
+        assert!(matches!(next, Err(CdpError::Ended)), "{next:?}");
     }
 }

@@ -29,8 +29,7 @@ const PAGE_SUMMARY: &str =
 /// The most text `extract` returns.
 const MAX_EXTRACT: usize = 64 << 10;
 
-/// The longest selector, option value or text a step takes: its command
-/// must fit the browser's pipe at once.
+/// The longest selector, option value or text a step takes.
 const MAX_ARG: usize = 16 << 10;
 
 fn refuse(reason: DenialReason, message: impl Into<String>) -> Outcome {

@@ -321,36 +321,30 @@ pub fn decide(
         ..DecisionRecord::denial(&policy_hash, None)
     };
     // An acting step is decided on the element it would act on, which only
-    // the runner's browser can find: until then, anything but a denial lets
-    // it through to be looked at (and a person, if one must, approves it
-    // seeing that element, not before).
+    // the runner's browser can find: until then, anything but a forbid lets
+    // it through to be looked at (a rule about the element cannot permit it
+    // yet; a person, if one must, approves it seeing that element, not
+    // before).
     if acting && element.is_none() {
-        match decision {
-            Ok(Decision::Allow { policies }) => {
-                return Decided {
-                    state: OpState::Queued,
-                    record: DecisionRecord {
-                        element_check: true,
-                        ..with(PolicyDecision::Allow, policies)
-                    },
-                    denial: None,
-                    approval: None,
-                    described: Some(described),
-                };
-            }
-            Ok(Decision::RequireApproval { rule, .. }) => {
-                return Decided {
-                    state: OpState::Queued,
-                    record: DecisionRecord {
-                        element_check: true,
-                        ..with(PolicyDecision::Allow, vec![rule])
-                    },
-                    denial: None,
-                    approval: None,
-                    described: Some(described),
-                };
-            }
-            _ => {}
+        let looked_at = match &decision {
+            Ok(Decision::Allow { policies }) => Some(policies.clone()),
+            // Nothing permits it yet: a rule about its element cannot.
+            Ok(Decision::Deny { policies }) if policies.is_empty() => Some(Vec::new()),
+            Ok(Decision::RequireApproval { rule, .. }) => Some(vec![rule.clone()]),
+            // A forbid, or a policy that cannot decide.
+            _ => None,
+        };
+        if let Some(policies) = looked_at {
+            return Decided {
+                state: OpState::Queued,
+                record: DecisionRecord {
+                    element_check: true,
+                    ..with(PolicyDecision::Allow, policies)
+                },
+                denial: None,
+                approval: None,
+                described: Some(described),
+            };
         }
     }
     match decision {
@@ -813,6 +807,87 @@ mod tests {
         Option<&'a ToolDef>,
         Outcome,
     );
+
+    #[test]
+    fn an_acting_browser_step_is_decided_on_the_element_it_acts_on() {
+        use moat_core::element::ElementFacts;
+        let policy = PolicyEngine::new(
+            r#"
+            @id("links") permit(principal, action == Moat::Action::"browser_step", resource)
+            when { context.element.tag == "a" && context.domain == "app.example" };
+            @id("sends") @approval("required") @risk("high")
+            permit(principal, action == Moat::Action::"browser_step", resource)
+            when { context.element.submits };
+            @id("no-select") forbid(principal, action == Moat::Action::"browser_step", resource)
+            when { context.action == "select" };
+            "#,
+        )
+        .expect("policy");
+        let m = manifest(&[OpKind::BrowserStep], &[]);
+        let click = envelope(
+            "browser_step",
+            json!({"action": "click", "sessionId": "s", "selector": "#x"}),
+        );
+        let facts = |tag: &str, origin: &str, submits: bool| ElementFacts {
+            origin: origin.into(),
+            tag: tag.into(),
+            submits,
+            ..ElementFacts::default()
+        };
+        let on = |element: Option<&ElementFacts>, envelope: &Envelope| {
+            decide(
+                &policy,
+                "org",
+                &run(),
+                Some(&m),
+                envelope,
+                None,
+                None,
+                element,
+            )
+        };
+        // Asked for: nothing is known of the element, so a rule about it
+        // cannot permit it yet; it is let through to be looked at.
+        let asked = on(None, &click);
+        assert_eq!(outcome(&asked), Outcome::Queued);
+        assert!(asked.record.element_check, "{:?}", asked.record);
+        // A forbid that needs no element refuses it at once.
+        let select = envelope(
+            "browser_step",
+            json!({"action": "select", "sessionId": "s", "selector": "#x", "value": "v"}),
+        );
+        assert_eq!(
+            outcome(&on(None, &select)),
+            Outcome::Denied(DenialReason::PolicyDenied)
+        );
+        // On its element: a link on the site, a submit, anything else.
+        let link = facts("a", "https://App.example:8443", false);
+        let decided = on(Some(&link), &click);
+        assert_eq!(outcome(&decided), Outcome::Queued);
+        assert_eq!(decided.record.element.as_ref(), Some(&link));
+        assert!(!decided.record.element_check);
+        assert_eq!(
+            outcome(&on(
+                Some(&facts("a", "https://elsewhere.example", false)),
+                &click
+            )),
+            Outcome::Denied(DenialReason::PolicyDenied)
+        );
+        assert_eq!(
+            outcome(&on(
+                Some(&facts("button", "https://app.example", true)),
+                &click
+            )),
+            approval("sends", "high")
+        );
+        assert_eq!(
+            outcome(&on(
+                Some(&facts("div", "https://app.example", false)),
+                &click
+            )),
+            Outcome::Denied(DenialReason::PolicyDenied)
+        );
+    }
 
     #[test]
     fn decisions_over_manifest_and_policy() {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use moat_client::OrgClient;
 use moat_core::url::encode_component as segment;
-use moat_shell::mcp::{Backend, Reply};
+use moat_shell::mcp::{Backend, Fetched, Reply};
 use serde_json::{Value, json};
 
 /// How long one request waits on the control plane for an op to finish.
@@ -81,7 +81,28 @@ impl Backend for Plane {
                 .map_err(|e| format!("the call to the control plane: {e}"))?
         })
     }
+
+    fn artifact(self: Arc<Self>, sha256: String) -> Fetched {
+        let plane = self;
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let answer = plane
+                    .client
+                    .get_answer(&format!("/v1/artifacts/{}", segment(&sha256)))
+                    .ok()?;
+                // Within an image's worth: a screenshot is a few hundred KiB.
+                ((200..300).contains(&answer.status) && answer.body.len() <= MAX_IMAGE)
+                    .then_some(answer.body)
+            })
+            .await
+            .ok()
+            .flatten()
+        })
+    }
 }
+
+/// The largest screenshot passed to a client as an image.
+const MAX_IMAGE: usize = 16 << 20;
 
 fn is_final(op: &Value) -> bool {
     matches!(

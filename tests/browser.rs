@@ -808,6 +808,28 @@ fn an_mcp_client_browses_as_a_managed_run_and_a_person_approves_its_submit() {
     assert!(!failed, "{page}");
     assert_eq!(page["result"]["title"], "Moat test page", "{page}");
     assert!(page["result"]["screenshot"]["sha256"].is_string(), "{page}");
+    // The page's screenshot comes as an image too, the PNG the step took.
+    let shot = mcp.ask(
+        "tools/call",
+        json!({"name": "browser_step", "arguments": {"sessionId": "m", "action": "screenshot"}}),
+    );
+    let image = &shot["result"]["content"][1];
+    assert_eq!(
+        (&image["type"], &image["mimeType"]),
+        (&json!("image"), &json!("image/png")),
+        "{shot}"
+    );
+    let png = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(image["data"].as_str().unwrap())
+            .unwrap()
+    };
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert_eq!(
+        moat_core::hash::sha256_hex(&png),
+        tool_result(&shot).1["result"]["screenshot"]["sha256"]
+    );
     let (_, text) =
         mcp.browse(json!({"sessionId": "m", "action": "extract", "selector": "#greeting"}));
     assert_eq!(text["result"]["text"], "hello, browser", "{text}");

@@ -35,7 +35,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Carries out one operation envelope and answers its result (an
     /// `OpResult`, as JSON), or why it could not.
     fn call(self: Arc<Self>, envelope: Value) -> Reply;
+
+    /// The bytes of artifact `sha256`, if this backend can fetch them (a
+    /// browser step's screenshot, shown to the client as an image).
+    fn artifact(self: Arc<Self>, sha256: String) -> Fetched {
+        let _ = sha256;
+        Box::pin(async { None })
+    }
 }
+
+/// What [`Backend::artifact`] answers, later.
+pub type Fetched = Pin<Box<dyn Future<Output = Option<Vec<u8>>> + Send>>;
 
 /// What a [`Backend`] answers, later.
 pub type Reply = Pin<Box<dyn Future<Output = Result<Value, String>> + Send>>;
@@ -95,13 +105,23 @@ impl MoatTools {
             .call(envelope)
             .await
             .map_err(|e| ErrorData::internal_error(e, None))?;
-        let text = ContentBlock::text(
+        let mut content = vec![ContentBlock::text(
             serde_json::to_string_pretty(&result).unwrap_or_else(|_| result.to_string()),
-        );
+        )];
+        // A page step's screenshot, as an image a client can look at.
+        if let Some(sha) = result["result"]["screenshot"]["sha256"].as_str()
+            && let Some(png) = Arc::clone(&self.backend).artifact(sha.to_owned()).await
+            && png.starts_with(b"\x89PNG\r\n\x1a\n")
+            && moat_core::hash::sha256_hex(&png) == sha
+        {
+            use base64::Engine as _;
+            let data = base64::engine::general_purpose::STANDARD.encode(&png);
+            content.push(ContentBlock::image(data, "image/png"));
+        }
         Ok(if result["status"] == "ok" {
-            CallToolResult::success(vec![text])
+            CallToolResult::success(content)
         } else {
-            CallToolResult::error(vec![text])
+            CallToolResult::error(content)
         })
     }
 }

@@ -1561,6 +1561,7 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
     // The form's submit button, as the browser will find it.
     let send = moat_core::element::ElementFacts {
         origin: format!("http://app.test:{port}"),
+        url: url("/form"),
         tag: "button".into(),
         kind: "submit".into(),
         text: "Send".into(),
@@ -1593,6 +1594,18 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
             &s,
             "7",
             json!({"action": "click", "sessionId": "a", "selector": "#under"}),
+        ),
+        // Nor through a card onto the button inside it, nor typed into what
+        // takes no focus (the text would go wherever the focus is).
+        browser(
+            &s,
+            "7b",
+            json!({"action": "click", "sessionId": "a", "selector": "#card"}),
+        ),
+        browser(
+            &s,
+            "7c",
+            json!({"action": "type", "sessionId": "a", "selector": "#greeting", "text": "x"}),
         ),
         // A page's scripts cannot make its submit button pass for a link.
         browser(
@@ -1643,8 +1656,19 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
         "{}",
         results[6]
     );
-    assert_denied(&results[8], "element_unchecked");
-    let sneaky = &results[8]["result"]["element"];
+    for refused in &results[7..=8] {
+        assert_denied(refused, "invalid_args");
+    }
+    assert!(
+        results[8]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("focus"),
+        "{}",
+        results[8]
+    );
+    assert_denied(&results[10], "element_unchecked");
+    let sneaky = &results[10]["result"]["element"];
     assert_eq!(
         (
             &sneaky["tag"],
@@ -1659,7 +1683,7 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
             &json!("post")
         ),
         "{}",
-        results[8]
+        results[10]
     );
     // The form went once: for the step decided on its button.
     let posted = site

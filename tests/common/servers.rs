@@ -287,6 +287,7 @@ const PAGE: &str = "<html><head><title>Moat test page</title></head>\
 <p><a id=\"to-form\" href=\"/form\">the form</a></p>\
 <div style=\"position: relative\"><button id=\"under\">Hidden</button>\
 <div id=\"veil\" style=\"position: absolute; inset: 0\"></div></div>\
+<div id=\"card\" style=\"width: 200px\"><button id=\"inner\" style=\"width: 100%\">Buy</button></div>\
 </body></html>";
 
 const FORM: &str = "<html><head><title>A form</title></head><body>\

@@ -102,6 +102,7 @@ fn element_context(element: Option<&ElementFacts>) -> serde_json::Value {
     let e = element.unwrap_or(&none);
     json!({
         "checked": element.is_some(),
+        "url": e.url,
         "tag": e.tag,
         "type": e.kind,
         "role": e.role,

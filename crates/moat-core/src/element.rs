@@ -18,6 +18,9 @@ pub const ANY_ELEMENT: &str = "any";
 pub struct ElementFacts {
     /// The page's origin (`https://shop.example`).
     pub origin: String,
+    /// The page's address, cut to 2 KiB: the approval of a step on one
+    /// page is not one on another page of the site.
+    pub url: String,
     /// Lower case: `button`, `a`, `input`...
     pub tag: String,
     /// Its `type` attribute (`submit`, `password`...), or empty.

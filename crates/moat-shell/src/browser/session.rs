@@ -82,21 +82,33 @@ pub struct Session {
 }
 
 /// A page script's `describe(e)`: what an acting step would act on, as
-/// [`ElementFacts`] (the page's origin; the element's tag, type, role,
-/// visible text, a link's target; the method and action its form, or the
-/// button's own `formmethod`/`formaction`, would send with; whether it
-/// submits), each cut short; never a field's value.
+/// [`ElementFacts`] (the page's origin and address; the element's tag,
+/// type, role, visible text, a link's target; the method and action its
+/// form, or the button's own `formmethod`/`formaction`, would send with;
+/// whether it submits), each cut short; never a field's value. The type is
+/// the element's own idea of it (a `<button type=x>` is a submit button)
+/// and the form's action is read from its attribute (a field named
+/// `action` shadows the form's property).
 const DESCRIBE: &str = "const describe = (e) => { const f = e.form || e.closest('form'); \
     const cut = (s, n) => String(s || '').slice(0, n); \
-    const at = (n) => e.getAttribute(n) || ''; const t = at('type').toLowerCase(); \
-    const submits = !!f && ((e.tagName === 'BUTTON' && (t === '' || t === 'submit')) || \
+    const at = (n) => e.getAttribute(n) || ''; \
+    const url = (u) => { try { return new URL(u, document.baseURI).href; } catch (_) { return ''; } }; \
+    const t = String((e.tagName === 'BUTTON' || e.tagName === 'INPUT' ? e.type : at('type')) || '').toLowerCase(); \
+    const submits = !!f && ((e.tagName === 'BUTTON' && t === 'submit') || \
     (e.tagName === 'INPUT' && (t === 'submit' || t === 'image'))); \
     const method = submits && at('formmethod') ? at('formmethod') : (f ? f.getAttribute('method') || 'get' : ''); \
-    const action = submits && at('formaction') ? e.formAction : (f ? f.action : ''); \
-    return {origin: cut(location.origin, 512), tag: e.tagName.toLowerCase(), type: cut(t, 32), \
-    role: cut(at('role'), 32), text: cut(e.innerText, 200), \
-    href: cut(e.tagName === 'A' ? e.href : '', 2048), formMethod: cut(method, 16).toLowerCase(), \
-    formAction: cut(action, 2048), submits}; };";
+    const action = submits && at('formaction') ? url(at('formaction')) : (f ? url(f.getAttribute('action') || '') : ''); \
+    const page = new URL(location.href); \
+    return {origin: cut(page.origin, 512), url: cut(page.href, 2048), tag: e.tagName.toLowerCase(), \
+    type: cut(t, 32), role: cut(at('role'), 32), text: cut(e.innerText, 200), \
+    href: cut(e.localName === 'a' && at('href') ? url(at('href')) : '', 2048), \
+    formMethod: cut(method, 16).toLowerCase(), formAction: cut(action, 2048), submits}; };";
+
+/// What a click may land on inside the element it was decided on without
+/// that being another element that acts (a `<span>` in a `<button>` is the
+/// button; a `<button>` in a `<div>` is not the div).
+const ACTS: &str = "a[href], area[href], button, input, select, textarea, label, summary, \
+    iframe, frame, object, embed, [onclick], [role=button], [role=link], [contenteditable]";
 
 /// A page script drawing every input and textarea of the page (and of its
 /// open shadow roots' documents) as dots, above the page's own styles.
@@ -315,8 +327,9 @@ impl Session {
     }
 
     /// Clicks the middle of the first element `selector` matches, then
-    /// waits for a page the click starts loading. A click whose middle
-    /// another element covers is not made: it would land on that one.
+    /// waits for a page the click starts loading. A click that would land
+    /// on another element is not made: one covering its middle, one that
+    /// acts inside it (a button in a card), or a frame's document.
     pub fn click(&mut self, selector: &str, deadline: Instant) -> Result<Clicked, CdpError> {
         let found = self.evaluate_isolated(
             &format!(
@@ -324,8 +337,12 @@ impl Session {
                  e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
                  const x = r.left + r.width / 2, y = r.top + r.height / 2; \
                  const hit = document.elementFromPoint(x, y); \
-                 return {{x, y, covered: !(hit && (hit === e || e.contains(hit)))}}; }})()",
-                js_string(selector)
+                 const inner = hit && hit.closest({}); \
+                 const lands = !!hit && (hit === e || (e.contains(hit) && (!inner || inner === e))) \
+                 && !e.matches('iframe, frame, object, embed'); \
+                 return {{x, y, covered: !lands}}; }})()",
+                js_string(selector),
+                js_string(ACTS)
             ),
             deadline,
         )?;
@@ -374,27 +391,28 @@ impl Session {
         Ok(Clicked::Clicked)
     }
 
-    /// Types `text` into the first element `selector` matches (`false`:
-    /// none does).
+    /// Types `text` into the first element `selector` matches: `None` if
+    /// none does, `Some(false)` if it does not take the focus (the text
+    /// would go to whatever has it), `Some(true)` once typed.
     pub fn type_text(
         &mut self,
         selector: &str,
         text: &str,
         deadline: Instant,
-    ) -> Result<bool, CdpError> {
+    ) -> Result<Option<bool>, CdpError> {
         let focused = self.evaluate_isolated(
             &format!(
-                "(() => {{ const e = document.querySelector({}); if (!e) return false; \
-                 e.focus(); return true; }})()",
+                "(() => {{ const e = document.querySelector({}); if (!e) return null; \
+                 e.focus(); return document.activeElement === e; }})()",
                 js_string(selector)
             ),
             deadline,
         )?;
         if focused != true {
-            return Ok(false);
+            return Ok(focused.as_bool().map(|_| false));
         }
         self.page_call("Input.insertText", json!({"text": text}), deadline)?;
-        Ok(true)
+        Ok(Some(true))
     }
 
     /// Puts `value` into the text field `selector` matches, in place of

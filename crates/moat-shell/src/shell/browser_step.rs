@@ -142,9 +142,16 @@ impl Shell {
                 };
                 match session.type_text(&selector, &text, Instant::now() + STEP_WAIT) {
                     // What was typed is the agent's: not echoed back.
-                    Ok(true) => ok(json!({"sessionId": id, "matched": true,
+                    Ok(Some(true)) => ok(json!({"sessionId": id, "matched": true,
                         "typed": text.chars().count(), "element": element})),
-                    Ok(false) => ok(json!({"sessionId": id, "matched": false})),
+                    Ok(Some(false)) => refuse(
+                        DenialReason::InvalidArgs,
+                        format!(
+                            "{selector:?} does not take the focus: what was typed would go \
+                             elsewhere"
+                        ),
+                    ),
+                    Ok(None) => ok(json!({"sessionId": id, "matched": false})),
                     Err(e) => Outcome::Failed(format!("session {id}: type: {e}")),
                 }
             }
@@ -237,10 +244,15 @@ impl Shell {
             Ok(None) => return Err(ok(json!({"sessionId": id, "matched": false}))),
             Err(e) => return Err(Outcome::Failed(format!("session {id}: {e}"))),
         };
-        // The page may show a secret filled into it: never in a decision.
-        if !session.filled.is_empty() {
-            for text in [&mut facts.text, &mut facts.href, &mut facts.form_action] {
-                *text = session.filled.text_and_tail(text);
+        // The page may show a secret filled into it, anywhere it likes:
+        // never in a decision.
+        if !session.filled.is_empty()
+            && let Ok(mut value) = serde_json::to_value(&facts)
+        {
+            session.filled.json_and_tails(&mut value);
+            match serde_json::from_value(value) {
+                Ok(scrubbed) => facts = scrubbed,
+                Err(e) => return Err(Outcome::Failed(format!("session {id}: {e}"))),
             }
         }
         match grant {
@@ -440,8 +452,9 @@ impl Shell {
             Ok(Clicked::Covered) => refuse(
                 DenialReason::InvalidArgs,
                 format!(
-                    "another element covers the middle of {selector:?}: the click would land \
-                     on it (click that one, if it is the one meant)"
+                    "a click at the middle of {selector:?} would land on another element (one \
+                     that covers it, one that acts inside it, or a frame's page): click that \
+                     one, if it is the one meant"
                 ),
             ),
             Ok(Clicked::Clicked) => {

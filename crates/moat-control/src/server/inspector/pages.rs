@@ -780,7 +780,7 @@ pub fn approvals(
                                     @if a.summary["element"].is_object() {
                                         div.element {
                                             "would act on " (element_line(&a.summary["element"]))
-                                            " at " code { (text(&a.summary["element"]["origin"])) }
+                                            " on " code { (truncate(&text(&a.summary["element"]["url"]), 300)) }
                                         }
                                     }
                                     @if let Some(sha) = screens.get(&a.id) {

@@ -1630,7 +1630,15 @@ fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
     );
     assert_eq!(results[2]["result"]["fingerprint"], send.fingerprint());
     assert_denied(&results[3], "element_unchecked");
-    // Each refusal is on record, with the element.
+    // Each refusal is on record: those on the element with it.
+    for id in ["7", "7b", "7c"] {
+        assert!(
+            s.events_of(id, "capability.denied")
+                .iter()
+                .any(|e| e["data"]["reason"] == "invalid_args"),
+            "{id}: its refusal is not on record"
+        );
+    }
     for id in ["3", "4"] {
         let denied = s.events_of(id, "capability.denied");
         assert!(

@@ -42,8 +42,9 @@ struct IssueArgs {
     /// When it was issued (RFC 3339; default: now).
     #[arg(long, value_name = "TIME")]
     issued_at: Option<String>,
-    /// The workload class an exec_argv program must run in (namespace or
-    /// microvm; the shell refuses a class it cannot give).
+    /// The workload class an exec_argv program, or a browser_step's
+    /// session, must run in (namespace or microvm; the shell refuses a
+    /// class it cannot give, and a step stronger than its session's).
     #[arg(long, value_name = "CLASS", default_value = "namespace")]
     class: WorkloadClass,
     /// For an acting browser step (click, type, select, fill_secret): the

@@ -80,7 +80,8 @@ pub struct ShellArgs {
     pub override_launch_policy: bool,
     /// Offer this workload class besides namespace (repeatable): with
     /// microvm, an exec_argv whose capability says microvm runs in a
-    /// disposable virtual machine (the manifest must list the class;
+    /// disposable virtual machine, and a browser_step `open` so says starts
+    /// its session's browser in one (the manifest must list the class;
     /// `allowEmulation` lets it run under software emulation).
     #[arg(long = "class", value_name = "CLASS")]
     pub classes: Vec<WorkloadClass>,

@@ -156,6 +156,15 @@ fn step_held(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
     }
 }
 
+/// Whether the site got a form posted to `/submit` with `field` in it.
+fn posted(site: &Site, field: &str) -> bool {
+    site.seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|r| r.line.starts_with("POST /submit") && r.body.contains(field))
+}
+
 /// The run's record holds the shell's refusal of step `id` for `reason`.
 fn refusal_recorded(events: &[Value], id: &str, reason: &str) -> bool {
     events.iter().any(|e| {
@@ -297,14 +306,7 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
             .is_some_and(|a| a.ends_with("/submit")),
         "{sent}"
     );
-    assert!(
-        site.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|r| r.line.starts_with("POST /submit") && r.body.contains("q=managed")),
-        "the site did not get the form"
-    );
+    assert!(posted(&site, "q=managed"), "the site did not get the form");
     // A second session, never closed: the run's end closes it, and what it
     // fetched is on the record all the same, under the step that opened it.
     let left = step(
@@ -952,4 +954,206 @@ fn an_mcp_client_browses_as_a_managed_run_and_a_person_approves_its_submit() {
         assert!(std::time::Instant::now() < deadline, "{run}");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// Operation `id` of run `web` once it has ended (a guest under software
+/// emulation takes minutes where a namespace sandbox takes a second).
+fn ended(serve: &Serve, token: &str, id: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    loop {
+        let (_, op) = call(
+            "GET",
+            &format!("{}/v1/runs/web/ops/{id}?wait_ms=20000", serve.url),
+            token,
+            None,
+        );
+        if !matches!(op["state"].as_str(), Some("queued" | "dispatched")) {
+            return op;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "step {id} never ended: {op}"
+        );
+    }
+}
+
+/// Step `id` of run `web`, submitted and waited for to its end.
+fn slow_step(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
+    let (status, op) = call(
+        "POST",
+        &format!("{}/v1/runs/web/ops", serve.url),
+        token,
+        Some(envelope(id, "browser_step", args)),
+    );
+    assert_eq!(status, 201, "{op}");
+    ended(serve, token, id)
+}
+
+#[test]
+fn a_policy_that_puts_browsing_in_a_vm_gets_the_session_a_guest_of_its_own() {
+    let site = Site::start();
+    let port = site.port;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = format!(
+        r#"{POLICY}
+@id("browsers-in-a-vm") @workload_class("microvm")
+permit(principal, action == Moat::Action::"browser_step", resource);
+"#
+    );
+    let setup = browsing_with(dir.path(), port, |m| {
+        m["policyHash"] = json!(sha256_hex(policy.as_bytes()));
+        m["workloadClasses"] = json!(["namespace", "microvm"]);
+        // This machine's KVM boots no stock kernel: software emulation.
+        m["allowEmulation"] = json!(true);
+        m["limits"]["memoryBytes"] = json!(2u64 << 30);
+        m["limits"]["cpuMillis"] = json!(2000);
+    });
+    std::fs::write(&setup.policy, &policy).unwrap();
+    let db = format!("sqlite:{}", dir.path().join("control.db").display());
+    let serve = Serve::start(&setup, &db, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let runner = Runner::start_with(
+        &serve,
+        &setup,
+        &acme,
+        "vm",
+        &["--resolve", "app.test=127.0.0.1", "--class", "microvm"],
+    );
+    // The run needs the class its browser is put in.
+    let (status, run) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "web"})),
+    );
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(
+        run["workloadClasses"],
+        json!(["namespace", "microvm"]),
+        "{run}"
+    );
+
+    let opened = slow_step(
+        &serve,
+        &acme,
+        "open",
+        json!({"action": "open", "sessionId": "s"}),
+    );
+    assert_eq!(opened["state"], "succeeded", "{opened}");
+    assert_eq!(opened["decision"]["class"], "microvm", "{opened}");
+    assert_eq!(opened["result"]["result"]["class"], "microvm", "{opened}");
+    let sandbox = opened["result"]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let page = slow_step(
+        &serve,
+        &acme,
+        "look",
+        json!({"action": "navigate", "sessionId": "s", "url": format!("http://app.test:{port}/form")}),
+    );
+    assert_eq!(page["result"]["result"]["title"], "A form", "{page}");
+    let shot = page["result"]["result"]["screenshot"]["sha256"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no screenshot: {page}"))
+        .to_owned();
+    // Acting steps are decided on their element, found in the guest's
+    // browser, and wait for a person as on the host.
+    let typed_on = step_held(
+        &serve,
+        &acme,
+        "type",
+        json!({"action": "type", "sessionId": "s", "selector": "#q", "text": "in a vm"}),
+    );
+    approve(&serve, &acme, typed_on["id"].as_str().unwrap());
+    let typed = ended(&serve, &acme, "type");
+    assert_eq!(typed["state"], "succeeded", "{typed}");
+    let send_on = step_held(
+        &serve,
+        &acme,
+        "send",
+        json!({"action": "click", "sessionId": "s", "selector": "#go"}),
+    );
+    assert_eq!(send_on["summary"]["element"]["text"], "Send", "{send_on}");
+    approve(&serve, &acme, send_on["id"].as_str().unwrap());
+    let sent = ended(&serve, &acme, "send");
+    assert_eq!(sent["state"], "succeeded", "{sent}");
+    assert_eq!(sent["result"]["result"]["title"], "Sent", "{sent}");
+    assert!(posted(&site, "q=in+a+vm"), "the site did not get the form");
+    // A name outside the list is refused by the proxy the guest reaches.
+    let away = slow_step(
+        &serve,
+        &acme,
+        "away",
+        json!({"action": "navigate", "sessionId": "s", "url": format!("http://other.test:{port}/page")}),
+    );
+    assert_eq!(away["result"]["status"], "denied", "{away}");
+    assert_eq!(away["result"]["reason"], "domain_not_allowed", "{away}");
+
+    let closed = slow_step(
+        &serve,
+        &acme,
+        "close",
+        json!({"action": "close", "sessionId": "s"}),
+    );
+    assert_eq!(closed["result"]["result"]["closed"], true, "{closed}");
+
+    // The record says where the browser ran, and under which accelerator
+    // (with the step that closed it).
+    let events = run_events(&serve, &acme, "web");
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "sandbox.exec.finished" && e["opId"] == "close")
+        .unwrap_or_else(|| panic!("no end of the browser's guest: {events:#?}"));
+    let report = &finished["data"];
+    assert_eq!(report["class"], "microvm", "{finished}");
+    let accelerator = report["vm"]["accelerator"].as_str().unwrap_or_default();
+    assert!(matches!(accelerator, "kvm" | "tcg"), "{finished}");
+    eprintln!("the browser's guest ran under {accelerator}");
+    let granted = events
+        .iter()
+        .find(|e| e["type"] == "capability.granted" && e["opId"] == "open")
+        .unwrap();
+    assert_eq!(granted["data"]["class"], "microvm", "{granted}");
+    assert!(
+        events.iter().any(|e| e["type"] == "network.request"
+            && e["opId"] == "close"
+            && e["data"]["host"] == "app.test"),
+        "{events:#?}"
+    );
+    assert!(
+        refusal_recorded(&events, "away", "domain_not_allowed")
+            || events
+                .iter()
+                .any(|e| e["type"] == "network.denied" && e["data"]["host"] == "other.test"),
+        "{events:#?}"
+    );
+    let (_, artifacts) = call(
+        "GET",
+        &format!("{}/v1/runs/web/artifacts", serve.url),
+        &acme,
+        None,
+    );
+    assert!(artifacts.to_string().contains(&shot), "{artifacts}");
+    // The site saw only the allowed name; nothing of the guest is left.
+    assert!(
+        site.hosts()
+            .iter()
+            .all(|h| h == &format!("app.test:{port}"))
+    );
+    assert!(
+        common::host_processes_with(&sandbox).is_empty(),
+        "the browser's guest outlived its session"
+    );
+    let left: Vec<String> = std::fs::read_dir("/var/cache/moat/microvm/runs")
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .filter(|name| name.starts_with(&format!("{sandbox}.")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the guest's state is left: {left:?}");
+    drop(runner);
+    assert_ledger_intact(&serve);
 }

@@ -1553,6 +1553,101 @@ fn browser_step_drives_a_sandboxed_browser_that_reaches_only_the_allowed_site() 
     assert!(s.ledger_verifies());
 }
 
+/// A `browser_step` whose capability puts it in workload class `class`.
+fn browser_in(s: &Session, id: &str, args: Value, class: &str) -> Value {
+    let key = s.dir.path().join("keys/moat.key");
+    issue_capability(
+        s,
+        &key,
+        &op(id, "browser_step", args),
+        &["--ttl", "60s", "--element", "any", "--class", class],
+    )
+}
+
+#[test]
+fn a_browser_step_never_runs_in_a_weaker_class_than_its_capability_says() {
+    let site = common::servers::Site::start();
+    let mut s = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
+        m["allowedOps"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("browser_step"));
+        m["workloadClasses"] = json!(["namespace", "microvm"]);
+        m["allowEmulation"] = json!(true);
+    });
+    let page = format!("http://app.test:{}/page", site.port);
+    // A shell that offers no microvm refuses a session that must be in one.
+    let refused = s.ops(&[browser_in(
+        &s,
+        "1",
+        json!({"action": "open", "sessionId": "vm"}),
+        "microvm",
+    )]);
+    assert_denied(&refused[0], "class_not_available");
+    assert_eq!(s.events_of("1", "capability.denied").len(), 1);
+
+    // One that does keeps a session's class: a step the policy puts in a
+    // stronger class than its session's is refused, not run there; and a
+    // guest too small for a browser is refused before it boots.
+    s.extra.extend(["--class".into(), "microvm".into()]);
+    let results = s.ops(&[
+        browser_in(
+            &s,
+            "2",
+            json!({"action": "open", "sessionId": "b1"}),
+            "namespace",
+        ),
+        browser_in(
+            &s,
+            "3",
+            json!({"action": "navigate", "sessionId": "b1", "url": page}),
+            "microvm",
+        ),
+        browser_in(
+            &s,
+            "4",
+            json!({"action": "open", "sessionId": "b2"}),
+            "microvm",
+        ),
+        browser_in(
+            &s,
+            "5",
+            json!({"action": "close", "sessionId": "b1"}),
+            "namespace",
+        ),
+    ]);
+    assert_eq!(results[0]["status"], "ok", "{}", results[0]);
+    assert_eq!(results[0]["result"]["class"], "namespace", "{}", results[0]);
+    let sandbox = results[0]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_denied(&results[1], "class_not_available");
+    assert!(
+        results[1]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("runs in workload class namespace")),
+        "{}",
+        results[1]
+    );
+    assert_denied(&results[2], "limit_exceeded");
+    assert!(
+        results[2]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("1024 MiB")),
+        "{}",
+        results[2]
+    );
+    assert_eq!(results[3]["result"]["closed"], true, "{}", results[3]);
+    for id in ["3", "4"] {
+        assert_eq!(s.events_of(id, "capability.denied").len(), 1, "op {id}");
+    }
+    // The refused navigation never reached the site; nothing is left.
+    assert!(site.hosts().is_empty(), "{:?}", site.hosts());
+    assert!(common::host_processes_with(&sandbox).is_empty());
+    assert!(s.ledger_verifies());
+}
+
 #[test]
 fn an_acting_step_acts_only_on_the_element_its_capability_was_decided_on() {
     let (site, s) = browser_session();

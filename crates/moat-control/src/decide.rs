@@ -258,40 +258,11 @@ pub fn decide(
         element,
     };
     let acting = described.op == OpKind::BrowserStep && ACTING.contains(&described.action.as_str());
-    if described.op == OpKind::BrowserStep {
-        match policy.classify(&request) {
-            Ok(class) if class.is_namespace() => {}
-            Ok(class) => {
-                return Decided::denied(
-                    DecisionRecord {
-                        manifest_hash: Some(manifest.manifest_hash.clone()),
-                        resource: Some(described.resource.to_string()),
-                        class: Some(class),
-                        ..DecisionRecord::denial(&policy_hash, None)
-                    },
-                    DenialReason::ClassNotAvailable,
-                    format!(
-                        "the policy puts this browser step in workload class {class}; browsers \
-                         run in the namespace class only"
-                    ),
-                );
-            }
-            Err(e) => {
-                return Decided::denied(
-                    DecisionRecord {
-                        error: Some(e.to_string()),
-                        ..DecisionRecord::denial(&policy_hash, Some(&manifest.manifest_hash))
-                    },
-                    DenialReason::PolicyDenied,
-                    format!("the policy could not classify: {e}"),
-                );
-            }
-        }
-    }
     let decision = policy.decide(&request);
     let class = match decision {
+        // A program and a browser run in a class; the rest is the shell's.
         Ok(Decision::Allow { .. } | Decision::RequireApproval { .. })
-            if described.op == OpKind::ExecArgv =>
+            if matches!(described.op, OpKind::ExecArgv | OpKind::BrowserStep) =>
         {
             match class_of(policy, &request, &manifest.manifest, offered) {
                 Ok(class) => Some(class),
@@ -465,12 +436,34 @@ pub fn run_classes(
             }
         }
     }
+    // A browser's class is its session's, chosen when it opens: the class
+    // the policy gives an `open` (no page yet: no domain, no element).
+    if policy.classifies() && manifest.allowed_ops.contains(&OpKind::BrowserStep) {
+        let request = OpRequest {
+            org: org_name,
+            runner: "unassigned",
+            op: OpKind::BrowserStep,
+            resource: Resource::Run(String::new()),
+            size: 0,
+            network: moat_core::NetworkMode::Off,
+            sandbox: sandbox_of(signed),
+            origin: moat_core::ExecutableOrigin::Trusted,
+            path: "",
+            method: "",
+            action: "open",
+            domain: "",
+            element: None,
+        };
+        if let Some(class) = policy.classify(&request).ok().and_then(|c| manifest.fit(c)) {
+            add(class);
+        }
+    }
     needed.sort_by_key(|c| c.bit());
     Ok(needed)
 }
 
-/// The class the policy gives an `exec_argv` under `manifest` (`None`:
-/// another operation). For a dispatch under another manifest than the
+/// The class the policy gives an `exec_argv` or a `browser_step` under
+/// `manifest` (`None`: another operation). For a dispatch under another manifest than the
 /// decision's: a class it cannot tell, or that the manifest cannot give,
 /// is the strongest there is (the shell then refuses what it cannot give).
 pub fn reclassify(
@@ -481,8 +474,10 @@ pub fn reclassify(
     envelope: &Envelope,
 ) -> Option<WorkloadClass> {
     let described = describe(envelope).ok()?;
-    let Resource::Executable(path) = &described.resource else {
-        return None;
+    let origin = match (&described.resource, described.op) {
+        (Resource::Executable(path), _) => manifest.manifest.origin_of(path),
+        (_, OpKind::BrowserStep) => moat_core::ExecutableOrigin::Trusted,
+        _ => return None,
     };
     let request = OpRequest {
         org: org_name,
@@ -492,7 +487,7 @@ pub fn reclassify(
         size: described.size,
         network: described.network,
         sandbox: sandbox_of(manifest),
-        origin: manifest.manifest.origin_of(path),
+        origin,
         path: &described.path,
         method: &described.method,
         action: &described.action,
@@ -511,6 +506,14 @@ pub fn reclassify(
             .and_then(|c| manifest.manifest.fit(c))
             .unwrap_or(strongest),
     )
+}
+
+/// What runs in a class, as a refusal names it.
+fn what(op: OpKind) -> &'static str {
+    match op {
+        OpKind::BrowserStep => "browser step",
+        _ => "program",
+    }
 }
 
 /// Why a program cannot be given the class the policy asks for.
@@ -532,15 +535,19 @@ fn class_of(
 ) -> Result<WorkloadClass, ClassRefused> {
     let needed = policy.classify(request).map_err(|e| ClassRefused {
         reason: DenialReason::PolicyDenied,
-        message: format!("the policy could not classify the program: {e}"),
+        message: format!(
+            "the policy could not classify the {}: {e}",
+            what(request.op)
+        ),
         class: None,
         error: Some(e.to_string()),
     })?;
     let class = manifest.fit(needed).ok_or_else(|| ClassRefused {
         reason: DenialReason::ClassNotAvailable,
         message: format!(
-            "the policy runs this program in workload class {needed} at least; the manifest's \
+            "the policy runs this {} in workload class {needed} at least; the manifest's \
              workloadClasses ({}) has none as strong",
+            what(request.op),
             WorkloadClass::names(&manifest.classes())
         ),
         class: Some(needed),
@@ -550,8 +557,9 @@ fn class_of(
         Some(offered) if !offered.contains(&class) => Err(ClassRefused {
             reason: DenialReason::ClassNotAvailable,
             message: format!(
-                "the policy runs this program in workload class {class}; the runner holding \
-                 the run offers {}",
+                "the policy runs this {} in workload class {class}; the runner holding the run \
+                 offers {}",
+                what(request.op),
                 WorkloadClass::names(offered)
             ),
             class: Some(class),
@@ -1122,6 +1130,56 @@ mod tests {
         );
         assert!(run_classes(&policy, "org", Some(&only_ns), &[WorkloadClass::Microvm]).is_err());
         assert!(run_classes(&policy, "org", None, &[WorkloadClass::Microvm]).is_err());
+    }
+
+    #[test]
+    fn a_rule_on_browser_steps_puts_the_session_in_a_vm() {
+        const RULES: &str = r#"
+            permit(principal, action == Moat::Action::"browser_step", resource);
+            @id("browsers-in-a-vm") @workload_class("microvm")
+            permit(principal, action == Moat::Action::"browser_step", resource);
+        "#;
+        let policy = PolicyEngine::new(RULES).expect("policy");
+        let mut m = manifest(&[OpKind::BrowserStep], &[]).manifest;
+        m.policy_hash = policy.hash().to_owned();
+        m.workload_classes = vec![WorkloadClass::Namespace, WorkloadClass::Microvm];
+        let signed = m.sign(&PrivateKey::from_seed([7; 32])).expect("sign");
+        let open = envelope("browser_step", json!({"action": "open", "sessionId": "s"}));
+        let decided = |offered: &[WorkloadClass]| {
+            decide(
+                &policy,
+                "org",
+                &run(),
+                Some(&signed),
+                &open,
+                None,
+                Some(offered),
+                None,
+            )
+        };
+        let in_vm = decided(&[WorkloadClass::Namespace, WorkloadClass::Microvm]);
+        assert_eq!(outcome(&in_vm), Outcome::Queued);
+        assert_eq!(in_vm.record.class, Some(WorkloadClass::Microvm));
+        assert_eq!(in_vm.record.granted().class, Some(WorkloadClass::Microvm));
+        // Never run weaker: a runner without the class refuses it.
+        let refused = decided(&[WorkloadClass::Namespace]);
+        assert_eq!(
+            outcome(&refused),
+            Outcome::Denied(DenialReason::ClassNotAvailable)
+        );
+        assert!(
+            refused
+                .denial
+                .as_ref()
+                .is_some_and(|(_, m)| m.contains("browser step")),
+            "{:?}",
+            refused.denial
+        );
+        // A run that may browse (and run no program) needs the class.
+        assert_eq!(
+            run_classes(&policy, "org", Some(&signed), &[]),
+            Ok(vec![WorkloadClass::Microvm])
+        );
     }
 
     #[test]

@@ -98,7 +98,7 @@ reasons! {
     CapabilityInvalid => "capability_invalid",
     /// The operation exists but this build cannot perform it (it never pretends to).
     Unsupported => "unsupported",
-    /// The policy puts the program in a workload class the manifest does not list or the runner does not offer.
+    /// The policy puts the program (or browser step) in a workload class the manifest does not list or the runner does not offer, or a browser step in a stronger class than its session's.
     ClassNotAvailable => "class_not_available",
     /// An acting browser step was not decided on the element it would act on (or that element changed since): the answer's `result.element` says what it found, for the control plane to decide on.
     ElementUnchecked => "element_unchecked",

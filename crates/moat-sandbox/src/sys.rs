@@ -543,6 +543,27 @@ pub(crate) fn open_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
     )
 }
 
+/// Whether `fd` is a Unix stream socket.
+pub(crate) fn is_unix_stream(fd: RawFd) -> bool {
+    let option = |name| {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: value and len are valid for an int-sized option.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then_some(value)
+    };
+    option(libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+        && option(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+}
+
 /// `fstat(2)`.
 pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     // SAFETY: stat is plain old data for the kernel to fill.

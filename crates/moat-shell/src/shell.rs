@@ -300,18 +300,9 @@ impl Shell {
     /// this shell can start: a capability's class is never given less.
     fn offered(&self, kind: OpKind, class: WorkloadClass) -> Result<WorkloadClass, Refusal> {
         let manifest = &self.config.manifest;
-        // A browser runs in a namespace sandbox only: a step the policy
-        // puts in a stronger class is refused, never run weaker.
-        if kind == OpKind::BrowserStep && !class.is_namespace() {
-            return Err(Refusal::new(
-                DenialReason::ClassNotAvailable,
-                format!(
-                    "the policy puts this browser step in workload class {class}; browsers run \
-                     in the namespace class only"
-                ),
-            ));
-        }
-        if kind != OpKind::ExecArgv {
+        // Programs and browsers run in a class; the other operations are
+        // the shell's own.
+        if kind != OpKind::ExecArgv && kind != OpKind::BrowserStep {
             return Ok(class);
         }
         if !manifest.classes().contains(&class) {
@@ -551,8 +542,9 @@ impl Shell {
                             nonce: claims.nonce,
                             expires_at: claims.expires_at,
                         }),
-                        class: (kind == OpKind::ExecArgv && !claims.class.is_namespace())
-                            .then_some(claims.class),
+                        class: (matches!(kind, OpKind::ExecArgv | OpKind::BrowserStep)
+                            && !claims.class.is_namespace())
+                        .then_some(claims.class),
                         ..CapabilityGranted::default()
                     }
                 }
@@ -604,9 +596,8 @@ impl Shell {
                 "browser_step is high risk: it needs a capability signed with the trusted key \
                  (a control plane's, or `moat capability issue`); a policyDecisionRef is not one",
             )),
-            OpKind::BrowserStep => {
-                args(&envelope.args).map(|a| self.browser(envelope, a, op, element.as_deref()))
-            }
+            OpKind::BrowserStep => args(&envelope.args)
+                .map(|a| self.browser(envelope, a, op, element.as_deref(), class)),
         };
         result.unwrap_or_else(Outcome::Denied)
     }
@@ -981,7 +972,7 @@ impl Shell {
 
 /// The guest options for a program of `class` (`None`: a namespace
 /// sandbox). A class this shell cannot give is refused, never run weaker.
-fn vm_for(
+pub(super) fn vm_for(
     class: WorkloadClass,
     vm: &Option<moat_sandbox::microvm::VmOptions>,
 ) -> Result<Option<&moat_sandbox::microvm::VmOptions>, Refusal> {

@@ -105,6 +105,7 @@ fn probe(
         system: &[],
         roots: &[],
         proxy: false,
+        passed: 0,
         probe: true,
     };
     let mut jail = SandboxSpec::new(

@@ -217,12 +217,14 @@ impl Cache {
         run_id: &str,
         owner: Option<(u32, u32)>,
     ) -> io::Result<StateDir> {
-        let path = self
-            .dir
-            .join("runs")
-            .join(format!("{run_id}.{}", moat_core::random::hex(8)));
+        let runs = self.dir.join("runs");
+        sweep_stale_runs(&runs);
+        let path = runs.join(format!("{run_id}.{}", moat_core::random::hex(8)));
         fs::DirBuilder::new().mode(0o700).create(&path)?;
-        let dir = StateDir { path };
+        let held = lock_dir(&path, libc::LOCK_EX).inspect_err(|_| {
+            let _ = fs::remove_dir_all(&path);
+        })?;
+        let dir = StateDir { path, _held: held };
         // SAFETY: a plain id query.
         let root = unsafe { libc::geteuid() } == 0;
         if let (Some((uid, gid)), true) = (owner, root) {
@@ -254,9 +256,48 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// One run's files: the guest's configuration (shared read-only), the
-/// status port's file and the serial console's log. Removed with the run.
+/// status port's file and the serial console's log. Removed with the run;
+/// locked while it lives, so that the directory of a run whose launcher
+/// was killed (no destructor ran) is found and removed by a later one.
 pub(crate) struct StateDir {
     path: PathBuf,
+    _held: File,
+}
+
+/// How old an unlocked run directory must be to be taken for a dead run's:
+/// a new one is locked right after it is made.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `dir`, opened and `flock`ed with `how` (not following a link).
+fn lock_dir(dir: &Path, how: libc::c_int) -> io::Result<File> {
+    use std::os::fd::AsRawFd as _;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?;
+    // SAFETY: flock on a descriptor this function owns.
+    crate::sys::cvt(unsafe { libc::flock(file.as_raw_fd(), how) })?;
+    Ok(file)
+}
+
+/// Removes the run directories no live run holds, older than
+/// [`STALE_AFTER`]: what a launcher killed outright left.
+fn sweep_stale_runs(runs: &Path) {
+    let Ok(entries) = fs::read_dir(runs) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if old && lock_dir(&path, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
 }
 
 /// The most of the console's log quoted in an error.
@@ -335,6 +376,8 @@ impl Drop for StateDir {
 pub(crate) struct KvmNode {
     dir: Option<PathBuf>,
     pub(crate) node: PathBuf,
+    /// Its directory's lock, as a run's state directory's.
+    _held: Option<File>,
 }
 
 impl Cache {
@@ -345,6 +388,7 @@ impl Cache {
             return Ok(KvmNode {
                 dir: None,
                 node: host.to_path_buf(),
+                _held: None,
             });
         }
         use std::os::unix::fs::FileTypeExt;
@@ -358,9 +402,13 @@ impl Cache {
             .join("runs")
             .join(format!("kvm.{}", moat_core::random::hex(8)));
         fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        let held = lock_dir(&dir, libc::LOCK_EX).inspect_err(|_| {
+            let _ = fs::remove_dir_all(&dir);
+        })?;
         let guard = KvmNode {
             node: dir.join("kvm"),
             dir: Some(dir),
+            _held: Some(held),
         };
         let path = crate::sys::cstring(&guard.node)?;
         // SAFETY: a NUL-terminated path; the node is the host's KVM device.
@@ -376,5 +424,31 @@ impl Drop for KvmNode {
         if let Some(dir) = &self.dir {
             let _ = fs::remove_dir_all(dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    #[test]
+    fn only_old_unlocked_run_directories_are_swept() {
+        let runs = tempfile::tempdir().expect("tempdir");
+        let make = |name: &str, age: u64| {
+            let dir = runs.path().join(name);
+            fs::create_dir(&dir).expect("mkdir");
+            let when = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            File::open(&dir)
+                .and_then(|d| d.set_modified(when))
+                .expect("mtime");
+            dir
+        };
+        let dead = make("dead.1", 600);
+        let live = make("live.2", 600);
+        let young = make("young.3", 0);
+        let _held = lock_dir(&live, libc::LOCK_EX).expect("lock");
+        sweep_stale_runs(runs.path());
+        assert!(!dead.exists());
+        assert!(live.exists() && young.exists());
     }
 }

@@ -15,6 +15,9 @@ pub(crate) const CONFIG_FILE: &str = "config.json";
 pub(crate) const STDOUT_PORT: &str = "moat.stdout";
 pub(crate) const STDERR_PORT: &str = "moat.stderr";
 pub(crate) const STATUS_PORT: &str = "moat.status";
+/// The prefix of the ports that stand for descriptors passed to the
+/// program: `moat.fd.0`, `moat.fd.1`, ...
+pub(crate) const PASSED_PORT_PREFIX: &str = "moat.fd.";
 /// The guest address where QEMU's user network hands connections to the
 /// egress proxy (each one through `moat vm-relay` in the jail).
 pub(crate) const PROXY_GUEST_ADDR: [u8; 4] = [10, 0, 2, 100];
@@ -42,6 +45,17 @@ pub(crate) struct GuestRoot {
     pub(crate) writable: bool,
 }
 
+/// A socket the host passed to the program, reaching the guest as a
+/// virtio-serial port: the init opens `port` and gives it to the program
+/// at each of `fds` (one socket may stand at several, as a DevTools pipe's
+/// reading 3 and writing 4 do).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct PassedPort {
+    pub(crate) port: String,
+    pub(crate) fds: Vec<i32>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct GuestConfig {
@@ -59,6 +73,8 @@ pub(crate) struct GuestConfig {
     pub(crate) open_files: u64,
     pub(crate) pids: u64,
     pub(crate) file_size_bytes: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) passed: Vec<PassedPort>,
 }
 
 /// A syscall the guest's seccomp layer refused, as the init observed it.

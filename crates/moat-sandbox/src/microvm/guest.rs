@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Write};
+use std::os::fd::{FromRawFd as _, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -120,13 +121,14 @@ fn boot(status_port: &mut Option<File>) -> Result<Option<GuestStatus>, String> {
     *status_port = Some(status);
     trace("ports open");
     let config = read_config()?;
+    let passed = open_passed(&config)?;
     build_root(&config)?;
     trace("root built");
     let mut layers = Vec::new();
     network(&config, &mut layers)?;
     harden_view(&mut layers)?;
     trace("starting the program");
-    let status = run_program(&config, stdout, stderr, layers).map(Some);
+    let status = run_program(&config, stdout, stderr, &passed, layers).map(Some);
     trace("the program ended");
     status
 }
@@ -197,6 +199,48 @@ fn find_ports(names: &[&str]) -> Result<HashMap<String, PathBuf>, String> {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The ports standing for the descriptors the host passed the program,
+/// each open for reading and writing, with where the program gets it. Each
+/// is moved above the descriptors it is placed at, so that placing one
+/// never overwrites another.
+fn open_passed(config: &GuestConfig) -> Result<Vec<(OwnedFd, Vec<i32>)>, String> {
+    if config.passed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = config.passed.iter().map(|p| p.port.as_str()).collect();
+    let ports = find_ports(&names)?;
+    let mut opened = Vec::new();
+    for passed in &config.passed {
+        if passed
+            .fds
+            .iter()
+            .any(|fd| !(3..PASSED_FD_FLOOR).contains(fd))
+        {
+            return Err(format!("port {}: descriptors out of range", passed.port));
+        }
+        let path = &ports[&passed.port];
+        let port = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        wait_host_connected(&passed.port, &port)?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: duplicating a descriptor this process owns; the copy is
+        // owned by the OwnedFd below.
+        let high =
+            cvt(unsafe { libc::fcntl(port.as_raw_fd(), libc::F_DUPFD_CLOEXEC, PASSED_FD_FLOOR) })
+                .map_err(|e| format!("{}: {e}", passed.port))?;
+        // SAFETY: `high` was just opened and is owned by nothing else.
+        opened.push((unsafe { OwnedFd::from_raw_fd(high) }, passed.fds.clone()));
+    }
+    Ok(opened)
+}
+
+/// Where the init keeps the passed ports until the program's start places
+/// them at 3, 4, ...
+const PASSED_FD_FLOOR: i32 = 64;
 
 /// Waits until the host end of a port is open: until then a write blocks
 /// (the host's "port open" message can arrive after the guest opened its
@@ -478,6 +522,7 @@ fn run_program(
     config: &GuestConfig,
     stdout: File,
     stderr: File,
+    passed: &[(OwnedFd, Vec<i32>)],
     mut layers: Vec<String>,
 ) -> Result<GuestStatus, String> {
     // The program acts as the owner of its first writable root, as the
@@ -560,6 +605,22 @@ fn run_program(
     layers.push("no_new_privs".into());
     layers.push("seccomp: the namespace class's deny list, each refusal reported".into());
     layers.push("environment: scrubbed (the host's list only)".into());
+    // Placed last in the child, after the seccomp listener is handed over
+    // (its socket may stand at one of these numbers).
+    let placements: Vec<(i32, i32)> = passed
+        .iter()
+        .flat_map(|(port, fds)| {
+            use std::os::fd::AsRawFd;
+            fds.iter().map(|&fd| (port.as_raw_fd(), fd))
+        })
+        .collect();
+    if !placements.is_empty() {
+        let at: Vec<String> = placements.iter().map(|(_, fd)| fd.to_string()).collect();
+        layers.push(format!(
+            "descriptors {}: the host's, virtio-serial ports relayed from its sockets",
+            at.join(", ")
+        ));
+    }
     // SAFETY: the closure runs in the child between fork and exec, on memory
     // prepared before the fork; its system calls are async-signal-safe, and
     // the one allocation (send_fd's control buffer) relies on glibc's malloc
@@ -582,6 +643,10 @@ fn run_program(
             if let Some(listener) = crate::seccomp::install(&seccomp, true)? {
                 crate::sys::send_fd(notify_there_fd, listener)?;
                 libc::close(listener);
+            }
+            for &(port, at) in &placements {
+                // dup2 leaves the copy open across exec.
+                cvt(libc::dup2(port, at))?;
             }
             Ok(())
         });

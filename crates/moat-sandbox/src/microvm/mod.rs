@@ -21,7 +21,9 @@ mod initramfs;
 mod qemu;
 pub mod relay;
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use moat_core::event_data::SandboxExecStarted;
@@ -30,7 +32,9 @@ use moat_core::{
     SandboxReport, VmReport, WorkloadClass,
 };
 
-use self::config::{GuestConfig, GuestDenial, GuestRoot, SystemEntry};
+use self::config::{
+    GuestConfig, GuestDenial, GuestRoot, PASSED_PORT_PREFIX, PassedPort, SystemEntry,
+};
 use crate::error::{Layer, SetupError, SpecError};
 use crate::launch::{EgressHook, RunOutcome, refused_report};
 use crate::spec::{BindMount, SandboxSpec};
@@ -147,8 +151,16 @@ fn check_supported(spec: &SandboxSpec) -> Result<(), SpecError> {
     if spec.limits.max_write_bytes.is_some() {
         return refuse("a storage budget (max-write) yet");
     }
-    if !spec.pass_fds.is_empty() {
-        return refuse("descriptors passed to the program (they would stay on the host)");
+    // A descriptor stays on the host: QEMU relays a socket's bytes to a
+    // port the guest hands the program; nothing else crosses.
+    if spec.pass_fds.iter().any(|fd| {
+        use std::os::fd::AsRawFd as _;
+        !crate::sys::is_unix_stream(fd.as_raw_fd())
+    }) {
+        return refuse(
+            "a passed descriptor other than a Unix stream socket (each reaches the guest as a \
+             virtio-serial port QEMU relays from the socket)",
+        );
     }
     if spec.stdin_data.is_some() {
         return refuse("bytes on stdin (the program's stdin is empty)");
@@ -303,6 +315,22 @@ struct Prepared {
     memory_mib: u64,
     vcpus: u32,
     moat: PathBuf,
+    /// The distinct sockets passed to the program, each with the
+    /// descriptors it stands at there.
+    passed: Vec<(Arc<OwnedFd>, Vec<i32>)>,
+}
+
+/// The distinct sockets among `spec.pass_fds` (the same one may stand at
+/// several descriptors), in the order they first appear.
+fn passed_sockets(spec: &SandboxSpec) -> Vec<(Arc<OwnedFd>, Vec<i32>)> {
+    let mut sockets: Vec<(Arc<OwnedFd>, Vec<i32>)> = Vec::new();
+    for (at, fd) in (3..).zip(&spec.pass_fds) {
+        match sockets.iter_mut().find(|(s, _)| Arc::ptr_eq(s, fd)) {
+            Some((_, fds)) => fds.push(at),
+            None => sockets.push((fd.clone(), vec![at])),
+        }
+    }
+    sockets
 }
 
 impl Prepared {
@@ -389,6 +417,7 @@ impl Prepared {
             memory_mib,
             vcpus,
             moat: vm.moat.clone(),
+            passed: passed_sockets(spec),
         })
         .and_then(|p| {
             p.write_config(spec)?;
@@ -409,6 +438,15 @@ impl Prepared {
             open_files: spec.limits.open_files,
             pids: spec.limits.pids,
             file_size_bytes: spec.limits.file_size_bytes,
+            passed: self
+                .passed
+                .iter()
+                .enumerate()
+                .map(|(k, (_, fds))| PassedPort {
+                    port: format!("{PASSED_PORT_PREFIX}{k}"),
+                    fds: fds.clone(),
+                })
+                .collect(),
         };
         self.state
             .write_config(&config)
@@ -424,6 +462,7 @@ impl Prepared {
             system: &self.system,
             roots: &self.roots,
             proxy,
+            passed: self.passed.len(),
             probe: false,
         }
     }
@@ -439,6 +478,8 @@ impl Prepared {
         jail.id_range = spec.id_range;
         jail.launch_policy = spec.launch_policy.clone();
         jail.stdin_null = true;
+        // At 3, 4, ...: QEMU's `-chardev socket,fd=N`.
+        jail.pass_fds = self.passed.iter().map(|(fd, _)| fd.clone()).collect();
         jail.kvm = self.kvm.as_ref().map(|k| k.node.clone());
         jail.tcp_on_loopback = proxy;
         // The guest ends the program at its timeout; the jail's is the
@@ -664,6 +705,29 @@ fn modules_dir_of(kernel: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_passed_at_two_descriptors_is_one_port() {
+        let (a, _) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let (b, _) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let (a, b) = (Arc::new(OwnedFd::from(a)), Arc::new(OwnedFd::from(b)));
+        let mut spec = SandboxSpec::new("r", vec!["/bin/true".into()]);
+        spec.pass_fds = vec![a.clone(), a.clone(), b.clone()];
+        let sockets = passed_sockets(&spec);
+        assert_eq!(sockets.len(), 2);
+        assert!(Arc::ptr_eq(&sockets[0].0, &a) && Arc::ptr_eq(&sockets[1].0, &b));
+        assert_eq!((&sockets[0].1, &sockets[1].1), (&vec![3, 4], &vec![5]));
+        // A pipe is no socket: it cannot cross into a guest.
+        let (read, _write) = std::io::pipe().expect("pipe");
+        spec.pass_fds = vec![Arc::new(OwnedFd::from(read))];
+        assert!(matches!(
+            check_supported(&spec),
+            Err(SpecError::NotInMicrovm(_))
+        ));
+        spec.pass_fds = vec![a];
+        spec.limits.memory_bytes = MIN_MEMORY;
+        assert!(check_supported(&spec).is_ok());
+    }
 
     #[test]
     fn guest_text_loses_its_control_characters_and_is_bounded() {

@@ -4,7 +4,8 @@
 use moat_core::Accelerator;
 
 use super::config::{
-    CONFIG_TAG, GuestRoot, PROXY_GUEST_ADDR, STATUS_PORT, STDERR_PORT, STDOUT_PORT, SystemEntry,
+    CONFIG_TAG, GuestRoot, PASSED_PORT_PREFIX, PROXY_GUEST_ADDR, STATUS_PORT, STDERR_PORT,
+    STDOUT_PORT, SystemEntry,
 };
 
 /// Where the jail mounts what the emulator uses.
@@ -24,6 +25,9 @@ pub(crate) struct Machine<'a> {
     pub(crate) system: &'a [SystemEntry],
     pub(crate) roots: &'a [GuestRoot],
     pub(crate) proxy: bool,
+    /// How many sockets the jail passes QEMU (at 3, 4, ...), each relayed
+    /// to the guest as the port `moat.fd.N`.
+    pub(crate) passed: usize,
     /// Only proves that the accelerator boots a guest: no devices.
     pub(crate) probe: bool,
 }
@@ -121,6 +125,13 @@ impl Machine<'_> {
         for (id, backend, name) in ports {
             let chardev = format!("{backend},id={id}");
             let device = format!("virtserialport,chardev={id},name={name}");
+            push(&["-chardev", &chardev, "-device", &device]);
+        }
+        // A socket the caller passed to the program stays on the host: QEMU
+        // relays its bytes to a port the guest's init hands the program.
+        for k in 0..self.passed {
+            let chardev = format!("socket,id=pass{k},fd={}", 3 + k);
+            let device = format!("virtserialport,chardev=pass{k},name={PASSED_PORT_PREFIX}{k}");
             push(&["-chardev", &chardev, "-device", &device]);
         }
         let mut share = |tag: &str, path: &str, writable: bool| {

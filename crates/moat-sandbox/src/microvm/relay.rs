@@ -52,12 +52,14 @@ fn shutdown_write(file: &std::fs::File) -> io::Result<()> {
     std::os::unix::net::UnixStream::from(fd).shutdown(Shutdown::Write)
 }
 
-/// The descriptors QEMU is given as the program's stdout and stderr.
-pub(crate) const STDOUT_FD: i32 = 3;
-pub(crate) const STDERR_FD: i32 = 4;
+/// The descriptors QEMU is given as the program's stdout and stderr:
+/// above those the jail passes (3, 4, ...: the sockets relayed to the
+/// program's passed descriptors).
+pub(crate) const STDOUT_FD: i32 = 3 + crate::spec::MAX_PASSED_FDS as i32;
+pub(crate) const STDERR_FD: i32 = STDOUT_FD + 1;
 
 /// `moat vm-qemu QEMU ARGS...`: starts the emulator, inside the jail, with
-/// copies of its stdout and stderr at descriptors 3 and 4. QEMU takes no
+/// copies of its stdout and stderr at [`STDOUT_FD`] and [`STDERR_FD`]. QEMU takes no
 /// standard stream as a descriptor set, reopening the launcher's pipes
 /// through /proc is refused, and its `stdio` backend closes the port when
 /// its stdin ends. Returns only on failure.

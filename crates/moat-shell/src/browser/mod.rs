@@ -5,4 +5,4 @@ pub mod cdp;
 pub mod session;
 pub mod trace;
 
-pub use session::{Clicked, Ended, Filled, Launch, Loaded, Session};
+pub use session::{Clicked, Ended, Filled, Launch, Loaded, OpenFailed, Session, VM_MIN_MEMORY};

@@ -33,6 +33,20 @@ pub const VIEWPORT: (u32, u32) = (1280, 800);
 /// How long the browser gets to start and answer its first command.
 const START_WAIT: Duration = Duration::from_secs(20);
 
+/// The same in a `microvm` guest: its boot, then the browser's first start
+/// on a cold 9p page cache (about two minutes under software emulation).
+const VM_START_WAIT: Duration = Duration::from_secs(300);
+
+/// How many times longer a step may take in a `microvm` guest: a browser
+/// there is as fast as the machine's under KVM, several times slower under
+/// software emulation (TCG); the factor bounds how long a step is waited
+/// for, never what it may do.
+pub const VM_PATIENCE: u32 = 4;
+
+/// The least memory a browser's guest is given: the guest kernel and a
+/// headless Chromium's browser, GPU and renderer processes.
+pub const VM_MIN_MEMORY: u64 = 1 << 30;
+
 /// How long a click is watched for the navigation it may start.
 const CLICK_SETTLE: Duration = Duration::from_millis(150);
 
@@ -50,6 +64,9 @@ pub struct Launch {
     pub launch_policy: moat_sandbox::LaunchPolicy,
     pub egress: EgressConfig,
     pub policy: EgressPolicy,
+    /// A `microvm` guest to run the browser in; `None`: a namespace
+    /// sandbox.
+    pub vm: Option<moat_sandbox::microvm::VmOptions>,
 }
 
 /// What the keeper reports once the browser's sandbox has ended.
@@ -60,6 +77,45 @@ pub struct Ended {
     /// The end of the browser's own error output.
     pub stderr_tail: String,
     pub error: Option<String>,
+}
+
+impl Ended {
+    /// Why the browser's sandbox ended, for a message: `""` when it did
+    /// not say.
+    pub fn why(&self) -> String {
+        if let Some(error) = &self.error {
+            return format!(" ({error})");
+        }
+        let setup = self
+            .events
+            .iter()
+            .filter(|e| e.event_type == moat_core::EventType::SandboxExecFinished)
+            .find_map(|e| e.data["report"]["setupError"].as_str().map(str::to_owned));
+        if let Some(setup) = setup {
+            return format!(" (the browser's sandbox: {setup})");
+        }
+        match (self.exit_code, self.stderr_tail.lines().last()) {
+            (Some(code), Some(line)) => format!(" (the browser exited {code}: {line})"),
+            (Some(code), None) => format!(" (the browser exited {code})"),
+            _ => String::new(),
+        }
+    }
+}
+
+/// Why a session did not open, and what its sandbox recorded if it
+/// started one.
+pub struct OpenFailed {
+    pub message: String,
+    pub ended: Option<Ended>,
+}
+
+impl From<String> for OpenFailed {
+    fn from(message: String) -> Self {
+        OpenFailed {
+            message,
+            ended: None,
+        }
+    }
 }
 
 /// A live session.
@@ -79,6 +135,10 @@ pub struct Session {
     /// The run, operation and correlation of the step that opened it: what
     /// its record is filed under if it is never closed.
     pub opened_by: (String, String, String),
+    /// The class the browser runs in.
+    pub class: moat_core::WorkloadClass,
+    /// How many times longer than on the host a step is waited for.
+    patience: u32,
 }
 
 /// A page script's `describe(e)`: what an acting step would act on, as
@@ -144,13 +204,33 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 impl Session {
     /// Starts the browser and opens its page. The caller must be
     /// single-threaded (the keeper is forked).
-    pub fn open(launch: Launch) -> Result<Session, String> {
+    pub fn open(launch: Launch) -> Result<Session, OpenFailed> {
         let io = |what: &str| {
             let what = what.to_owned();
-            move |e: std::io::Error| format!("{what}: {e}")
+            move |e: std::io::Error| OpenFailed::from(format!("{what}: {e}"))
         };
-        let (browser_reads, to_browser) = pipe().map_err(io("a pipe to the browser"))?;
-        let (from_browser, browser_writes) = pipe().map_err(io("a pipe from the browser"))?;
+        // A guest gets one socket as both 3 and 4 (a host descriptor reaches
+        // it only as a port QEMU relays from a socket); a namespace sandbox
+        // two pipes.
+        let (shell_reads, shell_writes, browser_reads, browser_writes) = if launch.vm.is_some() {
+            let (here, there) = std::os::unix::net::UnixStream::pair()
+                .map_err(io("a socket to the browser's guest"))?;
+            let here = OwnedFd::from(here);
+            let there = Arc::new(OwnedFd::from(there));
+            let reads = here
+                .try_clone()
+                .map_err(io("a socket to the browser's guest"))?;
+            (reads, here, there.clone(), there)
+        } else {
+            let (browser_reads, to_browser) = pipe().map_err(io("a pipe to the browser"))?;
+            let (from_browser, browser_writes) = pipe().map_err(io("a pipe from the browser"))?;
+            (
+                from_browser,
+                to_browser,
+                Arc::new(browser_reads),
+                Arc::new(browser_writes),
+            )
+        };
         let (ended_read, ended_write) = pipe().map_err(io("the keeper's pipe"))?;
         let sandbox_id = launch.sandbox_id.clone();
         let mut spec =
@@ -164,19 +244,27 @@ impl Session {
         spec.launch_policy = launch.launch_policy;
         spec.stdin_null = true;
         spec.env = vec![("HOME".into(), "/tmp".into())];
-        spec.pass_fds = vec![Arc::new(browser_reads), Arc::new(browser_writes)];
+        spec.pass_fds = vec![browser_reads, browser_writes];
         let keep = [
             spec.pass_fds[0].as_raw_fd(),
             spec.pass_fds[1].as_raw_fd(),
             ended_write.as_raw_fd(),
         ];
-        let (config, policy) = (launch.egress, launch.policy);
+        let (class, patience, start_wait) = match &launch.vm {
+            Some(_) => (
+                moat_core::WorkloadClass::Microvm,
+                VM_PATIENCE,
+                VM_START_WAIT,
+            ),
+            None => (moat_core::WorkloadClass::Namespace, 1, START_WAIT),
+        };
+        let (config, policy, vm) = (launch.egress, launch.policy, launch.vm);
         let keeper = moat_sandbox::helper::spawn_helper(&keep, move || {
-            keep_browser(spec, config, policy, ended_write)
+            keep_browser(spec, vm, config, policy, ended_write)
         })
-        .map_err(|e| format!("starting the browser's keeper: {e}"))?;
+        .map_err(|e| OpenFailed::from(format!("starting the browser's keeper: {e}")))?;
         let mut session = Session {
-            cdp: Cdp::new(File::from(to_browser), File::from(from_browser)),
+            cdp: Cdp::new(File::from(shell_writes), File::from(shell_reads)),
             page: String::new(),
             frame: String::new(),
             keeper: Some(keeper),
@@ -185,12 +273,25 @@ impl Session {
             opened: Instant::now(),
             filled: moat_core::scrub::Scrubber::default(),
             opened_by: Default::default(),
+            class,
+            patience,
         };
-        let deadline = Instant::now() + START_WAIT;
-        (session.page, session.frame) = session
-            .open_page(deadline)
-            .map_err(|e| format!("starting the browser: {e}"))?;
-        Ok(session)
+        let deadline = Instant::now() + start_wait;
+        match session.open_page(deadline) {
+            Ok((page, frame)) => {
+                (session.page, session.frame) = (page, frame);
+                Ok(session)
+            }
+            Err(e) => {
+                // What the sandbox said of its end is why, more often than
+                // the broken pipe.
+                let ended = session.close();
+                Err(OpenFailed {
+                    message: format!("starting the browser: {e}{}", ended.why()),
+                    ended: Some(ended),
+                })
+            }
+        }
     }
 
     /// The page's DevTools session and target id.
@@ -247,6 +348,11 @@ impl Session {
         let mut trace = self.cdp.trace.take()?.to_json();
         self.filled.json_and_tails(&mut trace);
         Some(trace)
+    }
+
+    /// When a step that may take `wait` on the host must be over.
+    pub fn deadline(&self, wait: Duration) -> Instant {
+        Instant::now() + wait * self.patience
     }
 
     /// Whether the session outlived [`SESSION_LIFETIME`] (its sandbox is
@@ -363,7 +469,7 @@ impl Session {
         // A click that navigates asks for it at once (a link, a form's
         // submit): wait for that page; a click that does not costs this.
         let page = self.page.clone();
-        let soon = (Instant::now() + CLICK_SETTLE).min(deadline);
+        let soon = (Instant::now() + CLICK_SETTLE * self.patience).min(deadline);
         let started = self.cdp.wait_event(
             soon,
             |_| {},
@@ -583,7 +689,7 @@ impl Session {
     /// is asked to close; a keeper that does not report in time is killed,
     /// and its sandbox with it.
     pub fn close(mut self) -> Ended {
-        let deadline = Instant::now() + CLOSE_WAIT;
+        let deadline = self.deadline(CLOSE_WAIT);
         let _ = self.cdp.call("Browser.close", json!({}), None, deadline);
         let report = read_until(&mut self.ended, deadline);
         let keeper = self.keeper.take();
@@ -597,14 +703,21 @@ impl Session {
                     ..Ended::default()
                 })
             }
-            other => {
+            Ok(_) => {
+                // The end of its pipe: the keeper is gone, or going.
+                let status = keeper.map_or(String::new(), |k| format!(" (status {})", k.wait()));
+                Ended {
+                    error: Some(format!(
+                        "the browser's keeper ended without a report{status}"
+                    )),
+                    ..Ended::default()
+                }
+            }
+            Err(e) => {
                 // Dropping the keeper kills it; its sandbox dies with it.
                 drop(keeper);
                 Ended {
-                    error: Some(match other {
-                        Err(e) => format!("the browser's keeper: {e}"),
-                        Ok(_) => "the browser's keeper ended without a report".into(),
-                    }),
+                    error: Some(format!("the browser's keeper: {e}")),
                     ..Ended::default()
                 }
             }
@@ -676,18 +789,26 @@ pub fn chromium_argv(sandbox_id: &str) -> Vec<String> {
 /// recorded to `ended`.
 fn keep_browser(
     spec: SandboxSpec,
+    vm: Option<moat_sandbox::microvm::VmOptions>,
     config: EgressConfig,
     policy: EgressPolicy,
     ended: OwnedFd,
 ) -> i32 {
     let mut events: Vec<Event> = Vec::new();
     let mut egress = crate::egress::OneRunEgress::new(config, policy);
-    let report = match moat_sandbox::run_with_egress(
-        spec,
-        OutputMode::Capture,
-        &mut events,
-        Some(&mut egress),
-    ) {
+    let ran = match &vm {
+        Some(vm) => moat_sandbox::microvm::run(
+            spec,
+            vm,
+            OutputMode::Capture,
+            &mut events,
+            Some(&mut egress),
+        ),
+        None => {
+            moat_sandbox::run_with_egress(spec, OutputMode::Capture, &mut events, Some(&mut egress))
+        }
+    };
+    let report = match ran {
         Ok(outcome) => {
             let stderr = String::from_utf8_lossy(&outcome.stderr);
             let tail: String = stderr

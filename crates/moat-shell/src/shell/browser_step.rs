@@ -2,15 +2,15 @@
 //! `crate::browser`), one per `sessionId`, kept across the run's operations
 //! and ended at `close` or when the shell ends.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use moat_core::element::{ANY_ELEMENT, ElementFacts};
 use moat_core::op::BrowserStepArgs;
-use moat_core::{DenialReason, Envelope, NetworkMode, OpStatus};
+use moat_core::{DenialReason, Envelope, NetworkMode, OpStatus, WorkloadClass};
 use serde_json::{Value, json};
 
 use super::{Op, Outcome, Shell, ok};
-use crate::browser::{Clicked, Filled, Launch, Session};
+use crate::browser::{Clicked, Filled, Launch, Session, VM_MIN_MEMORY};
 use crate::workspace::Refusal;
 
 /// Sessions open at once in one shell.
@@ -43,12 +43,27 @@ impl Shell {
         a: BrowserStepArgs,
         op: &mut Op,
         grant: Option<&str>,
+        class: WorkloadClass,
     ) -> Outcome {
         let id = a.session_id().to_owned();
         if !moat_core::op::is_plain_id(&id) || id.len() > 64 {
             return refuse(
                 DenialReason::InvalidArgs,
                 "sessionId: 1-64 letters, digits, '.', '_' or '-'",
+            );
+        }
+        // A session's class is chosen when it opens: a step the policy puts
+        // in a stronger class is never run in a weaker session.
+        if let Some(session) = self.browsers.get(&id)
+            && !session.class.satisfies(class)
+        {
+            return refuse(
+                DenialReason::ClassNotAvailable,
+                format!(
+                    "session {id} runs in workload class {}; the policy puts this step in {class}: \
+                     open a session for it (a session's class is its open step's)",
+                    session.class
+                ),
             );
         }
         let too_long = match &a {
@@ -109,10 +124,12 @@ impl Shell {
             BrowserStepArgs::FillSecret {
                 selector, secret, ..
             } => self.fill_secret(envelope, &id, &selector, &secret),
-            BrowserStepArgs::Open { trace, .. } => self.open_browser(envelope, &id, trace, op),
+            BrowserStepArgs::Open { trace, .. } => {
+                self.open_browser(envelope, &id, trace, op, class)
+            }
             BrowserStepArgs::Close { .. } => match self.browsers.remove(&id) {
                 Some(mut session) => {
-                    let trace = session.take_trace(Instant::now() + Duration::from_secs(5));
+                    let trace = session.take_trace(session.deadline(Duration::from_secs(5)));
                     let ended = self.record_end(session, envelope, op);
                     let result = json!({"sessionId": id, "closed": true, "exitCode": ended});
                     match trace {
@@ -140,7 +157,7 @@ impl Shell {
                 let Some(session) = self.browsers.get_mut(&id) else {
                     return no_session(&id);
                 };
-                match session.type_text(&selector, &text, Instant::now() + STEP_WAIT) {
+                match session.type_text(&selector, &text, session.deadline(STEP_WAIT)) {
                     // What was typed is the agent's: not echoed back.
                     Ok(Some(true)) => ok(json!({"sessionId": id, "matched": true,
                         "typed": text.chars().count(), "element": element})),
@@ -161,7 +178,7 @@ impl Shell {
                 let Some(session) = self.browsers.get_mut(&id) else {
                     return no_session(&id);
                 };
-                match session.select(&selector, &value, Instant::now() + STEP_WAIT) {
+                match session.select(&selector, &value, session.deadline(STEP_WAIT)) {
                     Ok(chosen) => {
                         ok(json!({"sessionId": id, "matched": chosen.is_some(), "value": chosen}))
                     }
@@ -187,7 +204,7 @@ impl Shell {
                 let Some(session) = self.browsers.get_mut(&id) else {
                     return no_session(&id);
                 };
-                match session.wait_for(selector.as_deref(), text.as_deref(), Instant::now() + wait)
+                match session.wait_for(selector.as_deref(), text.as_deref(), session.deadline(wait))
                 {
                     Ok(true) => ok(json!({"sessionId": id, "matched": true})),
                     Ok(false) => Outcome::Done {
@@ -204,7 +221,7 @@ impl Shell {
                 let Some(session) = self.browsers.get_mut(&id) else {
                     return no_session(&id);
                 };
-                match session.screenshot(Instant::now() + STEP_WAIT) {
+                match session.screenshot(session.deadline(STEP_WAIT)) {
                     Ok(png) => self.with_screenshot(op, &id, png, json!({"sessionId": id})),
                     Err(e) => Outcome::Failed(format!("session {id}: screenshot: {e}")),
                 }
@@ -239,7 +256,7 @@ impl Shell {
         let Some(session) = self.browsers.get_mut(id) else {
             return Err(no_session(id));
         };
-        let mut facts = match session.describe(selector, Instant::now() + STEP_WAIT) {
+        let mut facts = match session.describe(selector, session.deadline(STEP_WAIT)) {
             Ok(Some(facts)) => facts,
             Ok(None) => return Err(ok(json!({"sessionId": id, "matched": false}))),
             Err(e) => return Err(Outcome::Failed(format!("session {id}: {e}"))),
@@ -293,11 +310,11 @@ impl Shell {
         };
         // Scrubbed from here on, even if filling fails half-way.
         session.filled.also_secret(name, value);
-        match session.fill_secret(selector, value, Instant::now() + STEP_WAIT) {
+        match session.fill_secret(selector, value, session.deadline(STEP_WAIT)) {
             Ok(Filled::Filled) => {
                 // Where it went, on the record.
                 let origin = session
-                    .evaluate("location.origin.slice(0, 512)", Instant::now() + STEP_WAIT)
+                    .evaluate("location.origin.slice(0, 512)", session.deadline(STEP_WAIT))
                     .unwrap_or(Value::Null);
                 ok(json!({"sessionId": id, "matched": true, "secret": name, "origin": origin}))
             }
@@ -313,7 +330,14 @@ impl Shell {
         }
     }
 
-    fn open_browser(&mut self, envelope: &Envelope, id: &str, trace: bool, op: &mut Op) -> Outcome {
+    fn open_browser(
+        &mut self,
+        envelope: &Envelope,
+        id: &str,
+        trace: bool,
+        op: &mut Op,
+        class: WorkloadClass,
+    ) -> Outcome {
         if self.browsers.contains_key(id) {
             return refuse(
                 DenialReason::InvalidArgs,
@@ -356,6 +380,21 @@ impl Shell {
             Ok(policy) => policy,
             Err(refusal) => return Outcome::Denied(refusal),
         };
+        let vm = match super::vm_for(class, &self.config.vm) {
+            Ok(vm) => vm.cloned(),
+            Err(refusal) => return Outcome::Denied(refusal),
+        };
+        if vm.is_some() && manifest.limits.memory_bytes < VM_MIN_MEMORY {
+            return refuse(
+                DenialReason::LimitExceeded,
+                format!(
+                    "a browser's microvm guest needs at least {} MiB of memory; the manifest's \
+                     limits give {} MiB",
+                    VM_MIN_MEMORY >> 20,
+                    manifest.limits.memory_bytes >> 20
+                ),
+            );
+        }
         let sandbox_id = format!(
             "browser-{}",
             &moat_core::hash::sha256_hex(
@@ -372,10 +411,11 @@ impl Shell {
             launch_policy: self.config.launch_policy.clone(),
             egress: self.egress_config(),
             policy,
+            vm,
         };
         match Session::open(launch) {
             Ok(mut session) => {
-                if trace && let Err(e) = session.start_trace(Instant::now() + STEP_WAIT) {
+                if trace && let Err(e) = session.start_trace(session.deadline(STEP_WAIT)) {
                     return Outcome::Failed(format!("session {id}: starting its trace: {e}"));
                 }
                 session.opened_by = (
@@ -385,9 +425,25 @@ impl Shell {
                 );
                 let sandbox = session.sandbox_id.clone();
                 self.browsers.insert(id.to_owned(), session);
-                ok(json!({"sessionId": id, "opened": true, "sandboxRunId": sandbox}))
+                ok(
+                    json!({"sessionId": id, "opened": true, "sandboxRunId": sandbox,
+                    "class": class}),
+                )
             }
-            Err(e) => Outcome::Failed(format!("session {id}: {e}")),
+            Err(failed) => {
+                // What a sandbox that started recorded is on the record.
+                if let Some(ended) = failed.ended {
+                    let (events, _) = relabel(
+                        ended,
+                        &moat_core::scrub::Scrubber::default(),
+                        &envelope.run_id,
+                        &envelope.id,
+                        &envelope.correlation_id,
+                    );
+                    op.events.extend(events);
+                }
+                Outcome::Failed(format!("session {id}: {}", failed.message))
+            }
         }
     }
 
@@ -399,7 +455,7 @@ impl Shell {
         let Some(session) = self.browsers.get_mut(id) else {
             return no_session(id);
         };
-        let deadline = Instant::now() + wait;
+        let deadline = session.deadline(wait);
         let loaded = match session.navigate(url, deadline) {
             Ok(loaded) => loaded,
             Err(e) => return Outcome::Failed(format!("session {id}: navigate: {e}")),
@@ -420,7 +476,7 @@ impl Shell {
         let page = session
             .evaluate(
                 PAGE_SUMMARY,
-                deadline.max(Instant::now() + Duration::from_secs(5)),
+                deadline.max(session.deadline(Duration::from_secs(5))),
             )
             .unwrap_or(Value::Null);
         let result = json!({
@@ -429,7 +485,7 @@ impl Shell {
             "title": page["title"],
             "status": loaded.status,
         });
-        match session.screenshot(Instant::now() + STEP_WAIT) {
+        match session.screenshot(session.deadline(STEP_WAIT)) {
             Ok(png) => self.with_screenshot(op, id, png, result),
             Err(_) => ok(result),
         }
@@ -446,7 +502,7 @@ impl Shell {
         let Some(session) = self.browsers.get_mut(id) else {
             return no_session(id);
         };
-        let deadline = Instant::now() + wait;
+        let deadline = session.deadline(wait);
         match session.click(selector, deadline) {
             Ok(Clicked::NoMatch) => ok(json!({"sessionId": id, "matched": false})),
             Ok(Clicked::Covered) => refuse(
@@ -461,12 +517,12 @@ impl Shell {
                 let page = session
                     .evaluate(
                         PAGE_SUMMARY,
-                        deadline.max(Instant::now() + Duration::from_secs(5)),
+                        deadline.max(session.deadline(Duration::from_secs(5))),
                     )
                     .unwrap_or(Value::Null);
                 let result = json!({"sessionId": id, "matched": true, "element": element,
                     "url": page["url"], "title": page["title"]});
-                match session.screenshot(Instant::now() + STEP_WAIT) {
+                match session.screenshot(session.deadline(STEP_WAIT)) {
                     Ok(png) => self.with_screenshot(op, id, png, result),
                     Err(_) => ok(result),
                 }
@@ -486,7 +542,7 @@ impl Shell {
              document.querySelector(s); return e ? e.innerText.slice(0, {}) : null; }})()",
             MAX_EXTRACT + 1
         );
-        match session.evaluate(&expression, Instant::now() + STEP_WAIT) {
+        match session.evaluate(&expression, session.deadline(STEP_WAIT)) {
             Ok(Value::String(mut text)) => {
                 let truncated = text.len() > MAX_EXTRACT;
                 if truncated {
@@ -517,7 +573,7 @@ impl Shell {
         };
         let shot = match self.browsers.get_mut(id) {
             Some(session) if matches!(status, OpStatus::Ok | OpStatus::Timeout) => {
-                session.screenshot(Instant::now() + STEP_WAIT).ok()
+                session.screenshot(session.deadline(STEP_WAIT)).ok()
             }
             _ => None,
         };
@@ -625,7 +681,18 @@ fn ended_record(
     correlation: &str,
 ) -> (Vec<moat_core::Event>, Option<i32>) {
     let filled = session.filled.clone();
-    let mut ended = session.close();
+    relabel(session.close(), &filled, run, op, correlation)
+}
+
+/// What an ended sandbox recorded, scrubbed of `filled` and filed under
+/// `run`, `op` and `correlation`, with the browser's exit code.
+fn relabel(
+    mut ended: crate::browser::Ended,
+    filled: &moat_core::scrub::Scrubber,
+    run: &str,
+    op: &str,
+    correlation: &str,
+) -> (Vec<moat_core::Event>, Option<i32>) {
     // A form sent with a secret in it puts it in a request's URL.
     for event in &mut ended.events {
         filled.json_and_tails(&mut event.data);

@@ -489,6 +489,41 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         json!({"action": "wait_for", "sessionId": "s", "selector": "#echo\\20", "timeoutMs": 500}),
     );
     assert_eq!(escaped["result"]["reason"], "invalid_args", "{escaped}");
+    // A page showing a secret this session never filled (the control plane
+    // knows it, the shell does not): an acting step on it is refused, and
+    // no approver is shown it. (An agent cannot make a page show one by
+    // putting it in a URL: the control plane scrubs the envelope.)
+    let other = "hello, browser".to_owned();
+    let (s, b) = call(
+        "PUT",
+        &format!("{}/v1/secrets/other-secret", serve.url),
+        &acme,
+        Some(json!({"value": other})),
+    );
+    assert_eq!(s, 201, "{b}");
+    step(
+        &serve,
+        &acme,
+        "show",
+        json!({"action": "navigate", "sessionId": "s",
+               "url": format!("http://app.test:{port}/page")}),
+    );
+    let shown = step(
+        &serve,
+        &acme,
+        "click-shown",
+        json!({"action": "click", "sessionId": "s", "selector": "#greeting"}),
+    );
+    assert_eq!(shown["state"], "denied", "{shown}");
+    assert_eq!(shown["result"]["reason"], "policy_denied", "{shown}");
+    assert!(
+        shown["result"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("shows one of the org's secrets")),
+        "{shown}"
+    );
+    let (_, pending) = call("GET", &format!("{}/v1/approvals", serve.url), &acme, None);
+    assert!(!pending.to_string().contains("click-shown"), "{pending}");
     let mut answers = Vec::new();
     let closed = step(
         &serve,
@@ -537,6 +572,19 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         );
     }
     answers.push(call("GET", &format!("{}/v1/runs/web", serve.url), &acme, None).1);
+    let shown_in = events
+        .iter()
+        .find(|e| e["opId"] == "click-shown" && e["type"] == "capability.denied")
+        .unwrap_or_else(|| panic!("{events:#?}"));
+    assert!(
+        shown_in["data"]["element"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("[REDACTED:other-secret]")),
+        "{shown_in}"
+    );
+    for answer in &answers {
+        assert!(!answer.to_string().contains(other.as_str()), "{answer}");
+    }
     for form in &forms {
         for answer in &answers {
             assert!(!answer.to_string().contains(form.as_str()), "{answer}");
@@ -557,6 +605,7 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         ("fill-missing", "not_found"),
         ("probe-value", "invalid_args"),
         ("probe-escape", "invalid_args"),
+        ("click-shown", "policy_denied"),
     ] {
         assert!(refusal_recorded(&events, id, reason), "{id}: {events:#?}");
     }

@@ -16,14 +16,15 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use moat_api::runner::{ElementBody, ElementDecision};
 use moat_core::event_data::ApprovalRequested;
-use moat_core::{Envelope, EventData, OpKind, SignedManifest};
+use moat_core::event_data::PolicyDecision;
+use moat_core::{DenialReason, Envelope, EventData, OpKind, SignedManifest};
 use moat_store::{NewApproval, OpState, Redecided, stamp, typed_event};
 
 use super::AppState;
 use super::auth::SignedRunner;
 use super::body::parse;
 use super::error::{ApiError, ApiResult};
-use crate::decide::{ACTING, decide, denied_result};
+use crate::decide::{ACTING, Decided, decide, denied_result};
 
 pub async fn element(
     State(state): State<Arc<AppState>>,
@@ -77,9 +78,14 @@ pub async fn element(
         &runner.org_id,
         &sealed,
     )?);
-    let mut facts =
-        serde_json::to_value(&element).map_err(|e| ApiError::internal(e.to_string()))?;
+    let shown = serde_json::to_value(&element).map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut facts = shown.clone();
     scrubber.json(&mut facts);
+    // The shell scrubs only what it filled into the page: a secret it did
+    // not fill, shown by the element, makes its facts differ from what
+    // the shell would act on (no capability could bind them), and an
+    // approver must not see it: refused.
+    let shows_secret = facts != shown;
     element = serde_json::from_value(facts).map_err(|e| ApiError::internal(e.to_string()))?;
     for e in &mut events {
         scrubber.json(&mut e.data);
@@ -98,6 +104,11 @@ pub async fn element(
         context.runner_classes.as_deref(),
         Some(&element),
     );
+    let decided = if shows_secret {
+        refuse_shown_secret(decided)
+    } else {
+        decided
+    };
     let requested = super::org_api::requested_event(&envelope, now);
     let approval_id = moat_core::random::new_id("apr_");
     let ttl = i64::try_from(state.config.approval_ttl.as_millis()).unwrap_or(i64::MAX);
@@ -186,4 +197,19 @@ pub async fn element(
         envelope: Box::new(dispatched.0),
         secret_value: dispatched.1,
     }))
+}
+
+/// `decided`, turned into a refusal: the element shows one of the org's
+/// secrets that its page was not given by this session.
+fn refuse_shown_secret(mut decided: Decided) -> Decided {
+    decided.record.decision = PolicyDecision::Deny;
+    decided.approval = None;
+    decided.state = OpState::Denied;
+    decided.denial = Some((
+        DenialReason::PolicyDenied,
+        "the element shows one of the org's secrets, which this session did not fill into its \
+         page: it is not acted on, nor shown to an approver"
+            .into(),
+    ));
+    decided
 }

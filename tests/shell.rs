@@ -1891,3 +1891,48 @@ fn a_browser_fills_and_submits_a_form_and_sessions_share_no_cookies() {
         "{cookies:?}"
     );
 }
+
+#[test]
+fn a_download_is_refused_and_nothing_is_kept() {
+    let (site, s) = browser_session();
+    let port = site.port;
+    let results = s.ops(&[
+        browser(&s, "1", json!({"action": "open", "sessionId": "d"})),
+        browser(&s, "2",
+            json!({"action": "navigate", "sessionId": "d", "url": format!("http://app.test:{port}/file")}),
+        ),
+        browser(&s, "3", json!({"action": "extract", "sessionId": "d"})),
+        browser(&s, "4", json!({"action": "close", "sessionId": "d"})),
+    ]);
+    assert_eq!(results[0]["status"], "ok", "{}", results[0]);
+    let sandbox = results[0]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The browser is told to refuse downloads: the navigation that would
+    // start one ends, saying so, and the session goes on.
+    assert_eq!(results[1]["status"], "error", "{}", results[1]);
+    assert_eq!(
+        results[1]["result"]["error"], "net::ERR_ABORTED",
+        "{}",
+        results[1]
+    );
+    assert_eq!(results[2]["status"], "ok", "{}", results[2]);
+    assert_eq!(results[3]["result"]["closed"], true, "{}", results[3]);
+    // The request itself went through the proxy, on the record.
+    let requests = s.events_of("4", "network.request");
+    assert!(
+        requests.iter().any(|e| e["data"]["host"] == "app.test"),
+        "{requests:#?}"
+    );
+    assert!(
+        site.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.line.starts_with("GET /file")),
+        "the site was never asked"
+    );
+    assert!(common::host_processes_with(&sandbox).is_empty());
+    assert!(s.ledger_verifies());
+}

@@ -267,7 +267,7 @@ impl Pki {
 /// A site on loopback for the browser: `/page` is an HTML page, `/form`
 /// a form that posts to `/submit`, `/login` a form that sends its fields
 /// in the URL to `/welcome`, which shows them (as a careless site would),
-/// `/cookie` sets a cookie; every request it got.
+/// `/cookie` sets a cookie, `/file` is a download; every request it got.
 pub struct Site {
     pub port: u16,
     pub seen: std::sync::Arc<std::sync::Mutex<Vec<SiteRequest>>>,
@@ -392,6 +392,10 @@ impl Site {
                         "",
                         "<html><head><title>Sent</title></head><body>thanks</body></html>"
                             .to_owned(),
+                    ),
+                    "/file" => (
+                        "Content-Disposition: attachment; filename=\"report.txt\"\r\n",
+                        "a file to download".to_owned(),
                     ),
                     "/cookie" => (
                         "Set-Cookie: seen=yes; Path=/\r\n",

@@ -296,6 +296,15 @@ impl Session {
 
     /// The page's DevTools session and target id.
     fn open_page(&mut self, deadline: Instant) -> Result<(String, String), CdpError> {
+        // A download would land in the session's private /tmp, out of
+        // everyone's reach, and bring whatever it is into the sandbox: the
+        // browser refuses them all.
+        self.cdp.call(
+            "Browser.setDownloadBehavior",
+            json!({"behavior": "deny"}),
+            None,
+            deadline,
+        )?;
         let target = self.cdp.call(
             "Target.createTarget",
             json!({"url": "about:blank"}),

@@ -365,11 +365,8 @@ pub fn serve(mut shell: std::process::Command) -> std::io::Result<()> {
 /// operation of run `run_id` through `backend` (a control plane), every
 /// tool offered.
 pub fn serve_with(backend: Arc<dyn Backend>, run_id: String) -> std::io::Result<()> {
-    let id = moat_core::random::bytes::<4>();
-    let prefix = format!(
-        "mcp-{}",
-        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    // 64 bits: servers that share a run never pick the same ids.
+    let prefix = format!("mcp-{}", moat_core::random::hex(8));
     runtime()?.block_on(serving(MoatTools {
         backend,
         router: MoatTools::tool_router(),

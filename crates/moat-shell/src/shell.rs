@@ -305,6 +305,13 @@ impl Shell {
         if kind != OpKind::ExecArgv && kind != OpKind::BrowserStep {
             return Ok(class);
         }
+        // A browser step's class is what its session must satisfy: the
+        // weakest listed class that does (a step the control plane let
+        // through to be looked at carries none but namespace).
+        let class = match (kind, manifest.fit(class)) {
+            (OpKind::BrowserStep, Some(fitted)) => fitted,
+            _ => class,
+        };
         if !manifest.classes().contains(&class) {
             return Err(Refusal::new(
                 DenialReason::ClassNotAvailable,

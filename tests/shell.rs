@@ -1646,6 +1646,47 @@ fn a_browser_step_never_runs_in_a_weaker_class_than_its_capability_says() {
     assert!(site.hosts().is_empty(), "{:?}", site.hosts());
     assert!(common::host_processes_with(&sandbox).is_empty());
     assert!(s.ledger_verifies());
+
+    // A guest that cannot start: the session's failure says why, and its
+    // sandbox's refusal is on the record.
+    let mut big = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
+        m["allowedOps"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("browser_step"));
+        m["workloadClasses"] = json!(["namespace", "microvm"]);
+        m["allowEmulation"] = json!(true);
+        m["limits"]["memoryBytes"] = json!(2u64 << 30);
+    });
+    let missing = big.dir.path().join("no-such-kernel");
+    big.extra.extend([
+        "--class".into(),
+        "microvm".into(),
+        "--vm-kernel".into(),
+        missing.display().to_string(),
+        "--vm-modules".into(),
+        big.dir.path().display().to_string(),
+    ]);
+    let failed = big.ops(&[browser_in(
+        &big,
+        "6",
+        json!({"action": "open", "sessionId": "vm"}),
+        "microvm",
+    )]);
+    assert_eq!(failed[0]["status"], "error", "{}", failed[0]);
+    assert!(
+        failed[0]["message"].as_str().is_some_and(
+            |m| m.contains("the browser's sandbox: microvm") && m.contains("no-such-kernel")
+        ),
+        "{}",
+        failed[0]
+    );
+    assert!(
+        !big.events_of("6", "sandbox.exec.finished").is_empty(),
+        "{:?}",
+        big.events()
+    );
+    assert!(big.ledger_verifies());
 }
 
 #[test]

@@ -90,7 +90,7 @@ impl Ended {
             .events
             .iter()
             .filter(|e| e.event_type == moat_core::EventType::SandboxExecFinished)
-            .find_map(|e| e.data["report"]["setupError"].as_str().map(str::to_owned));
+            .find_map(|e| e.data["setupError"].as_str().map(str::to_owned));
         if let Some(setup) = setup {
             return format!(" (the browser's sandbox: {setup})");
         }

@@ -179,14 +179,7 @@ impl RunnerClient {
             segment(run),
             segment(op)
         );
-        let answer: Recorded = self.call(
-            &format!("reporting operation {op}"),
-            "POST",
-            &path,
-            Some(body),
-            Retry::WhileUnavailable,
-        )?;
-        Ok(answer.recorded)
+        self.post_recorded(&format!("reporting operation {op}"), &path, body)
     }
 
     /// `POST /v1/runner/runs/{run}/ops/{op}/element`: the decision on the
@@ -214,27 +207,17 @@ impl RunnerClient {
     /// `POST /v1/runner/runs/{run}/shell-ended`.
     pub fn shell_ended(&self, run: &str, body: &ShellEnded) -> Result<bool, ClientError> {
         let path = format!("/v1/runner/runs/{}/shell-ended", segment(run));
-        let answer: Recorded = self.call(
+        self.post_recorded(
             &format!("run {run}: reporting its shell's end"),
-            "POST",
             &path,
-            Some(body),
-            Retry::WhileUnavailable,
-        )?;
-        Ok(answer.recorded)
+            body,
+        )
     }
 
     /// `POST /v1/runner/runs/{run}/finish`.
     pub fn finish(&self, run: &str, body: &FinishBody) -> Result<bool, ClientError> {
         let path = format!("/v1/runner/runs/{}/finish", segment(run));
-        let answer: Recorded = self.call(
-            &format!("finishing run {run}"),
-            "POST",
-            &path,
-            Some(body),
-            Retry::WhileUnavailable,
-        )?;
-        Ok(answer.recorded)
+        self.post_recorded(&format!("finishing run {run}"), &path, body)
     }
 
     /// `POST /v1/runner/runs/{run}/destroyed`: the run's teardown here.
@@ -358,6 +341,19 @@ impl RunnerClient {
             Retry::WhileUnavailable,
         )?;
         Ok(())
+    }
+
+    /// A report the control plane answers with whether it recorded it
+    /// (`false`: it already had, or the run is no longer this runner's).
+    fn post_recorded<B: Serialize>(
+        &self,
+        what: &str,
+        path: &str,
+        body: &B,
+    ) -> Result<bool, ClientError> {
+        let answer: Recorded =
+            self.call(what, "POST", path, Some(body), Retry::WhileUnavailable)?;
+        Ok(answer.recorded)
     }
 
     fn call<B: Serialize, T: DeserializeOwned>(

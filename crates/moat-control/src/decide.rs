@@ -412,48 +412,48 @@ pub fn run_classes(
         })?;
         add(fitted);
     }
+    // What the run may ask for, as known at creation (offline, no size):
+    // each program the manifest allows, and a browser's `open` (a session's
+    // class is its open's; no page yet: no domain, no element).
+    // Without classification rules every ask is `namespace`, unevaluated:
+    // none adds a class.
+    let mut asks: Vec<(OpKind, Resource, moat_core::ExecutableOrigin, &str)> = Vec::new();
     if policy.classifies() && manifest.allowed_ops.contains(&OpKind::ExecArgv) {
-        for exe in &manifest.allowed_executables {
-            let request = OpRequest {
-                org: org_name,
-                runner: "unassigned",
-                op: OpKind::ExecArgv,
-                resource: Resource::Executable(exe.path.clone()),
-                size: 0,
-                network: moat_core::NetworkMode::Off,
-                sandbox: sandbox_of(signed),
-                origin: exe.origin.unwrap_or_default(),
-                path: "",
-                method: "",
-                action: "",
-                domain: "",
-                element: None,
-            };
-            // A program the policy cannot classify, or that no listed class
-            // fits, is refused when asked for: it needs no runner.
-            if let Some(class) = policy.classify(&request).ok().and_then(|c| manifest.fit(c)) {
-                add(class);
-            }
-        }
+        asks.extend(manifest.allowed_executables.iter().map(|exe| {
+            (
+                OpKind::ExecArgv,
+                Resource::Executable(exe.path.clone()),
+                exe.origin.unwrap_or_default(),
+                "",
+            )
+        }));
     }
-    // A browser's class is its session's, chosen when it opens: the class
-    // the policy gives an `open` (no page yet: no domain, no element).
     if policy.classifies() && manifest.allowed_ops.contains(&OpKind::BrowserStep) {
+        asks.push((
+            OpKind::BrowserStep,
+            Resource::Run(String::new()),
+            moat_core::ExecutableOrigin::Trusted,
+            "open",
+        ));
+    }
+    for (op, resource, origin, action) in asks {
         let request = OpRequest {
             org: org_name,
             runner: "unassigned",
-            op: OpKind::BrowserStep,
-            resource: Resource::Run(String::new()),
+            op,
+            resource,
             size: 0,
             network: moat_core::NetworkMode::Off,
             sandbox: sandbox_of(signed),
-            origin: moat_core::ExecutableOrigin::Trusted,
+            origin,
             path: "",
             method: "",
-            action: "open",
+            action,
             domain: "",
             element: None,
         };
+        // What the policy cannot classify, or that no listed class fits, is
+        // refused when asked for: it needs no runner.
         if let Some(class) = policy.classify(&request).ok().and_then(|c| manifest.fit(c)) {
             add(class);
         }

@@ -156,6 +156,17 @@ fn step_held(serve: &Serve, token: &str, id: &str, args: Value) -> Value {
     }
 }
 
+/// Opens a browser session with step `id` of run `web` (`args`: the
+/// `open`'s), checked to have succeeded; returns its sandbox's id.
+fn opened(serve: &Serve, token: &str, id: &str, args: Value) -> String {
+    let op = step(serve, token, id, args);
+    assert_eq!(op["state"], "succeeded", "{op}");
+    op["result"]["result"]["sandboxRunId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no sandbox: {op}"))
+        .to_owned()
+}
+
 /// Whether the site got a form posted to `/submit` with `field` in it.
 fn posted(site: &Site, field: &str) -> bool {
     site.seen
@@ -182,17 +193,12 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     let (serve, acme, runner) = browsing_run(dir.path(), port, &[]);
     let url = |path: &str| format!("http://app.test:{port}{path}");
 
-    let opened = step(
+    let sandbox = opened(
         &serve,
         &acme,
         "open",
         json!({"action": "open", "sessionId": "s"}),
     );
-    assert_eq!(opened["state"], "succeeded", "{opened}");
-    let sandbox = opened["result"]["result"]["sandboxRunId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let page = step(
         &serve,
         &acme,
@@ -309,16 +315,12 @@ fn a_managed_run_browses_the_allowed_site_and_a_person_approves_its_typing() {
     assert!(posted(&site, "q=managed"), "the site did not get the form");
     // A second session, never closed: the run's end closes it, and what it
     // fetched is on the record all the same, under the step that opened it.
-    let left = step(
+    let left_sandbox = opened(
         &serve,
         &acme,
         "open-left",
         json!({"action": "open", "sessionId": "left"}),
     );
-    let left_sandbox = left["result"]["result"]["sandboxRunId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     step(
         &serve,
         &acme,
@@ -400,16 +402,12 @@ fn fill_secret_puts_an_org_secret_in_the_page_and_nowhere_else() {
         Some(json!({"value": secret})),
     );
     assert_eq!(s, 201, "{b}");
-    let opened = step(
+    let sandbox = opened(
         &serve,
         &acme,
         "open",
         json!({"action": "open", "sessionId": "s", "trace": true}),
     );
-    let sandbox = opened["result"]["result"]["sandboxRunId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     step(
         &serve,
         &acme,
@@ -631,16 +629,12 @@ fn a_refreshed_manifest_ends_the_runs_browser_sessions_on_the_record() {
     });
     let (serve, acme, _runner) = browsing_run_of(&setup, dir.path(), &[]);
     let db = format!("sqlite:{}", dir.path().join("control.db").display());
-    let opened = step(
+    let sandbox = opened(
         &serve,
         &acme,
         "open",
         json!({"action": "open", "sessionId": "s"}),
     );
-    let sandbox = opened["result"]["result"]["sandboxRunId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let page = step(
         &serve,
         &acme,

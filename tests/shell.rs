@@ -1468,13 +1468,20 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 /// the site (as `app.test`) through the egress proxy.
 fn browser_session() -> (common::servers::Site, Session) {
     let site = common::servers::Site::start();
-    let s = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
+    let s = browsing(&site, |_| {});
+    (site, s)
+}
+
+/// A shell whose manifest allows `browser_step`, reaches `site` (as
+/// `app.test`) and is edited further by `edit`.
+fn browsing(site: &common::servers::Site, edit: impl FnOnce(&mut Value)) -> Session {
+    network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
         m["allowedOps"]
             .as_array_mut()
             .unwrap()
             .push(json!("browser_step"));
-    });
-    (site, s)
+        edit(m);
+    })
 }
 
 #[test]
@@ -1567,11 +1574,7 @@ fn browser_in(s: &Session, id: &str, args: Value, class: &str) -> Value {
 #[test]
 fn a_browser_step_never_runs_in_a_weaker_class_than_its_capability_says() {
     let site = common::servers::Site::start();
-    let mut s = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
-        m["allowedOps"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!("browser_step"));
+    let mut s = browsing(&site, |m| {
         m["workloadClasses"] = json!(["namespace", "microvm"]);
         m["allowEmulation"] = json!(true);
     });
@@ -1649,11 +1652,7 @@ fn a_browser_step_never_runs_in_a_weaker_class_than_its_capability_says() {
 
     // A guest that cannot start: the session's failure says why, and its
     // sandbox's refusal is on the record.
-    let mut big = network_session("allowlist", vec![format!("app.test:{}", site.port)], |m| {
-        m["allowedOps"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!("browser_step"));
+    let mut big = browsing(&site, |m| {
         m["workloadClasses"] = json!(["namespace", "microvm"]);
         m["allowEmulation"] = json!(true);
         m["limits"]["memoryBytes"] = json!(2u64 << 30);

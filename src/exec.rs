@@ -28,6 +28,7 @@ Examples:
   moat exec --network allowlist --allow-domain pypi.org --allow-domain '*.pythonhosted.org' \
       --events - -- pip download requests
   moat exec --class microvm --workspace ./project -- ./third-party-tool
+  moat exec --class worker --timeout 5s --memory 64M -- ./job.wasm ARG
   moat exec --network ingress-only --expose 8000 -- python3 -m http.server 8000
 
 With --class microvm the program runs in a disposable virtual machine with a
@@ -35,6 +36,16 @@ kernel of its own (QEMU's microvm machine, moat as its init), and QEMU in a
 sandbox as below: same flags, exit codes and report (which names the
 accelerator). Without usable KVM it needs --allow-degraded to run under
 software emulation.
+
+With --class worker PROGRAM is a WebAssembly component (WASI 0.2; built from
+Python with componentize-py, from JavaScript with jco, or any other). It gets
+its arguments, stdout, stderr, clocks and randomness, and nothing else: no
+directories, sockets or environment (--workspace, --network and --env are
+refused). Each file it opens and each socket it asks for is refused and
+recorded (sandbox.violation, network.denied, layer wasi). --timeout is its
+deadline (exit 124, process.timeout; compiling it first is not counted),
+--memory its linear memory (exit 137 when it runs out), --max-output its
+streams. The wasmtime process runs in a read-only namespace sandbox as below.
 
 Inside the sandbox the program sees only the system directories (/usr, /bin,
 /lib...), a private /tmp, /proc and a minimal /dev, plus the roots you declare:
@@ -72,9 +83,11 @@ pub struct ExecArgs {
     #[arg(long, value_name = "MODE", default_value = "workspace-write")]
     mode: SandboxMode,
 
-    /// Workload class: namespace (Moat's Linux sandbox on the host's kernel)
-    /// or microvm (a disposable QEMU virtual machine with a kernel of its
-    /// own, whose emulator runs inside a namespace sandbox). microvm needs
+    /// Workload class: namespace (Moat's Linux sandbox on the host's kernel),
+    /// microvm (a disposable QEMU virtual machine with a kernel of its
+    /// own, whose emulator runs inside a namespace sandbox) or worker (a
+    /// WebAssembly component, WASI 0.2, run by wasmtime inside a namespace
+    /// sandbox: PROGRAM is the component's .wasm file). microvm needs
     /// qemu-system-x86 and a guest kernel (linux-image-amd64); without usable
     /// hardware virtualization it needs --allow-degraded to run under
     /// software emulation, and the report says which accelerator ran.
@@ -313,6 +326,10 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let sockets = ExposeDir::make(&args, &mut spec)?;
     let memory = spec.limits.memory_bytes;
     let timeout = spec.limits.timeout_ms;
+    let worker = match args.class {
+        WorkloadClass::Worker => Some(crate::exec_worker::prepare(&mut spec)?),
+        _ => None,
+    };
     let mut egress = egress_setup(&args, &spec.run_id)?;
     let hook = egress
         .as_mut()
@@ -329,6 +346,16 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
                 allow_emulation: false,
             };
             moat_sandbox::microvm::run(spec, &vm, output, &mut events, hook)?
+        }
+        WorkloadClass::Worker => {
+            // The sandbox's events wait until the guest's outcome is read,
+            // so that its denials come before the run's end.
+            let mut buffered = Vec::new();
+            let mut outcome = moat_sandbox::run_with_egress(spec, output, &mut buffered, None)?;
+            if let Some(worker) = worker {
+                worker.finish(&mut outcome.report, buffered, &mut events);
+            }
+            outcome
         }
     };
     drop(sockets);
@@ -349,8 +376,19 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     }
     if let Some(error) = &report.setup_error {
         eprintln!("moat: sandbox setup failed: {error}");
+    } else if report.timed_out && args.class == WorkloadClass::Worker {
+        eprintln!("moat: the worker's deadline ({timeout} ms) passed; the guest was interrupted");
     } else if report.timed_out {
         eprintln!("moat: timed out after {timeout} ms; the process tree was killed");
+    } else if let Some(worker) = &report.worker
+        && worker.ended == "memoryExceeded"
+    {
+        eprintln!(
+            "moat: the worker's memory limit ({}) was reached; the guest failed to grow its memory",
+            moat_core::size::format_size(memory)
+        );
+    } else if let Some(trap) = report.worker.as_ref().and_then(|w| w.trap.as_ref()) {
+        eprintln!("moat: the worker trapped: {trap}");
     } else if report.oom_killed {
         eprintln!(
             "moat: the memory limit ({}) was reached; the out-of-memory killer stopped the program",
@@ -375,6 +413,18 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
         {
             bail!("--vm-kernel and --vm-modules choose the guest of --class microvm: add it")
         }
+        _ if args.class == WorkloadClass::Worker => {
+            let has_roots = args.workspace.is_some()
+                || args.input.is_some()
+                || args.output.is_some()
+                || !args.read_only.is_empty()
+                || !args.read_write.is_empty();
+            crate::exec_worker::refuse_program_flags(
+                has_roots,
+                args.network == NetworkMode::Off,
+                !args.env.is_empty(),
+            )?;
+        }
         _ if args.class == WorkloadClass::Microvm && args.network == NetworkMode::IngressOnly => {
             bail!(
                 "--network ingress-only runs in the namespace class: a microvm guest's ports \
@@ -397,7 +447,11 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
         _ => {}
     }
     let mut spec = SandboxSpec::new(run_id(), args.command.clone());
-    spec.mode = args.mode;
+    // A worker's runtime writes nothing but its output.
+    spec.mode = match args.class {
+        WorkloadClass::Worker => SandboxMode::ReadOnly,
+        _ => args.mode,
+    };
     spec.network = args.network;
     spec.root_view = args.root;
     spec.allow_degraded = args.allow_degraded;

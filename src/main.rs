@@ -15,6 +15,7 @@ macro_rules! outln {
 
 mod capability;
 mod exec;
+mod exec_worker;
 mod export;
 mod files;
 mod ledger;

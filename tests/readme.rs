@@ -129,6 +129,8 @@ fn every_command_block_of_the_readme_runs_as_written() {
         ),
         ("HOME", d.join("home").display().to_string()),
         ("XDG_STATE_HOME", d.join("state").display().to_string()),
+        // Setup steps build the worker example from the repository's guest.
+        ("MOAT_README_REPO", root.to_owned()),
     ];
     // The README's servers use its addresses.
     for port in [7700, 7800] {

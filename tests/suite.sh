@@ -12,7 +12,9 @@
 #     apt-get;
 #   - puts the Python MCP SDK in a venv of its own, target/test-venv (never
 #     in the system's Python), checkov and kubernetes-validate in another,
-#     target/deploy-venv, moto's S3 server in target/s3-venv, Debian's
+#     target/deploy-venv, moto's S3 server in target/s3-venv,
+#     componentize-py (the worker tests' Python guests) in
+#     target/worker-venv, Debian's
 #     kubectl and prometheus unpacked in target/deploy-tools,
 #     and the Inspector walkthrough's npm package
 #     (playwright-core, which never downloads a browser) in
@@ -100,6 +102,16 @@ if ! [ -x "$s3_venv/bin/moto_server" ]; then
   "$s3_venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check 'moto[server]==5.1.22'
 fi
 export MOAT_TEST_MOTO=$s3_venv/bin/moto_server
+
+# The worker class's test guests are built from Python source in the tests
+# (tests/worker.rs) with componentize-py, from PyPI into a venv of its own.
+worker_venv=$PWD/target/worker-venv
+if ! [ -x "$worker_venv/bin/componentize-py" ]; then
+  echo "tests/suite.sh: installing componentize-py into $worker_venv"
+  /usr/bin/python3 -m venv "$worker_venv"
+  "$worker_venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check componentize-py==0.25.1
+fi
+export MOAT_TEST_COMPONENTIZE_PY=$worker_venv/bin/componentize-py
 
 # The Inspector walkthrough drives Debian's Chromium with playwright-core.
 (cd tests/inspector && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)

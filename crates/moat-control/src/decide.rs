@@ -1186,6 +1186,7 @@ mod tests {
     fn a_classification_rule_must_be_a_plain_permit_with_a_known_class() {
         for bad in [
             r#"@workload_class("gvisor") permit(principal, action, resource);"#,
+            r#"@workload_class("worker") permit(principal, action, resource);"#,
             r#"@workload_class("microvm") forbid(principal, action, resource);"#,
             r#"@workload_class("microvm") @approval("required") permit(principal, action, resource);"#,
         ] {

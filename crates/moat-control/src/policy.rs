@@ -193,9 +193,15 @@ impl PolicyEngine {
             let target = match policy.annotation(CLASS_ANNOTATION) {
                 None => &mut policies,
                 Some(value) => {
-                    value
+                    let class = value
                         .parse::<WorkloadClass>()
                         .map_err(|e| class_error(&e.to_string()))?;
+                    if !class.runs_programs() {
+                        return Err(class_error(
+                            "worker is the class of WebAssembly components, which no operation \
+                             is run as: an operation's class is namespace or microvm",
+                        ));
+                    }
                     if policy.effect() != cedar_policy::Effect::Permit {
                         return Err(class_error(
                             "@workload_class classifies with a permit (it grants nothing); \

@@ -40,5 +40,5 @@ pub use mode::{ExecutableOrigin, NetworkMode, RootView, SandboxMode, WorkloadCla
 pub use op::{Envelope, OpKind, OpResult, OpStatus};
 pub use report::{
     Accelerator, Enforcement, ExitStatus, LayerReport, LayerStatus, LimitMechanism, LimitReport,
-    OutputReport, SandboxReport, SyscallDenial, Violation, VmReport,
+    OutputReport, SandboxReport, SyscallDenial, Violation, VmReport, WorkerReport,
 };

@@ -108,6 +108,12 @@ named_enum!(
         /// emulator runs inside a `namespace` sandbox (its jailer). For
         /// generated code and third-party binaries.
         Microvm => "microvm",
+        /// A WebAssembly component (WASI 0.2) run by wasmtime with only
+        /// the bindings it was granted, the wasmtime process itself in a
+        /// `namespace` sandbox. Another shape, not a stronger rung: a
+        /// worker runs components, never programs, so it neither stands
+        /// in for the program classes nor they for it.
+        Worker => "worker",
     }
 );
 
@@ -149,7 +155,7 @@ impl WorkloadClass {
     /// This class's bit in a set of classes stored as an integer (what the
     /// store compares a run's needs with a runner's offer by).
     pub fn bit(self) -> i64 {
-        1 << self.strength()
+        1 << self.bit_index()
     }
 
     /// The classes whose bits are set in `mask`, weakest first.
@@ -175,15 +181,39 @@ impl WorkloadClass {
         classes.iter().fold(0, |mask, c| mask | c.bit())
     }
 
-    /// Whether this class is at least as strong as `other`.
+    /// Whether a sandbox of this class may run what needs `other`: a
+    /// program class at least as strong as a program class, a worker only
+    /// for a worker.
     pub fn satisfies(self, other: WorkloadClass) -> bool {
-        self.strength() >= other.strength()
+        match (self.strength(), other.strength()) {
+            (Some(mine), Some(theirs)) => mine >= theirs,
+            (None, None) => true,
+            _ => false,
+        }
     }
 
-    fn strength(self) -> u8 {
+    /// Whether this class runs programs (the namespace sandbox, a VM)
+    /// rather than WebAssembly components.
+    pub fn runs_programs(self) -> bool {
+        self.strength().is_some()
+    }
+
+    /// Rank among the classes that run programs; `None` for the worker.
+    fn strength(self) -> Option<u8> {
+        match self {
+            WorkloadClass::Namespace => Some(0),
+            WorkloadClass::Microvm => Some(1),
+            WorkloadClass::Worker => None,
+        }
+    }
+
+    /// The position of this class's bit: fixed forever, since masks are
+    /// stored.
+    fn bit_index(self) -> u8 {
         match self {
             WorkloadClass::Namespace => 0,
             WorkloadClass::Microvm => 1,
+            WorkloadClass::Worker => 2,
         }
     }
 }
@@ -255,5 +285,20 @@ mod tests {
                  artifact-write danger-full-access)"
             )
         );
+    }
+
+    #[test]
+    fn a_worker_neither_stands_in_for_a_program_class_nor_the_reverse() {
+        use WorkloadClass::*;
+        assert!(Microvm.satisfies(Namespace));
+        assert!(!Namespace.satisfies(Microvm));
+        assert!(Worker.satisfies(Worker));
+        for program in [Namespace, Microvm] {
+            assert!(!Worker.satisfies(program), "{program}");
+            assert!(!program.satisfies(Worker), "{program}");
+        }
+        // Bits are stored: each class keeps its own, fixed.
+        assert_eq!((Namespace.bit(), Microvm.bit(), Worker.bit()), (1, 2, 4));
+        assert_eq!(WorkloadClass::from_mask(5), vec![Namespace, Worker]);
     }
 }

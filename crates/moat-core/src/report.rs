@@ -190,6 +190,9 @@ impl Violation {
                 format!("tried to read {object}")
             }
             ("fs.execute", Some(object)) => format!("tried to execute {object}"),
+            ("fs.open", Some(object)) => format!("tried to open {object}"),
+            ("net.resolve", Some(object)) => format!("tried to resolve {object}"),
+            ("net.socket", Some(object)) => format!("tried to {object}"),
             (access, Some(object)) if access.starts_with("fs.") => {
                 format!("tried to change {object}")
             }
@@ -273,7 +276,37 @@ pub struct SandboxReport {
     /// `enforcement` is then what confined the emulator (the jailer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<VmReport>,
+    /// For the `worker` class: the component and what bounded it.
+    /// `enforcement` is then what confined the wasmtime process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerReport>,
     pub enforcement: Enforcement,
+}
+
+/// The WebAssembly component of a `worker` run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerReport {
+    /// SHA-256 of the component's bytes.
+    pub module_sha256: String,
+    /// This run compiled it (no precompiled copy was at hand).
+    pub compiled: bool,
+    /// How the guest ended: `exited`, `timedOut`, `memoryExceeded` or
+    /// `trapped`.
+    pub ended: String,
+    /// Why it trapped, when it did (the first lines of wasmtime's message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trap: Option<String>,
+    /// The guest's deadline and its linear-memory limit.
+    pub timeout_ms: u64,
+    pub memory_limit_bytes: u64,
+    /// Most linear memory the guest held.
+    pub peak_memory_bytes: u64,
+    /// Microseconds from instantiation to the end of `run`.
+    pub invocation_us: u64,
+    /// What the guest has: `streams, clocks, random`; denied opens and
+    /// sockets are in `violations`.
+    pub granted: Vec<String>,
 }
 
 /// How a hardware-virtualized or emulated guest was run.

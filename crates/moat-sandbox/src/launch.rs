@@ -392,6 +392,7 @@ impl RunState {
             setup_error: setup_error.map(|e| e.to_string()),
             class: WorkloadClass::Namespace,
             vm: None,
+            worker: None,
             enforcement: self.enforcement,
         }
     }

@@ -17,6 +17,7 @@ pub mod helper;
 pub mod host;
 pub mod hostid;
 mod ingress;
+pub mod inherited;
 mod launch;
 mod launch_policy;
 pub mod microvm;

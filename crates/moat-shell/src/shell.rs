@@ -991,6 +991,11 @@ pub(super) fn vm_for(
             "the operation must run in workload class microvm, which this runner does not \
              offer (start it with --class microvm)",
         )),
+        (WorkloadClass::Worker, _) => Err(Refusal::new(
+            DenialReason::ClassNotAvailable,
+            "workload class worker runs WebAssembly components, not programs: a program \
+             runs in namespace or microvm",
+        )),
     }
 }
 

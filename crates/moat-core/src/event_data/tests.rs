@@ -42,6 +42,7 @@ fn report() -> Value {
         setup_error: None,
         class: crate::WorkloadClass::Namespace,
         vm: None,
+        worker: None,
         enforcement: Enforcement {
             mode: SandboxMode::WorkspaceWrite,
             network: NetworkMode::Off,

@@ -1,0 +1,119 @@
+//! The `moat-worker` binary: runs one WebAssembly component. `moat exec
+//! --class worker` starts it inside a namespace sandbox; run by hand
+//! outside one it works, with the wasmtime process itself unconfined.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::{Runtime, WorkerLimits};
+use clap::{Parser, Subcommand};
+use moat_core::size::parse_size;
+
+/// Run WebAssembly components (WASI 0.2) with only the bindings granted.
+#[derive(Parser)]
+#[command(name = "moat-worker", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a component's `wasi:cli/run` once. The guest's output is this
+    /// process's; its exit status is the guest's (124: the deadline
+    /// passed, 137: memory ran out, 134: it trapped, 125: it could not be
+    /// loaded).
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The component (a `.wasm` file).
+    module: PathBuf,
+    /// Wall-clock deadline in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    timeout_ms: u64,
+    /// Linear memory the guest may hold (e.g. 64M).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    memory: u64,
+    /// Bytes of stdout and of stderr kept (each).
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
+    max_output: u64,
+    /// Keep compiled code in DIR (the host's alone: it is run as code).
+    #[arg(long, value_name = "DIR")]
+    cache: Option<PathBuf>,
+    /// Write the outcome (JSON, without the output) to this open
+    /// descriptor.
+    #[arg(long, value_name = "FD")]
+    result_fd: Option<i32>,
+    /// The guest's arguments after its name.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
+}
+
+/// The binary's whole `main`.
+pub fn main() -> ExitCode {
+    let Command::Run(args) = Cli::parse().command;
+    match run(args) {
+        Ok(status) => ExitCode::from(status),
+        Err(e) => {
+            eprintln!("moat-worker: {e:#}");
+            ExitCode::from(125)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<u8> {
+    use anyhow::Context;
+    let mut result = match args.result_fd {
+        None => None,
+        Some(fd) if fd > 2 => {
+            // The descriptor is one the caller opened for us; a number that
+            // is not open fails at the first write.
+            Some(fd_file(fd)?)
+        }
+        Some(fd) => anyhow::bail!("--result-fd {fd}: must be above 2"),
+    };
+    let bytes = std::fs::read(&args.module)
+        .with_context(|| format!("reading {}", args.module.display()))?;
+    let runtime = Runtime::new(args.cache.as_deref())?;
+    let loaded = runtime.load(&bytes)?;
+    let name = args
+        .module
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "worker".into());
+    let mut argv = vec![name];
+    argv.extend(args.args);
+    let limits = WorkerLimits {
+        timeout: Duration::from_millis(args.timeout_ms),
+        memory_bytes: args.memory,
+        max_output_bytes: args.max_output,
+    };
+    let mut outcome = runtime.invoke(&loaded, &argv, &limits);
+    // A closed reader loses the output, not the outcome.
+    let _ = std::io::stdout().write_all(&outcome.stdout);
+    let _ = std::io::stderr().write_all(&outcome.stderr);
+    outcome.stdout.clear();
+    outcome.stderr.clear();
+    if let Some(file) = &mut result {
+        let mut line = serde_json::to_string(&outcome)?;
+        // Denials are bounded, but a reader may wait on a full pipe: the
+        // outcome always fits.
+        while line.len() > crate::MAX_OUTCOME_BYTES && outcome.denials.pop().is_some() {
+            line = serde_json::to_string(&outcome)?;
+        }
+        writeln!(file, "{line}").context("writing the outcome")?;
+    }
+    Ok(outcome.exit.status())
+}
+
+/// The descriptor the caller left open for the outcome.
+fn fd_file(fd: i32) -> anyhow::Result<File> {
+    use anyhow::Context;
+    let owned = moat_sandbox::inherited::take(fd).with_context(|| format!("--result-fd {fd}"))?;
+    Ok(File::from(owned))
+}

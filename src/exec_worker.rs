@@ -1,0 +1,316 @@
+//! `moat exec --class worker MODULE.wasm`: a WebAssembly component run by
+//! `moat-worker` (wasmtime) inside a namespace sandbox of its own.
+//!
+//! Two boundaries: the component reaches only what the worker runtime
+//! links (no files, no sockets: each attempt refused and recorded), and the
+//! wasmtime process is a sandboxed program like any other (read-only
+//! root, no network, seccomp, cgroup). The guest's outcome comes back on a
+//! pipe (descriptor 3) and is folded into the sandbox's report and events.
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use moat_core::event_data::{NetworkDenied, ProcessTimeout, SandboxViolation};
+use moat_core::{
+    Event, EventData, EventSink, EventType, SandboxReport, Violation, WorkerReport, WorkloadClass,
+};
+use moat_sandbox::{BindMount, SandboxSpec};
+use moat_worker::{Denial, Outcome, WorkerExit};
+
+/// Where the sandbox sees the runtime and the component.
+const BIN_INSIDE: &str = "/moat/moat-worker";
+const MODULE_INSIDE: &str = "/moat/module.wasm";
+
+/// What the wasmtime process may use beyond the guest's own memory:
+/// the engine, the compiled code, the compiler's working set on a cold
+/// start.
+const RUNTIME_MEMORY: u64 = 512 << 20;
+
+/// How long compiling a component on its first use may take; the guest's
+/// --timeout starts when it is instantiated.
+const COMPILE_ALLOWANCE_MS: u64 = 300_000;
+
+/// What the worker runtime grants every component (WASI's), reported.
+const GRANTED: &[&str] = &["stdout", "stderr", "clocks", "random", "args"];
+
+/// The `moat-worker` binary: next to this `moat` (one build makes both).
+pub fn runtime_binary() -> anyhow::Result<PathBuf> {
+    let moat = std::env::current_exe().context("finding the moat binary")?;
+    let worker = moat.with_file_name("moat-worker");
+    if !worker.is_file() {
+        bail!(
+            "{} is missing: the worker class runs components with the moat-worker binary built \
+             with moat (cargo build --release builds both)",
+            worker.display()
+        );
+    }
+    Ok(worker)
+}
+
+/// Turns `spec` (whose argv is the component and its arguments) into the
+/// sandbox that runs `moat-worker` on it, with the channel its outcome
+/// comes back on.
+pub fn prepare(spec: &mut SandboxSpec) -> anyhow::Result<OutcomeReader> {
+    let Some(module) = spec.argv.first().map(PathBuf::from) else {
+        bail!("--class worker needs the component to run: moat exec --class worker -- MODULE.wasm")
+    };
+    let meta = std::fs::metadata(&module)
+        .with_context(|| format!("the component {}", module.display()))?;
+    if !meta.is_file() {
+        bail!("the component {}: not a regular file", module.display());
+    }
+    let mut magic = [0u8; 8];
+    std::fs::File::open(&module)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .with_context(|| format!("reading {}", module.display()))?;
+    // A component's preamble: "\0asm", version 0x0d, layer 1. A core module
+    // (layer 0) is refused here with a message that says what to do.
+    if &magic[..4] != b"\0asm" {
+        bail!("{}: not WebAssembly (no \\0asm header)", module.display());
+    }
+    if magic[6..8] != [1, 0] {
+        bail!(
+            "{}: a core WebAssembly module, not a component: a worker is a WASI 0.2 component \
+             (wasm-tools component new, componentize-py or jco make one)",
+            module.display()
+        );
+    }
+    let binary = runtime_binary()?;
+    let limits = spec.limits.clone();
+    let guest_args: Vec<String> = spec.argv.iter().skip(1).cloned().collect();
+    let mut argv = vec![
+        BIN_INSIDE.to_owned(),
+        "run".to_owned(),
+        MODULE_INSIDE.to_owned(),
+        "--timeout-ms".to_owned(),
+        limits.timeout_ms.to_string(),
+        "--memory".to_owned(),
+        limits.memory_bytes.to_string(),
+        "--max-output".to_owned(),
+        limits.max_output_bytes.to_string(),
+        "--result-fd".to_owned(),
+        "3".to_owned(),
+        "--".to_owned(),
+    ];
+    argv.extend(guest_args);
+    spec.argv = argv;
+    spec.mounts.push(BindMount {
+        host: binary,
+        inside: PathBuf::from(BIN_INSIDE),
+        writable: false,
+    });
+    spec.mounts.push(BindMount {
+        host: module.clone(),
+        inside: PathBuf::from(MODULE_INSIDE),
+        writable: false,
+    });
+    spec.limits.timeout_ms = limits.timeout_ms.saturating_add(COMPILE_ALLOWANCE_MS);
+    spec.limits.memory_bytes = limits.memory_bytes.saturating_add(RUNTIME_MEMORY);
+    // The guest's output passes through the runtime's: room for both
+    // streams' caps and nothing more.
+    // Read once the sandbox is gone (the launcher must stay single-
+    // threaded, so no reader thread): the runtime keeps an outcome within
+    // a pipe's buffer, so its write never waits for us.
+    let (reader, writer) = std::io::pipe().context("making the worker's outcome pipe")?;
+    spec.pass_fds.push(Arc::new(OwnedFd::from(writer)));
+    Ok(OutcomeReader {
+        reader,
+        module,
+        timeout_ms: limits.timeout_ms,
+        memory_limit: limits.memory_bytes,
+    })
+}
+
+/// The outcome on its way back from the sandbox.
+pub struct OutcomeReader {
+    reader: std::io::PipeReader,
+    module: PathBuf,
+    timeout_ms: u64,
+    memory_limit: u64,
+}
+
+impl OutcomeReader {
+    /// Folds the guest's outcome into the sandbox's `report` and `events`
+    /// (buffered while the sandbox ran) and sends them on to `sink`, in
+    /// order: denials and a timeout before the run's end.
+    pub fn finish(self, report: &mut SandboxReport, events: Vec<Event>, sink: &mut dyn EventSink) {
+        // Every write end is closed once the sandbox is gone (the spec that
+        // held ours was consumed by the run), so this ends.
+        let mut text = String::new();
+        let _ = (&self.reader)
+            .take(moat_worker::MAX_OUTCOME_BYTES as u64)
+            .read_to_string(&mut text);
+        let outcome: Option<Outcome> = text
+            .lines()
+            .last()
+            .and_then(|line| serde_json::from_str(line).ok());
+        report.class = WorkloadClass::Worker;
+        let mut added = Vec::new();
+        if let Some(outcome) = &outcome {
+            self.fold(outcome, report, &mut added);
+        } else if report.setup_error.is_none() && !report.timed_out {
+            // The runtime ended without an outcome: it could not load the
+            // component (its message is on stderr) or was killed.
+            report.worker = Some(WorkerReport {
+                module_sha256: String::new(),
+                compiled: false,
+                ended: "notStarted".into(),
+                trap: None,
+                timeout_ms: self.timeout_ms,
+                memory_limit_bytes: self.memory_limit,
+                peak_memory_bytes: 0,
+                invocation_us: 0,
+                granted: Vec::new(),
+            });
+        }
+        let program = self.module.display().to_string();
+        for mut event in events {
+            match event.event_type {
+                EventType::SandboxExecStarted => {
+                    if let Some(data) = event.data.as_object_mut() {
+                        data.insert("program".into(), program.clone().into());
+                        data.insert("class".into(), "worker".into());
+                    }
+                    sink.emit(event);
+                }
+                EventType::SandboxExecFinished => {
+                    let (at, run_id) = (event.at.clone(), event.run_id.clone());
+                    for data in added.drain(..) {
+                        sink.emit(Event::of(data, at.clone(), run_id.clone()));
+                    }
+                    if let Ok(mut data) = serde_json::to_value(&*report)
+                        && let (Some(data), Some(old)) =
+                            (data.as_object_mut(), event.data.as_object())
+                    {
+                        // The run's identities the launcher added stay.
+                        for key in ["sandboxRunId", "runnerId", "runnerHash", "manifestHash"] {
+                            if let Some(value) = old.get(key) {
+                                data.insert(key.into(), value.clone());
+                            }
+                        }
+                        event.data = serde_json::Value::Object(data.clone());
+                    }
+                    sink.emit(event);
+                }
+                _ => sink.emit(event),
+            }
+        }
+    }
+
+    fn fold(&self, outcome: &Outcome, report: &mut SandboxReport, added: &mut Vec<EventData>) {
+        let (ended, trap) = match &outcome.exit {
+            WorkerExit::Exited { .. } => ("exited", None),
+            WorkerExit::TimedOut => ("timedOut", None),
+            WorkerExit::MemoryExceeded => ("memoryExceeded", None),
+            WorkerExit::Trapped { message } => ("trapped", Some(first_lines(message))),
+        };
+        report.worker = Some(WorkerReport {
+            module_sha256: outcome.module_hash.clone(),
+            compiled: outcome.compiled,
+            ended: ended.into(),
+            trap,
+            timeout_ms: self.timeout_ms,
+            memory_limit_bytes: self.memory_limit,
+            peak_memory_bytes: outcome.peak_memory_bytes,
+            invocation_us: outcome.duration_us,
+            granted: GRANTED.iter().map(|g| (*g).to_owned()).collect(),
+        });
+        report.stdout.truncated |= outcome.stdout_truncated;
+        report.stderr.truncated |= outcome.stderr_truncated;
+        for denial in &outcome.denials {
+            let violation = violation_of(denial);
+            let message = violation.describe();
+            match denial {
+                Denial::File { .. } => added.push(EventData::SandboxViolation(SandboxViolation {
+                    layer: violation.layer.clone(),
+                    access: violation.access.clone(),
+                    object: violation.object.clone(),
+                    errno: "not-permitted".into(),
+                    message,
+                    sandbox_run_id: None,
+                    runner_id: None,
+                    runner_hash: None,
+                    manifest_hash: None,
+                })),
+                Denial::Socket { address, purpose } => {
+                    added.push(EventData::NetworkDenied(NetworkDenied {
+                        reason: Some(moat_core::DenialReason::NetworkNotAllowed),
+                        detail: Some(purpose.clone()),
+                        message: Some(message),
+                        address: Some(address.clone()),
+                        layer: Some(violation.layer.clone()),
+                        errno: Some("access-denied".into()),
+                        ..NetworkDenied::default()
+                    }))
+                }
+            }
+            merge(&mut report.violations, violation);
+        }
+        if outcome.exit == WorkerExit::TimedOut {
+            report.timed_out = true;
+            added.push(EventData::ProcessTimeout(ProcessTimeout {
+                timeout_ms: self.timeout_ms,
+                killed: "worker invocation".into(),
+                sandbox_run_id: None,
+                runner_id: None,
+                runner_hash: None,
+                manifest_hash: None,
+            }));
+        }
+    }
+}
+
+/// A denial as the report counts it: layer `wasi`.
+fn violation_of(denial: &Denial) -> Violation {
+    let (access, object) = match denial {
+        Denial::File { path } => ("fs.open", path.clone()),
+        Denial::Socket { address, purpose } if purpose == "resolve" => {
+            ("net.resolve", address.clone())
+        }
+        Denial::Socket { address, purpose } => ("net.socket", format!("{purpose} ({address})")),
+    };
+    Violation {
+        layer: "wasi".into(),
+        access: access.into(),
+        object: Some(object),
+        count: 1,
+    }
+}
+
+fn merge(list: &mut Vec<Violation>, violation: Violation) {
+    match list.iter_mut().find(|v| {
+        v.layer == violation.layer && v.access == violation.access && v.object == violation.object
+    }) {
+        Some(known) => known.count += 1,
+        None => list.push(violation),
+    }
+}
+
+fn first_lines(message: &str) -> String {
+    message.lines().take(3).collect::<Vec<_>>().join("\n")
+}
+
+/// A worker gets no directories, network or environment: flags that
+/// would give a program them are refused, not ignored.
+pub fn refuse_program_flags(
+    has_roots: bool,
+    network_off: bool,
+    has_env: bool,
+) -> anyhow::Result<()> {
+    if has_roots {
+        bail!(
+            "--class worker runs a WebAssembly component, which sees no directories: drop \
+             --workspace, --input, --output, --ro and --rw"
+        );
+    }
+    if !network_off {
+        bail!("--class worker runs a component, which has no network: drop --network");
+    }
+    if has_env {
+        bail!("--class worker runs a component, which has no environment: drop --env");
+    }
+    Ok(())
+}

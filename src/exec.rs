@@ -39,10 +39,13 @@ software emulation.
 
 With --class worker PROGRAM is a WebAssembly component (WASI 0.2; built from
 Python with componentize-py, from JavaScript with jco, or any other). It gets
-its arguments, stdout, stderr, clocks and randomness, and nothing else: no
-directories, sockets or environment (--workspace, --network and --env are
+its arguments, stdout, stderr, clocks and randomness: no directories,
+sockets or environment (--workspace, --ro, --rw, --network and --env are
 refused). Each file it opens and each socket it asks for is refused and
-recorded (sandbox.violation, network.denied, layer wasi). --timeout is its
+recorded (sandbox.violation, network.denied, layer wasi). Beyond that it has
+Moat's bindings where granted: --input DIR its `inputs` (read files under
+DIR), --output DIR its `outputs` (write files there, --max-write bytes in
+all, 64M by default); every call is a worker.binding event. --timeout is its
 deadline (exit 124, process.timeout; compiling it first is not counted),
 --memory its linear memory (exit 137 when it runs out), --max-output its
 streams. The wasmtime process runs in a read-only namespace sandbox as below.
@@ -327,7 +330,14 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let memory = spec.limits.memory_bytes;
     let timeout = spec.limits.timeout_ms;
     let worker = match args.class {
-        WorkloadClass::Worker => Some(crate::exec_worker::prepare(&mut spec)?),
+        WorkloadClass::Worker => {
+            let dirs = crate::exec_worker::BindingDirs {
+                inputs: args.input.clone(),
+                outputs: args.output.clone(),
+                max_write: args.max_write,
+            };
+            Some(crate::exec_worker::prepare(&mut spec, &dirs)?)
+        }
         _ => None,
     };
     let mut egress = egress_setup(&args, &spec.run_id)?;
@@ -415,8 +425,6 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
         }
         _ if args.class == WorkloadClass::Worker => {
             let has_roots = args.workspace.is_some()
-                || args.input.is_some()
-                || args.output.is_some()
                 || !args.read_only.is_empty()
                 || !args.read_write.is_empty();
             crate::exec_worker::refuse_program_flags(
@@ -447,8 +455,9 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
         _ => {}
     }
     let mut spec = SandboxSpec::new(run_id(), args.command.clone());
-    // A worker's runtime writes nothing but its output.
+    // A worker's runtime writes nothing but its outputs binding's files.
     spec.mode = match args.class {
+        WorkloadClass::Worker if args.output.is_some() => SandboxMode::WorkspaceWrite,
         WorkloadClass::Worker => SandboxMode::ReadOnly,
         _ => args.mode,
     };
@@ -481,11 +490,14 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
     if let Some(dir) = &args.workspace {
         mount(dir, "/workspace", true);
     }
-    if let Some(dir) = &args.input {
-        mount(dir, "/workspace/input", false);
-    }
-    if let Some(dir) = &args.output {
-        mount(dir, "/workspace/output", true);
+    // A worker's are its bindings' directories (exec_worker mounts them).
+    if args.class != WorkloadClass::Worker {
+        if let Some(dir) = &args.input {
+            mount(dir, "/workspace/input", false);
+        }
+        if let Some(dir) = &args.output {
+            mount(dir, "/workspace/output", true);
+        }
     }
     for (list, writable) in [(&args.read_only, false), (&args.read_write, true)] {
         for item in list {

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use moat_core::event_data::{NetworkDenied, ProcessTimeout, SandboxViolation};
+use moat_core::event_data::{NetworkDenied, ProcessTimeout, SandboxViolation, WorkerBinding};
 use moat_core::{
     Event, EventData, EventSink, EventType, SandboxReport, Violation, WorkerReport, WorkloadClass,
 };
@@ -23,6 +23,10 @@ use moat_worker::{Denial, Outcome, WorkerExit};
 /// Where the sandbox sees the runtime and the component.
 const BIN_INSIDE: &str = "/moat/moat-worker";
 const MODULE_INSIDE: &str = "/moat/module.wasm";
+/// Where `--input` and `--output` are, for the `inputs` and `outputs`
+/// bindings.
+const INPUTS_INSIDE: &str = "/moat/inputs";
+const OUTPUTS_INSIDE: &str = "/moat/outputs";
 
 /// What the wasmtime process may use beyond the guest's own memory:
 /// the engine, the compiled code, the compiler's working set on a cold
@@ -50,10 +54,19 @@ pub fn runtime_binary() -> anyhow::Result<PathBuf> {
     Ok(worker)
 }
 
+/// The directories a worker's bindings are granted.
+#[derive(Default)]
+pub struct BindingDirs {
+    pub inputs: Option<PathBuf>,
+    pub outputs: Option<PathBuf>,
+    /// Bytes all outputs together may hold.
+    pub max_write: Option<u64>,
+}
+
 /// Turns `spec` (whose argv is the component and its arguments) into the
 /// sandbox that runs `moat-worker` on it, with the channel its outcome
 /// comes back on.
-pub fn prepare(spec: &mut SandboxSpec) -> anyhow::Result<OutcomeReader> {
+pub fn prepare(spec: &mut SandboxSpec, dirs: &BindingDirs) -> anyhow::Result<OutcomeReader> {
     let Some(module) = spec.argv.first().map(PathBuf::from) else {
         bail!("--class worker needs the component to run: moat exec --class worker -- MODULE.wasm")
     };
@@ -93,8 +106,26 @@ pub fn prepare(spec: &mut SandboxSpec) -> anyhow::Result<OutcomeReader> {
         limits.max_output_bytes.to_string(),
         "--result-fd".to_owned(),
         "3".to_owned(),
-        "--".to_owned(),
     ];
+    for (dir, inside, flag, writable) in [
+        (&dirs.inputs, INPUTS_INSIDE, "--inputs", false),
+        (&dirs.outputs, OUTPUTS_INSIDE, "--outputs", true),
+    ] {
+        if let Some(dir) = dir {
+            spec.mounts.push(BindMount {
+                host: dir.clone(),
+                inside: PathBuf::from(inside),
+                writable,
+            });
+            argv.extend([flag.to_owned(), inside.to_owned()]);
+        }
+    }
+    if let Some(max) = dirs.max_write {
+        argv.extend(["--max-write".to_owned(), max.to_string()]);
+    }
+    argv.push("--".to_owned());
+    // The guest's own argument count is what its start event reports.
+    let runtime_argc = argv.len() as u64 - 1;
     argv.extend(guest_args);
     spec.argv = argv;
     spec.mounts.push(BindMount {
@@ -117,6 +148,7 @@ pub fn prepare(spec: &mut SandboxSpec) -> anyhow::Result<OutcomeReader> {
     let (reader, writer) = std::io::pipe().context("making the worker's outcome pipe")?;
     spec.pass_fds.push(Arc::new(OwnedFd::from(writer)));
     Ok(OutcomeReader {
+        argc: spec.argv.len() as u64 - runtime_argc,
         reader,
         module,
         timeout_ms: limits.timeout_ms,
@@ -126,6 +158,8 @@ pub fn prepare(spec: &mut SandboxSpec) -> anyhow::Result<OutcomeReader> {
 
 /// The outcome on its way back from the sandbox.
 pub struct OutcomeReader {
+    /// The component and its arguments.
+    argc: u64,
     reader: std::io::PipeReader,
     module: PathBuf,
     timeout_ms: u64,
@@ -172,6 +206,7 @@ impl OutcomeReader {
                 EventType::SandboxExecStarted => {
                     if let Some(data) = event.data.as_object_mut() {
                         data.insert("program".into(), program.clone().into());
+                        data.insert("argc".into(), self.argc.into());
                         data.insert("class".into(), "worker".into());
                     }
                     sink.emit(event);
@@ -218,6 +253,19 @@ impl OutcomeReader {
             invocation_us: outcome.duration_us,
             granted: GRANTED.iter().map(|g| (*g).to_owned()).collect(),
         });
+        for used in &outcome.bindings {
+            added.push(EventData::WorkerBinding(WorkerBinding {
+                binding: used.binding.clone(),
+                call: used.call.clone(),
+                name: used.name.clone(),
+                bytes: used.bytes,
+                outcome: used.outcome.clone(),
+                sandbox_run_id: None,
+                runner_id: None,
+                runner_hash: None,
+                manifest_hash: None,
+            }));
+        }
         report.stdout.truncated |= outcome.stdout_truncated;
         report.stderr.truncated |= outcome.stderr_truncated;
         for denial in &outcome.denials {
@@ -303,7 +351,8 @@ pub fn refuse_program_flags(
     if has_roots {
         bail!(
             "--class worker runs a WebAssembly component, which sees no directories: drop \
-             --workspace, --input, --output, --ro and --rw"
+             --workspace, --ro and --rw (--input and --output grant its inputs and outputs \
+             bindings)"
         );
     }
     if !network_off {

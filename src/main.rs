@@ -29,6 +29,7 @@ mod serve;
 mod shell;
 mod state;
 mod up;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -62,6 +63,7 @@ enum Command {
     Audit(operator::audit::AuditArgs),
     Replay(replay::ReplayArgs),
     Export(export::ExportArgs),
+    Worker(worker::WorkerArgs),
 }
 
 // `moat exec` alone: its start-up time is part of every sandboxed run, so
@@ -129,5 +131,6 @@ fn main() -> ExitCode {
         Command::Audit(args) => operator::audit::main(args),
         Command::Replay(args) => replay::main(args),
         Command::Export(args) => export::main(args),
+        Command::Worker(args) => worker::main(args),
     }
 }

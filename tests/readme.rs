@@ -129,8 +129,13 @@ fn every_command_block_of_the_readme_runs_as_written() {
         ),
         ("HOME", d.join("home").display().to_string()),
         ("XDG_STATE_HOME", d.join("state").display().to_string()),
-        // Setup steps build the worker example from the repository's guest.
+        // The worker example: the repository's guest, and componentize-py
+        // where the README says to install it (tests/suite.sh does).
         ("MOAT_README_REPO", root.to_owned()),
+        (
+            "MOAT_COMPONENTIZE_PY",
+            std::env::var("MOAT_TEST_COMPONENTIZE_PY").unwrap_or_default(),
+        ),
     ];
     // The README's servers use its addresses.
     for port in [7700, 7800] {

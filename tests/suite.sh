@@ -14,7 +14,8 @@
 #     in the system's Python), checkov and kubernetes-validate in another,
 #     target/deploy-venv, moto's S3 server in target/s3-venv,
 #     componentize-py (the worker tests' Python guests) in
-#     target/worker-venv, Debian's
+#     target/worker-venv, jco and componentize-js (their JavaScript
+#     guests) in tests/worker/node_modules, Debian's
 #     kubectl and prometheus unpacked in target/deploy-tools,
 #     and the Inspector walkthrough's npm package
 #     (playwright-core, which never downloads a browser) in
@@ -112,6 +113,9 @@ if ! [ -x "$worker_venv/bin/componentize-py" ]; then
   "$worker_venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check componentize-py==0.25.1
 fi
 export MOAT_TEST_COMPONENTIZE_PY=$worker_venv/bin/componentize-py
+# ... and their JavaScript guests with jco and componentize-js, from npm.
+(cd tests/worker && npm ci --no-audit --no-fund --loglevel=error)
+export MOAT_TEST_JCO=$PWD/tests/worker/node_modules/.bin/jco
 
 # The Inspector walkthrough drives Debian's Chromium with playwright-core.
 (cd tests/inspector && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)

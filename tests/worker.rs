@@ -1,9 +1,11 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
-//! The `worker` class through `moat exec --class worker`: a Python
-//! component (built here from tests/worker/guest.py with componentize-py)
-//! run by wasmtime inside a namespace sandbox. Its file opens are refused
-//! and recorded, a loop ends by the deadline with `process.timeout`, and
-//! memory past the limit fails cleanly.
+//! The `worker` class through `moat exec --class worker`: Python and
+//! JavaScript components (built here by `moat worker build` from
+//! tests/worker/guest.py and reverser.js, with componentize-py and jco) run
+//! by wasmtime inside a namespace sandbox. Their file opens are refused
+//! and recorded, a loop ends by the deadline with `process.timeout`,
+//! memory past the limit fails cleanly, and the `inputs` and `outputs`
+//! bindings serve only what was granted, every call recorded.
 
 mod common;
 
@@ -13,36 +15,53 @@ use std::sync::OnceLock;
 
 use common::{Canary, Run, exec, host_processes_with};
 
-/// The guest, built once per test binary into target/ (it depends only on
-/// its source and the WIT in crates/moat-worker/wit).
+/// `moat worker build SOURCE` of a guest of tests/worker, into the test's
+/// own directory under target/; the component's path.
+fn build(source: &str) -> PathBuf {
+    let python = std::env::var("MOAT_TEST_COMPONENTIZE_PY").expect(
+        "MOAT_TEST_COMPONENTIZE_PY is not set: run the suite with `bash tests/suite.sh`, \
+         which installs componentize-py into target/worker-venv",
+    );
+    let jco = std::env::var("MOAT_TEST_JCO").expect(
+        "MOAT_TEST_JCO is not set: run the suite with `bash tests/suite.sh`, which installs \
+         jco into tests/worker/node_modules",
+    );
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("worker-guests");
+    std::fs::create_dir_all(&out_dir).expect("guest dir");
+    let copy = out_dir.join(source);
+    std::fs::copy(root.join("tests/worker").join(source), &copy).expect("guest source");
+    let output = Command::new(common::MOAT)
+        .args(["worker", "build"])
+        .arg(&copy)
+        .env("MOAT_COMPONENTIZE_PY", python)
+        .env("MOAT_JCO", jco)
+        .output()
+        .expect("running moat worker build");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "moat worker build {source}: {}{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let wasm = copy.with_extension("wasm");
+    // It says what it built, by hash.
+    let hash = sha256_of(&wasm);
+    assert!(stdout.contains(&format!("sha256 {hash}")), "{stdout}");
+    wasm
+}
+
+fn sha256_of(path: &std::path::Path) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(
+        std::fs::read(path).expect("component"),
+    ))
+}
+
+/// The Python guest, built once per test binary.
 fn guest() -> &'static PathBuf {
     static GUEST: OnceLock<PathBuf> = OnceLock::new();
-    GUEST.get_or_init(|| {
-        let tool = std::env::var("MOAT_TEST_COMPONENTIZE_PY").expect(
-            "MOAT_TEST_COMPONENTIZE_PY is not set: run the suite with `bash tests/suite.sh`, \
-             which installs componentize-py into target/worker-venv",
-        );
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("worker-guest");
-        std::fs::create_dir_all(&out_dir).expect("guest dir");
-        std::fs::copy(root.join("tests/worker/guest.py"), out_dir.join("guest.py"))
-            .expect("guest source");
-        let wasm = out_dir.join("guest.wasm");
-        let output = Command::new(&tool)
-            .current_dir(&out_dir)
-            .arg("-d")
-            .arg(root.join("crates/moat-worker/wit"))
-            .args(["-w", "moat:worker/command", "componentize", "guest", "-o"])
-            .arg(&wasm)
-            .output()
-            .expect("running componentize-py");
-        assert!(
-            output.status.success(),
-            "componentize-py failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        wasm
-    })
+    GUEST.get_or_init(|| build("guest.py"))
 }
 
 /// One worker at a time: a test checks that no runtime is left once its
@@ -80,6 +99,8 @@ fn a_worker_runs_a_python_component_with_its_arguments_in_the_worker_class() {
     let started = run.events_of("sandbox.exec.started");
     assert_eq!(started.len(), 1);
     assert_eq!(started[0]["data"]["class"], "worker");
+    // The component and its two arguments, never the runtime's own.
+    assert_eq!(started[0]["data"]["argc"], 3);
     // The runtime itself ran in a namespace sandbox, every layer applied.
     common::assert_all_layers_enforced(&run);
 }
@@ -132,10 +153,169 @@ fn a_worker_allocating_past_its_memory_limit_fails_cleanly() {
 }
 
 #[test]
+fn a_worker_reads_its_inputs_and_writes_its_outputs_through_bindings_each_call_recorded() {
+    let input = tempfile::tempdir().expect("inputs");
+    let output = tempfile::tempdir().expect("outputs");
+    std::fs::write(input.path().join("in.txt"), "some text").expect("input");
+    let canary = Canary::plant();
+    // A link out of the inputs is not followed.
+    std::os::unix::fs::symlink(&canary.path, input.path().join("link")).expect("link");
+    common::make_world_accessible(input.path());
+    common::make_world_accessible(output.path());
+    let (i, o) = (
+        common::path_str(input.path()),
+        common::path_str(output.path()),
+    );
+    let run = worker(&["--input", i, "--output", o], &["io", "in.txt"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("listed: in.txt"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("escape: BindingError_InvalidName"),
+        "{}",
+        run.stdout
+    );
+    let written = std::fs::read_to_string(output.path().join("result/in.txt")).expect("output");
+    assert_eq!(written, "SOME TEXT");
+    let calls: Vec<(String, String, String)> = run
+        .events_of("worker.binding")
+        .iter()
+        .map(|e| {
+            let d = &e["data"];
+            let name = d["name"].as_str().unwrap_or("").to_owned();
+            (
+                format!(
+                    "{}.{}",
+                    d["binding"].as_str().unwrap(),
+                    d["call"].as_str().unwrap()
+                ),
+                name,
+                d["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expect = |call: &str, name: &str, outcome: &str| {
+        (call.to_owned(), name.to_owned(), outcome.to_owned())
+    };
+    assert_eq!(
+        calls,
+        vec![
+            expect("inputs.names", "", "ok"),
+            expect("inputs.read", "in.txt", "ok"),
+            expect("outputs.write", "result/in.txt", "ok"),
+            expect("inputs.read", "../escape", "invalid-name"),
+        ]
+    );
+    // Reading the link is refused: no link is followed.
+    let run = worker(&["--input", i], &["io", "link"]);
+    assert!(
+        run.stdout.contains("refused: BindingError_InvalidName"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains(&canary.content));
+    canary.assert_intact();
+    // Without --output, writing is refused and recorded.
+    let run = worker(&["--input", i], &["io", "in.txt"]);
+    assert!(
+        run.stdout.contains("refused: BindingError_NotGranted"),
+        "{}",
+        run.stdout
+    );
+    let refused = run.events_of("worker.binding");
+    assert!(
+        refused
+            .iter()
+            .any(|e| e["data"]["binding"] == "outputs" && e["data"]["outcome"] == "not-granted"),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn a_javascript_component_built_with_moat_worker_build_uses_the_same_bindings() {
+    let wasm = build("reverser.js");
+    let input = tempfile::tempdir().expect("inputs");
+    let output = tempfile::tempdir().expect("outputs");
+    std::fs::write(input.path().join("word.txt"), "stressed").expect("input");
+    common::make_world_accessible(input.path());
+    common::make_world_accessible(output.path());
+    let (i, o) = (
+        common::path_str(input.path()),
+        common::path_str(output.path()),
+    );
+    let module = wasm.display().to_string();
+    let _one = ONE_WORKER.lock().unwrap_or_else(|e| e.into_inner());
+    let run = exec(
+        &["--class", "worker", "--input", i, "--output", o],
+        &[&module],
+    );
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("hello from javascript, reversed word.txt"),
+        "{}",
+        run.stdout
+    );
+    let written = std::fs::read_to_string(output.path().join("reversed.txt")).expect("output");
+    assert_eq!(written, "desserts");
+    assert_eq!(
+        run.report["worker"]["moduleSha256"],
+        sha256_of(&wasm).as_str()
+    );
+    let calls: Vec<&str> = run
+        .events_of("worker.binding")
+        .iter()
+        .filter_map(|e| e["data"]["call"].as_str())
+        .collect();
+    assert_eq!(calls, ["names", "read", "write"]);
+}
+
+#[test]
+fn moat_worker_build_refuses_what_it_cannot_build_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rust = dir.path().join("main.rs");
+    std::fs::write(&rust, "fn main() {}").expect("source");
+    let output = Command::new(common::MOAT)
+        .args(["worker", "build"])
+        .arg(&rust)
+        .output()
+        .expect("moat worker build");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("Python (.py) or JavaScript"));
+    // A Python guest that does not build: the tool's error, no component.
+    let broken = dir.path().join("broken.py");
+    std::fs::write(&broken, "this is not python(").expect("source");
+    let output = Command::new(common::MOAT)
+        .args(["worker", "build"])
+        .arg(&broken)
+        .env(
+            "MOAT_COMPONENTIZE_PY",
+            std::env::var("MOAT_TEST_COMPONENTIZE_PY").expect("MOAT_TEST_COMPONENTIZE_PY"),
+        )
+        .output()
+        .expect("moat worker build");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("componentize-py failed"));
+    assert!(!dir.path().join("broken.wasm").exists());
+    // A missing tool is named.
+    let js = dir.path().join("x.js");
+    std::fs::write(&js, "export const run = { run() {} };").expect("source");
+    let output = Command::new(common::MOAT)
+        .args(["worker", "build", "--jco", "/nonexistent/jco"])
+        .arg(&js)
+        .output()
+        .expect("moat worker build");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("running /nonexistent/jco"), "{stderr}");
+    assert!(!dir.path().join("x.wasm").exists());
+}
+
+#[test]
 fn a_worker_refuses_flags_that_would_give_a_component_directories_or_network() {
     let module = guest().display().to_string();
     for extra in [
         vec!["--workspace", "/tmp"],
+        vec!["--ro", "/tmp"],
         vec!["--network", "allowlist"],
         vec!["--env", "HOME"],
     ] {

@@ -3,6 +3,7 @@
 import sys
 
 from wit_world import exports
+from wit_world.imports import inputs, outputs
 
 
 class Run(exports.Run):
@@ -22,5 +23,19 @@ class Run(exports.Run):
             blocks = []
             while True:
                 blocks.append(bytearray(16 << 20))
+        elif mode == "io":
+            # The bindings: list and read an input, write an output.
+            try:
+                names = inputs.names()
+                text = inputs.read(sys.argv[2]).decode()
+                outputs.write("result/" + sys.argv[2], text.upper().encode())
+                print("listed:", ",".join(names))
+            except Exception as e:
+                print("refused:", type(getattr(e, "value", e)).__name__)
+            # A name that would leave the inputs is refused too.
+            try:
+                inputs.read("../escape")
+            except Exception as e:
+                print("escape:", type(getattr(e, "value", e)).__name__)
         else:
             print("hello from a worker,", " ".join(sys.argv[1:]))

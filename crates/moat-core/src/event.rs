@@ -95,6 +95,8 @@ event_types! {
     SandboxViolation => "sandbox.violation",
     /// A run used `danger-full-access`. Emitted every time.
     SandboxDangerFullAccess => "sandbox.danger_full_access",
+    /// A worker called one of Moat's bindings (served or refused).
+    WorkerBinding => "worker.binding",
     ArtifactCreated => "artifact.created",
     /// A file a program wrote passed the manifest's export rules and was
     /// stored as an artifact (`artifact.created` names it too).

@@ -41,7 +41,7 @@ pub use runner::{
 };
 pub use sandbox::{
     ProcessTimeout, SandboxDangerFullAccess, SandboxExecDenied, SandboxExecFinished,
-    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied, SandboxViolation,
+    SandboxExecStarted, SandboxRoot, SandboxSyscallDenied, SandboxViolation, WorkerBinding,
 };
 
 #[cfg(test)]

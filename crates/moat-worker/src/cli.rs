@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::{Runtime, WorkerLimits};
+use crate::{Grants, Runtime, WorkerLimits};
 use clap::{Parser, Subcommand};
 use moat_core::size::parse_size;
 
@@ -42,6 +42,15 @@ struct RunArgs {
     /// Bytes of stdout and of stderr kept (each).
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
     max_output: u64,
+    /// Grant the `inputs` binding: files under DIR, read-only.
+    #[arg(long, value_name = "DIR")]
+    inputs: Option<PathBuf>,
+    /// Grant the `outputs` binding: files written under DIR.
+    #[arg(long, value_name = "DIR")]
+    outputs: Option<PathBuf>,
+    /// Bytes all outputs together may hold.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
+    max_write: u64,
     /// Keep compiled code in DIR (the host's alone: it is run as code).
     #[arg(long, value_name = "DIR")]
     cache: Option<PathBuf>,
@@ -93,7 +102,14 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
         memory_bytes: args.memory,
         max_output_bytes: args.max_output,
     };
-    let mut outcome = runtime.invoke(&loaded, &argv, &limits);
+    let grants = Grants {
+        inputs: args.inputs,
+        outputs: args.outputs,
+        max_output_bytes: args.max_write,
+        // A read lands in the guest's memory: no more than it may hold.
+        max_read_bytes: args.memory,
+    };
+    let mut outcome = runtime.invoke(&loaded, &argv, &limits, &grants);
     // A closed reader loses the output, not the outcome.
     let _ = std::io::stdout().write_all(&outcome.stdout);
     let _ = std::io::stderr().write_all(&outcome.stderr);
@@ -103,7 +119,12 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
         let mut line = serde_json::to_string(&outcome)?;
         // Denials are bounded, but a reader may wait on a full pipe: the
         // outcome always fits.
-        while line.len() > crate::MAX_OUTCOME_BYTES && outcome.denials.pop().is_some() {
+        while line.len() > crate::MAX_OUTCOME_BYTES {
+            if outcome.bindings.pop().is_some() {
+                outcome.bindings_dropped += 1;
+            } else if outcome.denials.pop().is_none() {
+                break;
+            }
             line = serde_json::to_string(&outcome)?;
         }
         writeln!(file, "{line}").context("writing the outcome")?;

@@ -7,6 +7,7 @@ use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::bindings::BindingState;
 use crate::outcome::Denial;
 
 /// Denials shared with the socket check, which WASI calls from outside
@@ -30,6 +31,7 @@ pub(crate) struct Host {
     pub table: ResourceTable,
     pub limiter: MemoryLimiter,
     pub denials: DenialLog,
+    pub bindings: BindingState,
 }
 
 impl WasiView for Host {

@@ -15,6 +15,7 @@
 //! binary of this crate is what runs there.
 #![forbid(unsafe_code)]
 
+mod bindings;
 pub mod cli;
 mod deny;
 mod error;
@@ -22,7 +23,9 @@ mod host;
 mod limits;
 mod outcome;
 mod runtime;
+pub mod wit;
 
+pub use bindings::{BindingUse, Grants};
 pub use error::WorkerError;
 
 /// Most bytes an outcome takes as one JSON line without its output: less

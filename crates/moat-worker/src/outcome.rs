@@ -54,6 +54,10 @@ pub struct Outcome {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub denials: Vec<Denial>,
+    /// Every binding call, in order (at most 256; the rest counted).
+    pub bindings: Vec<crate::bindings::BindingUse>,
+    #[serde(default)]
+    pub bindings_dropped: u64,
     /// Largest total of linear memory the guest held.
     pub peak_memory_bytes: u64,
     /// Instantiation and run, without loading.

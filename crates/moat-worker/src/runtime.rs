@@ -8,12 +8,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Cache, CacheConfig, Config, Engine, Store, Trap};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
 
+use crate::bindings::{BindingState, Grants};
 use crate::deny;
 use crate::error::WorkerError;
 use crate::host::{DenialLog, Host, MemoryLimiter, record};
@@ -76,6 +77,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(WorkerError::Engine)?;
         deny::shadow(&mut linker).map_err(WorkerError::Engine)?;
+        crate::bindings::Bindings::add_to_linker::<Host, HasSelf<Host>>(&mut linker, |host| host)
+            .map_err(WorkerError::Engine)?;
         let root = EmptyRoot::make().map_err(|e| WorkerError::Engine(e.into()))?;
         // Without the ticker no deadline would ever pass: no runtime.
         let ticker = Ticker::start(engine.clone()).map_err(|e| WorkerError::Engine(e.into()))?;
@@ -126,8 +129,15 @@ impl Runtime {
     }
 
     /// Runs the component's `wasi:cli/run` once, in a store of its own,
-    /// with `args` as its arguments (the first is its name).
-    pub fn invoke(&self, loaded: &Loaded, args: &[String], limits: &WorkerLimits) -> Outcome {
+    /// with `args` as its arguments (the first is its name) and `grants`
+    /// for Moat's bindings.
+    pub fn invoke(
+        &self,
+        loaded: &Loaded,
+        args: &[String],
+        limits: &WorkerLimits,
+        grants: &Grants,
+    ) -> Outcome {
         let started = Instant::now();
         let cap = usize::try_from(limits.max_output_bytes).unwrap_or(usize::MAX);
         let stdout = MemoryOutputPipe::new(cap);
@@ -142,6 +152,8 @@ impl Runtime {
             stdout_truncated: false,
             stderr_truncated: false,
             denials: Vec::new(),
+            bindings: Vec::new(),
+            bindings_dropped: 0,
             peak_memory_bytes: 0,
             duration_us: 0,
         };
@@ -169,7 +181,17 @@ impl Runtime {
             };
             return outcome;
         }
+        let bindings = match BindingState::open(grants) {
+            Ok(bindings) => bindings,
+            Err(e) => {
+                outcome.exit = WorkerExit::Trapped {
+                    message: format!("opening the granted directories: {e}"),
+                };
+                return outcome;
+            }
+        };
         let host = Host {
+            bindings,
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limiter: MemoryLimiter::new(limits.memory_bytes),
@@ -189,6 +211,9 @@ impl Runtime {
         };
         let limiter = &store.data().limiter;
         outcome.peak_memory_bytes = limiter.peak as u64;
+        let used = &mut store.data_mut().bindings;
+        outcome.bindings = std::mem::take(&mut used.uses);
+        outcome.bindings_dropped = used.dropped;
         drop(store);
         outcome.stdout_truncated = stdout.contents().len() >= cap && cap > 0;
         outcome.stderr_truncated = stderr.contents().len() >= cap && cap > 0;

@@ -163,3 +163,30 @@ pub struct ProcessTimeout {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_hash: Option<String>,
 }
+
+/// A worker called one of Moat's bindings (`inputs`, `outputs`): once per
+/// call, whether it was served or refused. Never the data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerBinding {
+    /// `inputs`, `outputs`.
+    pub binding: String,
+    /// `names`, `read`, `write`.
+    pub call: String,
+    /// The file's name under the binding's root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Bytes read or written (names listed, for `names`).
+    pub bytes: u64,
+    /// `ok`, or why not: `not-granted`, `not-found`, `invalid-name`,
+    /// `too-large`, `failed`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_hash: Option<String>,
+}

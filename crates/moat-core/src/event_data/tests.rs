@@ -183,6 +183,9 @@ fn samples(t: EventType) -> Vec<Value> {
         EventType::SandboxSyscallDenied => vec![json!({"syscall": "ptrace",
             "arch": "0xc000003e", "nr": 101, "layer": "seccomp", "errno": "EPERM"})],
         EventType::SandboxViolation => vec![
+            json!({"layer": "wasi", "access": "fs.open", "object": "/etc/passwd",
+                "errno": "not-permitted",
+                "message": "tried to open /etc/passwd: denied (wasi fs.open)"}),
             json!({"layer": "landlock", "access": "fs.read_file",
                 "object": "/root/.aws/credentials", "errno": "EACCES",
                 "message": "tried to read /root/.aws/credentials: denied (landlock fs.read_file)"}),
@@ -192,6 +195,11 @@ fn samples(t: EventType) -> Vec<Value> {
                     "sandboxRunId": "op-1"}),
                 relayed(),
             ),
+        ],
+        EventType::WorkerBinding => vec![
+            json!({"binding": "inputs", "call": "names", "bytes": 2, "outcome": "ok"}),
+            json!({"binding": "outputs", "call": "write", "name": "result/a.txt",
+                "bytes": 9, "outcome": "not-granted"}),
         ],
         EventType::SandboxDangerFullAccess => vec![
             json!({"mode": "danger-full-access", "warning": "the host root is writable"}),

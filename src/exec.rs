@@ -40,12 +40,14 @@ software emulation.
 With --class worker PROGRAM is a WebAssembly component (WASI 0.2; built from
 Python with componentize-py, from JavaScript with jco, or any other). It gets
 its arguments, stdout, stderr, clocks and randomness: no directories,
-sockets or environment (--workspace, --ro, --rw, --network and --env are
-refused). Each file it opens and each socket it asks for is refused and
-recorded (sandbox.violation, network.denied, layer wasi). Beyond that it has
-Moat's bindings where granted: --input DIR its `inputs` (read files under
-DIR), --output DIR its `outputs` (write files there, --max-write bytes in
-all, 64M by default); every call is a worker.binding event. --timeout is its
+sockets or environment (--workspace, --ro, --rw, --env and --network full or
+ingress-only are refused). Each file it opens and each socket it asks for is
+refused and recorded (sandbox.violation, network.denied, layer wasi). Beyond
+that it has Moat's bindings where granted: --input DIR its `inputs` (read
+files under DIR), --output DIR its `outputs` (write files there, --max-write
+bytes in all, 64M by default), --network allowlist its `http` (requests sent
+through the egress proxy, with the --allow-domain rules and events as
+below); every call is a worker.binding event. --timeout is its
 deadline (exit 124, process.timeout; compiling it first is not counted),
 --memory its linear memory (exit 137 when it runs out), --max-output its
 streams. The wasmtime process runs in a read-only namespace sandbox as below.
@@ -335,6 +337,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
                 inputs: args.input.clone(),
                 outputs: args.output.clone(),
                 max_write: args.max_write,
+                http: args.network.uses_egress_proxy(),
             };
             Some(crate::exec_worker::prepare(&mut spec, &dirs)?)
         }
@@ -361,7 +364,7 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
             // The sandbox's events wait until the guest's outcome is read,
             // so that its denials come before the run's end.
             let mut buffered = Vec::new();
-            let mut outcome = moat_sandbox::run_with_egress(spec, output, &mut buffered, None)?;
+            let mut outcome = moat_sandbox::run_with_egress(spec, output, &mut buffered, hook)?;
             if let Some(worker) = worker {
                 worker.finish(&mut outcome.report, buffered, &mut events);
             }
@@ -429,7 +432,7 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
                 || !args.read_write.is_empty();
             crate::exec_worker::refuse_program_flags(
                 has_roots,
-                args.network == NetworkMode::Off,
+                args.network == NetworkMode::Off || args.network.uses_egress_proxy(),
                 !args.env.is_empty(),
             )?;
         }

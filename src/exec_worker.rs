@@ -61,6 +61,9 @@ pub struct BindingDirs {
     pub outputs: Option<PathBuf>,
     /// Bytes all outputs together may hold.
     pub max_write: Option<u64>,
+    /// Grant the `http` binding (the sandbox's network goes through the
+    /// egress proxy).
+    pub http: bool,
 }
 
 /// Turns `spec` (whose argv is the component and its arguments) into the
@@ -119,6 +122,9 @@ pub fn prepare(spec: &mut SandboxSpec, dirs: &BindingDirs) -> anyhow::Result<Out
             });
             argv.extend([flag.to_owned(), inside.to_owned()]);
         }
+    }
+    if dirs.http {
+        argv.push("--http".to_owned());
     }
     if let Some(max) = dirs.max_write {
         argv.extend(["--max-write".to_owned(), max.to_string()]);
@@ -345,7 +351,7 @@ fn first_lines(message: &str) -> String {
 /// would give a program them are refused, not ignored.
 pub fn refuse_program_flags(
     has_roots: bool,
-    network_off: bool,
+    network_ok: bool,
     has_env: bool,
 ) -> anyhow::Result<()> {
     if has_roots {
@@ -355,8 +361,12 @@ pub fn refuse_program_flags(
              bindings)"
         );
     }
-    if !network_off {
-        bail!("--class worker runs a component, which has no network: drop --network");
+    if !network_ok {
+        bail!(
+            "--class worker runs a component, which has no network of its own: --network \
+             allowlist (or proxy-only) grants its http binding, through the egress proxy; \
+             off is the default"
+        );
     }
     if has_env {
         bail!("--class worker runs a component, which has no environment: drop --env");

@@ -231,6 +231,81 @@ fn a_worker_reads_its_inputs_and_writes_its_outputs_through_bindings_each_call_r
 }
 
 #[test]
+fn a_worker_reaches_only_allowlisted_domains_through_its_http_binding_and_the_proxy_records_it() {
+    let server = common::servers::Server::http();
+    let port = server.port;
+    let allowed = format!("http://app.test:{port}/hello?token=kept-out-of-the-record");
+    let other = format!("http://other.test:{port}/");
+    let allow = format!("app.test:{port}");
+    let run = worker(
+        &[
+            "--network",
+            "allowlist",
+            "--allow-domain",
+            &allow,
+            "--allow-address",
+            "127.0.0.1",
+            "--resolve",
+            "app.test=127.0.0.1",
+            "--resolve",
+            "other.test=127.0.0.1",
+        ],
+        &["fetch", &allowed, &other],
+    );
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let body = common::servers::HTTP_BODY.trim();
+    assert!(
+        run.stdout
+            .contains(&format!("fetched: {allowed} 200  {body}")),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("fetched: {other} 403 domain_not_allowed")),
+        "{}",
+        run.stdout
+    );
+    // The proxy refused other.test before any connection: one request arrived.
+    assert_eq!(server.count(), 1, "{:?}", server.seen());
+    let denied = run.events_of("network.denied");
+    assert!(
+        denied
+            .iter()
+            .any(|e| e["data"]["reason"] == "domain_not_allowed"
+                && e["data"]["host"] == "other.test"),
+        "{denied:?}"
+    );
+    let fetches: Vec<&str> = run
+        .events_of("worker.binding")
+        .iter()
+        .filter(|e| e["data"]["binding"] == "http")
+        .filter_map(|e| e["data"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        fetches,
+        [
+            format!("GET http://app.test:{port}/hello"),
+            format!("GET {other}")
+        ]
+    );
+    assert!(
+        !run.events
+            .iter()
+            .any(|e| e.to_string().contains("kept-out-of-the-record"))
+    );
+    // Without the allowlist, the binding is not granted and nothing is sent.
+    let run = worker(&[], &["fetch", &allowed]);
+    assert!(run.stdout.contains("refused:"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("BindingError_NotGranted"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(server.count(), 1);
+}
+
+#[test]
 fn a_javascript_component_built_with_moat_worker_build_uses_the_same_bindings() {
     let wasm = build("reverser.js");
     let input = tempfile::tempdir().expect("inputs");
@@ -316,7 +391,7 @@ fn a_worker_refuses_flags_that_would_give_a_component_directories_or_network() {
     for extra in [
         vec!["--workspace", "/tmp"],
         vec!["--ro", "/tmp"],
-        vec!["--network", "allowlist"],
+        vec!["--network", "full"],
         vec!["--env", "HOME"],
     ] {
         let mut args = vec!["--class", "worker"];

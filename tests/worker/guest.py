@@ -3,7 +3,7 @@
 import sys
 
 from wit_world import exports
-from wit_world.imports import inputs, outputs
+from wit_world.imports import http, inputs, outputs
 
 
 class Run(exports.Run):
@@ -37,5 +37,14 @@ class Run(exports.Run):
                 inputs.read("../escape")
             except Exception as e:
                 print("escape:", type(getattr(e, "value", e)).__name__)
+        elif mode == "fetch":
+            # The http binding: through the egress proxy, never a socket.
+            for url in sys.argv[2:]:
+                try:
+                    answer = http.fetch("GET", url, [], b"")
+                    denied = dict(answer.headers).get("x-moat-denied", "")
+                    print("fetched:", url, answer.status, denied, answer.body.decode().strip())
+                except Exception as e:
+                    print("refused:", url, type(getattr(e, "value", e)).__name__)
         else:
             print("hello from a worker,", " ".join(sys.argv[1:]))

@@ -33,16 +33,21 @@ pub struct Grants {
     pub max_output_bytes: u64,
     /// Bytes one input read may return.
     pub max_read_bytes: u64,
+    /// The egress proxy the `http` binding sends through (the sandbox's
+    /// `HTTP_PROXY`); `None`: not granted.
+    pub http_proxy: Option<String>,
 }
 
 /// One binding call, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingUse {
-    /// `inputs`, `outputs`.
+    /// `inputs`, `outputs`, `http`.
     pub binding: String,
-    /// `names`, `read`, `write`.
+    /// `names`, `read`, `write`, `fetch`.
     pub call: String,
+    /// The file's name; for `fetch`, the method and the URL without its
+    /// query.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub bytes: u64,
@@ -64,6 +69,7 @@ const MAX_LISTED: usize = 10_000;
 pub(crate) struct BindingState {
     inputs: Option<OwnedFd>,
     outputs: Option<OwnedFd>,
+    http: Option<crate::http::Client>,
     grants: Grants,
     written: u64,
     pub uses: Vec<BindingUse>,
@@ -77,9 +83,16 @@ impl BindingState {
         let dir = |path: &Option<std::path::PathBuf>| -> std::io::Result<Option<OwnedFd>> {
             path.as_deref().map(open_dir).transpose()
         };
+        let http = match &grants.http_proxy {
+            None => None,
+            Some(proxy) => {
+                Some(crate::http::Client::through(proxy).map_err(std::io::Error::other)?)
+            }
+        };
         Ok(BindingState {
             inputs: dir(&grants.inputs)?,
             outputs: dir(&grants.outputs)?,
+            http,
             grants: grants.clone(),
             written: 0,
             uses: Vec::new(),
@@ -237,6 +250,31 @@ impl moat::worker::outputs::Host for Host {
         };
         self.bindings
             .record("outputs", "write", Some(&name), data.len() as u64, outcome);
+        result
+    }
+}
+
+impl moat::worker::http::Host for Host {
+    fn fetch(
+        &mut self,
+        method: String,
+        url: String,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    ) -> Result<moat::worker::http::Response, BindingError> {
+        let max = self.bindings.grants.max_read_bytes;
+        let sent = body.len() as u64;
+        let result = match &self.bindings.http {
+            None => Err(BindingError::NotGranted),
+            Some(client) => client.fetch(&method, &url, &headers, body, max),
+        };
+        let (bytes, outcome) = match &result {
+            Ok(response) => (sent + response.body.len() as u64, "ok"),
+            Err(e) => (sent, code(e)),
+        };
+        let shown = crate::http::recorded(&method, &url);
+        self.bindings
+            .record("http", "fetch", Some(&shown), bytes, outcome);
         result
     }
 }

@@ -48,6 +48,10 @@ struct RunArgs {
     /// Grant the `outputs` binding: files written under DIR.
     #[arg(long, value_name = "DIR")]
     outputs: Option<PathBuf>,
+    /// Grant the `http` binding: requests through the egress proxy that
+    /// this process's HTTP_PROXY names (its sandbox's, in allowlist mode).
+    #[arg(long)]
+    http: bool,
     /// Bytes all outputs together may hold.
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
     max_write: u64,
@@ -108,6 +112,12 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
         max_output_bytes: args.max_write,
         // A read lands in the guest's memory: no more than it may hold.
         max_read_bytes: args.memory,
+        http_proxy: match args.http {
+            false => None,
+            true => Some(std::env::var("HTTP_PROXY").map_err(|_| {
+                anyhow::anyhow!("--http: HTTP_PROXY is not set (run in an allowlist sandbox)")
+            })?),
+        },
     };
     let mut outcome = runtime.invoke(&loaded, &argv, &limits, &grants);
     // A closed reader loses the output, not the outcome.

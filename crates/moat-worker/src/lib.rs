@@ -20,6 +20,7 @@ pub mod cli;
 mod deny;
 mod error;
 mod host;
+mod http;
 mod limits;
 mod outcome;
 mod runtime;

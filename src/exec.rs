@@ -47,7 +47,11 @@ that it has Moat's bindings where granted: --input DIR its `inputs` (read
 files under DIR), --output DIR its `outputs` (write files there, --max-write
 bytes in all, 64M by default), --network allowlist its `http` (requests sent
 through the egress proxy, with the --allow-domain rules and events as
-below); every call is a worker.binding event. --timeout is its
+below), --kv FILE its `kv` (the namespaces of a JSON snapshot) and --queue
+NAME its `queue` sends, both written to --effects FILE (JSON) once it ended
+rather than made (a control plane makes them when an invocation succeeds),
+--message FILE the message `queue.message` returns; every call is a
+worker.binding event. --timeout is its
 deadline (exit 124, process.timeout; compiling it first is not counted),
 --memory its linear memory (exit 137 when it runs out), --max-output its
 streams. The wasmtime process runs in a read-only namespace sandbox as below.
@@ -167,6 +171,25 @@ pub struct ExecArgs {
     /// Mount DIR writable at /workspace/output (read-only in read-only mode).
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
+
+    /// --class worker: grant the `kv` binding over the namespaces of FILE
+    /// (JSON: {"namespaces": {NAME: {KEY: BASE64}}}); needs --effects.
+    #[arg(long, value_name = "FILE")]
+    kv: Option<PathBuf>,
+
+    /// --class worker: let `queue.send` send to NAME (repeatable); needs
+    /// --effects.
+    #[arg(long = "queue", value_name = "NAME")]
+    queues: Vec<String>,
+
+    /// --class worker: the message (a JSON file) `queue.message` returns.
+    #[arg(long, value_name = "FILE")]
+    message: Option<PathBuf>,
+
+    /// --class worker: write the kv writes and queue sends the component
+    /// asked for to FILE (JSON) once it ended.
+    #[arg(long, value_name = "FILE")]
+    effects: Option<PathBuf>,
 
     /// Mount HOST read-only at INSIDE (default: the same path). Repeatable.
     #[arg(long = "ro", value_name = "HOST[:INSIDE]")]
@@ -333,13 +356,18 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let timeout = spec.limits.timeout_ms;
     let worker = match args.class {
         WorkloadClass::Worker => {
-            let dirs = crate::exec_worker::BindingDirs {
+            let dirs = moat_shell::worker::BindingDirs {
+                cache: None,
                 inputs: args.input.clone(),
                 outputs: args.output.clone(),
                 max_write: args.max_write,
                 http: args.network.uses_egress_proxy(),
+                kv: read_binding_file(args.kv.as_deref(), "--kv")?,
+                queues: args.queues.clone(),
+                message: read_binding_file(args.message.as_deref(), "--message")?,
+                effects: args.effects.is_some(),
             };
-            Some(crate::exec_worker::prepare(&mut spec, &dirs)?)
+            Some(moat_shell::worker::prepare(&mut spec, &dirs)?)
         }
         _ => None,
     };
@@ -366,7 +394,12 @@ fn run(args: ExecArgs) -> anyhow::Result<u8> {
             let mut buffered = Vec::new();
             let mut outcome = moat_sandbox::run_with_egress(spec, output, &mut buffered, hook)?;
             if let Some(worker) = worker {
-                worker.finish(&mut outcome.report, buffered, &mut events);
+                let effects = worker.finish(&mut outcome.report, buffered, &mut events)?;
+                if let (Some(effects), Some(target)) = (effects, &args.effects) {
+                    let text = serde_json::to_vec_pretty(&effects)?;
+                    std::fs::write(target, text)
+                        .with_context(|| format!("writing the effects to {}", target.display()))?;
+                }
             }
             outcome
         }
@@ -430,11 +463,21 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
             let has_roots = args.workspace.is_some()
                 || !args.read_only.is_empty()
                 || !args.read_write.is_empty();
-            crate::exec_worker::refuse_program_flags(
+            moat_shell::worker::refuse_program_flags(
                 has_roots,
                 args.network == NetworkMode::Off || args.network.uses_egress_proxy(),
                 !args.env.is_empty(),
             )?;
+        }
+        _ if args.kv.is_some()
+            || !args.queues.is_empty()
+            || args.message.is_some()
+            || args.effects.is_some() =>
+        {
+            bail!(
+                "--kv, --queue, --message and --effects grant a worker's bindings: they need \
+                 --class worker"
+            )
         }
         _ if args.class == WorkloadClass::Microvm && args.network == NetworkMode::IngressOnly => {
             bail!(
@@ -460,7 +503,9 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
     let mut spec = SandboxSpec::new(run_id(), args.command.clone());
     // A worker's runtime writes nothing but its outputs binding's files.
     spec.mode = match args.class {
-        WorkloadClass::Worker if args.output.is_some() => SandboxMode::WorkspaceWrite,
+        WorkloadClass::Worker if args.output.is_some() || args.effects.is_some() => {
+            SandboxMode::WorkspaceWrite
+        }
         WorkloadClass::Worker => SandboxMode::ReadOnly,
         _ => args.mode,
     };
@@ -493,7 +538,7 @@ fn build_spec(args: &ExecArgs) -> anyhow::Result<SandboxSpec> {
     if let Some(dir) = &args.workspace {
         mount(dir, "/workspace", true);
     }
-    // A worker's are its bindings' directories (exec_worker mounts them).
+    // A worker's are its bindings' directories (moat_shell::worker mounts them).
     if args.class != WorkloadClass::Worker {
         if let Some(dir) = &args.input {
             mount(dir, "/workspace/input", false);
@@ -709,4 +754,26 @@ impl EventSink for EventWriter {
             eprintln!("moat: cannot write an event: {e}");
         }
     }
+}
+
+/// A worker binding's file (`--kv`, `--message`), read by moat (as its
+/// caller) and handed to the runtime: a kv snapshot must be one, and a
+/// message must be JSON, before anything starts.
+fn read_binding_file(path: Option<&Path>, flag: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
+    let parsed = match flag {
+        "--kv" => serde_json::from_slice::<moat_worker_api::KvSnapshot>(&bytes).map(|_| ()),
+        _ => serde_json::from_slice::<serde_json::Value>(&bytes).map(|_| ()),
+    };
+    parsed.with_context(|| match flag {
+        "--kv" => format!(
+            "--kv {}: not a kv snapshot ({{\"namespaces\": {{NAME: {{KEY: BASE64}}}}}})",
+            path.display()
+        ),
+        _ => format!("{flag} {}: not JSON", path.display()),
+    })?;
+    Ok(Some(bytes))
 }

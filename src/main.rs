@@ -15,7 +15,6 @@ macro_rules! outln {
 
 mod capability;
 mod exec;
-mod exec_worker;
 mod export;
 mod files;
 mod ledger;

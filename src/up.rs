@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use base64::Engine as _;
 use clap::Args;
 use moat_client::OrgClient;
+use moat_core::WorkloadClass;
 use moat_core::sign::PrivateKey;
 use serde_json::{Value, json};
 
@@ -279,6 +280,13 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     // there per operation.
     sample.exports = Some(sample_exports());
     sample.limits.max_write_bytes = Some(100 << 20);
+    // The worker class (queues' WebAssembly consumers) where this build
+    // has its runtime: the runner runs moat-worker from beside itself.
+    let worker_runtime = me.with_file_name("moat-worker");
+    let workers = worker_runtime.is_file();
+    if workers {
+        sample.workload_classes = vec![WorkloadClass::Namespace, WorkloadClass::Worker];
+    }
     let signed = sample.sign(&key).context("signing the sample manifest")?;
     let signed_json = serde_json::to_value(&signed)?;
     files::write_atomic(
@@ -310,6 +318,12 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
             String::from_utf8_lossy(&built.stderr).trim()
         );
     }
+    if workers {
+        let beside = path("moat-worker");
+        let _ = std::fs::remove_file(&beside);
+        std::fs::copy(&worker_runtime, &beside)
+            .with_context(|| format!("copying {} beside the runner", worker_runtime.display()))?;
+    }
     let report: Value = serde_json::from_slice(&built.stdout)?;
     let runner_hash = report["runnerHash"].as_str().unwrap_or_default().to_owned();
     expect(
@@ -337,6 +351,11 @@ fn run(args: UpArgs) -> anyhow::Result<()> {
     let runner = Command::new(&runner_path)
         .args(["runner", "start", "--control-plane", &url])
         .args(["--slots", &slots.to_string()])
+        .args(if workers {
+            &["--class", "worker"][..]
+        } else {
+            &[][..]
+        })
         .arg("--bootstrap-token-file")
         .arg(path("bootstrap-token"))
         .arg("--state-dir")

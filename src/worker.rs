@@ -95,12 +95,13 @@ pub fn main(args: WorkerArgs) -> ExitCode {
 
 fn write_wit(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
-    moat_worker::wit::write_to(dir).with_context(|| format!("writing into {}", dir.display()))?;
+    moat_worker_api::wit::write_to(dir)
+        .with_context(|| format!("writing into {}", dir.display()))?;
     println!(
         "wrote the WIT of {} into {} ({} files)",
-        moat_worker::wit::WORLD,
+        moat_worker_api::wit::WORLD,
         dir.display(),
-        moat_worker::wit::FILES.len()
+        moat_worker_api::wit::FILES.len()
     );
     Ok(())
 }
@@ -131,7 +132,7 @@ fn build(args: &BuildArgs) -> anyhow::Result<()> {
     let work = tempfile_dir()?;
     let wit = work.0.join("wit");
     std::fs::create_dir(&wit).context("making the WIT directory")?;
-    moat_worker::wit::write_to(&wit).context("writing the WIT")?;
+    moat_worker_api::wit::write_to(&wit).context("writing the WIT")?;
     // The tool writes next to the output, renamed into place whole, so a
     // failed build never leaves a partial component.
     let partial = work.0.join("component.wasm");
@@ -158,7 +159,7 @@ fn build(args: &BuildArgs) -> anyhow::Result<()> {
         output.display(),
         moat_core::size::format_size(size),
         source.display(),
-        moat_worker::wit::WORLD,
+        moat_worker_api::wit::WORLD,
         output.display()
     );
     Ok(())
@@ -179,7 +180,7 @@ fn python(args: &BuildArgs, source: &Path, wit: &Path, out: &Path) -> anyhow::Re
         .arg("-q")
         .arg("-d")
         .arg(wit)
-        .args(["-w", moat_worker::wit::WORLD, "componentize", "-p"])
+        .args(["-w", moat_worker_api::wit::WORLD, "componentize", "-p"])
         .arg(dir)
         .arg(module)
         .arg("-o")
@@ -195,7 +196,7 @@ fn javascript(args: &BuildArgs, source: &Path, wit: &Path, out: &Path) -> Comman
         .arg(source)
         .arg("--wit")
         .arg(wit)
-        .args(["--world-name", moat_worker::wit::WORLD])
+        .args(["--world-name", moat_worker_api::wit::WORLD])
         // No wasi:http: a worker's outbound HTTP is Moat's binding.
         .args(["--disable", "http"])
         .arg("-o")

@@ -64,6 +64,12 @@ fn guest() -> &'static PathBuf {
     GUEST.get_or_init(|| build("guest.py"))
 }
 
+/// The JavaScript guest, built once per test binary.
+fn js_guest() -> &'static PathBuf {
+    static GUEST: OnceLock<PathBuf> = OnceLock::new();
+    GUEST.get_or_init(|| build("reverser.js"))
+}
+
 /// One worker at a time: a test checks that no runtime is left once its
 /// run ended, and two cold compiles on two cores only slow each other.
 static ONE_WORKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -231,6 +237,72 @@ fn a_worker_reads_its_inputs_and_writes_its_outputs_through_bindings_each_call_r
 }
 
 #[test]
+fn a_workers_kv_writes_and_queue_sends_are_effects_made_only_for_what_was_granted() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().expect("dir");
+    let hello = base64::engine::general_purpose::STANDARD.encode("hello");
+    let snapshot = dir.path().join("kv.json");
+    std::fs::write(
+        &snapshot,
+        format!(r#"{{"namespaces": {{"config": {{"greeting": "{hello}"}}}}}}"#),
+    )
+    .expect("snapshot");
+    let effects = dir.path().join("effects.json");
+    common::make_world_accessible(dir.path());
+    let (kv, out) = (common::path_str(&snapshot), common::path_str(&effects));
+    let run = worker(&["--kv", kv, "--queue", "next", "--effects", out], &["kv"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for line in [
+        "greeting: hello",
+        "seen: yes",
+        "keys: greeting,seen",
+        // Another namespace, another queue: neither was granted.
+        "refused: BindingError_NotGranted\nrefused: BindingError_NotGranted",
+    ] {
+        assert!(run.stdout.contains(line), "{line}: {}", run.stdout);
+    }
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&effects).expect("effects")).expect("json");
+    assert_eq!(
+        written,
+        serde_json::json!({
+            "kv": [{"namespace": "config", "key": "seen",
+                    "value": base64::engine::general_purpose::STANDARD.encode("yes")}],
+            "sends": [{"queue": "next", "body": {"said": "hello"}, "idempotencyKey": "once"}],
+        })
+    );
+    let calls: Vec<String> = run
+        .events_of("worker.binding")
+        .iter()
+        .map(|e| {
+            let d = &e["data"];
+            format!(
+                "{}.{} {}",
+                d["binding"].as_str().unwrap(),
+                d["call"].as_str().unwrap(),
+                d["outcome"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "kv.get ok",
+            "kv.set ok",
+            "kv.get ok",
+            "kv.keys ok",
+            "queue.send ok",
+            "kv.get not-granted",
+            "queue.send not-granted"
+        ]
+    );
+    // Without --effects there is nowhere for them to go: refused up front.
+    let run = worker(&["--kv", kv], &["kv"]);
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains("--effects"), "{}", run.stderr);
+}
+
+#[test]
 fn a_worker_reaches_only_allowlisted_domains_through_its_http_binding_and_the_proxy_records_it() {
     let server = common::servers::Server::http();
     let port = server.port;
@@ -307,7 +379,7 @@ fn a_worker_reaches_only_allowlisted_domains_through_its_http_binding_and_the_pr
 
 #[test]
 fn a_javascript_component_built_with_moat_worker_build_uses_the_same_bindings() {
-    let wasm = build("reverser.js");
+    let wasm = js_guest().clone();
     let input = tempfile::tempdir().expect("inputs");
     let output = tempfile::tempdir().expect("outputs");
     std::fs::write(input.path().join("word.txt"), "stressed").expect("input");
@@ -341,7 +413,8 @@ fn a_javascript_component_built_with_moat_worker_build_uses_the_same_bindings() 
         .iter()
         .filter_map(|e| e["data"]["call"].as_str())
         .collect();
-    assert_eq!(calls, ["names", "read", "write"]);
+    // It asks first whether a queue started it: none did.
+    assert_eq!(calls, ["message", "names", "read", "write"]);
 }
 
 #[test]
@@ -407,4 +480,298 @@ fn a_worker_refuses_flags_that_would_give_a_component_directories_or_network() {
     let run = exec(&["--class", "worker"], &[core.to_str().expect("utf-8")]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("not a component"), "{}", run.stderr);
+}
+
+/// A message's view once `done(view)` holds (polled, 2 minutes at most).
+fn wait_message(
+    url: &str,
+    token: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let (status, view) = common::control::call("GET", url, token, None);
+        assert_eq!(status, 200, "{view}");
+        if done(&view) {
+            return view;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the message never got there: {view}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The events of a run, through the API.
+fn run_events(url: &str, token: &str, run: &str) -> Vec<serde_json::Value> {
+    let (status, page) =
+        common::control::call("GET", &format!("{url}/v1/runs/{run}/events"), token, None);
+    assert_eq!(status, 200, "{page}");
+    page["events"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_queue_chain_runs_python_then_javascript_through_moat_up_with_retries_dead_letters_and_idempotency()
+ {
+    use base64::Engine as _;
+    use common::control::{call, download};
+    use serde_json::json;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let python = std::fs::read(guest()).expect("python guest");
+    let javascript = std::fs::read(js_guest()).expect("javascript guest");
+    // The other tests check that no runtime outlives their run.
+    let _one = ONE_WORKER.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::tempdir().expect("home");
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let (up, _, errors) = common::up::start_up(home.path(), &["--listen", &listen]);
+    let dir = home.path().join("state/moat/up");
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name))
+            .expect(name)
+            .trim()
+            .to_owned()
+    };
+    let (agent, admin) = (read("agent-token"), read("org-admin-token"));
+    let url = format!("http://{listen}");
+
+    // The second link: JavaScript, reversing what it is sent into kv.
+    let (status, body) = call(
+        "PUT",
+        &format!("{url}/v1/queues/reverse"),
+        &admin,
+        Some(json!({"moduleBase64": b64(&javascript), "kv": ["results"]})),
+    );
+    assert_eq!(status, 200, "{body}");
+    // The first: Python, reading a kv key and an input, writing an
+    // output and sending to the second. Fast retries for the test.
+    let (status, body) = call(
+        "PUT",
+        &format!("{url}/v1/queues/start"),
+        &admin,
+        Some(json!({
+            "moduleBase64": b64(&python), "args": ["chain"],
+            "inputs": [{"path": "input/note.txt", "content": "the note\n"}],
+            "kv": ["config"], "sendTo": ["reverse"], "maxAttempts": 3, "backoffMs": 100,
+        })),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["moduleSha256"], sha256_of(guest()));
+    // An agent may not define a consumer (a component's preamble is
+    // enough to ask).
+    let (status, _) = call(
+        "PUT",
+        &format!("{url}/v1/queues/other"),
+        &agent,
+        Some(json!({"moduleBase64": b64(b"\0asm\x0d\0\x01\0")})),
+    );
+    assert_eq!(status, 403);
+
+    // Sent twice with one idempotency key: queued once.
+    let send = json!({"body": {"name": "Ada"}, "idempotencyKey": "first"});
+    let (status, first) = call(
+        "POST",
+        &format!("{url}/v1/queues/start/messages"),
+        &agent,
+        Some(send.clone()),
+    );
+    assert_eq!(status, 201, "{first}");
+    let (status, again) = call(
+        "POST",
+        &format!("{url}/v1/queues/start/messages"),
+        &agent,
+        Some(send),
+    );
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["duplicate"], true);
+    let id = first["message"]["id"].as_str().expect("id").to_owned();
+    assert_eq!(again["message"]["id"], id.as_str());
+    let message_url = format!("{url}/v1/queues/start/messages/{id}");
+
+    // No greeting in kv yet: each invocation exits 3; after 3 it is dead.
+    let dead = wait_message(&message_url, &agent, |m| m["state"] == "dead");
+    assert_eq!(dead["attempts"], 3, "{dead}");
+    assert!(
+        dead["lastError"]
+            .as_str()
+            .unwrap_or("")
+            .contains("the worker exited with status 1"),
+        "{dead}"
+    );
+    let (status, listed) = call(
+        "GET",
+        &format!("{url}/v1/queues/start/messages?state=dead"),
+        &agent,
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        listed["messages"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    // The failed attempt's run: the worker class, its binding calls
+    // recorded, the message's step on the record, and no send made.
+    let failed_run = dead["runId"].as_str().expect("run").to_owned();
+    let events = run_events(&url, &agent, &failed_run);
+    let of = |events: &[serde_json::Value], kind: &str| -> Vec<serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .cloned()
+            .collect()
+    };
+    let granted = of(&events, "capability.granted");
+    assert_eq!(granted[0]["data"]["class"], "worker", "{granted:?}");
+    assert!(
+        of(&events, "worker.binding")
+            .iter()
+            .any(|e| e["data"]["binding"] == "kv" && e["data"]["outcome"] == "not-found"),
+        "{events:?}"
+    );
+    let steps = of(&events, "queue.message");
+    assert!(
+        steps
+            .iter()
+            .any(|e| e["data"]["state"] == "deadLettered" && e["data"]["attempt"] == 3),
+        "{steps:?}"
+    );
+    let (_, reversed_queue) = call(
+        "GET",
+        &format!("{url}/v1/queues/reverse/messages"),
+        &agent,
+        None,
+    );
+    assert_eq!(
+        reversed_queue["messages"],
+        json!([]),
+        "a failed invocation sent nothing"
+    );
+
+    // Redriving a live message is refused; a dead one is queued again and,
+    // with the greeting set, succeeds.
+    let (status, body) = call("POST", &format!("{message_url}/redrive"), &agent, None);
+    assert_eq!(status, 403, "an agent may not redrive: {body}");
+    let agent_put = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build();
+    let agent_put: ureq::Agent = agent_put.into();
+    let response = agent_put
+        .put(&format!("{url}/v1/kv/config/greeting"))
+        .header("authorization", &format!("Bearer {agent}"))
+        .send(&b"Hello"[..])
+        .expect("kv put");
+    assert_eq!(response.status().as_u16(), 200);
+    let (status, body) = call("POST", &format!("{message_url}/redrive"), &admin, None);
+    assert_eq!(status, 200, "{body}");
+    let done = wait_message(&message_url, &agent, |m| m["state"] == "done");
+    assert_eq!(done["attempts"], 1, "{done}");
+    let (status, body) = call("POST", &format!("{message_url}/redrive"), &admin, None);
+    assert_eq!(
+        (status, body["error"]["reason"].clone()),
+        (409, json!("not_dead"))
+    );
+
+    // The Python run: its output went through the export boundary.
+    let text = "Hello, Ada: the note";
+    let python_run = done["runId"].as_str().expect("run").to_owned();
+    let (status, artifacts) = call(
+        "GET",
+        &format!("{url}/v1/runs/{python_run}/artifacts"),
+        &agent,
+        None,
+    );
+    assert_eq!(status, 200);
+    let promoted = artifacts["artifacts"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|a| a["label"] == "output/greeting.txt" && a["kind"] == "export")
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no promoted output/greeting.txt: {artifacts}"));
+    let (status, bytes) = download(
+        &format!(
+            "{url}/v1/artifacts/{}",
+            promoted["sha256"].as_str().unwrap_or_default()
+        ),
+        &agent,
+    );
+    assert_eq!((status, bytes.as_slice()), (200, text.as_bytes()));
+    let events = run_events(&url, &agent, &python_run);
+    let calls: Vec<String> = of(&events, "worker.binding")
+        .iter()
+        .map(|e| {
+            format!(
+                "{}.{} {}",
+                e["data"]["binding"].as_str().unwrap_or(""),
+                e["data"]["call"].as_str().unwrap_or(""),
+                e["data"]["outcome"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "queue.message ok",
+            "kv.get ok",
+            "inputs.read ok",
+            "outputs.write ok",
+            "queue.send ok"
+        ],
+        "{events:?}"
+    );
+    assert!(
+        of(&events, "queue.message")
+            .iter()
+            .any(|e| e["data"]["state"] == "acknowledged" && e["data"]["sends"] == 1),
+        "{events:?}"
+    );
+    assert!(!of(&events, "artifact.promoted").is_empty(), "{events:?}");
+    // Compiled on its first delivery, loaded from the runner's cache since.
+    let finished = of(&events, "sandbox.exec.finished");
+    assert_eq!(finished[0]["data"]["class"], "worker", "{finished:?}");
+    assert_eq!(
+        finished[0]["data"]["worker"]["compiled"], false,
+        "{finished:?}"
+    );
+
+    // The JavaScript link ran on the message Python sent.
+    let (_, sent) = call(
+        "GET",
+        &format!("{url}/v1/queues/reverse/messages"),
+        &agent,
+        None,
+    );
+    let next = sent["messages"][0]["id"]
+        .as_str()
+        .expect("sent message")
+        .to_owned();
+    let reversed = wait_message(
+        &format!("{url}/v1/queues/reverse/messages/{next}"),
+        &agent,
+        |m| m["state"] == "done",
+    );
+    assert_eq!(reversed["body"], json!({"text": text}));
+    let expected: String = text.chars().rev().collect();
+    let (status, value) = download(&format!("{url}/v1/kv/results/reversed"), &agent);
+    assert_eq!(
+        (status, String::from_utf8_lossy(&value).into_owned()),
+        (200, expected)
+    );
+    // The duplicate ran once: one message in the queue, delivered 3 + 1 times.
+    let (_, all) = call(
+        "GET",
+        &format!("{url}/v1/queues/start/messages"),
+        &agent,
+        None,
+    );
+    assert_eq!(all["messages"].as_array().map(Vec::len), Some(1), "{all}");
+    drop(up);
+    let errors = errors.join().expect("stderr");
+    assert!(!errors.contains("panicked"), "{errors}");
+    assert!(
+        host_processes_with("/moat/moat-worker").is_empty(),
+        "a worker runtime was left running"
+    );
 }

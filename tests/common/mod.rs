@@ -7,6 +7,7 @@ pub mod control;
 pub mod cotenancy;
 pub mod scaleout;
 pub mod servers;
+pub mod up;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

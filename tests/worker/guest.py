@@ -3,7 +3,9 @@
 import sys
 
 from wit_world import exports
-from wit_world.imports import http, inputs, outputs
+import json
+
+from wit_world.imports import http, inputs, kv, outputs, queue
 
 
 class Run(exports.Run):
@@ -46,5 +48,32 @@ class Run(exports.Run):
                     print("fetched:", url, answer.status, denied, answer.body.decode().strip())
                 except Exception as e:
                     print("refused:", url, type(getattr(e, "value", e)).__name__)
+        elif mode == "kv":
+            # The kv and queue bindings: a read, a write, a send; and one
+            # of each that was not granted.
+            greeting = kv.get("config", "greeting")
+            print("greeting:", greeting.decode() if greeting else None)
+            kv.set("config", "seen", b"yes")
+            print("seen:", kv.get("config", "seen").decode())
+            print("keys:", ",".join(kv.keys("config")))
+            queue.send("next", json.dumps({"said": greeting.decode()}), "once")
+            for attempt in (lambda: kv.get("secrets", "x"), lambda: queue.send("other", "{}", None)):
+                try:
+                    attempt()
+                except Exception as e:
+                    print("refused:", type(getattr(e, "value", e)).__name__)
+        elif mode == "chain":
+            # The first link of the queue chain: a kv key, an input and the
+            # message make an output and a message for the next link.
+            name = json.loads(queue.message() or "{}").get("name", "nobody")
+            greeting = kv.get("config", "greeting")
+            if greeting is None:
+                print("no greeting yet")
+                sys.exit(3)
+            note = inputs.read("note.txt").decode().strip()
+            text = f"{greeting.decode()}, {name}: {note}"
+            outputs.write("greeting.txt", text.encode())
+            queue.send("reverse", json.dumps({"text": text}), None)
+            print("sent:", text)
         else:
             print("hello from a worker,", " ".join(sys.argv[1:]))

@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod org;
+pub mod queues;
 pub mod runner;
 pub mod views;
 

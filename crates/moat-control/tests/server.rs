@@ -305,6 +305,7 @@ fn every_documented_route_is_served() {
         let mut response = match *method {
             "get" => agent().get(&url).call(),
             "put" => agent().put(&url).send_empty(),
+            "delete" => agent().delete(&url).call(),
             _ => agent().post(&url).send_empty(),
         }
         .unwrap();
@@ -386,6 +387,8 @@ fn every_documented_route_is_served() {
                         || path.ends_with("/next")
                         || path.ends_with("/heartbeat")
                         || path.ends_with("/release")
+                        || path.ends_with("/redrive")
+                        || method == "delete"
                         || path.ends_with("/drain")
                         || path.ends_with("/claim")
                         || path.ends_with("/tool")

@@ -149,6 +149,10 @@ event_types! {
     /// The run ended without success and needs an operator (retries spent,
     /// manifest expired past its grace).
     RunDeadLettered => "run.dead_lettered",
+    /// A queue message's step: received (or refused as a duplicate of one
+    /// by its idempotency key), delivered to a run of its queue's worker,
+    /// acknowledged, retried, dead-lettered, redriven; `data.state`.
+    QueueMessage => "queue.message",
     /// A runner registered with the control plane.
     RunnerRegistered => "runner.registered",
     /// A runner that started tore down the leftovers of runs it no longer holds.

@@ -29,10 +29,10 @@ pub use capability::{
 pub use network::{NetworkDecision, NetworkDenied, NetworkIngress, NetworkRequest};
 pub use run::{
     ApprovalDenied, ApprovalExpired, ApprovalGranted, ApprovalRequested, ApprovalSummary,
-    FinalRunState, ManifestPublished, ManifestRevoked, OpFinished, RefusalReason, RequestRefused,
-    RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput, RunLeaseExpired,
-    RunPlacementDenied, RunReleased, RunResumed, RunRetried, RunStarted, RunUsage, VolumeAttached,
-    VolumeRestored, VolumeSnapshotted,
+    FinalRunState, ManifestPublished, ManifestRevoked, OpFinished, QueueMessage, QueueMessageState,
+    RefusalReason, RequestRefused, RunClaimed, RunCreated, RunDeadLettered, RunFinished, RunInput,
+    RunLeaseExpired, RunPlacementDenied, RunReleased, RunResumed, RunRetried, RunStarted, RunUsage,
+    VolumeAttached, VolumeRestored, VolumeSnapshotted,
 };
 pub use runner::{
     EnrolledIdentity, RunDestroyed, RunnerJanitor, RunnerManifestLoaded,

@@ -149,6 +149,31 @@ pub struct ExecArgvArgs {
     /// `/v1/runs/{run}/ports/{port}/` route, with the org's token.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expose: Vec<u16>,
+    /// In the `worker` class, the bindings of a queue's delivery: the
+    /// message, the kv namespaces as they were, the queues it may send to.
+    /// Only the control plane sets it (an agent's operation carrying it is
+    /// refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerGrants>,
+}
+
+/// What a queue's delivery grants its worker beyond `inputs` and
+/// `outputs` (the run's `input/` and `output/`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WorkerGrants {
+    /// The queue that delivered the message.
+    pub queue: String,
+    pub message_id: String,
+    /// The message: a JSON value.
+    pub message: serde_json::Value,
+    /// The granted namespaces as they were at delivery: namespace → key →
+    /// value (base64). Each of them is granted, empty or not.
+    #[serde(default)]
+    pub kv: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    /// The queues its sends may go to.
+    #[serde(default)]
+    pub queues: Vec<String>,
 }
 
 /// `browser_step`: one step of a browser session (`action`), in a headless

@@ -200,6 +200,11 @@ fn offered_classes(
             host.accelerator = Some(accelerator);
             host.emulation_reason = why;
         }
+        if *class == WorkloadClass::Worker {
+            // Its components run in moat-worker, beside this binary.
+            moat_shell::worker::runtime_binary()
+                .map_err(|e| RunnerError::Setup(format!("--class worker: {e}")))?;
+        }
         if !offered.contains(class) {
             offered.push(*class);
         }

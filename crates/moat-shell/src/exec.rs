@@ -283,38 +283,8 @@ fn checked(asked: &Asked<'_>, sandbox_run_id: String, cwd: PathBuf) -> Result<Pl
             ));
         }
     }
-    let network = args
-        .network
-        .or(envelope.network)
-        .unwrap_or(NetworkMode::Off);
-    if network_rank(network) > network_rank(manifest.network_policy.mode) {
-        return Err(refuse(
-            DenialReason::NetworkNotAllowed,
-            format!(
-                "network {network} asked, the manifest grants {}",
-                manifest.network_policy.mode
-            ),
-        ));
-    }
+    let (network, limits) = asked_limits(manifest, envelope, args)?;
     let expose = exposed_ports(asked, network)?;
-    let ceiling = &manifest.limits;
-    let timeout_ms = args
-        .timeout_ms
-        .or(envelope.timeout_ms)
-        .unwrap_or(ceiling.timeout_ms);
-    let max_output = args
-        .max_output_bytes
-        .or(envelope.max_output_bytes)
-        .unwrap_or(ceiling.max_output_bytes);
-    if timeout_ms > ceiling.timeout_ms || max_output > ceiling.max_output_bytes {
-        return Err(refuse(
-            DenialReason::LimitExceeded,
-            format!(
-                "timeout {timeout_ms} ms / output {max_output} B asked; the manifest allows {} ms / {} B",
-                ceiling.timeout_ms, ceiling.max_output_bytes
-            ),
-        ));
-    }
     let mut argv = args.argv.clone();
     argv[0] = resolved;
     let mut spec = SandboxSpec::new(sandbox_run_id, argv);
@@ -340,11 +310,7 @@ fn checked(asked: &Asked<'_>, sandbox_run_id: String, cwd: PathBuf) -> Result<Pl
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    spec.limits = moat_core::Limits {
-        timeout_ms,
-        max_output_bytes: max_output,
-        ..ceiling.clone()
-    };
+    spec.limits = limits;
     let (read, write) = workspace.roots();
     for (rels, writable) in [(read, false), (write, true)] {
         for rel in rels {
@@ -365,6 +331,54 @@ fn checked(asked: &Asked<'_>, sandbox_run_id: String, cwd: PathBuf) -> Result<Pl
     spec.mounts
         .dedup_by(|later, earlier| later.inside == earlier.inside);
     Ok(Plan { spec })
+}
+
+/// The network and limits an `exec_argv` asks for (its own, else its
+/// envelope's, else the manifest's), held to the manifest's ceilings.
+pub(crate) fn asked_limits(
+    manifest: &Manifest,
+    envelope: &Envelope,
+    args: &ExecArgvArgs,
+) -> Result<(NetworkMode, moat_core::Limits), Refusal> {
+    let network = args
+        .network
+        .or(envelope.network)
+        .unwrap_or(NetworkMode::Off);
+    if network_rank(network) > network_rank(manifest.network_policy.mode) {
+        return Err(refuse(
+            DenialReason::NetworkNotAllowed,
+            format!(
+                "network {network} asked, the manifest grants {}",
+                manifest.network_policy.mode
+            ),
+        ));
+    }
+    let ceiling = &manifest.limits;
+    let timeout_ms = args
+        .timeout_ms
+        .or(envelope.timeout_ms)
+        .unwrap_or(ceiling.timeout_ms);
+    let max_output = args
+        .max_output_bytes
+        .or(envelope.max_output_bytes)
+        .unwrap_or(ceiling.max_output_bytes);
+    if timeout_ms > ceiling.timeout_ms || max_output > ceiling.max_output_bytes {
+        return Err(refuse(
+            DenialReason::LimitExceeded,
+            format!(
+                "timeout {timeout_ms} ms / output {max_output} B asked; the manifest allows {} ms / {} B",
+                ceiling.timeout_ms, ceiling.max_output_bytes
+            ),
+        ));
+    }
+    Ok((
+        network,
+        moat_core::Limits {
+            timeout_ms,
+            max_output_bytes: max_output,
+            ..ceiling.clone()
+        },
+    ))
 }
 
 /// Events from the sandbox, re-labelled with the agent's run and op ids.
@@ -438,6 +452,35 @@ pub fn run_proxied(
     Ok(finished(outcome))
 }
 
+/// Runs a `worker` class plan: the sandbox's events wait until the guest's
+/// outcome is read (`reader`), so that its denials and binding calls come
+/// before the run's end; the effects it asked for come back with it.
+pub fn run_worker(
+    plan: Plan,
+    reader: crate::worker::OutcomeReader,
+    sink: &mut dyn EventSink,
+    egress: Option<(&mut Egress, &EgressPolicy, &str)>,
+) -> Result<(Finished, Option<moat_worker_api::Effects>), String> {
+    let mut buffered = Vec::new();
+    let mut outcome = match egress {
+        None => moat_sandbox::run(plan.spec, OutputMode::Capture, &mut buffered),
+        Some((egress, policy, op_id)) => {
+            let mut hook = SandboxEgress::new(egress, policy, Some(op_id));
+            moat_sandbox::run_with_egress(
+                plan.spec,
+                OutputMode::Capture,
+                &mut buffered,
+                Some(&mut hook),
+            )
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let effects = reader
+        .finish(&mut outcome.report, buffered, sink)
+        .map_err(|e| e.to_string())?;
+    Ok((finished(outcome), effects))
+}
+
 fn finished(outcome: moat_sandbox::RunOutcome) -> Finished {
     let report = &outcome.report;
     let status = if report.setup_error.is_some() {
@@ -470,6 +513,10 @@ fn finished(outcome: moat_sandbox::RunOutcome) -> Finished {
         "class": report.class,
         "vm": report.vm,
     });
+    let mut result = result;
+    if let Some(worker) = &report.worker {
+        result["worker"] = serde_json::json!(worker);
+    }
     Finished {
         status,
         message: report.setup_error.clone(),

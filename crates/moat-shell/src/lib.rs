@@ -17,6 +17,7 @@ pub mod network;
 mod shell;
 pub mod store;
 pub mod verifier;
+pub mod worker;
 pub mod workspace;
 
 pub use lines::Line;

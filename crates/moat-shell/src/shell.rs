@@ -2,6 +2,7 @@
 
 mod browser_step;
 mod exports;
+mod worker_exec;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -319,7 +320,10 @@ impl Shell {
             ));
         }
         // Refused here too, before the capability is recorded as granted.
-        vm_for(class, &self.config.vm)?;
+        // A worker's component is run by the shell itself (exec only).
+        if !(class == WorkloadClass::Worker && kind == OpKind::ExecArgv) {
+            vm_for(class, &self.config.vm)?;
+        }
         Ok(class)
     }
 
@@ -706,6 +710,16 @@ impl Shell {
                 format!("{}\n{}\n{}", envelope.run_id, envelope.id, now()).as_bytes()
             )[..16]
         );
+        if class == WorkloadClass::Worker {
+            return self.exec_worker(envelope, a, op, sandbox_id);
+        }
+        if a.worker.is_some() {
+            return Refusal::new(
+                DenialReason::InvalidArgs,
+                "worker: the bindings of a queue's delivery, for the worker class only",
+            )
+            .into();
+        }
         let mut plan = match exec::plan(
             &self.config.manifest,
             &self.workspace,

@@ -286,6 +286,24 @@ impl Workspace {
         Ok(parts.iter().collect())
     }
 
+    /// Checks that `path` is a regular file beneath a readable root
+    /// (resolved like every other path, never through a link) and returns
+    /// where it is on the host: how a worker's component is named.
+    pub fn regular_file(&self, path: &str) -> Result<PathBuf, PathError> {
+        let fd = self.open_readable(path, OFlags::PATH | OFlags::CLOEXEC)?;
+        let st = rustix::fs::fstat(&fd).map_err(std::io::Error::from)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(Refusal::new(
+                DenialReason::WrongFileType,
+                format!("{path}: not a regular file"),
+            )
+            .into());
+        }
+        Ok(self
+            .path
+            .join(components(path)?.iter().collect::<PathBuf>()))
+    }
+
     /// Reads up to `max` bytes from `offset`; hashes the whole file.
     pub fn read(&self, path: &str, max: u64, offset: u64) -> Result<ReadResult, PathError> {
         let fd = self.open_readable(

@@ -28,6 +28,7 @@ mod ops;
 mod orgs;
 mod outputs;
 mod quarantine;
+mod queues;
 mod quotas;
 mod runners;
 mod runs;
@@ -52,6 +53,10 @@ pub use ops::{NewOp, OpResult, OpRow, OpState, Redecided};
 pub use orgs::TokenKind;
 pub use outputs::{Outputs, OutputsError};
 pub use quarantine::QuarantineRow;
+pub use queues::{
+    Delivery, KvSnapshot, MessageRow, MessageState, NewMessage, QueueRow, Settle,
+    effects as queue_effects,
+};
 pub use runners::{RunnerRequest, RunnerRow, Standing};
 pub use runs::{
     ClaimAsk, Claimed, NewRun, OpContext, PlacementAsk, PlacementRefusal, RunRow, RunState, stamp,

@@ -51,7 +51,7 @@ pub struct ManifestRow {
 
 /// Stores `artifact`'s bytes (once per hash) and records it for the op.
 /// The hash is recomputed: a record never names bytes it does not hold.
-pub(super) fn insert_artifact(
+pub(crate) fn insert_artifact(
     tx: &mut dyn Tx,
     org: &str,
     run: &str,

@@ -150,48 +150,7 @@ impl Store {
     /// already has an operation with that id; `Ok(None)` if the run is not
     /// the org's or has ended.
     pub fn insert_op(&self, op: &NewOp<'_>, now: i64) -> Result<Option<OpRow>, StoreError> {
-        self.tx(|tx| {
-            let sql = format!(
-                "SELECT state FROM runs WHERE org_id = ? AND id = ?{}",
-                tx.for_update()
-            );
-            let Some(run) = tx.query_one(&sql, &[op.org.into(), op.run.into()])? else {
-                return Ok(None);
-            };
-            if matches!(run.text("state")?.as_str(), "succeeded" | "failed" | "dead_lettered" | "cancelled") {
-                return Ok(None);
-            }
-            // Numbered after the run's last op, in the same statement; the
-            // run's row lock above keeps two inserts from taking one number.
-            let inserted = tx.query_one(
-                &format!(
-                    "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
-                     SELECT ?, ?, ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ?, ?, ? FROM ops WHERE run_id = ?
-                     ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
-                ),
-                &[
-                    op.run.into(),
-                    op.id.into(),
-                    op.org.into(),
-                    op.op.into(),
-                    op.state.as_str().into(),
-                    op.envelope.to_string().into(),
-                    op.decision.to_string().into(),
-                    op.result.map(|r| r.to_string()).into(),
-                    now.into(),
-                    now.into(),
-                    op.run.into(),
-                ],
-            )?;
-            let Some(inserted) = inserted else {
-                return Err(StoreError::Conflict(format!("operation {}", op.id)));
-            };
-            if let Some(approval) = &op.approval {
-                approvals::insert(tx, op.org, op.run, op.id, approval, now)?;
-            }
-            events::append(tx, op.org, op.events)?;
-            decode(&inserted).map(Some)
-        })
+        self.tx(|tx| insert_op_in(tx, op, now))
     }
 
     /// One operation of the org's run.
@@ -385,4 +344,55 @@ impl Store {
             Ok(true)
         })
     }
+}
+
+/// [`Store::insert_op`] inside `tx`.
+pub(crate) fn insert_op_in(
+    tx: &mut dyn crate::Tx,
+    op: &NewOp<'_>,
+    now: i64,
+) -> Result<Option<OpRow>, StoreError> {
+    let sql = format!(
+        "SELECT state FROM runs WHERE org_id = ? AND id = ?{}",
+        tx.for_update()
+    );
+    let Some(run) = tx.query_one(&sql, &[op.org.into(), op.run.into()])? else {
+        return Ok(None);
+    };
+    if matches!(
+        run.text("state")?.as_str(),
+        "succeeded" | "failed" | "dead_lettered" | "cancelled"
+    ) {
+        return Ok(None);
+    }
+    // Numbered after the run's last op, in the same statement; the
+    // run's row lock above keeps two inserts from taking one number.
+    let inserted = tx.query_one(
+        &format!(
+            "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
+             SELECT ?, ?, ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ?, ?, ? FROM ops WHERE run_id = ?
+             ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
+        ),
+        &[
+            op.run.into(),
+            op.id.into(),
+            op.org.into(),
+            op.op.into(),
+            op.state.as_str().into(),
+            op.envelope.to_string().into(),
+            op.decision.to_string().into(),
+            op.result.map(|r| r.to_string()).into(),
+            now.into(),
+            now.into(),
+            op.run.into(),
+        ],
+    )?;
+    let Some(inserted) = inserted else {
+        return Err(StoreError::Conflict(format!("operation {}", op.id)));
+    };
+    if let Some(approval) = &op.approval {
+        approvals::insert(tx, op.org, op.run, op.id, approval, now)?;
+    }
+    events::append(tx, op.org, op.events)?;
+    decode(&inserted).map(Some)
 }

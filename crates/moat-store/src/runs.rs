@@ -373,56 +373,7 @@ pub struct NewRun<'a> {
 impl Store {
     /// Queues a new run (and records `run.created`).
     pub fn create_run(&self, run: &NewRun<'_>, now: i64) -> Result<RunRow, StoreError> {
-        self.tx(|tx| {
-            let inserted = tx.execute(
-                "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash, manifest_pin, needs_classes)
-                 VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                &[
-                    run.id.into(),
-                    run.org.into(),
-                    run.environment.into(),
-                    run.max_attempts.into(),
-                    serde_json::to_string(run.inputs)
-                        .map_err(|e| StoreError::Encode(e.to_string()))?
-                        .into(),
-                    now.into(),
-                    now.into(),
-                    run.manifest_hash.map(str::to_owned).into(),
-                    run.manifest_hash.map(str::to_owned).into(),
-                    moat_core::WorkloadClass::mask(run.needs_classes).into(),
-                ],
-            )?;
-            if inserted == 0 {
-                return Err(StoreError::Conflict(format!("run {}", run.id)));
-            }
-            let volumes = crate::volumes::attach(tx, run.org, run.id, run.volumes)?;
-            if !volumes.is_empty() {
-                tx.execute(
-                    "UPDATE runs SET volumes = ? WHERE id = ?",
-                    &[crate::volumes::encode(&volumes)?.into(), run.id.into()],
-                )?;
-            }
-            for blob in run.blobs {
-                crate::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
-            }
-            let data = EventData::RunCreated(RunCreated {
-                environment: run.environment.to_owned(),
-                inputs: run.inputs.to_vec(),
-                max_attempts: run.max_attempts,
-                workload_classes: run.needs_classes.to_vec(),
-                volumes: volumes
-                    .iter()
-                    .map(|v| moat_core::event_data::VolumeAttached {
-                        volume: v.volume.clone(),
-                        path: v.path.clone(),
-                        read_only: v.read_only,
-                        snapshot: v.start_snapshot.clone(),
-                    })
-                    .collect(),
-            });
-            events::append(tx, run.org, &[typed_event(data, run.id, now)])?;
-            get(tx, run.org, run.id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))
-        })
+        self.tx(|tx| create_run_in(tx, run, now))
     }
 
     /// What deciding an operation of a run needs, in one transaction: the
@@ -1065,4 +1016,60 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, id: &str) -> Result<Claimed, StoreE
     });
     events::append(tx, ask.org, &[typed_event(data, &run.id, ask.now)])?;
     Ok(Claimed { run, more_queued })
+}
+
+/// [`Store::create_run`] inside `tx`.
+pub(crate) fn create_run_in(
+    tx: &mut dyn Tx,
+    run: &NewRun<'_>,
+    now: i64,
+) -> Result<RunRow, StoreError> {
+    let inserted = tx.execute(
+            "INSERT INTO runs (id, org_id, state, environment, max_attempts, inputs, created_ms, updated_ms, manifest_hash, manifest_pin, needs_classes)
+             VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            &[
+                run.id.into(),
+                run.org.into(),
+                run.environment.into(),
+                run.max_attempts.into(),
+                serde_json::to_string(run.inputs)
+                    .map_err(|e| StoreError::Encode(e.to_string()))?
+                    .into(),
+                now.into(),
+                now.into(),
+                run.manifest_hash.map(str::to_owned).into(),
+                run.manifest_hash.map(str::to_owned).into(),
+                moat_core::WorkloadClass::mask(run.needs_classes).into(),
+            ],
+        )?;
+    if inserted == 0 {
+        return Err(StoreError::Conflict(format!("run {}", run.id)));
+    }
+    let volumes = crate::volumes::attach(tx, run.org, run.id, run.volumes)?;
+    if !volumes.is_empty() {
+        tx.execute(
+            "UPDATE runs SET volumes = ? WHERE id = ?",
+            &[crate::volumes::encode(&volumes)?.into(), run.id.into()],
+        )?;
+    }
+    for blob in run.blobs {
+        crate::objects::insert_artifact(tx, run.org, run.id, "", blob, now)?;
+    }
+    let data = EventData::RunCreated(RunCreated {
+        environment: run.environment.to_owned(),
+        inputs: run.inputs.to_vec(),
+        max_attempts: run.max_attempts,
+        workload_classes: run.needs_classes.to_vec(),
+        volumes: volumes
+            .iter()
+            .map(|v| moat_core::event_data::VolumeAttached {
+                volume: v.volume.clone(),
+                path: v.path.clone(),
+                read_only: v.read_only,
+                snapshot: v.start_snapshot.clone(),
+            })
+            .collect(),
+    });
+    events::append(tx, run.org, &[typed_event(data, run.id, now)])?;
+    get(tx, run.org, run.id)?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))
 }

@@ -1108,3 +1108,185 @@ fn volume_chunks_and_snapshots_are_answered_per_org_and_one_writer_holds_a_volum
         attach("w3", "cache", false, &a).expect("next writer");
     }
 }
+
+/// A queue of org `a` whose consumer needs nothing: its deliveries' plan.
+fn queue(store: &Store, org: &str, name: &str, max_attempts: i64) {
+    store
+        .put_queue(
+            &moat_store::QueueRow {
+                org_id: org.into(),
+                name: name.into(),
+                environment: "test".into(),
+                module_sha256: "0".repeat(64),
+                inputs: Vec::new(),
+                namespaces: vec!["config".into()],
+                max_attempts,
+                backoff_ms: 100,
+                consumer: json!({}),
+                created_ms: 0,
+                updated_ms: 0,
+            },
+            &[],
+            1,
+        )
+        .expect("queue");
+}
+
+fn deliver(store: &Store, now: i64) -> Vec<String> {
+    let mut n = 0;
+    store
+        .deliver_due(now, 10, &mut |message, _queue, snapshot| {
+            n += 1;
+            assert!(snapshot.contains_key("config"), "{snapshot:?}");
+            Ok(moat_store::Delivery {
+                run_id: format!("{}-{n}-{now}", message.id),
+                op_id: "op".into(),
+                envelope: json!({}),
+                decision: json!({}),
+                events: Vec::new(),
+                needs_classes: Vec::new(),
+            })
+        })
+        .expect("deliver")
+}
+
+#[test]
+fn queue_messages_are_sent_once_per_key_retried_with_backoff_dead_lettered_and_redriven() {
+    use moat_store::{MessageState, NewMessage, Settle, queue_effects};
+    for backend in backends() {
+        let s = &*backend.store;
+        let a = org(s, "a");
+        queue(s, &a, "jobs", 2);
+        queue(s, &a, "next", 1);
+        let body = json!({"n": 1});
+        let send = |id: &str, key: Option<&str>| {
+            s.enqueue(
+                &NewMessage {
+                    org: &a,
+                    queue: "jobs",
+                    id,
+                    body: &body,
+                    idempotency_key: key,
+                },
+                10,
+            )
+            .expect("enqueue")
+        };
+        let (first, duplicate) = send("m1", Some("k"));
+        assert!(!duplicate);
+        let (again, duplicate) = send("m2", Some("k"));
+        assert!(duplicate);
+        assert_eq!(again.id, first.id);
+        // No such queue: refused, nothing stored.
+        let missing = s.enqueue(
+            &NewMessage {
+                org: &a,
+                queue: "nope",
+                id: "m3",
+                body: &body,
+                idempotency_key: None,
+            },
+            10,
+        );
+        assert!(matches!(missing, Err(moat_store::StoreError::NoSuch(_))));
+        // Delivered once, to one run; not again while it runs.
+        let runs = deliver(s, 20);
+        assert_eq!(runs.len(), 1);
+        assert!(deliver(s, 21).is_empty());
+        // A failure: retried after the backoff, not before.
+        let failed = s
+            .settle_message(&runs[0], &Settle::Failed { error: "exit 1" }, 30)
+            .expect("settle")
+            .expect("message");
+        assert_eq!(
+            (failed.state, failed.attempts, failed.visible_ms),
+            (MessageState::Ready, 1, 130)
+        );
+        assert!(deliver(s, 129).is_empty());
+        let runs = deliver(s, 130);
+        assert_eq!(runs.len(), 1);
+        // A second failure with 2 attempts: dead, until redriven.
+        let dead = s
+            .settle_message(&runs[0], &Settle::Failed { error: "exit 1" }, 140)
+            .expect("settle")
+            .expect("message");
+        assert_eq!(dead.state, MessageState::Dead);
+        assert!(deliver(s, 10_000).is_empty());
+        assert!(
+            s.redrive(&a, "jobs", "nope", 150)
+                .expect("redrive")
+                .is_none()
+        );
+        let redriven = s
+            .redrive(&a, "jobs", "m1", 150)
+            .expect("redrive")
+            .expect("dead one");
+        assert_eq!(
+            (redriven.state, redriven.attempts),
+            (MessageState::Ready, 0)
+        );
+        assert!(s.redrive(&a, "jobs", "m1", 151).expect("redrive").is_none());
+        // Success makes its writes and sends, in the settling transaction;
+        // settling twice does nothing.
+        let runs = deliver(s, 160);
+        let kv = [queue_effects::KvWrite {
+            namespace: "config".into(),
+            key: "seen".into(),
+            value: Some(b"yes".to_vec()),
+        }];
+        let sends = [queue_effects::Send {
+            queue: "next".into(),
+            id: "n1".into(),
+            body: json!({"from": "m1"}),
+            idempotency_key: None,
+        }];
+        let done = s
+            .settle_message(
+                &runs[0],
+                &Settle::Succeeded {
+                    kv: &kv,
+                    sends: &sends,
+                },
+                170,
+            )
+            .expect("settle")
+            .expect("message");
+        assert_eq!(done.state, MessageState::Done);
+        assert!(
+            s.settle_message(&runs[0], &Settle::Failed { error: "late" }, 171)
+                .expect("settle")
+                .is_none()
+        );
+        assert_eq!(
+            s.kv_get(&a, "config", "seen").expect("kv"),
+            Some(b"yes".to_vec())
+        );
+        let next = s.messages(&a, "next", None, 10).expect("messages");
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].body, json!({"from": "m1"}));
+        // Every step is on the record.
+        let steps: Vec<String> = s
+            .events(&a, None, 0, 1000)
+            .expect("events")
+            .events
+            .iter()
+            .filter(|e| e.event.event_type == EventType::QueueMessage)
+            .map(|e| e.event.data["state"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "received",
+                "duplicate",
+                "delivered",
+                "retrying",
+                "delivered",
+                "deadLettered",
+                "redriven",
+                "delivered",
+                "received",
+                "acknowledged"
+            ]
+        );
+    }
+}

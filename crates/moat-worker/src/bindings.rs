@@ -11,12 +11,12 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
-use serde::{Deserialize, Serialize};
 
 use crate::host::Host;
+pub use moat_worker_api::BindingUse;
 
 wasmtime::component::bindgen!({
-    path: "wit",
+    path: "../moat-worker-api/wit",
     world: "moat:worker/bindings",
 });
 
@@ -36,24 +36,12 @@ pub struct Grants {
     /// The egress proxy the `http` binding sends through (the sandbox's
     /// `HTTP_PROXY`); `None`: not granted.
     pub http_proxy: Option<String>,
-}
-
-/// One binding call, as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BindingUse {
-    /// `inputs`, `outputs`, `http`.
-    pub binding: String,
-    /// `names`, `read`, `write`, `fetch`.
-    pub call: String,
-    /// The file's name; for `fetch`, the method and the URL without its
-    /// query.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    pub bytes: u64,
-    /// `ok`, or the refusal: `not-granted`, `not-found`, `invalid-name`,
-    /// `too-large`, `failed`.
-    pub outcome: String,
+    /// The `kv` binding: the granted namespaces as they were at the start.
+    pub kv: Option<moat_worker_api::KvSnapshot>,
+    /// The queues `queue.send` may send to.
+    pub queues: Vec<String>,
+    /// The message (JSON text) this invocation was started for.
+    pub message: Option<String>,
 }
 
 /// Calls past this many are counted, not kept.
@@ -70,8 +58,11 @@ pub(crate) struct BindingState {
     inputs: Option<OwnedFd>,
     outputs: Option<OwnedFd>,
     http: Option<crate::http::Client>,
-    grants: Grants,
+    pub(crate) grants: Grants,
     written: u64,
+    /// The namespaces with this invocation's writes applied.
+    pub(crate) kv: Option<moat_worker_api::KvSnapshot>,
+    pub effects: moat_worker_api::Effects,
     pub uses: Vec<BindingUse>,
     pub dropped: u64,
 }
@@ -93,14 +84,23 @@ impl BindingState {
             inputs: dir(&grants.inputs)?,
             outputs: dir(&grants.outputs)?,
             http,
+            kv: grants.kv.clone(),
             grants: grants.clone(),
             written: 0,
+            effects: moat_worker_api::Effects::default(),
             uses: Vec::new(),
             dropped: 0,
         })
     }
 
-    fn record(&mut self, binding: &str, call: &str, name: Option<&str>, bytes: u64, outcome: &str) {
+    pub(crate) fn record(
+        &mut self,
+        binding: &str,
+        call: &str,
+        name: Option<&str>,
+        bytes: u64,
+        outcome: &str,
+    ) {
         if self.uses.len() >= MAX_USES {
             self.dropped += 1;
             return;
@@ -164,7 +164,7 @@ fn valid(name: &str) -> bool {
             .all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
-fn code(error: &BindingError) -> &'static str {
+pub(crate) fn code(error: &BindingError) -> &'static str {
     match error {
         BindingError::NotGranted => "not-granted",
         BindingError::NotFound => "not-found",
@@ -174,7 +174,7 @@ fn code(error: &BindingError) -> &'static str {
     }
 }
 
-fn failed(error: impl std::fmt::Display) -> BindingError {
+pub(crate) fn failed(error: impl std::fmt::Display) -> BindingError {
     BindingError::Failed(error.to_string())
 }
 

@@ -52,6 +52,21 @@ struct RunArgs {
     /// this process's HTTP_PROXY names (its sandbox's, in allowlist mode).
     #[arg(long)]
     http: bool,
+    /// Grant the `kv` binding over the namespaces of FILE (a JSON
+    /// snapshot: {"namespaces": {NAME: {KEY: BASE64}}}); writes go to
+    /// --effects.
+    #[arg(long, value_name = "FILE")]
+    kv: Option<PathBuf>,
+    /// Let `queue.send` send to NAME (repeatable); sends go to --effects.
+    #[arg(long = "queue", value_name = "NAME")]
+    queues: Vec<String>,
+    /// The message (a JSON file) `queue.message` returns.
+    #[arg(long, value_name = "FILE")]
+    message: Option<PathBuf>,
+    /// Write the kv writes and queue sends the guest asked for to FILE
+    /// (JSON; made new, never overwritten).
+    #[arg(long, value_name = "FILE")]
+    effects: Option<PathBuf>,
     /// Bytes all outputs together may hold.
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
     max_write: u64,
@@ -90,6 +105,34 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
         }
         Some(fd) => anyhow::bail!("--result-fd {fd}: must be above 2"),
     };
+    let kv = match &args.kv {
+        None => None,
+        Some(path) => {
+            let text =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let snapshot: moat_worker_api::KvSnapshot = serde_json::from_slice(&text)
+                .with_context(|| format!("{}: not a kv snapshot", path.display()))?;
+            Some(snapshot)
+        }
+    };
+    let message = match &args.message {
+        None => None,
+        Some(path) => {
+            let text =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let value: serde_json::Value = serde_json::from_slice(&text)
+                .with_context(|| format!("{}: the message is not JSON", path.display()))?;
+            Some(value.to_string())
+        }
+    };
+    for queue in &args.queues {
+        if !moat_worker_api::valid_name(queue) {
+            anyhow::bail!("--queue {queue:?}: not a queue's name (a-z 0-9 _ . -, at most 64)");
+        }
+    }
+    if (args.kv.is_some() || !args.queues.is_empty()) && args.effects.is_none() {
+        anyhow::bail!("--kv and --queue need --effects FILE, where the writes and sends go");
+    }
     let bytes = std::fs::read(&args.module)
         .with_context(|| format!("reading {}", args.module.display()))?;
     let runtime = Runtime::new(args.cache.as_deref())?;
@@ -118,6 +161,9 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
                 anyhow::anyhow!("--http: HTTP_PROXY is not set (run in an allowlist sandbox)")
             })?),
         },
+        kv,
+        queues: args.queues,
+        message,
     };
     let mut outcome = runtime.invoke(&loaded, &argv, &limits, &grants);
     // A closed reader loses the output, not the outcome.
@@ -125,6 +171,15 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
     let _ = std::io::stderr().write_all(&outcome.stderr);
     outcome.stdout.clear();
     outcome.stderr.clear();
+    if let Some(path) = &args.effects {
+        let text = serde_json::to_vec(&outcome.effects)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(&text))
+            .with_context(|| format!("writing the effects to {}", path.display()))?;
+    }
     if let Some(file) = &mut result {
         let mut line = serde_json::to_string(&outcome)?;
         // Denials are bounded, but a reader may wait on a full pipe: the

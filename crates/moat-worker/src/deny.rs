@@ -26,7 +26,7 @@ use wasmtime_wasi::p2::{DynPollable, FsError, FsResult, SocketError};
 use wasmtime_wasi::sockets::WasiSocketsCtxView;
 
 use crate::host::{DenialLog, Host, record};
-use crate::outcome::Denial;
+use moat_worker_api::Denial;
 
 /// The WASI version wasmtime-wasi defines its interfaces under; a guest
 /// importing any 0.2.x is linked to these (semver-compatible lookup).

@@ -8,7 +8,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::BindingState;
-use crate::outcome::Denial;
+use moat_worker_api::Denial;
 
 /// Denials shared with the socket check, which WASI calls from outside
 /// the store.

@@ -22,17 +22,12 @@ mod error;
 mod host;
 mod http;
 mod limits;
-mod outcome;
 mod runtime;
-pub mod wit;
+mod services;
+pub use moat_worker_api::wit;
 
-pub use bindings::{BindingUse, Grants};
+pub use bindings::Grants;
 pub use error::WorkerError;
-
-/// Most bytes an outcome takes as one JSON line without its output: less
-/// than a pipe's default buffer, so a runtime writing it to a pipe nobody
-/// reads yet never waits.
-pub const MAX_OUTCOME_BYTES: usize = 48 << 10;
 pub use limits::WorkerLimits;
-pub use outcome::{Denial, Outcome, WorkerExit};
+pub use moat_worker_api::{BindingUse, Denial, MAX_OUTCOME_BYTES, Outcome, WorkerExit};
 pub use runtime::{Loaded, Runtime};

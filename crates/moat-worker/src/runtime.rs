@@ -19,7 +19,7 @@ use crate::deny;
 use crate::error::WorkerError;
 use crate::host::{DenialLog, Host, MemoryLimiter, record};
 use crate::limits::WorkerLimits;
-use crate::outcome::{Denial, Outcome, WorkerExit};
+use moat_worker_api::{Denial, Outcome, WorkerExit};
 
 /// How often the deadline clock ticks: the granularity of a timeout.
 const TICK: Duration = Duration::from_millis(10);
@@ -156,6 +156,7 @@ impl Runtime {
             bindings_dropped: 0,
             peak_memory_bytes: 0,
             duration_us: 0,
+            effects: moat_worker_api::Effects::default(),
         };
         let mut wasi = WasiCtxBuilder::new();
         wasi.args(args)
@@ -214,6 +215,7 @@ impl Runtime {
         let used = &mut store.data_mut().bindings;
         outcome.bindings = std::mem::take(&mut used.uses);
         outcome.bindings_dropped = used.dropped;
+        outcome.effects = std::mem::take(&mut used.effects);
         drop(store);
         outcome.stdout_truncated = stdout.contents().len() >= cap && cap > 0;
         outcome.stderr_truncated = stderr.contents().len() >= cap && cap > 0;

@@ -33,6 +33,7 @@ mod manifests;
 mod openapi;
 mod org_api;
 mod quarantine;
+mod queues_api;
 mod refusals;
 pub mod routes;
 mod runner_api;
@@ -264,7 +265,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The API's routes.
 /// Every route of the API (the Inspector's pages are added by `router`).
 pub fn routes() -> routes::Routes {
-    use routes::{ANY, GET, POST, PUT};
+    use routes::{ANY, DELETE, GET, POST, PUT};
     routes::Routes::default()
         .on(GET, "/healthz", || async { "ok" })
         .on(GET, "/readyz", ready)
@@ -394,6 +395,25 @@ pub fn routes() -> routes::Routes {
             volumes_api::get_snapshot,
         )
         .on(POST, "/v1/runner/runs/{run}/resumed", volumes_api::resumed)
+        .on(GET, "/v1/queues", queues_api::list_queues)
+        .on(GET, "/v1/queues/{name}", queues_api::show_queue)
+        .on(PUT, "/v1/queues/{name}", queues_api::put_queue)
+        .on(GET, "/v1/queues/{name}/messages", queues_api::list_messages)
+        .on(POST, "/v1/queues/{name}/messages", queues_api::send)
+        .on(
+            GET,
+            "/v1/queues/{name}/messages/{id}",
+            queues_api::show_message,
+        )
+        .on(
+            POST,
+            "/v1/queues/{name}/messages/{id}/redrive",
+            queues_api::redrive,
+        )
+        .on(GET, "/v1/kv/{namespace}", queues_api::kv_list)
+        .on(GET, "/v1/kv/{namespace}/{key}", queues_api::kv_get)
+        .on(PUT, "/v1/kv/{namespace}/{key}", queues_api::kv_put)
+        .on(DELETE, "/v1/kv/{namespace}/{key}", queues_api::kv_delete)
         .on(ANY, "/v1/runs/{run}/ports/{port}", ingress::port)
         .on(ANY, "/v1/runs/{run}/ports/{port}/", ingress::port)
         .on(ANY, "/v1/runs/{run}/ports/{port}/{*path}", ingress::port)

@@ -13,6 +13,9 @@ use moat_api::org::{
     RunnerEnrolments, Runners, SecretList, SecretView, TokenCall, ToolAnswer, ToolResult,
     VolumeList, VolumeView,
 };
+use moat_api::queues::{
+    KvNamespace, MessageList, MessageSent, MessageView, PutQueue, QueueList, QueueView, SendMessage,
+};
 use moat_api::runner::{
     ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
     Heartbeat, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered, Registration,
@@ -429,6 +432,67 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "The runner that took over a lost run restored its volumes: recorded as `run.resumed` when they are the run's snapshots as it stands.",
     ),
     (
+        "get",
+        "/v1/queues",
+        "org",
+        "The org's queues, each with the worker component that consumes it.",
+    ),
+    (
+        "get",
+        "/v1/queues/{name}",
+        "org",
+        "One queue of the org and its consumer.",
+    ),
+    (
+        "put",
+        "/v1/queues/{name}",
+        "org-admin",
+        "Create or replace a queue's consumer: a WebAssembly component (`moduleBase64`, WASI 0.2) invoked once per message in a run of its own (workload class `worker`, on a runner that offers it), with its `args`, `inputs` (files under `input/`, read through its `inputs` binding), the kv namespaces it may read and write (`kv`), the queues it may send to (`sendTo`), `maxAttempts` (1 to 20, default 3) and `backoffMs` (default 1000, doubled per retry). The body may be up to 64 MiB.",
+    ),
+    (
+        "get",
+        "/v1/queues/{name}/messages",
+        "org",
+        "The queue's messages, oldest first (`?state=ready|running|done|dead`; at most 1000).",
+    ),
+    (
+        "post",
+        "/v1/queues/{name}/messages",
+        "org",
+        "Send a message (`body`: any JSON, at most 256 KiB): 201, delivered to a run of the queue's worker. It is acknowledged only when that invocation exits 0 (then its kv writes and sends are made); a failed one is retried after the backoff and dead-lettered after `maxAttempts`. With an `idempotencyKey` already taken in the queue, 200 with the first message and `duplicate: true`: it is not queued again. Each step is a `queue.message` event.",
+    ),
+    (
+        "get",
+        "/v1/queues/{name}/messages/{id}",
+        "org",
+        "One message: its state, attempts, last error and the run of its latest delivery.",
+    ),
+    (
+        "post",
+        "/v1/queues/{name}/messages/{id}/redrive",
+        "org-admin",
+        "Queue a dead-lettered message again, its attempts reset (`queue.message` `redriven`); 409 `not_dead` for any other.",
+    ),
+    (
+        "get",
+        "/v1/kv/{namespace}",
+        "org",
+        "A kv namespace of the org: every key and its value (base64).",
+    ),
+    (
+        "get",
+        "/v1/kv/{namespace}/{key}",
+        "org",
+        "A key's value, as bytes (404 if unset).",
+    ),
+    (
+        "put",
+        "/v1/kv/{namespace}/{key}",
+        "org",
+        "Set a key to the body's bytes (at most 64 KiB). Workers granted the namespace read it from their next delivery.",
+    ),
+    ("delete", "/v1/kv/{namespace}/{key}", "org", "Delete a key."),
+    (
         "any",
         "/v1/runs/{run}/ports/{port}",
         "org",
@@ -698,6 +762,30 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         ("post", "/v1/runner/runs/{run}/resumed") => {
             takes(schema::<RunResumed>, "200", schema::<Recorded>)
         }
+        ("get", "/v1/queues") => answers("200", schema::<QueueList>),
+        ("get", "/v1/queues/{name}") => answers("200", schema::<QueueView>),
+        ("put", "/v1/queues/{name}") => takes(schema::<PutQueue>, "200", schema::<QueueView>),
+        ("get", "/v1/queues/{name}/messages") => answers("200", schema::<MessageList>),
+        ("post", "/v1/queues/{name}/messages") => {
+            takes(schema::<SendMessage>, "201", schema::<MessageSent>)
+        }
+        ("get", "/v1/queues/{name}/messages/{id}") => answers("200", schema::<MessageView>),
+        ("post", "/v1/queues/{name}/messages/{id}/redrive") => {
+            answers("200", schema::<MessageView>)
+        }
+        ("get", "/v1/kv/{namespace}") => answers("200", schema::<KvNamespace>),
+        ("get", "/v1/kv/{namespace}/{key}") => Bodies {
+            request: None,
+            answers: vec![(
+                "200",
+                Answer::Other("application/octet-stream", "The value's bytes"),
+            )],
+        },
+        ("put", "/v1/kv/{namespace}/{key}") => Bodies {
+            request: Some(Request::Octets("The value's bytes (at most 64 KiB)")),
+            answers: vec![("200", Answer::Json(schema::<serde_json::Value>))],
+        },
+        ("delete", "/v1/kv/{namespace}/{key}") => answers("200", schema::<serde_json::Value>),
         (
             "any",
             "/v1/runs/{run}/ports/{port}"

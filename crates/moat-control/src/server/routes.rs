@@ -18,6 +18,7 @@ pub struct Method(pub &'static str, MethodFilter);
 pub const GET: Method = Method("get", MethodFilter::GET);
 pub const POST: Method = Method("post", MethodFilter::POST);
 pub const PUT: Method = Method("put", MethodFilter::PUT);
+pub const DELETE: Method = Method("delete", MethodFilter::DELETE);
 /// Every method a program's HTTP server may answer (a run's ports): the
 /// document lists each.
 pub const ANY: Method = Method(

@@ -901,7 +901,7 @@ pub async fn heartbeat(
 pub(super) const MAX_RESULT_EVENTS: usize = 12_000;
 
 /// The events a shell records about an operation.
-const SHELL_EVENTS: [EventType; 17] = [
+const SHELL_EVENTS: [EventType; 18] = [
     EventType::CapabilityRequested,
     EventType::CapabilityGranted,
     EventType::CapabilityDenied,
@@ -911,6 +911,7 @@ const SHELL_EVENTS: [EventType; 17] = [
     EventType::SandboxSyscallDenied,
     EventType::SandboxViolation,
     EventType::SandboxDangerFullAccess,
+    EventType::WorkerBinding,
     EventType::ArtifactCreated,
     EventType::ArtifactPromoted,
     EventType::ArtifactRejected,
@@ -1093,6 +1094,7 @@ pub async fn result(
     keep_promoted(&state, &mut blobs).await?;
     let (asker, moves_heads) = (runner.clone(), !heads.is_empty());
     let path = format!("/v1/runner/runs/{changed}/ops/{oid}/result");
+    let (settle_org, settle_result) = (org.clone(), result_json.clone());
     let recorded = state
         .db(move |s| {
             s.finish_op(
@@ -1123,6 +1125,10 @@ pub async fn result(
         other => other?,
     };
     state.notify_run(&changed);
+    // A queue's delivery: its result settles the message.
+    if recorded {
+        super::queues_api::settle(&state, &settle_org, &changed, &settle_result, succeeded).await?;
+    }
     Ok(Json(Recorded { recorded }))
 }
 

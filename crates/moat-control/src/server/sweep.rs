@@ -36,6 +36,9 @@ pub async fn run(state: Arc<AppState>) {
             Ok(Err(e)) => eprintln!("moat serve: sweep: {e}"),
             Err(e) => eprintln!("moat serve: sweep task: {e}"),
         }
+        // Queue messages whose retry is due, and deliveries whose run was
+        // lost.
+        super::queues_api::deliver(&state).await;
     }
 }
 

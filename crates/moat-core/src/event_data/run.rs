@@ -406,3 +406,47 @@ pub struct RequestRefused {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
 }
+
+/// What happened to a queue message (`queue.message`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum QueueMessageState {
+    /// Accepted into its queue.
+    Received,
+    /// Sent again with an idempotency key already taken: not queued again.
+    Duplicate,
+    /// Handed to a run of its queue's worker.
+    Delivered,
+    /// Its invocation succeeded: its kv writes and sends were made.
+    Acknowledged,
+    /// Its invocation failed; it is tried again after `retryAt`.
+    Retrying,
+    /// Its invocation failed with no attempt left: it waits for a redrive.
+    DeadLettered,
+    /// Taken out of the dead letters and queued again, attempts reset.
+    Redriven,
+}
+
+/// A step of a queue message's life. Never its body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueMessage {
+    pub queue: String,
+    pub message_id: String,
+    pub state: QueueMessageState,
+    /// Attempts made so far (the one delivered, for `delivered`).
+    pub attempt: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Why its invocation failed (`retrying`, `deadLettered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// RFC 3339: when it is tried again (`retrying`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<String>,
+    /// Keys written and messages sent (`acknowledged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_writes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sends: Option<u64>,
+}

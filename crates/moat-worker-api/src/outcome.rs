@@ -55,11 +55,34 @@ pub struct Outcome {
     pub stderr_truncated: bool,
     pub denials: Vec<Denial>,
     /// Every binding call, in order (at most 256; the rest counted).
-    pub bindings: Vec<crate::bindings::BindingUse>,
+    pub bindings: Vec<BindingUse>,
     #[serde(default)]
     pub bindings_dropped: u64,
     /// Largest total of linear memory the guest held.
     pub peak_memory_bytes: u64,
     /// Instantiation and run, without loading.
     pub duration_us: u64,
+    /// The `kv` writes and `queue` sends it asked for. They travel apart
+    /// from the outcome (`moat-worker --effects`): they may be far larger
+    /// than a pipe's buffer.
+    #[serde(skip)]
+    pub effects: crate::Effects,
+}
+
+/// One binding call, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingUse {
+    /// `inputs`, `outputs`, `http`.
+    pub binding: String,
+    /// `names`, `read`, `write`, `fetch`.
+    pub call: String,
+    /// The file's name; for `fetch`, the method and the URL without its
+    /// query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub bytes: u64,
+    /// `ok`, or the refusal: `not-granted`, `not-found`, `invalid-name`,
+    /// `too-large`, `failed`.
+    pub outcome: String,
 }

@@ -144,7 +144,10 @@ fn skip_reason(op: &moat_store::OpRow, allow_network: bool) -> Option<&'static s
         .as_str()
         .is_some_and(|c| c != "namespace")
     {
-        return Some("ran in a stronger workload class than replay gives (a microvm guest)");
+        return Some(
+            "ran in a stronger workload class than replay gives (a microvm guest, or a worker \
+             component)",
+        );
     }
     let network = op.op == "http_request"
         || [&args["network"], &op.envelope["network"]]

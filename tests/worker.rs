@@ -736,6 +736,20 @@ fn a_queue_chain_runs_python_then_javascript_through_moat_up_with_retries_dead_l
         "{finished:?}"
     );
 
+    // The Inspector's run page says the class, each binding call and the
+    // message's steps.
+    let plane = common::control::Serve::attached(&url);
+    let page = common::control::inspector_page(&plane, &admin, &format!("/ui/runs/{python_run}"));
+    for shown in [
+        "data-class=\"worker\"",
+        "worker.binding",
+        "kv.get config/greeting ok",
+        "queue.send reverse ok",
+        &format!("queue start message {id} acknowledged"),
+    ] {
+        assert!(page.contains(shown), "{shown} not on the run page:\n{page}");
+    }
+
     // The JavaScript link ran on the message Python sent.
     let (_, sent) = call(
         "GET",

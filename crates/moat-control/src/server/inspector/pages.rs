@@ -256,8 +256,33 @@ fn event_item(e: &StoredEvent) -> Markup {
     if !reason.is_empty() {
         line.push_str(&format!("  reason {reason}"));
     }
+    line.push_str(&event_detail(&e.event));
     html! {
         li.event data-type=(e.event.event_type.as_str()) data-seq=(e.seq) { (line) }
+    }
+}
+
+/// What a worker's events say beyond their type: the binding call and its
+/// outcome, the queue message and its step.
+fn event_detail(event: &moat_core::Event) -> String {
+    let d = &event.data;
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_owned();
+    match event.event_type {
+        moat_core::EventType::WorkerBinding => format!(
+            "  {}.{} {} {}",
+            s(&d["binding"]),
+            s(&d["call"]),
+            s(&d["name"]),
+            s(&d["outcome"])
+        ),
+        moat_core::EventType::QueueMessage => format!(
+            "  queue {} message {} {} (attempt {})",
+            s(&d["queue"]),
+            s(&d["messageId"]),
+            s(&d["state"]),
+            d["attempt"]
+        ),
+        _ => String::new(),
     }
 }
 

@@ -139,15 +139,15 @@ fn skip_reason(op: &moat_store::OpRow, allow_network: bool) -> Option<&'static s
         return Some("never ran (denied, not approved, or ended with its run)");
     }
     // Replayed without its capability, a program would get the weakest
-    // class the manifest lists: never weaker than it ran.
+    // class the manifest lists: never weaker than it ran. A worker
+    // component (a queue's delivery) is run as a worker again, with the
+    // message and kv snapshot its envelope carries; its effects are not
+    // made.
     if op.decision["class"]
         .as_str()
-        .is_some_and(|c| c != "namespace")
+        .is_some_and(|c| c != "namespace" && c != "worker")
     {
-        return Some(
-            "ran in a stronger workload class than replay gives (a microvm guest, or a worker \
-             component)",
-        );
+        return Some("ran in a stronger workload class than replay gives (a microvm guest)");
     }
     let network = op.op == "http_request"
         || [&args["network"], &op.envelope["network"]]

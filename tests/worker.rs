@@ -750,6 +750,23 @@ fn a_queue_chain_runs_python_then_javascript_through_moat_up_with_retries_dead_l
         assert!(page.contains(shown), "{shown} not on the run page:\n{page}");
     }
 
+    // Replayed: the same component, message and kv snapshot (from the
+    // operation's envelope) give the same outputs; nothing is sent again.
+    let replayed = Command::new(common::MOAT)
+        .args(["replay", &python_run, "--json", "--db"])
+        .arg(format!("sqlite:{}", dir.join("moat.db").display()))
+        .arg("--policy")
+        .arg(dir.join("policy.cedar"))
+        .arg("--trusted-key")
+        .arg(dir.join("control-plane.pub"))
+        .output()
+        .expect("moat replay");
+    let report: serde_json::Value = serde_json::from_slice(&replayed.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&replayed.stderr)));
+    assert_eq!(report["ops"][0]["replayed"], true, "{report:#}");
+    assert_eq!(report["ops"][0]["same"], true, "{report:#}");
+    assert_eq!(report["diverged"], false, "{report:#}");
+
     // The JavaScript link ran on the message Python sent.
     let (_, sent) = call(
         "GET",

@@ -570,10 +570,23 @@ impl Shell {
                 )
                 .into();
             }
-            None => CapabilityGranted {
-                op: Some(kind.as_str().into()),
-                ..CapabilityGranted::default()
-            },
+            None => {
+                // Without a capability, a delivery's worker component (an
+                // `exec_argv` with `worker` bindings: a replay of one, or
+                // a local shell's) runs in the worker class where the
+                // manifest lists it: another shape, never a weaker one.
+                if kind == OpKind::ExecArgv
+                    && envelope.args.get("worker").is_some_and(|w| !w.is_null())
+                    && manifest.classes().contains(&WorkloadClass::Worker)
+                {
+                    class = WorkloadClass::Worker;
+                }
+                CapabilityGranted {
+                    op: Some(kind.as_str().into()),
+                    class: (class == WorkloadClass::Worker).then_some(class),
+                    ..CapabilityGranted::default()
+                }
+            }
         };
         let class = match self.offered(kind, class) {
             Ok(class) => class,

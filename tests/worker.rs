@@ -613,6 +613,11 @@ fn a_queue_chain_runs_python_then_javascript_through_moat_up_with_retries_dead_l
     // The failed attempt's run: the worker class, its binding calls
     // recorded, the message's step on the record, and no send made.
     let failed_run = dead["runId"].as_str().expect("run").to_owned();
+    let (_, view) = call("GET", &format!("{url}/v1/runs/{failed_run}"), &agent, None);
+    assert_eq!(
+        view["state"], "failed",
+        "the delivery run ends as its invocation: {view}"
+    );
     let events = run_events(&url, &agent, &failed_run);
     let of = |events: &[serde_json::Value], kind: &str| -> Vec<serde_json::Value> {
         events

@@ -698,6 +698,22 @@ impl Store {
         self.tx(|tx| kv_write(tx, org, &write, now))
     }
 
+    /// How many keys the org's `namespace` holds and the bytes of their
+    /// values.
+    pub fn kv_size(&self, org: &str, namespace: &str) -> Result<(i64, i64), StoreError> {
+        self.read(|tx| {
+            let row = tx.query_one(
+                "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(LENGTH(value)), 0) AS BIGINT) AS bytes
+                 FROM kv_entries WHERE org_id = ? AND namespace = ?",
+                &[org.into(), namespace.into()],
+            )?;
+            match row {
+                Some(row) => Ok((row.int("n")?, row.int("bytes")?)),
+                None => Ok((0, 0)),
+            }
+        })
+    }
+
     /// The org's `namespace`: key → value.
     pub fn kv_list(
         &self,

@@ -53,9 +53,34 @@ const DELIVER_BATCH: i64 = 32;
 /// The most messages a list answers.
 const MAX_LISTED: i64 = 1000;
 
-/// A kv namespace's total bytes a delivery carries at most (its snapshot
-/// travels with the operation).
-const MAX_SNAPSHOT_BYTES: usize = 4 << 20;
+/// What a kv namespace holds at most: its snapshot travels with each
+/// delivery's operation.
+const MAX_NAMESPACE_BYTES: i64 = 4 << 20;
+const MAX_NAMESPACE_KEYS: i64 = 10_000;
+
+/// A delivery carries the granted namespaces up to this many bytes (keys
+/// and values): the namespaces' own bounds keep them under it.
+const MAX_SNAPSHOT_BYTES: usize = 16 << 20;
+
+/// Whether `namespace`, holding `(keys, bytes)`, may take a value of
+/// `new` bytes under a key it holds (`old` bytes) or not (`old` None).
+fn namespace_room(
+    namespace: &str,
+    (keys, bytes): (i64, i64),
+    old: Option<usize>,
+    new: usize,
+) -> Result<(), String> {
+    let new = i64::try_from(new).unwrap_or(i64::MAX);
+    let old_bytes = old.map_or(0, |o| i64::try_from(o).unwrap_or(0));
+    let keys_after = keys + i64::from(old.is_none());
+    if bytes - old_bytes + new > MAX_NAMESPACE_BYTES || keys_after > MAX_NAMESPACE_KEYS {
+        return Err(format!(
+            "kv namespace {namespace} would hold more than {MAX_NAMESPACE_KEYS} keys or 4 MiB of \
+             values (it travels with each delivery)"
+        ));
+    }
+    Ok(())
+}
 
 fn no_such_queue(name: &str) -> ApiError {
     ApiError::new(
@@ -451,8 +476,21 @@ pub async fn kv_put(
     let now = state.now();
     let size = body.len();
     state
-        .db(move |s| s.kv_put(&org, &namespace, &key, Some(&body), now))
-        .await?;
+        .db(move |s| {
+            let held = s.kv_size(&org, &namespace)?;
+            let old = s.kv_get(&org, &namespace, &key)?.map(|v| v.len());
+            if let Err(message) = namespace_room(&namespace, held, old, size) {
+                return Err(StoreError::InUse(message));
+            }
+            s.kv_put(&org, &namespace, &key, Some(&body), now)
+        })
+        .await
+        .map_err(|e| match e.status {
+            StatusCode::CONFLICT => {
+                ApiError::new(StatusCode::CONFLICT, "namespace_full", e.message)
+            }
+            _ => e,
+        })?;
     Ok(Json(json!({"stored": true, "bytes": size})))
 }
 
@@ -585,7 +623,7 @@ fn plan(
 /// Settles the message a delivery run was invoking, from its op's result:
 /// acknowledged with its effects (each checked against the consumer's
 /// grants: a runner's report is not trusted to have kept them), or
-/// failed. Then the run is asked to finish.
+/// failed. The run then finishes, or fails with the message's error.
 pub async fn settle(
     state: &Arc<AppState>,
     org: &str,
@@ -625,17 +663,71 @@ pub async fn settle(
     let o = org.to_owned();
     state
         .db(move |s| {
-            match &checked {
-                Ok((kv, sends)) => s.settle_message(&r, &Settle::Succeeded { kv, sends }, now)?,
-                Err(error) => s.settle_message(&r, &Settle::Failed { error }, now)?,
+            let checked = match checked {
+                Ok((kv, sends)) => room_for(s, &o, &kv)?.map(|()| (kv, sends)),
+                Err(error) => Err(error),
             };
-            s.request_finish(&o, &r, now)?;
+            // The run ends as its invocation did: asked to finish, or
+            // failed with the reason the message records.
+            match &checked {
+                Ok((kv, sends)) => {
+                    s.settle_message(&r, &Settle::Succeeded { kv, sends }, now)?;
+                    s.request_finish(&o, &r, now)?;
+                }
+                Err(error) => {
+                    s.settle_message(&r, &Settle::Failed { error }, now)?;
+                    s.force_end_run(&o, &r, moat_store::RunState::Failed, error, now)?;
+                }
+            };
             Ok(())
         })
         .await?;
     state.notify_run(run);
     deliver(state).await;
     Ok(())
+}
+
+/// Whether the org's namespaces have room for `writes` (in order), as
+/// [`namespace_room`] says: `Err` fails the invocation (`Ok` inside: the
+/// store answered).
+fn room_for(
+    store: &Store,
+    org: &str,
+    writes: &[queue_effects::KvWrite],
+) -> Result<Result<(), String>, StoreError> {
+    let mut held: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    let mut seen: BTreeMap<(&str, &str), Option<usize>> = BTreeMap::new();
+    for write in writes {
+        let namespace = write.namespace.as_str();
+        if !held.contains_key(namespace) {
+            held.insert(namespace, store.kv_size(org, namespace)?);
+        }
+        let old = match seen.get(&(namespace, write.key.as_str())) {
+            Some(old) => *old,
+            None => store.kv_get(org, namespace, &write.key)?.map(|v| v.len()),
+        };
+        let (keys, bytes) = held.get(namespace).copied().unwrap_or((0, 0));
+        let now = match &write.value {
+            Some(value) => {
+                if let Err(e) = namespace_room(namespace, (keys, bytes), old, value.len()) {
+                    return Ok(Err(e));
+                }
+                let added = i64::try_from(value.len()).unwrap_or(i64::MAX);
+                let removed = old.map_or(0, |o| i64::try_from(o).unwrap_or(0));
+                (keys + i64::from(old.is_none()), bytes - removed + added)
+            }
+            None => match old {
+                Some(o) => (keys - 1, bytes - i64::try_from(o).unwrap_or(0)),
+                None => (keys, bytes),
+            },
+        };
+        held.insert(namespace, now);
+        seen.insert(
+            (namespace, write.key.as_str()),
+            write.value.as_ref().map(Vec::len),
+        );
+    }
+    Ok(Ok(()))
 }
 
 /// The kv writes and sends a successful invocation asked for, held to its
@@ -703,4 +795,23 @@ fn effects_of(
         });
     }
     Ok((kv, sends))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_takes_a_value_only_while_it_stays_within_its_bounds() {
+        let full = MAX_NAMESPACE_BYTES;
+        // A new key, room left.
+        assert!(namespace_room("n", (0, 0), None, 10).is_ok());
+        // Replacing a value counts the difference.
+        assert!(namespace_room("n", (1, full), Some(10), 10).is_ok());
+        assert!(namespace_room("n", (1, full), Some(10), 11).is_err());
+        // A new value past the bytes, or a key past the count.
+        assert!(namespace_room("n", (1, full - 5), None, 6).is_err());
+        assert!(namespace_room("n", (MAX_NAMESPACE_KEYS, 0), None, 0).is_err());
+        assert!(namespace_room("n", (MAX_NAMESPACE_KEYS, 0), Some(0), 1).is_ok());
+    }
 }

@@ -723,30 +723,38 @@ impl Shell {
                 format!("{}\n{}\n{}", envelope.run_id, envelope.id, now()).as_bytes()
             )[..16]
         );
-        if class == WorkloadClass::Worker {
-            return self.exec_worker(envelope, a, op, sandbox_id);
-        }
-        if a.worker.is_some() {
+        // A worker's component runs in `moat-worker`'s sandbox
+        // (`worker_exec.rs`); the rest of the way is a program's.
+        let worker = class == WorkloadClass::Worker;
+        if !worker && a.worker.is_some() {
             return Refusal::new(
                 DenialReason::InvalidArgs,
                 "worker: the bindings of a queue's delivery, for the worker class only",
             )
             .into();
         }
-        let mut plan = match exec::plan(
-            &self.config.manifest,
-            &self.workspace,
-            self.config.mode,
-            envelope,
-            &a,
-            sandbox_id,
-            self.config.expose_dir.as_deref(),
-        ) {
-            Ok(plan) => plan,
-            Err(refusal) => return refusal.into(),
+        let (plan, reader, cache) = if worker {
+            match self.worker_plan(envelope, &a, sandbox_id) {
+                Ok((plan, reader, cache)) => (plan, Some(reader), Some(cache)),
+                Err(refusal) => return refusal.into(),
+            }
+        } else {
+            let mut plan = match exec::plan(
+                &self.config.manifest,
+                &self.workspace,
+                self.config.mode,
+                envelope,
+                &a,
+                sandbox_id,
+                self.config.expose_dir.as_deref(),
+            ) {
+                Ok(plan) => plan,
+                Err(refusal) => return refusal.into(),
+            };
+            plan.spec.id_range = self.config.id_range;
+            plan.spec.launch_policy = self.config.launch_policy.clone();
+            (plan, None, None)
         };
-        plan.spec.id_range = self.config.id_range;
-        plan.spec.launch_policy = self.config.launch_policy.clone();
         // What the program writes is judged against the exports, if any:
         // the workspace as it was before it ran is the baseline.
         let exports = self.config.manifest.exports.clone();
@@ -764,29 +772,44 @@ impl Shell {
             correlation_id: &envelope.correlation_id,
         };
         let network = plan.spec.network;
-        let run = if network.uses_egress_proxy() {
-            let policy = match network::exec_policy(&self.config.manifest, network) {
-                Ok(policy) => policy,
+        let policy = if network.uses_egress_proxy() {
+            match network::exec_policy(&self.config.manifest, network) {
+                Ok(policy) => Some(policy),
                 Err(refusal) => return refusal.into(),
-            };
-            let vm = match vm_for(class, &self.config.vm) {
-                Ok(vm) => vm.cloned(),
-                Err(refusal) => return refusal.into(),
-            };
-            match self.egress() {
-                Ok(egress) => {
-                    exec::run_proxied(plan, &mut sink, egress, &policy, &envelope.id, vm.as_ref())
-                }
-                Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
             }
         } else {
-            match vm_for(class, &self.config.vm) {
-                Ok(vm) => exec::run(plan, &mut sink, vm),
+            None
+        };
+        // A worker's runtime is no VM guest: only a program asks for one.
+        let vm = match reader {
+            Some(_) => None,
+            None => match vm_for(class, &self.config.vm) {
+                Ok(vm) => vm.cloned(),
                 Err(refusal) => return refusal.into(),
+            },
+        };
+        let egress = match &policy {
+            Some(policy) => match self.egress() {
+                Ok(egress) => Some((egress, policy, envelope.id.as_str())),
+                Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
+            },
+            None => None,
+        };
+        let run = match (reader, egress) {
+            (Some(reader), egress) => exec::run_worker(plan, reader, &mut sink, egress),
+            (None, Some((egress, policy, op_id))) => {
+                exec::run_proxied(plan, &mut sink, egress, policy, op_id, vm.as_ref())
+                    .map(|finished| (finished, None))
+            }
+            (None, None) => {
+                exec::run(plan, &mut sink, vm.as_ref()).map(|finished| (finished, None))
             }
         };
-        let finished = match run {
-            Ok(finished) => finished,
+        if let Some(cache) = cache.filter(|c| c.writable) {
+            worker_exec::mark_filled(&cache.dir);
+        }
+        let (finished, effects) = match run {
+            Ok(done) => done,
             Err(e) => return Outcome::Failed(e),
         };
         let mut artifacts = Vec::new();
@@ -803,6 +826,9 @@ impl Shell {
             }
         }
         let mut result = finished.result;
+        if let Some(effects) = effects {
+            result["effects"] = json!(effects);
+        }
         if let (Some(rules), Some(before)) = (&exports, &before) {
             result["exports"] = self.collect_exports(op, rules, before, degrade, &mut artifacts);
         }

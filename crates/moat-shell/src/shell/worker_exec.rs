@@ -1,4 +1,5 @@
-//! `exec_argv` in the `worker` class: `argv[0]` is a WebAssembly component
+//! `exec_argv` in the `worker` class (planned here, run by `Shell::exec`
+//! as a program is): `argv[0]` is a WebAssembly component
 //! in the workspace, run by `moat-worker` in a namespace sandbox of its
 //! own (`crate::worker`). It sees no directory: its `inputs` binding is
 //! the workspace's `input/` (read-only), its `outputs` the workspace's
@@ -15,13 +16,9 @@ use base64::Engine as _;
 use moat_core::op::{ExecArgvArgs, WorkerGrants};
 use moat_core::{DenialReason, Envelope};
 use moat_sandbox::SandboxSpec;
-use serde_json::json;
 
-use super::exports::Degrade;
-use super::{Op, Outcome, Shell};
-use crate::collect::Snapshot;
+use super::Shell;
 use crate::exec::{self, Plan};
-use crate::network;
 use crate::worker::{BindingDirs, CompileCache, OutcomeReader};
 use crate::workspace::Refusal;
 
@@ -34,88 +31,14 @@ fn refuse(reason: DenialReason, message: impl Into<String>) -> Refusal {
 }
 
 impl Shell {
-    pub(super) fn exec_worker(
-        &mut self,
-        envelope: &Envelope,
-        a: ExecArgvArgs,
-        op: &mut Op,
-        sandbox_id: String,
-    ) -> Outcome {
-        let (plan, reader, cache) = match self.worker_plan(envelope, &a, sandbox_id) {
-            Ok(planned) => planned,
-            Err(refusal) => return refusal.into(),
-        };
-        let exports = self.config.manifest.exports.clone();
-        let before = exports
-            .as_ref()
-            .map(|_| Snapshot::take(&self.workspace.path, &self.export_roots()));
-        let degrade = Degrade {
-            allow_degraded: plan.spec.allow_degraded,
-            without_cgroup: plan.spec.without_cgroup,
-        };
-        let mut sink = exec::Relabel {
-            events: &mut op.events,
-            run_id: &envelope.run_id,
-            op_id: &envelope.id,
-            correlation_id: &envelope.correlation_id,
-        };
-        let run = if plan.spec.network.uses_egress_proxy() {
-            let policy = match network::exec_policy(&self.config.manifest, plan.spec.network) {
-                Ok(policy) => policy,
-                Err(refusal) => return refusal.into(),
-            };
-            match self.egress() {
-                Ok(egress) => exec::run_worker(
-                    plan,
-                    reader,
-                    &mut sink,
-                    Some((egress, &policy, &envelope.id)),
-                ),
-                Err(e) => return Outcome::Failed(format!("egress proxy: {e}")),
-            }
-        } else {
-            exec::run_worker(plan, reader, &mut sink, None)
-        };
-        if let Some(cache) = cache.filter(|c| c.writable) {
-            mark_filled(&cache.dir);
-        }
-        let (finished, effects) = match run {
-            Ok(done) => done,
-            Err(e) => return Outcome::Failed(e),
-        };
-        let mut artifacts = Vec::new();
-        for (stream, bytes) in &finished.outputs {
-            if bytes.len() > exec::INLINE_OUTPUT {
-                let label = format!("worker {stream}");
-                match self.artifact(op, stream, &label, bytes) {
-                    Ok(reference) => artifacts.push(reference),
-                    Err(e) => return Outcome::Failed(e),
-                }
-            }
-        }
-        let mut result = finished.result;
-        if let Some(effects) = effects {
-            result["effects"] = json!(effects);
-        }
-        if let (Some(rules), Some(before)) = (&exports, &before) {
-            result["exports"] = self.collect_exports(op, rules, before, degrade, &mut artifacts);
-        }
-        Outcome::Done {
-            status: finished.status,
-            result,
-            message: finished.message,
-            artifacts,
-        }
-    }
-
     /// The sandbox around `moat-worker` for `a`, and where its outcome
     /// comes back: every argument checked first.
-    fn worker_plan(
+    pub(super) fn worker_plan(
         &self,
         envelope: &Envelope,
         a: &ExecArgvArgs,
         sandbox_id: String,
-    ) -> Result<(Plan, OutcomeReader, Option<CompileCache>), Refusal> {
+    ) -> Result<(Plan, OutcomeReader, CompileCache), Refusal> {
         let manifest = &self.config.manifest;
         if a.cwd.is_some() || !a.env.is_empty() || !a.tool_token.is_empty() || !a.expose.is_empty()
         {
@@ -214,7 +137,7 @@ impl Shell {
         spec.launch_policy = self.config.launch_policy.clone();
         let reader = crate::worker::prepare(&mut spec, &dirs)
             .map_err(|e| refuse(DenialReason::InvalidArgs, e.to_string()))?;
-        Ok((Plan { spec }, reader, Some(cache)))
+        Ok((Plan { spec }, reader, cache))
     }
 
     /// The compile cache of the component at `module`, under the shell's
@@ -259,7 +182,7 @@ const FILLED: &str = ".filled";
 
 /// Marks a cache directory filled once its invocation wrote into it: later
 /// invocations get it read-only.
-fn mark_filled(dir: &Path) {
+pub(super) fn mark_filled(dir: &Path) {
     let filled = std::fs::read_dir(dir)
         .map(|entries| entries.flatten().any(|e| e.file_name() != FILLED))
         .unwrap_or(false);

@@ -70,13 +70,33 @@ pub fn append(
         return Ok(Vec::new());
     }
     let sql = format!(
-        "SELECT seq, hash FROM ledger_head WHERE id = 1{}",
+        "SELECT seq AS head_seq, hash AS head_hash FROM ledger_head WHERE id = 1{}",
         tx.for_update()
     );
     let head = tx
         .query_one(&sql, &[])?
         .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
-    let (mut seq, mut prev) = (head.int("seq")?, head.text("hash")?);
+    append_after(tx, org, events, &head)
+}
+
+/// The columns that read the ledger's head (and, on PostgreSQL, lock it
+/// to commit) in a statement of the caller's, for [`append_after`]:
+/// `FROM ledger_head h WHERE h.id = 1 FOR UPDATE OF h`.
+pub(crate) const HEAD_COLUMNS: &str = "h.seq AS head_seq, h.hash AS head_hash";
+
+/// As [`append`], after the head the caller read and locked in its
+/// transaction (`head_seq` and `head_hash` of `head`, see
+/// [`HEAD_COLUMNS`]): one round trip less.
+pub(crate) fn append_after(
+    tx: &mut dyn Tx,
+    org: &str,
+    events: &[Event],
+    head: &crate::Row,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (mut seq, mut prev) = (head.int("head_seq")?, head.text("head_hash")?);
     let mut stored = Vec::with_capacity(events.len());
     let mut rows: Vec<Value> = Vec::with_capacity(events.len() * 7);
     for event in events {

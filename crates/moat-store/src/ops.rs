@@ -304,24 +304,66 @@ impl Store {
             } else {
                 OpState::Failed
             };
-            // Only the runner holding the run reports on its ops.
-            let updated = tx.execute(
-                "UPDATE ops SET state = ?, result = ?, updated_ms = ?
+            // Only the runner holding the run reports on its ops; its tool
+            // token, if it had one, ends with it.
+            let update = "UPDATE ops SET state = ?, result = ?, updated_ms = ?
                  WHERE run_id = ? AND id = ? AND state = 'dispatched'
-                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ? AND r.runner_id = ?)",
-                &[
-                    state.as_str().into(),
-                    result.result.to_string().into(),
-                    now.into(),
-                    result.run.into(),
-                    result.op.into(),
-                    result.org.into(),
-                    result.run.into(),
-                    result.runner.into(),
-                ],
-            )?;
-            if updated == 0 {
-                return Ok(false);
+                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ? AND r.runner_id = ?)";
+            let params: [crate::Value; 10] = [
+                state.as_str().into(),
+                result.result.to_string().into(),
+                now.into(),
+                result.run.into(),
+                result.op.into(),
+                result.org.into(),
+                result.run.into(),
+                result.runner.into(),
+                result.run.into(),
+                result.op.into(),
+            ];
+            let delete = "DELETE FROM tool_tokens WHERE run_id = ? AND op_id = ?";
+            // Only events left to write (the common case): on PostgreSQL
+            // one statement does the above and reads and locks the
+            // ledger's head (two round trips fewer). Otherwise the head is
+            // locked only once the rest is written, as every append does:
+            // it serialises every writer.
+            let only_events = !result.events.is_empty()
+                && result.heads.is_empty()
+                && result.artifacts.is_empty()
+                && result.held.is_empty()
+                && !crate::quarantine::records_any(result.events);
+            if tx.dialect() == crate::db::Dialect::Postgres {
+                let (lock, head) = if only_events {
+                    (
+                        " FOR UPDATE OF h",
+                        format!(", {}", events::HEAD_COLUMNS),
+                    )
+                } else {
+                    ("", String::new())
+                };
+                let row = tx
+                    .query_one(
+                        &format!(
+                            "WITH done AS ({update} RETURNING 1),
+                             gone AS ({delete} AND EXISTS (SELECT 1 FROM done))
+                             SELECT (SELECT COUNT(*) FROM done) AS updated{head}
+                             FROM ledger_head h WHERE h.id = 1{lock}"
+                        ),
+                        &params,
+                    )?
+                    .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+                if row.int("updated")? == 0 {
+                    return Ok(false);
+                }
+                if only_events {
+                    events::append_after(tx, result.org, result.events, &row)?;
+                    return Ok(true);
+                }
+            } else {
+                if tx.execute(update, &params[..8])? == 0 {
+                    return Ok(false);
+                }
+                tx.execute(delete, &params[8..])?;
             }
             if !result.heads.is_empty() {
                 let run = crate::runs::get(tx, result.org, result.run)?
@@ -335,11 +377,6 @@ impl Store {
             for held in result.held {
                 crate::held::hold(tx, result.org, result.run, result.op, held, now)?;
             }
-            // Its tool token, if it had one, ends with it.
-            tx.execute(
-                "DELETE FROM tool_tokens WHERE run_id = ? AND op_id = ?",
-                &[result.run.into(), result.op.into()],
-            )?;
             events::append(tx, result.org, result.events)?;
             Ok(true)
         })
@@ -367,12 +404,28 @@ pub(crate) fn insert_op_in(
     }
     // Numbered after the run's last op, in the same statement; the
     // run's row lock above keeps two inserts from taking one number.
+    let insert = format!(
+        "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
+         SELECT ?, ?, ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ?, ?, ? FROM ops WHERE run_id = ?
+         ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
+    );
+    // With events and nothing else to write before them (no approval), on
+    // PostgreSQL the same statement reads and locks the ledger's head:
+    // one round trip less.
+    let with_head = tx.dialect() == crate::db::Dialect::Postgres
+        && op.approval.is_none()
+        && !op.events.is_empty();
+    let sql = if with_head {
+        format!(
+            "WITH ins AS ({insert}) SELECT ins.*, {}
+             FROM ledger_head h LEFT JOIN ins ON TRUE WHERE h.id = 1 FOR UPDATE OF h",
+            events::HEAD_COLUMNS
+        )
+    } else {
+        insert
+    };
     let inserted = tx.query_one(
-        &format!(
-            "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
-             SELECT ?, ?, ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ?, ?, ? FROM ops WHERE run_id = ?
-             ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
-        ),
+        &sql,
         &[
             op.run.into(),
             op.id.into(),
@@ -387,9 +440,18 @@ pub(crate) fn insert_op_in(
             op.run.into(),
         ],
     )?;
-    let Some(inserted) = inserted else {
+    if with_head && inserted.is_none() {
+        return Err(StoreError::Corrupt("ledger head missing".into()));
+    }
+    // (Joined to the head, a row whose op columns are null: nothing was
+    // inserted.)
+    let Some(inserted) = inserted.filter(|row| !matches!(row.opt_text("id"), Ok(None))) else {
         return Err(StoreError::Conflict(format!("operation {}", op.id)));
     };
+    if with_head {
+        events::append_after(tx, op.org, op.events, &inserted)?;
+        return decode(&inserted).map(Some);
+    }
     if let Some(approval) = &op.approval {
         approvals::insert(tx, op.org, op.run, op.id, approval, now)?;
     }

@@ -38,6 +38,13 @@ fn decode(row: &Row) -> Result<QuarantineRow, StoreError> {
     })
 }
 
+/// Whether [`record`] would write anything for `events`.
+pub(super) fn records_any(events: &[Event]) -> bool {
+    events
+        .iter()
+        .any(|e| e.event_type == EventType::ArtifactRejected)
+}
+
 /// Records the files `events` reject, in `tx`.
 pub(super) fn record(
     tx: &mut dyn Tx,

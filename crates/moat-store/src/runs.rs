@@ -168,17 +168,18 @@ pub(super) fn get(tx: &mut dyn Tx, org: &str, id: &str) -> Result<Option<RunRow>
 }
 
 /// [`get`], with the count of the run's open operations.
+/// A column of a statement over `runs`: how many of the run's operations
+/// are open (waiting for approval, queued or dispatched).
+const OPEN_OPS: &str = ", (SELECT COUNT(*) FROM ops o WHERE o.org_id = runs.org_id
+     AND o.run_id = runs.id AND o.state IN ('pending_approval', 'queued', 'dispatched'))
+     AS open_ops";
+
 pub(super) fn get_with_open_ops(
     tx: &mut dyn Tx,
     org: &str,
     id: &str,
 ) -> Result<Option<(RunRow, i64)>, StoreError> {
-    let sql = format!(
-        "SELECT {COLUMNS}, (SELECT COUNT(*) FROM ops o WHERE o.org_id = runs.org_id
-             AND o.run_id = runs.id AND o.state IN ('pending_approval', 'queued', 'dispatched'))
-             AS open_ops
-         FROM runs WHERE org_id = ? AND id = ?"
-    );
+    let sql = format!("SELECT {COLUMNS}{OPEN_OPS} FROM runs WHERE org_id = ? AND id = ?");
     tx.query_one(&sql, &[org.into(), id.into()])?
         .as_ref()
         .map(|row| Ok((decode(row)?, row.int("open_ops")?)))
@@ -544,14 +545,46 @@ impl Store {
         now: i64,
         lease_ms: i64,
     ) -> Result<Option<RunRow>, StoreError> {
+        Ok(self
+            .renew(org, runner, run, now, lease_ms, false)?
+            .map(|(run, _)| run))
+    }
+
+    /// As [`Store::renew_lease`], with how many of the run's operations
+    /// are open (waiting for approval, queued or dispatched), in the same
+    /// statement: what a runner's ask for its next step looks at.
+    pub fn renew_lease_counting(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Option<(RunRow, i64)>, StoreError> {
+        self.renew(org, runner, run, now, lease_ms, true)
+    }
+
+    fn renew(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        now: i64,
+        lease_ms: i64,
+        counting: bool,
+    ) -> Result<Option<(RunRow, i64)>, StoreError> {
         self.single(|tx| {
-            tx.query_one(
+            // On PostgreSQL in the same statement (SQLite's RETURNING
+            // takes no subquery; a second statement there costs no trip).
+            let inline = counting && tx.dialect() == crate::db::Dialect::Postgres;
+            let extra = if inline { OPEN_OPS } else { "" };
+            let Some(row) = tx.query_one(
                 &format!(
                     "UPDATE runs SET lease_until_ms = ?, updated_ms = ?,
                          state = CASE WHEN state = 'claimed' THEN 'running' ELSE state END
                      WHERE org_id = ? AND id = ? AND runner_id = ?
                        AND state IN ('claimed', 'running', 'paused')
-                     RETURNING {COLUMNS}"
+                     RETURNING {COLUMNS}{extra}"
                 ),
                 &[
                     (now + lease_ms).into(),
@@ -561,9 +594,17 @@ impl Store {
                     runner.into(),
                 ],
             )?
-            .as_ref()
-            .map(decode)
-            .transpose()
+            else {
+                return Ok(None);
+            };
+            let open = if inline {
+                row.int("open_ops")?
+            } else if counting {
+                get_with_open_ops(tx, org, run)?.map_or(0, |(_, open)| open)
+            } else {
+                0
+            };
+            Ok(Some((decode(&row)?, open)))
         })
     }
 

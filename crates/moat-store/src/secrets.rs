@@ -68,6 +68,36 @@ impl Store {
         })
     }
 
+    /// The name of `org` (none: no such org) and its sealed secrets, by
+    /// name, in one statement: what judging a runner's report reads.
+    pub fn org_name_and_secrets(
+        &self,
+        org: &str,
+    ) -> Result<(Option<String>, Vec<SealedSecret>), StoreError> {
+        self.read(|tx| {
+            let rows = tx.query(
+                "SELECT o.name AS org_name, s.name, s.nonce, s.ciphertext, s.updated_ms
+                 FROM orgs o LEFT JOIN secrets s ON s.org_id = o.id
+                 WHERE o.id = ? ORDER BY s.name",
+                &[org.into()],
+            )?;
+            let name = rows.first().map(|row| row.text("org_name")).transpose()?;
+            let secrets = rows
+                .iter()
+                .filter(|row| matches!(row.opt_text("name"), Ok(Some(_))))
+                .map(|row| {
+                    Ok(SealedSecret {
+                        name: row.text("name")?,
+                        nonce: row.blob("nonce")?,
+                        ciphertext: row.blob("ciphertext")?,
+                        updated_ms: row.int("updated_ms")?,
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?;
+            Ok((name, secrets))
+        })
+    }
+
     /// Creates or replaces a tool of `org`.
     pub fn put_tool(
         &self,

@@ -294,6 +294,136 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
     }
 }
 
+/// The common answer, only events (on PostgreSQL one statement records it,
+/// ends its tool token and locks the ledger's head): recorded once, only
+/// from the holder, the token ended with it and the chain intact.
+#[test]
+fn an_answer_with_only_events_ends_its_tool_token_only_from_the_holder() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 20, 1_000);
+        let (held, open) = s
+            .renew_lease_counting(&a, "runner-1", "r", 21, 1_000)
+            .unwrap()
+            .expect("held");
+        assert_eq!((held.state, open), (RunState::Running, 0));
+        assert!(
+            s.renew_lease_counting(&a, "runner-2", "r", 21, 1_000)
+                .unwrap()
+                .is_none(),
+            "renewed by a non-holder"
+        );
+        let empty = json!({});
+        let asked = moat_store::typed_event(
+            moat_core::EventData::CapabilityRequested(moat_core::event_data::CapabilityRequested {
+                op: Some("artifact_read".into()),
+                ..Default::default()
+            }),
+            "r",
+            22,
+        );
+        let new = NewOp {
+            events: std::slice::from_ref(&asked),
+            ..queued(&a, "op-1", &empty)
+        };
+        s.insert_op(&new, 22).unwrap().expect("op");
+        assert!(
+            matches!(s.insert_op(&new, 22), Err(e) if e.to_string().contains("already exists")),
+            "{}: a second insert of one op",
+            s.backend()
+        );
+        let (_, open) = s
+            .renew_lease_counting(&a, "runner-1", "r", 23, 1_000)
+            .unwrap()
+            .expect("held");
+        assert_eq!(open, 1, "{}: the queued op is open", s.backend());
+        s.dispatch_op(&a, "runner-1", "r", 23)
+            .unwrap()
+            .expect("dispatch");
+        let token = moat_store::ToolTokenRow {
+            org_id: a.clone(),
+            run_id: "r".into(),
+            op_id: "op-1".into(),
+            tools: json!({}),
+            expires_ms: 10_000,
+        };
+        s.put_tool_token("token-hash", &token).unwrap();
+        let finished = moat_store::typed_event(
+            moat_core::EventData::OpFinished(moat_core::event_data::OpFinished {
+                status: moat_core::OpStatus::Ok,
+                runner_id: "runner-1".into(),
+                reason: None,
+                artifacts: None,
+                profile: None,
+                message: None,
+            }),
+            "r",
+            24,
+        );
+        let result = json!({"status": "ok"});
+        let report = OpResult {
+            org: &a,
+            runner: "runner-2",
+            run: "r",
+            op: "op-1",
+            succeeded: true,
+            result: &result,
+            events: std::slice::from_ref(&finished),
+            artifacts: &[],
+            held: &[],
+            heads: &[],
+        };
+        assert!(!s.finish_op(&report, 24).unwrap(), "a non-holder's answer");
+        assert!(
+            s.tool_token("token-hash", 24).unwrap().is_some(),
+            "{}: a non-holder's answer ended the token",
+            s.backend()
+        );
+        let report = OpResult {
+            runner: "runner-1",
+            ..report
+        };
+        assert!(s.finish_op(&report, 25).unwrap());
+        assert!(!s.finish_op(&report, 26).unwrap(), "second report recorded");
+        assert!(s.tool_token("token-hash", 26).unwrap().is_none());
+        assert_eq!(
+            event_types(s, "r"),
+            [
+                "run.created",
+                "run.claimed",
+                "capability.requested",
+                "op.finished"
+            ],
+            "{}",
+            s.backend()
+        );
+        assert!(s.verify_ledger().unwrap().is_ok());
+        let (_, open) = s
+            .renew_lease_counting(&a, "runner-1", "r", 27, 1_000)
+            .unwrap()
+            .expect("held");
+        assert_eq!(open, 0);
+
+        // What judging an answer reads: the org's name and its secrets.
+        assert_eq!(
+            s.org_name_and_secrets(&a).unwrap(),
+            (Some("a".into()), vec![])
+        );
+        s.put_secret(&a, "b", b"n2", b"c2", 28).unwrap();
+        s.put_secret(&a, "a", b"n1", b"c1", 28).unwrap();
+        let (name, secrets) = s.org_name_and_secrets(&a).unwrap();
+        assert_eq!(name.as_deref(), Some("a"));
+        assert_eq!(
+            secrets.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(
+            s.org_name_and_secrets("no-such-org").unwrap(),
+            (None, vec![])
+        );
+    }
+}
+
 #[test]
 fn a_lost_lease_retries_then_dead_letters() {
     for b in backends() {

@@ -124,7 +124,7 @@ fn cases() -> Vec<(&'static str, Case)> {
 /// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
 /// boundary's quarantine and held exports), V6 (the output store), V7
 /// (workload classes), V8 (runners' hosts and labels).
-const MIGRATIONS: i64 = 11;
+const MIGRATIONS: i64 = 12;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")

@@ -182,10 +182,27 @@ impl AppState {
     /// Run `run` changed (an operation queued, dispatched or answered):
     /// only the requests waiting on it look again.
     pub(crate) fn notify_run(&self, run: &str) {
-        self.wakes.topic(&wake::Topic::Run(run.to_owned()));
+        self.wakes.run(run);
         if let Some(feed) = &self.feed {
             feed.publish(moat_store::Change::Run(run.to_owned()));
         }
+    }
+
+    /// As [`AppState::notify_run`], by a request that will wait on the run
+    /// with `watch` (taken before its change): its own change does not
+    /// wake it, so it need not look before it waits.
+    pub(crate) fn notify_run_past(&self, run: &str, watch: &mut wake::Watch<'_>) {
+        if let Some(own) = self.wakes.run(run) {
+            watch.saw(own);
+        }
+        if let Some(feed) = &self.feed {
+            feed.publish(moat_store::Change::Run(run.to_owned()));
+        }
+    }
+
+    /// A waiter's view of `topic` from now on (see [`AppState::wait_after`]).
+    pub(crate) fn watch(&self, topic: wake::Topic) -> wake::Watch<'_> {
+        self.wakes.watch(topic)
     }
 
     /// Org `org` has a run to claim in `environment` (created, or queued
@@ -232,13 +249,34 @@ impl AppState {
         topic: wake::Topic,
         probe: impl Fn(&Store) -> Result<Option<T>, StoreError> + Send + Sync + Clone + 'static,
     ) -> Result<Option<T>, ApiError> {
+        let changes = self.wakes.watch(topic);
+        self.wait_after(changes, wait, true, probe).await
+    }
+
+    /// As [`AppState::wait_for`], with `changes` taken by the caller before
+    /// it made or looked at what it waits on: with `look_first` false, it
+    /// waits for a change before calling `probe` (the caller has just
+    /// looked itself, or made the state `probe` would find wanting).
+    async fn wait_after<T: Send + 'static>(
+        self: &Arc<Self>,
+        mut changes: wake::Watch<'_>,
+        wait: Duration,
+        look_first: bool,
+        probe: impl Fn(&Store) -> Result<Option<T>, StoreError> + Send + Sync + Clone + 'static,
+    ) -> Result<Option<T>, ApiError> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
-        let mut changes = self.wakes.watch(topic);
+        let mut look = look_first;
         loop {
-            changes.mark_unchanged();
-            let found = self.db(probe.clone()).await?;
-            if found.is_some() || tokio::time::Instant::now() >= deadline {
-                return Ok(found);
+            if look {
+                changes.mark_unchanged();
+                let found = self.db(probe.clone()).await?;
+                if found.is_some() {
+                    return Ok(found);
+                }
+            }
+            look = true;
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
             }
             let recheck = if self.feed.as_ref().is_some_and(|f| f.listening()) {
                 Duration::from_secs(1)

@@ -614,6 +614,9 @@ pub async fn post_op(
         envelope.id.clone(),
         envelope.op.clone(),
     );
+    // Taken before the op exists: every change to the run after it wakes
+    // the wait for its result below, which need not look first.
+    let mut changes = state.watch(Topic::Run(run_id.clone()));
     let row = state
         .db(move |s| {
             s.insert_op(
@@ -646,7 +649,7 @@ pub async fn post_op(
                 format!("run {run_id} has ended"),
             )
         })?;
-    state.notify_run(&run_id);
+    state.notify_run_past(&run_id, &mut changes);
     if let Some((reason, message)) = denial {
         let body = OpRefused {
             error: moat_api::ErrorDetail {
@@ -659,8 +662,18 @@ pub async fn post_op(
     }
     match q.wait_ms {
         Some(wait) if wait > 0 => {
-            let done =
-                wait_final(&state, &org, &run_id, &row.id, Duration::from_millis(wait)).await?;
+            // Just queued (or waiting for approval): nothing to look at
+            // until the run changes.
+            let done = if row.state.is_final() {
+                Some(row.clone())
+            } else {
+                let (org, run, op) = (org.clone(), run_id.clone(), row.id.clone());
+                state
+                    .wait_after(changes, Duration::from_millis(wait), false, move |s| {
+                        Ok(s.op(&org, &run, &op)?.filter(|o| o.state.is_final()))
+                    })
+                    .await?
+            };
             Ok((StatusCode::OK, Json(op_view(done.as_ref().unwrap_or(&row)))).into_response())
         }
         _ => match pending {

@@ -620,7 +620,22 @@ fn plan(
     })
 }
 
-/// Settles the message a delivery run was invoking, from its op's result:
+/// The message run `run` was created to deliver, with its queue (none:
+/// not a delivery run), as [`settle`] takes it.
+pub fn delivery_of(
+    store: &Store,
+    org: &str,
+    run: &str,
+) -> Result<Option<(MessageRow, Option<QueueRow>)>, StoreError> {
+    let Some(message) = store.message_of_run(run)? else {
+        return Ok(None);
+    };
+    let queue = store.queue(org, &message.queue)?;
+    Ok(Some((message, queue)))
+}
+
+/// Settles the message a delivery run was invoking (`delivery`, as
+/// [`delivery_of`] found it), from its op's result:
 /// acknowledged with its effects (each checked against the consumer's
 /// grants: a runner's report is not trusted to have kept them), or
 /// failed. The run then finishes, or fails with the message's error.
@@ -628,20 +643,11 @@ pub async fn settle(
     state: &Arc<AppState>,
     org: &str,
     run: &str,
+    delivery: Option<(MessageRow, Option<QueueRow>)>,
     result: &Value,
     succeeded: bool,
 ) -> ApiResult<()> {
-    let (o, r) = (org.to_owned(), run.to_owned());
-    let found = state
-        .db(move |s| {
-            let Some(message) = s.message_of_run(&r)? else {
-                return Ok(None);
-            };
-            let queue = s.queue(&o, &message.queue)?;
-            Ok(Some((message, queue)))
-        })
-        .await?;
-    let Some((message, queue)) = found else {
+    let Some((message, queue)) = delivery else {
         return Ok(());
     };
     if message.state != MessageState::Running {

@@ -588,69 +588,104 @@ pub async fn next(
 ) -> ApiResult<Response> {
     let now = state.now();
     let lease = state.config.lease.as_millis() as i64;
-    let (org, rid, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
-    let held = state
-        .db(move |s| s.renew_lease(&org, &rid, &run, now, lease))
-        .await?;
-    let Some(run) = held else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "lease_lost",
-            format!("this runner no longer holds run {run_id}"),
-        ));
-    };
     let ManifestTerms { life, grace, .. } = terms(&state, &runner).await?;
-    if let Err(stop) = lifecycle::in_flight(state.config.clock.now(), &life, grace, false) {
-        let (org, id) = (runner.org_id.clone(), run.id.clone());
-        state
-            .db(move |s| s.force_end_run(&org, &id, RunState::DeadLettered, stop.as_str(), now))
-            .await?;
-        state.notify_run(&run_id);
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            stop.as_str(),
-            "the run outlived its manifest's expiry plus grace",
-        ));
-    }
     let st = Arc::clone(&state);
     let r = runner.clone();
     let id = run_id.clone();
-    let found = state
-        .wait_for(
-            Duration::from_millis(q.wait_ms.unwrap_or(0)),
-            Topic::Run(run_id.clone()),
-            move |s| {
-                let now = st.now();
-                if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
-                    return Ok(Some(Ok(op)));
-                }
-                match s.run_with_open_ops(&r.org_id, &id)? {
-                    Some((run, _)) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
-                    Some((run, 0)) if run.finish_wanted => Ok(Some(Err(Next::Finish))),
-                    None => Ok(Some(Err(Next::Ended))),
-                    _ => Ok(None),
-                }
-            },
-        )
+    let probe = move |s: &moat_store::Store| {
+        let now = st.now();
+        if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
+            return Ok(Some(Ok(op)));
+        }
+        match s.run_with_open_ops(&r.org_id, &id)? {
+            Some((run, _)) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
+            Some((run, 0)) if run.finish_wanted => Ok(Some(Err(Next::Finish))),
+            None => Ok(Some(Err(Next::Ended))),
+            _ => Ok(None),
+        }
+    };
+    // Taken before the first look: a change after it wakes the wait.
+    let changes = state.watch(Topic::Run(run_id.clone()));
+    // One trip to the store: the lease renewed (with the count of open
+    // ops the first look needs), then the first look.
+    let (org, rid, run) = (runner.org_id.clone(), runner.id.clone(), run_id.clone());
+    let clock = state.config.clock.now();
+    let first = state
+        .db(move |s| {
+            let Some((held, open)) = s.renew_lease_counting(&org, &rid, &run, now, lease)? else {
+                return Ok(First::LeaseLost);
+            };
+            if let Err(stop) = lifecycle::in_flight(clock, &life, grace, false) {
+                return Ok(First::Expired(held.id, stop));
+            }
+            if let Some(op) = s.dispatch_op(&org, &rid, &run, now)? {
+                return Ok(First::Looked(Some(Ok(op))));
+            }
+            // As `probe` decides, from the run as the renewal left it: an
+            // op queued or answered since wakes the wait below.
+            Ok(First::Looked(if held.state.is_final() {
+                Some(Err(Next::Ended))
+            } else if open == 0 && held.finish_wanted {
+                Some(Err(Next::Finish))
+            } else {
+                None
+            }))
+        })
         .await?;
+    let found = match first {
+        First::LeaseLost => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "lease_lost",
+                format!("this runner no longer holds run {run_id}"),
+            ));
+        }
+        First::Expired(id, stop) => {
+            let org = runner.org_id.clone();
+            state
+                .db(move |s| s.force_end_run(&org, &id, RunState::DeadLettered, stop.as_str(), now))
+                .await?;
+            state.notify_run(&run_id);
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                stop.as_str(),
+                "the run outlived its manifest's expiry plus grace",
+            ));
+        }
+        First::Looked(Some(found)) => Some(found),
+        First::Looked(None) => {
+            let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
+            state.wait_after(changes, wait, false, probe).await?
+        }
+    };
     match found {
         None => Ok(StatusCode::NO_CONTENT.into_response()),
         Some(Err(what)) => Ok(Json(what).into_response()),
-        Some(Ok(op)) => {
-            state.notify_run(&run_id);
-            match hand_over(&state, &runner, &run_id, &op, now).await {
-                Ok(next) => Ok(Json(next).into_response()),
-                // Marked dispatched, it would be handed over again at every
-                // ask and fail the same way until the run expired: it fails
-                // now, saying why (a database that was busy is asked again).
-                Err(e) if e.reason != "store_unavailable" => {
-                    fail_dispatched(&state, &runner, &run_id, &op.id, &e.message, now).await?;
-                    Err(e)
-                }
-                Err(e) => Err(e),
+        // Nobody waits for an op to be dispatched (an agent waits for its
+        // result): the change wakes nobody.
+        Some(Ok(op)) => match hand_over(&state, &runner, &run_id, &op, now).await {
+            Ok(next) => Ok(Json(next).into_response()),
+            // Marked dispatched, it would be handed over again at every
+            // ask and fail the same way until the run expired: it fails
+            // now, saying why (a database that was busy is asked again).
+            Err(e) if e.reason != "store_unavailable" => {
+                fail_dispatched(&state, &runner, &run_id, &op.id, &e.message, now).await?;
+                Err(e)
             }
-        }
+            Err(e) => Err(e),
+        },
     }
+}
+
+/// What a runner's ask for its run's next step found on its first trip to
+/// the store.
+enum First<T> {
+    /// The runner no longer holds the run.
+    LeaseLost,
+    /// The run outlived its manifest (the run, why).
+    Expired(String, lifecycle::Stop),
+    /// The lease renewed, and what the first look found.
+    Looked(Option<T>),
 }
 
 /// Operation `op`, just marked dispatched to `runner`, as the runner takes
@@ -1026,97 +1061,63 @@ pub async fn result(
         e.op_id = Some(op_id.clone());
     }
     let succeeded = result.status == moat_core::OpStatus::Ok;
-    let mut result_json =
+    let result_json =
         serde_json::to_value(&result).map_err(|e| ApiError::internal(e.to_string()))?;
-    let st = Arc::clone(&state);
-    let changed = run_id.clone();
-    let (org, rid, oid) = (runner.org_id.clone(), run_id.clone(), op_id.clone());
-    let judged = state
-        .db(move |s| {
-            // No secret of the org is kept, whatever a program printed or
-            // wrote (read in the same trip to the store as the write).
-            let sealed = s.secrets(&runner.org_id)?;
-            let secrets = match super::secrets::open_secrets(&st, &runner.org_id, &sealed) {
-                Ok(secrets) => secrets,
-                Err(e) => return Ok(Err(e)),
-            };
-            // Before the scrub: a promoted file holding a secret is
-            // rejected whole, not kept scrubbed; then the policy decides
-            // what may leave.
-            let mut report = super::quarantine::Report {
-                result: &mut result_json,
-                events: &mut events,
-                blobs: &mut blobs,
-            };
-            super::quarantine::reject_secrets(&secrets, &mut report);
-            let org_name = s
-                .op_context(&runner.org_id, &run_id)?
-                .map(|c| c.org_name)
-                .unwrap_or_default();
-            let scrubber = crate::tools::Scrubber::new(secrets);
-            let held = super::quarantine::decide(
-                &super::quarantine::Deciding {
-                    policy: &st.config.policy,
-                    org_name: &org_name,
-                    runner: &runner,
-                    run: &run_id,
-                    op: &op_id,
-                    now,
-                    approval_ttl_ms: i64::try_from(st.config.approval_ttl.as_millis())
-                        .unwrap_or(i64::MAX),
-                },
-                &mut report,
-            );
-            scrub_report(&scrubber, &mut result_json, &mut events, &mut blobs);
-            let artifacts = result_json["artifacts"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x["sha256"].as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let data = EventData::OpFinished(OpFinished {
-                status: result.status,
-                runner_id: runner.id.clone(),
-                reason: result.reason,
-                artifacts: Some(artifacts),
-                profile: None,
-                message: None,
-            });
-            let mut finished = typed_event(data, &run_id, now);
-            finished.op_id = Some(op_id.clone());
-            events.push(finished);
-            Ok(Ok((runner, result_json, events, blobs, held)))
-        })
-        .await??;
-    let (runner, result_json, events, mut blobs, held) = judged;
-    keep_promoted(&state, &mut blobs).await?;
-    let (asker, moves_heads) = (runner.clone(), !heads.is_empty());
+    let judging = Judging {
+        state: Arc::clone(&state),
+        runner,
+        run_id: run_id.clone(),
+        op_id: op_id.clone(),
+        result,
+        result_json,
+        events,
+        blobs,
+        now,
+    };
+    let (org, changed, oid) = (judging.runner.org_id.clone(), run_id.clone(), op_id.clone());
     let path = format!("/v1/runner/runs/{changed}/ops/{oid}/result");
-    let (settle_org, settle_result) = (org.clone(), result_json.clone());
-    let recorded = state
-        .db(move |s| {
-            s.finish_op(
-                &StoreOpResult {
-                    org: &org,
-                    runner: &runner.id,
-                    run: &rid,
-                    op: &oid,
-                    succeeded,
-                    result: &result_json,
-                    events: &events,
-                    artifacts: &blobs,
-                    held: &held,
-                    heads: &heads,
-                },
-                now,
-            )
-        })
-        .await;
+    let moves_heads = !heads.is_empty();
+    let asker = judging.runner.clone();
+    // Promoted files kept in the database: judged, recorded and, for a
+    // queue's delivery, its message looked up in one trip to the store.
+    // Kept elsewhere, they are written there between judging and
+    // recording (see `keep_promoted`).
+    let (recorded, result_json, delivery) = if state.config.outputs.in_database() {
+        let (o, r) = (org.clone(), changed.clone());
+        state
+            .db(move |s| {
+                let judged = match judging.judge(s)? {
+                    Ok(judged) => judged,
+                    Err(e) => return Ok(Err(e)),
+                };
+                let result_json = judged.result_json.clone();
+                let recorded = judged.record(s, succeeded, &heads, now);
+                let delivery = match &recorded {
+                    Ok(true) => super::queues_api::delivery_of(s, &o, &r)?,
+                    _ => None,
+                };
+                Ok(Ok((recorded, result_json, delivery)))
+            })
+            .await??
+    } else {
+        let mut judged = state.db(move |s| judging.judge(s)).await??;
+        keep_promoted(&state, &mut judged.blobs).await?;
+        let result_json = judged.result_json.clone();
+        let (o, r) = (org.clone(), changed.clone());
+        state
+            .db(move |s| {
+                let recorded = judged.record(s, succeeded, &heads, now);
+                let delivery = match &recorded {
+                    Ok(true) => super::queues_api::delivery_of(s, &o, &r)?,
+                    _ => None,
+                };
+                Ok((recorded, result_json, delivery))
+            })
+            .await?
+    };
     // A head the run may not move (not its volume, not written by it, a
     // snapshot not stored for that volume) is refused and kept on record.
-    let recorded = match recorded {
+    let recorded = match recorded.map_err(ApiError::from) {
         Err(e)
             if moves_heads && matches!(e.status, StatusCode::NOT_FOUND | StatusCode::CONFLICT) =>
         {
@@ -1126,10 +1127,138 @@ pub async fn result(
     };
     state.notify_run(&changed);
     // A queue's delivery: its result settles the message.
-    if recorded {
-        super::queues_api::settle(&state, &settle_org, &changed, &settle_result, succeeded).await?;
-    }
+    super::queues_api::settle(&state, &org, &changed, delivery, &result_json, succeeded).await?;
     Ok(Json(Recorded { recorded }))
+}
+
+/// A runner's report on an operation, as it arrived.
+struct Judging {
+    state: Arc<AppState>,
+    runner: RunnerRow,
+    run_id: String,
+    op_id: String,
+    result: moat_core::OpResult,
+    result_json: Value,
+    events: Vec<Event>,
+    blobs: Vec<NewArtifact>,
+    now: i64,
+}
+
+/// A report judged: what is recorded of it.
+struct Judged {
+    runner: RunnerRow,
+    run_id: String,
+    op_id: String,
+    result_json: Value,
+    events: Vec<Event>,
+    blobs: Vec<NewArtifact>,
+    held: Vec<moat_store::HeldExport>,
+}
+
+impl Judging {
+    /// The report with the org's secrets out of it and the export
+    /// boundary's decisions made (`Err` inside: the report is refused;
+    /// outside: the store failed).
+    fn judge(self, s: &moat_store::Store) -> Result<ApiResult<Judged>, moat_store::StoreError> {
+        let Judging {
+            state: st,
+            runner,
+            run_id,
+            op_id,
+            result,
+            mut result_json,
+            mut events,
+            mut blobs,
+            now,
+        } = self;
+        // No secret of the org is kept, whatever a program printed or
+        // wrote (read in the same trip to the store as the write).
+        let (org_name, sealed) = s.org_name_and_secrets(&runner.org_id)?;
+        let org_name = org_name.unwrap_or_default();
+        let secrets = match super::secrets::open_secrets(&st, &runner.org_id, &sealed) {
+            Ok(secrets) => secrets,
+            Err(e) => return Ok(Err(e)),
+        };
+        // Before the scrub: a promoted file holding a secret is
+        // rejected whole, not kept scrubbed; then the policy decides
+        // what may leave.
+        let mut report = super::quarantine::Report {
+            result: &mut result_json,
+            events: &mut events,
+            blobs: &mut blobs,
+        };
+        super::quarantine::reject_secrets(&secrets, &mut report);
+        let scrubber = crate::tools::Scrubber::new(secrets);
+        let held = super::quarantine::decide(
+            &super::quarantine::Deciding {
+                policy: &st.config.policy,
+                org_name: &org_name,
+                runner: &runner,
+                run: &run_id,
+                op: &op_id,
+                now,
+                approval_ttl_ms: i64::try_from(st.config.approval_ttl.as_millis())
+                    .unwrap_or(i64::MAX),
+            },
+            &mut report,
+        );
+        scrub_report(&scrubber, &mut result_json, &mut events, &mut blobs);
+        let artifacts = result_json["artifacts"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x["sha256"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let data = EventData::OpFinished(OpFinished {
+            status: result.status,
+            runner_id: runner.id.clone(),
+            reason: result.reason,
+            artifacts: Some(artifacts),
+            profile: None,
+            message: None,
+        });
+        let mut finished = typed_event(data, &run_id, now);
+        finished.op_id = Some(op_id.clone());
+        events.push(finished);
+        Ok(Ok(Judged {
+            runner,
+            run_id,
+            op_id,
+            result_json,
+            events,
+            blobs,
+            held,
+        }))
+    }
+}
+
+impl Judged {
+    /// Records the judged report, once (`false`: it was recorded before).
+    fn record(
+        &self,
+        s: &moat_store::Store,
+        succeeded: bool,
+        heads: &[moat_store::NewHead],
+        now: i64,
+    ) -> Result<bool, moat_store::StoreError> {
+        s.finish_op(
+            &StoreOpResult {
+                org: &self.runner.org_id,
+                runner: &self.runner.id,
+                run: &self.run_id,
+                op: &self.op_id,
+                succeeded,
+                result: &self.result_json,
+                events: &self.events,
+                artifacts: &self.blobs,
+                held: &self.held,
+                heads,
+            },
+            now,
+        )
+    }
 }
 
 /// Writes each promoted file into the trusted output store, before the

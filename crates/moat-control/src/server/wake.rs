@@ -31,8 +31,15 @@ pub struct Wakes {
     queues: Mutex<HashMap<(String, String), Arc<Notify>>>,
 }
 
-fn bump(sender: &watch::Sender<u64>) {
-    sender.send_modify(|n| *n = n.wrapping_add(1));
+/// Counts a change; returns the count it made (read in the same lock, so
+/// no other change can come between).
+fn bump(sender: &watch::Sender<u64>) -> u64 {
+    let mut made = 0;
+    sender.send_modify(|n| {
+        *n = n.wrapping_add(1);
+        made = *n;
+    });
+    made
 }
 
 impl Wakes {
@@ -49,15 +56,19 @@ impl Wakes {
         bump(&self.any);
     }
 
+    /// Run `run` changed: its waiters look again. Returns the change's
+    /// count, for [`Watch::saw`] (none: nobody waits on the run).
+    pub fn run(&self, run: &str) -> Option<u64> {
+        let runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        runs.get(run).map(bump)
+    }
+
     /// `topic` changed: its waiters look again (one of them, for a queue),
     /// nobody else.
     pub fn topic(&self, topic: &Topic) {
         match topic {
             Topic::Run(run) => {
-                let runs = self.runs.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(sender) = runs.get(run) {
-                    bump(sender);
-                }
+                self.run(run);
             }
             Topic::Queue { org, environment } => {
                 let queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
@@ -122,6 +133,18 @@ impl Watch<'_> {
         self.any.mark_unchanged();
         if let Some(On::Run(_, receiver)) = &mut self.on {
             receiver.mark_unchanged();
+        }
+    }
+
+    /// The change counted `own` (see [`Wakes::run`]) was this waiter's own
+    /// doing: it does not wake it. A change counted after it still does.
+    pub fn saw(&mut self, own: u64) {
+        if let Some(On::Run(_, receiver)) = &mut self.on {
+            // Value and version are read together: a later change cannot
+            // be marked seen with it.
+            if *receiver.borrow_and_update() != own {
+                receiver.mark_changed();
+            }
         }
     }
 
@@ -216,6 +239,24 @@ mod tests {
         for watch in [&mut run, &mut again, &mut other, &mut claims] {
             assert!(woken(watch).await);
         }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_not_woken_by_its_own_change_but_by_one_after_it() {
+        let wakes = Wakes::new();
+        let mut own = wakes.watch(Topic::Run("r1".into()));
+        let mut other = wakes.watch(Topic::Run("r1".into()));
+        let made = wakes.run("r1").expect("someone waits on r1");
+        own.saw(made);
+        assert!(!woken(&mut own).await);
+        assert!(woken(&mut other).await);
+
+        // Another change came between its own and its looking: it wakes.
+        let made = wakes.run("r1").expect("someone waits on r1");
+        wakes.run("r1");
+        own.saw(made);
+        assert!(woken(&mut own).await);
+        assert_eq!(wakes.run("r2"), None, "nobody waits on r2");
     }
 
     #[tokio::test]

@@ -61,9 +61,18 @@ impl Answer {
 impl Http {
     /// `roots`: trust only these CAs for `https://` (default: Mozilla's).
     pub fn with_roots(base: &str, timeout: Duration, roots: Option<&crate::CaRoots>) -> Http {
+        // Each phase bounded, not the call as a whole: with a bound on the
+        // whole call, ureq resolves the host on a thread of its own at
+        // every request (so that it can stop waiting for it), which was a
+        // thread started and ended per request, three per operation on a
+        // runner. A lookup is bounded by the system resolver's own timeouts.
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(timeout));
+            .timeout_connect(Some(timeout))
+            .timeout_send_request(Some(timeout))
+            .timeout_send_body(Some(timeout))
+            .timeout_recv_response(Some(timeout))
+            .timeout_recv_body(Some(timeout));
         if let Some(roots) = roots {
             config = config.tls_config(
                 ureq::tls::TlsConfig::builder()

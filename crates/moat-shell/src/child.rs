@@ -123,7 +123,12 @@ impl ShellChild {
             .stdin
             .as_mut()
             .ok_or_else(|| ChildError::Ended(op_id.to_owned()))?;
-        writeln!(stdin, "{envelope}")?;
+        // One write for the whole line: formatted straight into the
+        // unbuffered pipe, each JSON token was a system call of its own
+        // (and a wake-up of the shell reading it).
+        let mut sent = envelope.to_string();
+        sent.push('\n');
+        stdin.write_all(sent.as_bytes())?;
         stdin.flush()?;
         let mut line = String::new();
         if self.stdout.read_line(&mut line)? == 0 {

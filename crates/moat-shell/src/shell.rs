@@ -370,11 +370,12 @@ impl Shell {
             batch.push(self.process(line));
             if batch.len() >= MAX_BATCH || !reader.has_complete_line() {
                 for result in self.commit(std::mem::take(&mut batch)) {
-                    let text = serde_json::to_string(&result).unwrap_or_else(|e| {
+                    let mut text = serde_json::to_string(&result).unwrap_or_else(|e| {
                         format!("{{\"id\":\"\",\"status\":\"error\",\"message\":\"{e}\"}}")
                     });
+                    // One write per line: the reader wakes once for it.
+                    text.push('\n');
                     output.write_all(text.as_bytes())?;
-                    output.write_all(b"\n")?;
                 }
                 output.flush()?;
             }

@@ -21,6 +21,16 @@ pub struct ToolRow {
     pub updated_ms: i64,
 }
 
+/// A secret as a row of `secrets` holds it.
+fn sealed(row: &crate::Row) -> Result<SealedSecret, StoreError> {
+    Ok(SealedSecret {
+        name: row.text("name")?,
+        nonce: row.blob("nonce")?,
+        ciphertext: row.blob("ciphertext")?,
+        updated_ms: row.int("updated_ms")?,
+    })
+}
+
 impl Store {
     /// Creates or replaces a secret of `org`.
     pub fn put_secret(
@@ -56,14 +66,7 @@ impl Store {
                 &[org.into()],
             )?
             .iter()
-            .map(|row| {
-                Ok(SealedSecret {
-                    name: row.text("name")?,
-                    nonce: row.blob("nonce")?,
-                    ciphertext: row.blob("ciphertext")?,
-                    updated_ms: row.int("updated_ms")?,
-                })
-            })
+            .map(sealed)
             .collect()
         })
     }
@@ -85,14 +88,7 @@ impl Store {
             let secrets = rows
                 .iter()
                 .filter(|row| matches!(row.opt_text("name"), Ok(Some(_))))
-                .map(|row| {
-                    Ok(SealedSecret {
-                        name: row.text("name")?,
-                        nonce: row.blob("nonce")?,
-                        ciphertext: row.blob("ciphertext")?,
-                        updated_ms: row.int("updated_ms")?,
-                    })
-                })
+                .map(sealed)
                 .collect::<Result<_, StoreError>>()?;
             Ok((name, secrets))
         })

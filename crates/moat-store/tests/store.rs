@@ -94,6 +94,22 @@ fn queued<'a>(org: &'a str, id: &'a str, empty: &'a serde_json::Value) -> NewOp<
     }
 }
 
+/// `op.finished` of an op of run `r` that runner-1 answered, at `at`.
+fn op_finished(at: i64) -> moat_core::Event {
+    moat_store::typed_event(
+        moat_core::EventData::OpFinished(moat_core::event_data::OpFinished {
+            status: moat_core::OpStatus::Ok,
+            runner_id: "runner-1".into(),
+            reason: None,
+            artifacts: None,
+            profile: None,
+            message: None,
+        }),
+        "r",
+        at,
+    )
+}
+
 fn event_types(store: &Store, run: &str) -> Vec<String> {
     store
         .all_events(0, 100_000)
@@ -227,18 +243,7 @@ fn ops_finish_once_and_artifacts_stay_in_their_org() {
             data,
             kept: moat_store::Kept::Database,
         };
-        let ev = moat_store::typed_event(
-            moat_core::EventData::OpFinished(moat_core::event_data::OpFinished {
-                status: moat_core::OpStatus::Ok,
-                runner_id: "runner-1".into(),
-                reason: None,
-                artifacts: None,
-                profile: None,
-                message: None,
-            }),
-            "r",
-            24,
-        );
+        let ev = op_finished(24);
         let result = json!({"status": "ok"});
         let report = OpResult {
             org: &a,
@@ -348,18 +353,7 @@ fn an_answer_with_only_events_ends_its_tool_token_only_from_the_holder() {
             expires_ms: 10_000,
         };
         s.put_tool_token("token-hash", &token).unwrap();
-        let finished = moat_store::typed_event(
-            moat_core::EventData::OpFinished(moat_core::event_data::OpFinished {
-                status: moat_core::OpStatus::Ok,
-                runner_id: "runner-1".into(),
-                reason: None,
-                artifacts: None,
-                profile: None,
-                message: None,
-            }),
-            "r",
-            24,
-        );
+        let finished = op_finished(24);
         let result = json!({"status": "ok"});
         let report = OpResult {
             org: &a,

@@ -620,13 +620,16 @@ fn plan(
     })
 }
 
+/// A delivered message and its queue (none: the queue was removed since).
+pub type DeliveredMessage = (MessageRow, Option<QueueRow>);
+
 /// The message run `run` was created to deliver, with its queue (none:
 /// not a delivery run), as [`settle`] takes it.
 pub fn delivery_of(
     store: &Store,
     org: &str,
     run: &str,
-) -> Result<Option<(MessageRow, Option<QueueRow>)>, StoreError> {
+) -> Result<Option<DeliveredMessage>, StoreError> {
     let Some(message) = store.message_of_run(run)? else {
         return Ok(None);
     };
@@ -643,7 +646,7 @@ pub async fn settle(
     state: &Arc<AppState>,
     org: &str,
     run: &str,
-    delivery: Option<(MessageRow, Option<QueueRow>)>,
+    delivery: Option<DeliveredMessage>,
     result: &Value,
     succeeded: bool,
 ) -> ApiResult<()> {

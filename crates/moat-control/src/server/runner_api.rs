@@ -28,6 +28,7 @@ use super::auth;
 use super::auth::SignedRunner;
 use super::error::{ApiError, ApiResult};
 use super::manifests::{check_manifest, is_sha256, manifest_expiry};
+use super::queues_api::DeliveredMessage;
 use super::views::{inputs_with_content, manifest_view, run_view};
 use super::wake::Topic;
 use moat_api::ManifestView;
@@ -1083,36 +1084,20 @@ pub async fn result(
     // Kept elsewhere, they are written there between judging and
     // recording (see `keep_promoted`).
     let (recorded, result_json, delivery) = if state.config.outputs.in_database() {
-        let (o, r) = (org.clone(), changed.clone());
         state
             .db(move |s| {
                 let judged = match judging.judge(s)? {
                     Ok(judged) => judged,
                     Err(e) => return Ok(Err(e)),
                 };
-                let result_json = judged.result_json.clone();
-                let recorded = judged.record(s, succeeded, &heads, now);
-                let delivery = match &recorded {
-                    Ok(true) => super::queues_api::delivery_of(s, &o, &r)?,
-                    _ => None,
-                };
-                Ok(Ok((recorded, result_json, delivery)))
+                judged.record(s, succeeded, &heads, now).map(Ok)
             })
             .await??
     } else {
         let mut judged = state.db(move |s| judging.judge(s)).await??;
         keep_promoted(&state, &mut judged.blobs).await?;
-        let result_json = judged.result_json.clone();
-        let (o, r) = (org.clone(), changed.clone());
         state
-            .db(move |s| {
-                let recorded = judged.record(s, succeeded, &heads, now);
-                let delivery = match &recorded {
-                    Ok(true) => super::queues_api::delivery_of(s, &o, &r)?,
-                    _ => None,
-                };
-                Ok((recorded, result_json, delivery))
-            })
+            .db(move |s| judged.record(s, succeeded, &heads, now))
             .await?
     };
     // A head the run may not move (not its volume, not written by it, a
@@ -1234,16 +1219,25 @@ impl Judging {
     }
 }
 
+/// What recording a judged report gave: recorded now (`false`: before;
+/// `Err`: the store refused it), the recorded result, and the queue
+/// message its run delivers (when recorded now).
+type Recording = (
+    Result<bool, moat_store::StoreError>,
+    Value,
+    Option<DeliveredMessage>,
+);
+
 impl Judged {
-    /// Records the judged report, once (`false`: it was recorded before).
+    /// Records the judged report, once; see [`Recording`].
     fn record(
-        &self,
+        self,
         s: &moat_store::Store,
         succeeded: bool,
         heads: &[moat_store::NewHead],
         now: i64,
-    ) -> Result<bool, moat_store::StoreError> {
-        s.finish_op(
+    ) -> Result<Recording, moat_store::StoreError> {
+        let recorded = s.finish_op(
             &StoreOpResult {
                 org: &self.runner.org_id,
                 runner: &self.runner.id,
@@ -1257,7 +1251,12 @@ impl Judged {
                 heads,
             },
             now,
-        )
+        );
+        let delivery = match &recorded {
+            Ok(true) => super::queues_api::delivery_of(s, &self.runner.org_id, &self.run_id)?,
+            _ => None,
+        };
+        Ok((recorded, self.result_json, delivery))
     }
 }
 

@@ -389,66 +389,83 @@ pub(crate) fn insert_op_in(
     op: &NewOp<'_>,
     now: i64,
 ) -> Result<Option<OpRow>, StoreError> {
-    let sql = format!(
-        "SELECT state FROM runs WHERE org_id = ? AND id = ?{}",
-        tx.for_update()
-    );
-    let Some(run) = tx.query_one(&sql, &[op.org.into(), op.run.into()])? else {
-        return Ok(None);
-    };
-    if matches!(
-        run.text("state")?.as_str(),
-        "succeeded" | "failed" | "dead_lettered" | "cancelled"
-    ) {
-        return Ok(None);
-    }
-    // Numbered after the run's last op, in the same statement; the
-    // run's row lock above keeps two inserts from taking one number.
-    let insert = format!(
-        "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)
-         SELECT ?, ?, ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ?, ?, ? FROM ops WHERE run_id = ?
-         ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
-    );
-    // With events and nothing else to write before them (no approval), on
-    // PostgreSQL the same statement reads and locks the ledger's head:
-    // one round trip less.
-    let with_head = tx.dialect() == crate::db::Dialect::Postgres
-        && op.approval.is_none()
-        && !op.events.is_empty();
-    let sql = if with_head {
-        format!(
-            "WITH ins AS ({insert}) SELECT ins.*, {}
-             FROM ledger_head h LEFT JOIN ins ON TRUE WHERE h.id = 1 FOR UPDATE OF h",
-            events::HEAD_COLUMNS
-        )
-    } else {
-        insert
-    };
-    let inserted = tx.query_one(
-        &sql,
-        &[
+    // The run's counter gives the op its number and locks the run's row,
+    // so two inserts cannot take one number (a refused insert rolls the
+    // counter back with its transaction). An ended run takes no more ops.
+    let counter = "UPDATE runs SET last_op_n = last_op_n + 1 WHERE org_id = ? AND id = ?
+           AND state NOT IN ('succeeded', 'failed', 'dead_lettered', 'cancelled')
+         RETURNING last_op_n";
+    let columns =
+        "(run_id, id, org_id, n, op, state, envelope, decision, result, created_ms, updated_ms)";
+    let envelope = op.envelope.to_string();
+    let decision = op.decision.to_string();
+    let values = |n: crate::Value| -> [crate::Value; 11] {
+        [
             op.run.into(),
             op.id.into(),
             op.org.into(),
+            n,
             op.op.into(),
             op.state.as_str().into(),
-            op.envelope.to_string().into(),
-            op.decision.to_string().into(),
+            envelope.as_str().into(),
+            decision.as_str().into(),
             op.result.map(|r| r.to_string()).into(),
             now.into(),
             now.into(),
-            op.run.into(),
-        ],
-    )?;
-    if with_head && inserted.is_none() {
-        return Err(StoreError::Corrupt("ledger head missing".into()));
-    }
+        ]
+    };
+    // With events and nothing else to write before them (no approval), on
+    // PostgreSQL the statement that queues the op also reads and locks the
+    // ledger's head.
+    let with_head = op.approval.is_none() && !op.events.is_empty();
+    let inserted = if tx.dialect() == crate::db::Dialect::Postgres {
+        // One statement: the counter, the op numbered from it, whether
+        // the run took it, and the head if wanted.
+        let (head, from) = if with_head {
+            (
+                format!(", {}", events::HEAD_COLUMNS),
+                "ledger_head h LEFT JOIN ins ON TRUE WHERE h.id = 1 FOR UPDATE OF h",
+            )
+        } else {
+            (String::new(), "(SELECT 1 AS one) one LEFT JOIN ins ON TRUE")
+        };
+        let sql = format!(
+            "WITH counted AS ({counter}),
+             ins AS (INSERT INTO ops {columns} SELECT ?, ?, ?, counted.last_op_n, ?, ?, ?, ?, ?, ?, ?
+                     FROM counted ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS})
+             SELECT ins.*, (SELECT COUNT(*) FROM counted) AS counted{head} FROM {from}"
+        );
+        let [run, id, org, _, rest @ ..] = values(crate::Value::Null);
+        let params: Vec<crate::Value> = [op.org.into(), op.run.into(), run, id, org]
+            .into_iter()
+            .chain(rest)
+            .collect();
+        let row = tx
+            .query_one(&sql, &params)?
+            .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+        if row.int("counted")? == 0 {
+            return Ok(None);
+        }
+        Some(row)
+    } else {
+        let Some(run) = tx.query_one(counter, &[op.org.into(), op.run.into()])? else {
+            return Ok(None);
+        };
+        let n = run.int("last_op_n")?;
+        tx.query_one(
+            &format!(
+                "INSERT INTO ops {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                 ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS}"
+            ),
+            &values(n.into()),
+        )?
+    };
     // (Joined to the head, a row whose op columns are null: nothing was
     // inserted.)
     let Some(inserted) = inserted.filter(|row| !matches!(row.opt_text("id"), Ok(None))) else {
         return Err(StoreError::Conflict(format!("operation {}", op.id)));
     };
-    if with_head {
+    if with_head && tx.dialect() == crate::db::Dialect::Postgres {
         events::append_after(tx, op.org, op.events, &inserted)?;
         return decode(&inserted).map(Some);
     }

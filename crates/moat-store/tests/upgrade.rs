@@ -6,7 +6,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use moat_store::{ApprovalState, NewRun, OpState, RunState, Store, TempPostgres};
+use moat_store::{ApprovalState, NewOp, NewRun, OpState, RunState, Store, TempPostgres};
 
 const SQLITE_FIXTURE: &str = include_str!("fixtures/unversioned.sqlite.sql");
 const POSTGRES_FIXTURE: &str = include_str!("fixtures/unversioned.postgres.sql");
@@ -123,8 +123,10 @@ fn cases() -> Vec<(&'static str, Case)> {
 /// The migrations in `migrations/<backend>/`: V1, then V2 (runner
 /// enrolments), V3 (runs' manifest pin), V4 (usage by day), V5 (the export
 /// boundary's quarantine and held exports), V6 (the output store), V7
-/// (workload classes), V8 (runners' hosts and labels).
-const MIGRATIONS: i64 = 12;
+/// (workload classes), V8 (runners' hosts and labels), V9 (placement and
+/// quotas), V10 (volumes), V11 (worker queues), V12 (ops by number), V13
+/// (plans without statistics: a run's op counter).
+const MIGRATIONS: i64 = 13;
 
 fn history(raw: &mut dyn Raw) -> i64 {
     raw.count("SELECT COUNT(*) FROM moat_schema_history")
@@ -209,6 +211,38 @@ fn a_database_from_before_versioning_upgrades_in_place() {
             .expect("a new run after the upgrade");
         let verified = store.verify_ledger().unwrap().expect("chain");
         assert!(verified.events > 38, "{backend}: {}", verified.events);
+
+        // An old run's next op is numbered after the ops it had (the run's
+        // counter starts from them), and a new run's first op is 1.
+        let queue = |run: &str, id: &str| {
+            let op = store
+                .insert_op(
+                    &NewOp {
+                        org: ORG,
+                        run,
+                        id,
+                        op: "artifact_read",
+                        state: OpState::Queued,
+                        envelope: &serde_json::json!({}),
+                        decision: &serde_json::json!({}),
+                        result: None,
+                        events: &[],
+                        approval: None,
+                    },
+                    2_001,
+                )
+                .unwrap_or_else(|e| panic!("{backend}: queue {id} on {run}: {e}"))
+                .unwrap_or_else(|| panic!("{backend}: {run} refused an op"));
+            op.n
+        };
+        let last = store.ops(ORG, "demo-6a2682c2").unwrap()[3].n;
+        assert_eq!(
+            queue("demo-6a2682c2", "after-upgrade"),
+            last + 1,
+            "{backend}"
+        );
+        assert_eq!(queue("after-upgrade", "first"), 1, "{backend}");
+        assert_eq!(queue("after-upgrade", "second"), 2, "{backend}");
         drop(store);
 
         // Opening again applies nothing and loses nothing.

@@ -124,14 +124,21 @@ fn decode_artifact(row: &Row) -> Result<ArtifactRow, StoreError> {
 }
 
 fn decode_manifest(row: &Row) -> Result<ManifestRow, StoreError> {
+    decode_manifest_as(row, "")
+}
+
+/// A manifest from columns named `{prefix}hash` and so on (a row that
+/// joins the manifest to another table's columns).
+pub(super) fn decode_manifest_as(row: &Row, prefix: &str) -> Result<ManifestRow, StoreError> {
+    let column = |name: &str| format!("{prefix}{name}");
     Ok(ManifestRow {
-        hash: row.text("hash")?,
-        environment: row.text("environment")?,
-        signed: row.text("signed")?,
-        signed_by: row.text("signed_by")?,
-        expires_ms: row.int("expires_ms")?,
-        published_ms: row.int("published_ms")?,
-        revoked: row.int("revoked")? != 0,
+        hash: row.text(&column("hash"))?,
+        environment: row.text(&column("environment"))?,
+        signed: row.text(&column("signed"))?,
+        signed_by: row.text(&column("signed_by"))?,
+        expires_ms: row.int(&column("expires_ms"))?,
+        published_ms: row.int(&column("published_ms"))?,
+        revoked: row.int(&column("revoked"))? != 0,
     })
 }
 
@@ -144,9 +151,7 @@ pub(super) fn current_manifest(
     tx.query_one(
         &format!(
             "SELECT {MANIFEST_COLUMNS} FROM manifests m WHERE org_id = ? AND environment = ?
-             AND revoked = 0 AND NOT EXISTS
-               (SELECT 1 FROM revoked_keys k WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)
-             ORDER BY published_ms DESC, expires_ms DESC LIMIT 1"
+             AND {CURRENT} LIMIT 1"
         ),
         &[org.into(), environment.into()],
     )?
@@ -168,6 +173,22 @@ pub(super) fn manifest(
     .as_ref()
     .map(decode_manifest)
     .transpose()
+}
+
+/// What makes manifest `m` its environment's current one, newest first:
+/// unrevoked, signed by a key that is not revoked (an `ORDER BY` ends it).
+pub(super) const CURRENT: &str = "m.revoked = 0 AND NOT EXISTS
+       (SELECT 1 FROM revoked_keys k WHERE k.org_id = m.org_id AND k.public_key = m.signed_by)
+     ORDER BY m.published_ms DESC, m.expires_ms DESC";
+
+/// A manifest's columns from table alias `table`, each named
+/// `{prefix}column` (see [`decode_manifest_as`]).
+pub(super) fn manifest_columns_as(table: &str, prefix: &str) -> String {
+    MANIFEST_COLUMNS
+        .split(',')
+        .map(|c| format!("{table}.{c} AS {prefix}{c}", c = c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 const MANIFEST_COLUMNS: &str =

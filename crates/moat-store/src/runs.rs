@@ -350,6 +350,8 @@ pub struct OpContext {
     pub manifest: Option<crate::ManifestRow>,
     /// The classes of the runner that holds the run (`None`: none does).
     pub runner_classes: Option<Vec<moat_core::WorkloadClass>>,
+    /// The org's sealed secrets, by name.
+    pub secrets: Vec<crate::SealedSecret>,
 }
 
 /// New run parameters.
@@ -377,36 +379,49 @@ impl Store {
         self.tx(|tx| create_run_in(tx, run, now))
     }
 
-    /// What deciding an operation of a run needs, in one transaction: the
-    /// run, the org's name, the current manifest of the run's environment,
-    /// and the classes of the runner that holds it (if one does).
+    /// What deciding an operation of the org's run `id` needs, in one
+    /// statement (one row per secret of the org): the run, its org's
+    /// name, the classes of the runner holding it, the manifest it
+    /// decides under (its own if pinned or claimed, otherwise its
+    /// environment's current one) and the org's sealed secrets.
     pub fn op_context(&self, org: &str, id: &str) -> Result<Option<OpContext>, StoreError> {
         self.read(|tx| {
-            let Some(row) = tx.query_one(
-                &format!(
-                    "SELECT {COLUMNS}, (SELECT name FROM orgs o WHERE o.id = runs.org_id) AS org_name,
-                       (SELECT w.classes FROM runners w WHERE w.id = runs.runner_id) AS runner_classes
-                     FROM runs WHERE org_id = ? AND id = ?"
-                ),
-                &[org.into(), id.into()],
-            )?
-            else {
+            let sql = format!(
+                "SELECT r.*, o.name AS org_name,
+                   (SELECT w.classes FROM runners w WHERE w.id = r.runner_id) AS runner_classes,
+                   {manifest}, s.name AS secret_name, s.nonce AS secret_nonce,
+                   s.ciphertext AS secret_ciphertext, s.updated_ms AS secret_updated_ms
+                 FROM (SELECT {COLUMNS} FROM runs WHERE org_id = ? AND id = ?) r
+                 LEFT JOIN orgs o ON o.id = r.org_id
+                 LEFT JOIN manifests pm ON pm.org_id = r.org_id AND pm.hash = COALESCE(r.manifest_hash,
+                   (SELECT m.hash FROM manifests m WHERE m.org_id = r.org_id
+                      AND m.environment = r.environment AND {current} LIMIT 1))
+                 LEFT JOIN secrets s ON s.org_id = r.org_id
+                 ORDER BY s.name",
+                manifest = crate::objects::manifest_columns_as("pm", "m_"),
+                current = crate::objects::CURRENT,
+            );
+            let rows = tx.query(&sql, &[org.into(), id.into()])?;
+            let Some(row) = rows.first() else {
                 return Ok(None);
             };
-            let run = decode(&row)?;
-            let name = row.opt_text("org_name")?.unwrap_or_default();
-            let runner_classes = row.opt_int("runner_classes")?;
-            // A run pinned or claimed decides under its own manifest;
-            // otherwise under the environment's current one.
-            let manifest = match &run.manifest_hash {
-                Some(hash) => crate::objects::manifest(tx, org, hash)?,
-                None => crate::objects::current_manifest(tx, org, &run.environment)?,
+            let manifest = match row.opt_text("m_hash")? {
+                Some(_) => Some(crate::objects::decode_manifest_as(row, "m_")?),
+                None => None,
             };
+            let secrets = rows
+                .iter()
+                .filter(|row| matches!(row.opt_text("secret_name"), Ok(Some(_))))
+                .map(|row| crate::secrets::sealed_as(row, "secret_"))
+                .collect::<Result<_, StoreError>>()?;
             Ok(Some(OpContext {
-                run,
-                org_name: name,
+                run: decode(row)?,
+                org_name: row.opt_text("org_name")?.unwrap_or_default(),
                 manifest,
-                runner_classes: runner_classes.map(moat_core::WorkloadClass::from_mask),
+                runner_classes: row
+                    .opt_int("runner_classes")?
+                    .map(moat_core::WorkloadClass::from_mask),
+                secrets,
             }))
         })
     }

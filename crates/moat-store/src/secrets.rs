@@ -23,11 +23,17 @@ pub struct ToolRow {
 
 /// A secret as a row of `secrets` holds it.
 fn sealed(row: &crate::Row) -> Result<SealedSecret, StoreError> {
+    sealed_as(row, "")
+}
+
+/// A sealed secret from columns named `{prefix}name` and so on (a row
+/// that joins secrets to another table's columns).
+pub(crate) fn sealed_as(row: &crate::Row, prefix: &str) -> Result<SealedSecret, StoreError> {
     Ok(SealedSecret {
-        name: row.text("name")?,
-        nonce: row.blob("nonce")?,
-        ciphertext: row.blob("ciphertext")?,
-        updated_ms: row.int("updated_ms")?,
+        name: row.text(&format!("{prefix}name"))?,
+        nonce: row.blob(&format!("{prefix}nonce"))?,
+        ciphertext: row.blob(&format!("{prefix}ciphertext"))?,
+        updated_ms: row.int(&format!("{prefix}updated_ms"))?,
     })
 }
 

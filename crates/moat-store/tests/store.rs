@@ -1487,3 +1487,87 @@ fn a_long_runs_ops_are_read_by_index_before_any_statistics() {
         "{read} rows of ops read for {OPS} operations: a statement reads the whole run"
     );
 }
+
+/// What deciding an op reads, in one statement: the run, its org's name,
+/// the manifest it decides under (the environment's current one until a
+/// claim pins the run's own, revoked or not) and the org's secrets, by
+/// name; nothing for another org's run.
+#[test]
+fn an_ops_context_is_its_run_its_manifest_and_its_orgs_secrets() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        let other = org(s, "other");
+        run(s, &a, "r", 1);
+        let context = |org: &str| s.op_context(org, "r").unwrap();
+        let bare = context(&a).expect("context");
+        assert_eq!(
+            (bare.run.id.as_str(), bare.org_name.as_str()),
+            ("r", "a"),
+            "{}",
+            s.backend()
+        );
+        assert!(
+            bare.manifest.is_none() && bare.secrets.is_empty() && bare.runner_classes.is_none()
+        );
+        assert!(
+            context(&other).is_none(),
+            "{}: another org's run",
+            s.backend()
+        );
+
+        let manifest = |hash: &str, published: i64, key: &str| moat_store::ManifestRow {
+            hash: hash.into(),
+            environment: "test".into(),
+            signed: format!("{{\"{hash}\": true}}"),
+            signed_by: key.into(),
+            expires_ms: 10_000,
+            published_ms: published,
+            revoked: false,
+        };
+        s.publish_manifest(&a, &manifest("m1", 1, "k1")).unwrap();
+        s.publish_manifest(&a, &manifest("m2", 2, "k2")).unwrap();
+        s.publish_manifest(&other, &manifest("m3", 3, "k3"))
+            .unwrap();
+        s.put_secret(&a, "zeta", b"n2", b"c2", 5).unwrap();
+        s.put_secret(&a, "alpha", b"n1", b"c1", 4).unwrap();
+        s.put_secret(&other, "beta", b"n3", b"c3", 6).unwrap();
+        let current = context(&a).expect("context");
+        assert_eq!(
+            current.manifest,
+            Some(manifest("m2", 2, "k2")),
+            "{}",
+            s.backend()
+        );
+        let names: Vec<_> = current.secrets.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(names, ["alpha", "zeta"], "{}", s.backend());
+        assert_eq!(
+            (
+                current.secrets[0].nonce.as_slice(),
+                current.secrets[0].ciphertext.as_slice()
+            ),
+            (&b"n1"[..], &b"c1"[..])
+        );
+        assert_eq!(current.secrets[1].updated_ms, 5);
+        s.revoke_signing_key(&a, "k2").unwrap();
+        assert_eq!(
+            context(&a).unwrap().manifest.unwrap().hash,
+            "m1",
+            "{}",
+            s.backend()
+        );
+
+        // Claimed under m2, the run keeps deciding under m2.
+        s.claim_run(&a, "test", "runner-1", "m2", 20, 60_000)
+            .unwrap()
+            .expect("claim");
+        let claimed = context(&a).expect("context");
+        assert_eq!(
+            claimed.manifest.expect("pinned").hash,
+            "m2",
+            "{}",
+            s.backend()
+        );
+        assert_eq!(claimed.secrets.len(), 2);
+    }
+}

@@ -48,8 +48,8 @@ pub async fn element(
     }
     let now = state.now();
     let (o, r, id) = (runner.org_id.clone(), run_id.clone(), op_id.clone());
-    let (op, context, sealed) = state
-        .db(move |s| Ok((s.op(&o, &r, &id)?, s.op_context(&o, &r)?, s.secrets(&o)?)))
+    let (op, context) = state
+        .db(move |s| Ok((s.op(&o, &r, &id)?, s.op_context(&o, &r)?)))
         .await?;
     let not_held = || {
         ApiError::new(
@@ -76,7 +76,7 @@ pub async fn element(
     let scrubber = crate::tools::Scrubber::new(super::secrets::open_secrets(
         &state,
         &runner.org_id,
-        &sealed,
+        &context.secrets,
     )?);
     let shown = serde_json::to_value(&element).map_err(|e| ApiError::internal(e.to_string()))?;
     let mut facts = shown.clone();

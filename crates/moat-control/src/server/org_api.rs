@@ -492,7 +492,7 @@ pub async fn post_op(
         _ => Vec::new(),
     };
     let (o, r) = (org.clone(), run_id.clone());
-    let (context, sealed, tool, token_tools) = state
+    let (context, tool, token_tools) = state
         .db(move |s| {
             let tool = match &tool_name {
                 Some(name) => s.tool(&o, name)?,
@@ -503,7 +503,7 @@ pub async fn post_op(
                 let def = s.tool(&o, &name)?;
                 token_tools.push((name, def));
             }
-            Ok((s.op_context(&o, &r)?, s.secrets(&o)?, tool, token_tools))
+            Ok((s.op_context(&o, &r)?, tool, token_tools))
         })
         .await?;
     let moat_store::OpContext {
@@ -511,6 +511,7 @@ pub async fn post_op(
         org_name,
         manifest,
         runner_classes,
+        secrets: sealed,
     } = context.ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
     // An agent cannot hand one of the org's secrets to a program or to the
     // ledger: known values are scrubbed from the envelope before anything.

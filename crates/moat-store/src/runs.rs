@@ -1036,12 +1036,15 @@ fn note_refusal(
 
 /// Hands the queued run `id` to the claiming runner, with its reservation.
 fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, id: &str) -> Result<Claimed, StoreError> {
+    // The state is a parameter: a cached plan cannot then use the index
+    // of queued runs (its WHERE is not implied), whose scan would read
+    // every queued run, only the primary key (migration V13).
     let Some(row) = tx.query_one(
         &format!(
             "UPDATE runs SET state = 'claimed', runner_id = ?, manifest_hash = ?,
                  lease_until_ms = ?, attempts = attempts + 1, claimed_ms = ?, updated_ms = ?,
                  cpu_millis = ?, memory_bytes = ?, placement_note = NULL
-             WHERE id = ? AND state = 'queued'
+             WHERE id = ? AND state = ?
              RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
                  AND m.environment = runs.environment AND m.state = 'queued'
                  AND m.id <> runs.id) AS more_queued"
@@ -1055,6 +1058,7 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, id: &str) -> Result<Claimed, StoreE
             ask.cpu_millis.into(),
             ask.memory_bytes.into(),
             id.into(),
+            crate::RunState::Queued.as_str().into(),
         ],
     )?
     else {

@@ -241,6 +241,19 @@ fn a_database_from_before_versioning_upgrades_in_place() {
             last + 1,
             "{backend}"
         );
+        if backend == "postgres" {
+            // A replica of the old build, still running in a rolling
+            // upgrade, numbers its op from MAX(n); the next op of the new
+            // build is numbered after it. (SQLite has one server.)
+            case.raw.batch(
+                "INSERT INTO ops (run_id, id, org_id, n, op, state, envelope, decision, result,
+                                  created_ms, updated_ms)
+                 SELECT 'demo-6a2682c2', 'from-an-old-replica', org_id, MAX(n) + 1,
+                        'artifact_read', 'queued', '{}', '{}', NULL, 2002, 2002
+                 FROM ops WHERE run_id = 'demo-6a2682c2' GROUP BY org_id",
+            );
+            assert_eq!(queue("demo-6a2682c2", "after-the-old-one"), last + 3);
+        }
         assert_eq!(queue("after-upgrade", "first"), 1, "{backend}");
         assert_eq!(queue("after-upgrade", "second"), 2, "{backend}");
         drop(store);

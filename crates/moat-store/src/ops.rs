@@ -233,8 +233,8 @@ impl Store {
                  WHERE run_id = ? AND state IN ('queued', 'dispatched') AND id = (
                      SELECT q.id FROM ops q WHERE q.run_id = ?
                        AND q.state IN ('queued', 'dispatched')
-                       AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ?
-                                   AND r.runner_id = ? AND r.state IN ('claimed', 'running'))
+                       AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM ? AND r.id = ?
+                                   AND r.runner_id IS NOT DISTINCT FROM ? AND r.state IN ('claimed', 'running'))
                        AND NOT EXISTS (SELECT 1 FROM runners w WHERE w.id = ? AND NOT ({stands}))
                      ORDER BY q.n LIMIT 1)
                  RETURNING {COLUMNS}",
@@ -269,7 +269,8 @@ impl Store {
             let updated = tx.execute(
                 "UPDATE ops SET state = ?, decision = ?, result = COALESCE(?, result), updated_ms = ?
                  WHERE run_id = ? AND id = ? AND state = 'dispatched'
-                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ? AND r.runner_id = ?
+                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM ? AND r.id = ?
+                                   AND r.runner_id IS NOT DISTINCT FROM ?
                                AND r.state IN ('claimed', 'running'))",
                 &[
                     op.state.as_str().into(),
@@ -308,7 +309,8 @@ impl Store {
             // token, if it had one, ends with it.
             let update = "UPDATE ops SET state = ?, result = ?, updated_ms = ?
                  WHERE run_id = ? AND id = ? AND state = 'dispatched'
-                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = ? AND r.id = ? AND r.runner_id = ?)";
+                   AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM ? AND r.id = ?
+                                   AND r.runner_id IS NOT DISTINCT FROM ?)";
             let params: [crate::Value; 10] = [
                 state.as_str().into(),
                 result.result.to_string().into(),
@@ -392,7 +394,8 @@ pub(crate) fn insert_op_in(
     // The run's counter gives the op its number and locks the run's row,
     // so two inserts cannot take one number (a refused insert rolls the
     // counter back with its transaction). An ended run takes no more ops.
-    let counter = "UPDATE runs SET last_op_n = last_op_n + 1 WHERE org_id = ? AND id = ?
+    let counter =
+        "UPDATE runs SET last_op_n = last_op_n + 1 WHERE org_id IS NOT DISTINCT FROM ? AND id = ?
            AND state NOT IN ('succeeded', 'failed', 'dead_lettered', 'cancelled')
          RETURNING last_op_n";
     let columns =

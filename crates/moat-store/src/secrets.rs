@@ -193,11 +193,11 @@ impl Store {
                 &format!(
                     "SELECT org_id, run_id, op_id, tools, expires_ms FROM tool_tokens t
                      WHERE hash = ? AND expires_ms > ?
-                       AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id = t.org_id
+                       AND EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM t.org_id
                                    AND r.id = t.run_id
                                    AND r.state IN ('claimed', 'running', 'paused'))
                        AND NOT EXISTS (SELECT 1 FROM runs r JOIN runners w ON w.id = r.runner_id
-                                   WHERE r.org_id = t.org_id AND r.id = t.run_id AND NOT ({}))",
+                                   WHERE r.org_id IS NOT DISTINCT FROM t.org_id AND r.id = t.run_id AND NOT ({}))",
                     crate::runners::RUNNER_STANDS
                 ),
                 &[hash.into(), now.into()],

@@ -213,7 +213,7 @@ pub(crate) fn move_heads(
         moved.push(typed_event(data, &run.id, now));
     }
     tx.execute(
-        "UPDATE runs SET volumes = ? WHERE id = ? AND org_id = ?",
+        "UPDATE runs SET volumes = ? WHERE id = ? AND org_id IS NOT DISTINCT FROM ?",
         &[encode(&volumes)?.into(), run.id.as_str().into(), org.into()],
     )?;
     events::append(tx, org, &moved)?;

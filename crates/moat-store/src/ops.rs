@@ -420,8 +420,9 @@ pub(crate) fn insert_op_in(
     // With events and nothing else to write before them (no approval), on
     // PostgreSQL the statement that queues the op also reads and locks the
     // ledger's head.
-    let with_head = op.approval.is_none() && !op.events.is_empty();
-    let inserted = if tx.dialect() == crate::db::Dialect::Postgres {
+    let postgres = tx.dialect() == crate::db::Dialect::Postgres;
+    let with_head = postgres && op.approval.is_none() && !op.events.is_empty();
+    let inserted = if postgres {
         // One statement: the counter, the op numbered from it, whether
         // the run took it, and the head if wanted.
         let (head, from) = if with_head {
@@ -468,7 +469,7 @@ pub(crate) fn insert_op_in(
     let Some(inserted) = inserted.filter(|row| !matches!(row.opt_text("id"), Ok(None))) else {
         return Err(StoreError::Conflict(format!("operation {}", op.id)));
     };
-    if with_head && tx.dialect() == crate::db::Dialect::Postgres {
+    if with_head {
         events::append_after(tx, op.org, op.events, &inserted)?;
         return decode(&inserted).map(Some);
     }

@@ -1417,8 +1417,8 @@ fn queue_messages_are_sent_once_per_key_retried_with_backoff_dead_lettered_and_r
 
 /// A store on a fresh PostgreSQL database whose `ops` and `runs`
 /// autovacuum leaves alone (so the planner has no statistics: every table
-/// looks one row long and ties between indexes go to the newest), with a
-/// raw connection to the database.
+/// looks one row long and usable indexes tie), with a raw connection to
+/// the database.
 ///
 /// (Autovacuum visits a new database within seconds when the server holds
 /// many, as while the tests run, and an analysis of a one-page table

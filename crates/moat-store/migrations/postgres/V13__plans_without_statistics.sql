@@ -1,16 +1,16 @@
 -- Plans that stay right while the planner knows nothing.
 --
 -- A fresh database has no statistics until autovacuum first analyses it
--- (a minute or more), and every table looks one row long. Ties between
--- indexes then go to the newest index, and the generic plan a pooled
--- connection caches at a statement's sixth use stays until the next
--- ANALYZE. Measured on the benchmark's run: looking an operation up by
+-- (a minute or more), and every table looks one row long. Indexes then
+-- tie, a tie is decided by details such as the trees' heights, and the
+-- generic plan a pooled connection caches at a statement's sixth use
+-- stays until the next ANALYZE. Measured on the benchmark's run: looking an operation up by
 -- its id went through `ops_queue` (by run, then state) and read every
 -- operation of the run, 1,000 buffers and 2.6 ms at its 1,800th.
 --
 -- So each hot lookup has an index it can use that reads only the rows it
--- is about, and no index that reads more wins a tie with it (a query can
--- use a partial index only when its WHERE implies the index's).
+-- is about, and no index that reads more can compete with it (a query
+-- can use a partial index only when its WHERE implies the index's).
 --
 -- `ops`: the primary key for an operation by id; `ops_open`, which holds
 -- only operations still open, for the queue and the open count.

@@ -198,12 +198,19 @@ impl Ledger {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<StoredEvent>, LedgerError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT seq, body, prev_hash, hash FROM events
-             WHERE seq > ?1 AND (?2 IS NULL OR run_id = ?2)
-             ORDER BY seq LIMIT ?3",
-        )?;
-        read_events(&mut stmt, params![after_seq, run_id, limit])
+        // Two statements, not `?2 IS NULL OR run_id = ?2`: SQLite cannot
+        // take `events_by_run` for that, and walked every later event of
+        // every run to find one run's (a runner's teardown, which asks
+        // from the start, read the whole shells' ledger for each run).
+        let Some(run_id) = run_id else {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT seq, body, prev_hash, hash FROM events
+                 WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            )?;
+            return read_events(&mut stmt, params![after_seq, limit]);
+        };
+        let mut stmt = self.conn.prepare_cached(EVENTS_OF_RUN)?;
+        read_events(&mut stmt, params![run_id, after_seq, limit])
     }
 
     /// Events newest first: `limit` of them before `before_seq`.
@@ -226,6 +233,10 @@ impl Ledger {
         &self.conn
     }
 }
+
+/// One run's events after a sequence number, through `events_by_run`.
+const EVENTS_OF_RUN: &str = "SELECT seq, body, prev_hash, hash FROM events
+     WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3";
 
 /// Rows of `seq, body, prev_hash, hash`, decoded.
 fn read_events(
@@ -255,4 +266,31 @@ fn read_events(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A run's events are found through its index, however many events
+    /// other runs have: the plan SQLite chooses says so.
+    #[test]
+    fn one_runs_events_are_read_through_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.db")).unwrap();
+        let plan: Vec<String> = ledger
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {EVENTS_OF_RUN}"))
+            .unwrap()
+            .query_map(params!["run-1", 0, 10], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            plan,
+            ["SEARCH events USING INDEX events_by_run (run_id=? AND seq>?)"],
+            "{plan:?}"
+        );
+    }
 }

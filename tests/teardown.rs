@@ -149,6 +149,27 @@ fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
         text.contains("nothing left (processes, files, mounts, cgroups)"),
         "{text}"
     );
+
+    // A run that ends before its first operation started nothing here: its
+    // teardown says so rather than look through every process on the host.
+    let empty = "run-td-empty";
+    create_run(&serve, &acme, empty);
+    call(
+        "POST",
+        &format!("{}/v1/runs/{empty}/finish", serve.url),
+        &acme,
+        None,
+    );
+    wait_state(&serve, &acme, empty, "succeeded");
+    let destroyed = wait_run_event(&serve, &acme, empty, "run.destroyed");
+    assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
+    assert_eq!(
+        destroyed["data"]["checks"][0],
+        json!({"check": "processes", "ok": true,
+               "detail": "no process of the run was started on this host"}),
+        "{destroyed}"
+    );
+    assert!(!runner.state.join("runs").join(empty).exists());
     assert_ledger_intact(&serve);
     drop(runner);
 }

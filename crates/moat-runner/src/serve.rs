@@ -202,7 +202,10 @@ impl Runner {
             self.metrics.run_active(1);
             Serving(self, run_id.clone())
         };
-        let result = self.execute_run(claim);
+        // Whether a shell was started for it here: its teardown looks for
+        // what that could have left.
+        let mut shell_started = false;
+        let result = self.execute_run(claim, &mut shell_started);
         // It names a directory and a URL path segment: only a plain id.
         if !moat_core::op::is_plain_id(run_id) {
             if let Err(e) = result {
@@ -219,12 +222,12 @@ impl Runner {
             };
             let _ = self.client.finish(run_id, &body);
         }
-        self.destroy(run_id);
+        self.destroy(run_id, shell_started);
     }
 
-    /// The run's teardown on this host (its shell is gone by now), reported
-    /// as `run.destroyed`.
-    fn destroy(&self, run_id: &str) {
+    /// The run's teardown on this host (its shell, if it had one, is gone
+    /// by now), reported as `run.destroyed`.
+    fn destroy(&self, run_id: &str, shell_started: bool) {
         let workspace = self.config.state_dir.join("runs").join(run_id);
         let expose_dir = self.expose_dir(run_id);
         if let Err(e) = std::fs::remove_dir_all(&expose_dir)
@@ -235,10 +238,16 @@ impl Runner {
                 expose_dir.display()
             );
         }
-        let sandboxes = Ledger::open(&self.shell_state.join("ledger.db"))
-            .map(|ledger| crate::teardown::sandboxes_of(&ledger, run_id))
-            .unwrap_or_default();
-        let checks = crate::teardown::destroy(&workspace, &sandboxes);
+        let started = if shell_started {
+            crate::teardown::Started::Shell {
+                sandboxes: Ledger::open(&self.shell_state.join("ledger.db"))
+                    .map(|ledger| crate::teardown::sandboxes_of(&ledger, run_id))
+                    .unwrap_or_default(),
+            }
+        } else {
+            crate::teardown::Started::Nothing
+        };
+        let checks = crate::teardown::destroy(&workspace, &started);
         let failed: Vec<String> = checks
             .iter()
             .filter(|c| !c.ok)
@@ -259,7 +268,8 @@ impl Runner {
         }
     }
 
-    fn execute_run(&self, claim: &Claim) -> Result<(), RunnerError> {
+    /// `shell_started` is set as a shell is started for the run.
+    fn execute_run(&self, claim: &Claim, shell_started: &mut bool) -> Result<(), RunnerError> {
         let run_id = claim.run.id.as_str();
         // It names a directory here and a URL path segment: never trust its shape.
         if !moat_core::op::is_plain_id(run_id) {
@@ -373,6 +383,7 @@ impl Runner {
                             {
                                 private_dir(dir)?;
                             }
+                            *shell_started = true;
                             let started = self.start_shell(
                                 &workspace,
                                 manifest_file.as_deref(),

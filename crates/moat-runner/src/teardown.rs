@@ -20,18 +20,40 @@ use moat_ledger::Ledger;
 /// How long killed processes get to disappear.
 const KILL_WAIT: Duration = Duration::from_secs(2);
 
-/// Tears down the run whose workspace is `dir`; `sandboxes` names the
-/// cgroups its sandboxes had.
-pub fn destroy(dir: &Path, sandboxes: &[String]) -> Vec<TeardownCheck> {
-    checks(&[dir], sandboxes)
+/// What a runner started for a run on its host, which the run's teardown
+/// looks for.
+pub enum Started {
+    /// No shell: nothing of the run ever ran here, so there is no process
+    /// and no sandbox cgroup to look for (a run that ended before its first
+    /// operation). Looking would read every process's command line on the
+    /// host for each such run.
+    Nothing,
+    /// A shell, whose sandboxes had the cgroups named here.
+    Shell { sandboxes: Vec<String> },
+}
+
+/// Tears down the run whose workspace is `dir`.
+pub fn destroy(dir: &Path, started: &Started) -> Vec<TeardownCheck> {
+    match started {
+        Started::Shell { sandboxes } => checks(&[dir], Some(sandboxes)),
+        Started::Nothing => checks(&[dir], None),
+    }
 }
 
 /// Processes first, then mounts; files only once neither is left: a
 /// surviving process could swap a directory for a link while it is being
 /// removed, and removing a tree with a mount in it would reach into
-/// whatever is mounted there.
-fn checks(dirs: &[&Path], sandboxes: &[String]) -> Vec<TeardownCheck> {
-    let processes = processes(dirs);
+/// whatever is mounted there. `sandboxes`: `None` when no process of the
+/// run was started here.
+fn checks(dirs: &[&Path], sandboxes: Option<&[String]>) -> Vec<TeardownCheck> {
+    let processes = match sandboxes {
+        Some(_) => processes(dirs),
+        None => check(
+            "processes",
+            true,
+            "no process of the run was started on this host".to_owned(),
+        ),
+    };
     let mounts = mounts(dirs);
     let files = if processes.ok && mounts.ok {
         files(dirs)
@@ -42,7 +64,12 @@ fn checks(dirs: &[&Path], sandboxes: &[String]) -> Vec<TeardownCheck> {
             "left in place: a process of the run or a mount under it is still there".to_owned(),
         )
     };
-    vec![processes, files, mounts, cgroups(sandboxes)]
+    vec![
+        processes,
+        files,
+        mounts,
+        cgroups(sandboxes.unwrap_or_default()),
+    ]
 }
 
 /// Tears down every run directory under `runs` (none is held: the runner
@@ -66,7 +93,7 @@ pub fn janitor(runs: &Path, ledger: Option<&Ledger>) -> (Vec<String>, Vec<Teardo
             sandboxes.extend(sandboxes_of(ledger, run));
         }
     }
-    let checks = checks(&dirs, &sandboxes);
+    let checks = checks(&dirs, Some(&sandboxes));
     (found.into_iter().map(|(run, _)| run).collect(), checks)
 }
 
@@ -259,7 +286,12 @@ mod tests {
             std::fs::Permissions::from_mode(0o500),
         )
         .unwrap();
-        let checks = destroy(&dir, &[]);
+        let checks = destroy(
+            &dir,
+            &Started::Shell {
+                sandboxes: Vec::new(),
+            },
+        );
         assert!(!dir.exists());
         assert!(checks.iter().all(|c| c.ok), "{checks:?}");
         let names: Vec<&str> = checks.iter().map(|c| c.check.as_str()).collect();

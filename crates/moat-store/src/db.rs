@@ -250,6 +250,9 @@ fn pg_params(params: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
 pub(crate) struct PgConn {
     pub client: postgres::Client,
     statements: HashMap<String, postgres::Statement>,
+    /// The pool's plan epoch its statements were prepared in (see
+    /// `replan`).
+    epoch: u64,
 }
 
 impl PgConn {
@@ -257,6 +260,16 @@ impl PgConn {
         PgConn {
             client,
             statements: HashMap::new(),
+            epoch: 0,
+        }
+    }
+
+    /// Drops its prepared statements (to be prepared, and planned, anew)
+    /// if they were prepared before `epoch`.
+    pub fn replan_from(&mut self, epoch: u64) {
+        if self.epoch != epoch {
+            self.statements.clear();
+            self.epoch = epoch;
         }
     }
 

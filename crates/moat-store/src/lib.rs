@@ -30,6 +30,7 @@ mod outputs;
 mod quarantine;
 mod queues;
 mod quotas;
+mod replan;
 mod runners;
 mod runs;
 mod secrets;
@@ -152,6 +153,7 @@ struct PgPool {
     /// Idle connections, and how many are open in all.
     state: Mutex<(Vec<db::PgConn>, usize)>,
     returned: Condvar,
+    replan: replan::Replan,
 }
 
 const POOL_MAX: usize = 32;
@@ -163,7 +165,16 @@ impl PgPool {
             .map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))
     }
 
+    /// A connection whose prepared statements were planned for the tables
+    /// as they are now (give or take a doubling).
     fn take(&self) -> Result<db::PgConn, StoreError> {
+        let mut conn = self.take_open()?;
+        let epoch = self.replan.epoch(&mut conn.client);
+        conn.replan_from(epoch);
+        Ok(conn)
+    }
+
+    fn take_open(&self) -> Result<db::PgConn, StoreError> {
         let mut state = self.lock()?;
         loop {
             while let Some(conn) = state.0.pop() {
@@ -247,6 +258,7 @@ impl Store {
                 connect: tls::PgConnect::parse(url, password)?,
                 state: Mutex::new((Vec::new(), 0)),
                 returned: Condvar::new(),
+                replan: replan::Replan::default(),
             }))
         } else {
             return Err(StoreError::Url(redact_url(url)));

@@ -1553,6 +1553,49 @@ fn an_orgs_runs_are_read_by_index_before_any_statistics() {
     );
 }
 
+/// On PostgreSQL, a lookup planned while its table was one page long is
+/// planned again once the table has grown, without waiting for new
+/// statistics: a run looked up by key often enough for the plan to settle
+/// (a sequential scan, rightly, for one page), then 3,000 runs added,
+/// then the same lookup 200 times reads a few hundred rows of `runs`, not
+/// 600,000 (one whole table a lookup, as the settled plan did before the
+/// store looked at its tables' sizes).
+#[test]
+fn a_lookups_plan_follows_its_tables_growth() {
+    const ADDED: i64 = 3_000;
+    const LOOKUPS: i64 = 200;
+    let (store, mut raw, _pg) = store_without_statistics();
+    let a = org(&store, "a");
+    run(&store, &a, "run-0", 1);
+    // Statistics of a one-row table, as autovacuum takes them on a new
+    // database, and no other while the table grows.
+    raw.batch_execute("ANALYZE runs").expect("analyze");
+    for _ in 0..20 {
+        assert!(store.run(&a, "run-0").unwrap().is_some());
+    }
+    // Grown behind the store's back, in one statement of its own.
+    let added = raw
+        .execute(
+            "INSERT INTO runs SELECT (json_populate_record(r,
+                 json_build_object('id', 'bulk-' || g))).*
+             FROM runs r, generate_series(1, $1::bigint) g WHERE r.id = 'run-0'",
+            &[&ADDED],
+        )
+        .expect("bulk insert");
+    assert_eq!(added, ADDED as u64);
+    // The store looks at its tables' sizes at most once a second.
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    for _ in 0..LOOKUPS {
+        assert!(store.run(&a, "run-0").unwrap().is_some());
+    }
+    let read = rows_read(store, &mut raw, "runs", ADDED + 1);
+    assert!(
+        read < 5 * LOOKUPS,
+        "{read} rows of runs read, {LOOKUPS} lookups by key of a run among {} of them",
+        ADDED + 1
+    );
+}
+
 /// What deciding an op reads, in one statement: the run, its org's name,
 /// the manifest it decides under (the environment's current one until a
 /// claim pins the run's own, revoked or not) and the org's secrets, by

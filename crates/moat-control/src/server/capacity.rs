@@ -110,10 +110,14 @@ pub async fn put_quota(
 
 /// Refuses a new run of an org over a quota set to refuse (recorded as
 /// `request.refused`, reason `quota_exceeded`); over a quota set to wait,
-/// the run is created and waits.
-pub async fn refuse_over_quota(state: &Arc<AppState>, org: &str) -> ApiResult<()> {
-    let (o, now) = (org.to_owned(), state.now());
-    let reached = state.db(move |s| s.quota_reached(&o, now)).await?;
+/// the run is created and waits. `reached`: the org's quota state, as
+/// `Store::quota_reached` read it at `now`.
+pub async fn refuse_if_over(
+    state: &Arc<AppState>,
+    org: &str,
+    reached: Option<(moat_core::quota::Exceeded, OverQuota)>,
+    now: i64,
+) -> ApiResult<()> {
     let Some((exceeded, OverQuota::Refuse)) = reached else {
         return Ok(());
     };

@@ -100,9 +100,34 @@ pub async fn create_run(
         }
         environment = pinned.environment;
     }
+    // What the checks below and the new run's view need, in one trip to
+    // the store: the org's secrets, its quota's state, its name, the
+    // manifest the run would be decided under, and its runners (why a
+    // queued run waits). Queued runs count towards no quota, so the quota
+    // read before the run is created says what it says after.
+    let manifest_hash = body.manifest_hash;
+    let (o, e, h) = (org.clone(), environment.clone(), manifest_hash.clone());
+    let now = state.now();
+    let (sealed, reached, org_name, manifest, runners) = state
+        .db(move |s| {
+            let manifest = match &h {
+                Some(hash) => s.manifest(&o, hash)?,
+                None => s.current_manifest(&o, &e)?,
+            };
+            Ok((
+                s.secrets(&o)?,
+                s.quota_reached(&o, now)?,
+                s.org_name(&o)?.unwrap_or_default(),
+                manifest,
+                s.runners(&o)?,
+            ))
+        })
+        .await?;
+    let context = WaitingContext {
+        runners,
+        quota: reached.as_ref().map(|(exceeded, _)| exceeded.to_string()),
+    };
     // Nothing of a run that carries a secret is stored or handed out.
-    let o = org.clone();
-    let sealed = state.db(move |s| s.secrets(&o)).await?;
     let secrets = super::secrets::open_secrets(&state, &org, &sealed)?;
     if !secrets.is_empty() {
         let mut fields: Vec<(String, &[u8])> = vec![
@@ -117,18 +142,7 @@ pub async fn create_run(
             return Err(super::inputs::refuse(&state, &org, found).await);
         }
     }
-    super::capacity::refuse_over_quota(&state, &org).await?;
-    let manifest_hash = body.manifest_hash;
-    let (o, e, h) = (org.clone(), environment.clone(), manifest_hash.clone());
-    let (org_name, manifest) = state
-        .db(move |s| {
-            let manifest = match &h {
-                Some(hash) => s.manifest(&o, hash)?,
-                None => s.current_manifest(&o, &e)?,
-            };
-            Ok((s.org_name(&o)?.unwrap_or_default(), manifest))
-        })
-        .await?;
+    super::capacity::refuse_if_over(&state, &org, reached, now).await?;
     let manifest: Option<SignedManifest> = manifest
         .filter(|m| !m.revoked)
         .and_then(|m| serde_json::from_str(&m.signed).ok());
@@ -141,7 +155,6 @@ pub async fn create_run(
     .map_err(ApiError::bad_request)?;
     let attachments = attachments(&state, &org, &body.volumes, body.resume_from.as_ref()).await?;
     check_attachments(&attachments, &listed, manifest.as_ref())?;
-    let now = state.now();
     let run = state
         .db(move |s| {
             let volumes: Vec<moat_store::Attach<'_>> = attachments
@@ -169,7 +182,7 @@ pub async fn create_run(
         })
         .await?;
     state.notify_queue(&run.org_id, &run.environment);
-    let view = explained(&state, &run.org_id.clone(), vec![run]).await?;
+    let view = explained(std::slice::from_ref(&run), &context, now)?;
     Ok((
         StatusCode::CREATED,
         Json(
@@ -262,25 +275,42 @@ fn check_attachments(
     Ok(())
 }
 
+/// Why an org's queued runs wait: its runners and the quota it has reached
+/// (read only if one of `runs` is queued), read in the same trip to the
+/// store as the runs.
+fn waiting_context(
+    s: &moat_store::Store,
+    org: &str,
+    runs: &[RunRow],
+    now: i64,
+) -> Result<WaitingContext, moat_store::StoreError> {
+    if !runs.iter().any(|r| r.state == RunState::Queued) {
+        return Ok(WaitingContext::default());
+    }
+    Ok(WaitingContext {
+        quota: s.quota_reached(org, now)?.map(|(e, _)| e.to_string()),
+        runners: s.runners(org)?,
+    })
+}
+
+#[derive(Default)]
+struct WaitingContext {
+    runners: Vec<moat_store::RunnerRow>,
+    quota: Option<String>,
+}
+
 /// The views of `runs`, each queued one with why it waits when nothing
 /// could claim it (no runner, or none with the classes it needs).
-async fn explained(state: &Arc<AppState>, org: &str, runs: Vec<RunRow>) -> ApiResult<Vec<RunView>> {
-    let now = state.now();
-    let (runners, quota) = if runs.iter().any(|r| r.state == RunState::Queued) {
-        let o = org.to_owned();
-        state
-            .db(move |s| {
-                let quota = s.quota_reached(&o, now)?.map(|(e, _)| e.to_string());
-                Ok((s.runners(&o)?, quota))
-            })
-            .await?
-    } else {
-        (Vec::new(), None)
-    };
+fn explained(runs: &[RunRow], context: &WaitingContext, now: i64) -> ApiResult<Vec<RunView>> {
     runs.iter()
         .map(|r| {
             Ok(RunView {
-                waiting: super::views::waiting_reason(r, &runners, quota.as_deref(), now),
+                waiting: super::views::waiting_reason(
+                    r,
+                    &context.runners,
+                    context.quota.as_deref(),
+                    now,
+                ),
                 ..run_view(r)?
             })
         })
@@ -306,10 +336,16 @@ pub async fn list_runs(
         ),
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let o = org.clone();
-    let runs = state.db(move |s| s.runs(&o, filter, limit)).await?;
+    let now = state.now();
+    let (runs, context) = state
+        .db(move |s| {
+            let runs = s.runs(&org, filter, limit)?;
+            let context = waiting_context(s, &org, &runs, now)?;
+            Ok((runs, context))
+        })
+        .await?;
     Ok(Json(RunList {
-        runs: explained(&state, &org, runs).await?,
+        runs: explained(&runs, &context, now)?,
     }))
 }
 
@@ -326,8 +362,18 @@ pub async fn get_run(
     auth::Agent(org): auth::Agent,
     Path(run): Path<String>,
 ) -> ApiResult<Json<RunView>> {
-    let row = the_run(&state, &org, &run).await?;
-    let view = explained(&state, &org, vec![row]).await?;
+    let (id, now) = (run.clone(), state.now());
+    let (row, context) = state
+        .db(move |s| {
+            let Some(row) = s.run(&org, &id)? else {
+                return Ok(None);
+            };
+            let context = waiting_context(s, &org, std::slice::from_ref(&row), now)?;
+            Ok(Some((row, context)))
+        })
+        .await?
+        .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))?;
+    let view = explained(std::slice::from_ref(&row), &context, now)?;
     Ok(Json(
         view.into_iter()
             .next()

@@ -28,30 +28,30 @@ pub enum Started {
     /// operation). Looking would read every process's command line on the
     /// host for each such run.
     Nothing,
-    /// A shell, whose sandboxes had the cgroups named here.
+    /// A shell, or perhaps one (the janitor cannot tell): its processes
+    /// are looked for, and its sandboxes' cgroups, named here.
     Shell { sandboxes: Vec<String> },
 }
 
 /// Tears down the run whose workspace is `dir`.
 pub fn destroy(dir: &Path, started: &Started) -> Vec<TeardownCheck> {
-    match started {
-        Started::Shell { sandboxes } => checks(&[dir], Some(sandboxes)),
-        Started::Nothing => checks(&[dir], None),
-    }
+    checks(&[dir], started)
 }
 
 /// Processes first, then mounts; files only once neither is left: a
 /// surviving process could swap a directory for a link while it is being
 /// removed, and removing a tree with a mount in it would reach into
-/// whatever is mounted there. `sandboxes`: `None` when no process of the
-/// run was started here.
-fn checks(dirs: &[&Path], sandboxes: Option<&[String]>) -> Vec<TeardownCheck> {
-    let processes = match sandboxes {
-        Some(_) => processes(dirs),
-        None => check(
-            "processes",
-            true,
-            "no process of the run was started on this host".to_owned(),
+/// whatever is mounted there.
+fn checks(dirs: &[&Path], started: &Started) -> Vec<TeardownCheck> {
+    let (processes, sandboxes) = match started {
+        Started::Shell { sandboxes } => (processes(dirs), sandboxes.as_slice()),
+        Started::Nothing => (
+            check(
+                "processes",
+                true,
+                "no process of the run was started on this host".to_owned(),
+            ),
+            &[][..],
         ),
     };
     let mounts = mounts(dirs);
@@ -64,12 +64,7 @@ fn checks(dirs: &[&Path], sandboxes: Option<&[String]>) -> Vec<TeardownCheck> {
             "left in place: a process of the run or a mount under it is still there".to_owned(),
         )
     };
-    vec![
-        processes,
-        files,
-        mounts,
-        cgroups(sandboxes.unwrap_or_default()),
-    ]
+    vec![processes, files, mounts, cgroups(sandboxes)]
 }
 
 /// Tears down every run directory under `runs` (none is held: the runner
@@ -93,7 +88,7 @@ pub fn janitor(runs: &Path, ledger: Option<&Ledger>) -> (Vec<String>, Vec<Teardo
             sandboxes.extend(sandboxes_of(ledger, run));
         }
     }
-    let checks = checks(&dirs, Some(&sandboxes));
+    let checks = checks(&dirs, &Started::Shell { sandboxes });
     (found.into_iter().map(|(run, _)| run).collect(), checks)
 }
 

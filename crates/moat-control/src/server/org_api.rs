@@ -182,15 +182,7 @@ pub async fn create_run(
         })
         .await?;
     state.notify_queue(&run.org_id, &run.environment);
-    let view = explained(std::slice::from_ref(&run), &context, now)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(
-            view.into_iter()
-                .next()
-                .ok_or_else(|| ApiError::internal("no run"))?,
-        ),
-    ))
+    Ok((StatusCode::CREATED, Json(explained(&run, &context, now)?)))
 }
 
 /// The volumes a new run attaches, as `(volume, path, read-only)`: those
@@ -299,22 +291,13 @@ struct WaitingContext {
     quota: Option<String>,
 }
 
-/// The views of `runs`, each queued one with why it waits when nothing
-/// could claim it (no runner, or none with the classes it needs).
-fn explained(runs: &[RunRow], context: &WaitingContext, now: i64) -> ApiResult<Vec<RunView>> {
-    runs.iter()
-        .map(|r| {
-            Ok(RunView {
-                waiting: super::views::waiting_reason(
-                    r,
-                    &context.runners,
-                    context.quota.as_deref(),
-                    now,
-                ),
-                ..run_view(r)?
-            })
-        })
-        .collect()
+/// The view of `run`, with why it waits if it is queued and nothing could
+/// claim it (no runner, or none with the classes it needs).
+fn explained(run: &RunRow, context: &WaitingContext, now: i64) -> ApiResult<RunView> {
+    Ok(RunView {
+        waiting: super::views::waiting_reason(run, &context.runners, context.quota.as_deref(), now),
+        ..run_view(run)?
+    })
 }
 
 #[derive(Deserialize)]
@@ -345,7 +328,10 @@ pub async fn list_runs(
         })
         .await?;
     Ok(Json(RunList {
-        runs: explained(&runs, &context, now)?,
+        runs: runs
+            .iter()
+            .map(|run| explained(run, &context, now))
+            .collect::<ApiResult<_>>()?,
     }))
 }
 
@@ -373,12 +359,7 @@ pub async fn get_run(
         })
         .await?
         .ok_or_else(|| ApiError::not_found(format_args!("run {run}")))?;
-    let view = explained(std::slice::from_ref(&row), &context, now)?;
-    Ok(Json(
-        view.into_iter()
-            .next()
-            .ok_or_else(|| ApiError::internal("no run"))?,
-    ))
+    Ok(Json(explained(&row, &context, now)?))
 }
 
 pub async fn finish_run(

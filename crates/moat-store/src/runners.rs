@@ -233,16 +233,6 @@ pub(crate) fn get(tx: &mut dyn Tx, id: &str) -> Result<Option<RunnerRow>, StoreE
         .transpose()
 }
 
-/// Whether the runner `id` still stands ([`RUNNER_STANDS`]).
-pub(crate) fn stands(tx: &mut dyn Tx, id: &str) -> Result<bool, StoreError> {
-    Ok(tx
-        .query_one(
-            &format!("SELECT 1 AS ok FROM runners w WHERE w.id = ? AND {RUNNER_STANDS}"),
-            &[id.into()],
-        )?
-        .is_some())
-}
-
 /// What the runs a runner holds take of it.
 pub(crate) struct Held {
     pub runs: i64,
@@ -250,25 +240,28 @@ pub(crate) struct Held {
     pub memory_bytes: i64,
 }
 
-pub(crate) fn held(tx: &mut dyn Tx, id: &str) -> Result<Held, StoreError> {
+/// What the runs of runner `id` take of it, if it still stands
+/// ([`RUNNER_STANDS`]; `None`: it does not): one statement, as a claim
+/// reads both under its turns.
+pub(crate) fn held_if_standing(tx: &mut dyn Tx, id: &str) -> Result<Option<Held>, StoreError> {
     let row = tx.query_one(
-        "SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
-                CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
-         FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')",
-        &[id.into()],
+        &format!(
+            "SELECT h.runs, h.cpu, h.memory FROM runners w,
+               (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
+                       CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
+                FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
+             WHERE w.id = ? AND {RUNNER_STANDS}"
+        ),
+        &[id.into(), id.into()],
     )?;
-    Ok(match row {
-        Some(row) => Held {
+    row.map(|row| {
+        Ok(Held {
             runs: row.int("runs")?,
             cpu_millis: row.int("cpu")?,
             memory_bytes: row.int("memory")?,
-        },
-        None => Held {
-            runs: 0,
-            cpu_millis: 0,
-            memory_bytes: 0,
-        },
+        })
     })
+    .transpose()
 }
 
 /// Where a runner stands for one signed request.

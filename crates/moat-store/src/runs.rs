@@ -849,13 +849,18 @@ pub struct PlacementRefusal {
 /// policy refuses are passed over for younger ones.
 const CANDIDATES: i64 = 64;
 
-/// Holds a transaction-scoped advisory lock on `key` (PostgreSQL; SQLite
-/// runs one writing transaction at a time anyway).
-fn take_turn(tx: &mut dyn Tx, key: &str) -> Result<(), StoreError> {
-    if tx.dialect() == crate::Dialect::Postgres {
+/// Holds transaction-scoped advisory locks on `keys`, in their order,
+/// in one statement (PostgreSQL; SQLite runs one writing transaction at a
+/// time anyway). Every caller names its keys in the same order (org, then
+/// host), so two turns never wait for each other crosswise.
+fn take_turns(tx: &mut dyn Tx, keys: &[String]) -> Result<(), StoreError> {
+    if tx.dialect() == crate::Dialect::Postgres && !keys.is_empty() {
+        // A target list is evaluated left to right.
+        let locks = vec!["pg_advisory_xact_lock(hashtextextended(?, 7701))"; keys.len()].join(", ");
+        let params: Vec<crate::Value> = keys.iter().map(|k| k.as_str().into()).collect();
         tx.query_one(
-            "SELECT 1 AS locked FROM (SELECT pg_advisory_xact_lock(hashtextextended(?, 7701))) l",
-            &[key.into()],
+            &format!("SELECT 1 AS locked FROM (SELECT {locks}) l"),
+            &params,
         )?;
     }
     Ok(())
@@ -878,21 +883,25 @@ fn claim_in(
         return Ok(None);
     }
     let runner = crate::runners::get(tx, ask.runner)?;
-    take_turn(tx, &format!("org:{}", ask.org))?;
     // Runners that named no host count as one host: who shares a machine
     // with them is unknown, so a co-tenancy rule sees all of them together.
     let host = runner.as_ref().map(|w| w.host_id.clone());
-    if let Some(host) = &host {
-        take_turn(tx, &format!("host:{}", host.as_deref().unwrap_or_default()))?;
-    }
+    let mut turns = vec![format!("org:{}", ask.org)];
+    turns.extend(
+        host.as_ref()
+            .map(|host| format!("host:{}", host.as_deref().unwrap_or_default())),
+    );
+    take_turns(tx, &turns)?;
     let mut too_big = None;
     if let Some(w) = &runner {
-        if w.draining || !crate::runners::stands(tx, &w.id)? {
+        if w.draining {
             return Ok(None);
         }
-        too_big = never_fits(w, ask);
         // Fresh figures, read under the turns just taken.
-        let held = crate::runners::held(tx, &w.id)?;
+        let Some(held) = crate::runners::held_if_standing(tx, &w.id)? else {
+            return Ok(None);
+        };
+        too_big = never_fits(w, ask);
         let fits = |have: i64, reserved: i64, need: i64| {
             have == 0 || reserved.saturating_add(need) <= have
         };
@@ -908,8 +917,10 @@ fn claim_in(
         return Ok(None);
     }
     let offered = runner.as_ref().map_or(1, |w| w.classes);
+    // The org's name comes with them, for the placement policy.
     let sql = format!(
-        "SELECT {COLUMNS} FROM runs q WHERE q.org_id = ? AND q.environment = ?
+        "SELECT {COLUMNS}, (SELECT o.name FROM orgs o WHERE o.id = q.org_id) AS org_name
+         FROM runs q WHERE q.org_id = ? AND q.environment = ?
            AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
            AND (q.needs_classes & ?) = q.needs_classes
          ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
@@ -943,11 +954,10 @@ fn claim_in(
         Some(host) => tenants_on(tx, host.as_deref(), ask.org)?,
         None => Vec::new(),
     };
-    let org_name = tx
-        .query_one("SELECT name FROM orgs WHERE id = ?", &[ask.org.into()])?
-        .map(|row| row.text("name"))
-        .transpose()?
-        .unwrap_or_else(|| ask.org.to_owned());
+    let org_name = match candidates.first().map(|row| row.opt_text("org_name")) {
+        Some(name) => name?.unwrap_or_else(|| ask.org.to_owned()),
+        None => ask.org.to_owned(),
+    };
     for row in &candidates {
         let run = decode(row)?;
         let refusal = place(&PlacementAsk {

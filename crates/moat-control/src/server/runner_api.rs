@@ -516,22 +516,30 @@ pub async fn claim(
     if more_queued {
         state.pass_claim_turn(&runner.org_id, &runner.environment);
     }
-    let (org, run_for_inputs) = (runner.org_id.clone(), run.clone());
-    let inputs = state
-        .db(move |s| {
-            let mut blobs = std::collections::HashMap::new();
-            for input in run_for_inputs.inputs.as_array().into_iter().flatten() {
-                if let Some(sha) = input["sha256"].as_str()
-                    && let Some(bytes) = s.artifact_bytes(&org, sha)?
-                {
-                    blobs.insert(sha.to_owned(), bytes);
+    let stored: Vec<String> = run
+        .inputs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|input| input["sha256"].as_str().map(str::to_owned))
+        .collect();
+    // A run without stored inputs needs no second trip to the store.
+    let mut blobs = std::collections::HashMap::new();
+    if !stored.is_empty() {
+        let org = runner.org_id.clone();
+        blobs = state
+            .db(move |s| {
+                let mut blobs = std::collections::HashMap::new();
+                for sha in stored {
+                    if let Some(bytes) = s.artifact_bytes(&org, &sha)? {
+                        blobs.insert(sha, bytes);
+                    }
                 }
-            }
-            Ok(inputs_with_content(&run_for_inputs, |sha| {
-                blobs.get(sha).cloned()
-            }))
-        })
-        .await?;
+                Ok(blobs)
+            })
+            .await?;
+    }
+    let inputs = inputs_with_content(&run, |sha| blobs.get(sha).cloned());
     let claim = Claim {
         run: run_view(&run)?,
         inputs: inputs?,
@@ -1505,19 +1513,24 @@ pub async fn destroyed(
     let Teardown { checks } = parse(&body)?;
     check_teardown(&checks)?;
     let now = state.now();
-    let (org, id) = (runner.org_id.clone(), run_id.clone());
-    state
-        .db(move |s| s.run(&org, &id))
-        .await?
-        .ok_or_else(|| ApiError::not_found(format_args!("run {run_id}")))?;
     let data = EventData::RunDestroyed(RunDestroyed {
         runner_id: runner.id.clone(),
         ok: checks.iter().all(|c| c.ok),
         checks,
     });
-    state
-        .db(move |s| s.append_events(&runner.org_id, &[typed_event(data, &run_id, now)]))
+    let id = run_id.clone();
+    let recorded = state
+        .db(move |s| {
+            if s.run(&runner.org_id, &id)?.is_none() {
+                return Ok(false);
+            }
+            s.append_events(&runner.org_id, &[typed_event(data, &id, now)])?;
+            Ok(true)
+        })
         .await?;
+    if !recorded {
+        return Err(ApiError::not_found(format_args!("run {run_id}")));
+    }
     Ok(Json(Recorded { recorded: true }))
 }
 

@@ -78,7 +78,8 @@ impl Store {
     }
 
     /// The name of `org` (none: no such org) and its sealed secrets, by
-    /// name, in one statement: what judging a runner's report reads.
+    /// name, in one statement: what judging a runner's report, and
+    /// creating a run, read.
     pub fn org_name_and_secrets(
         &self,
         org: &str,

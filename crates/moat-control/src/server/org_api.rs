@@ -114,10 +114,11 @@ pub async fn create_run(
                 Some(hash) => s.manifest(&o, hash)?,
                 None => s.current_manifest(&o, &e)?,
             };
+            let (name, secrets) = s.org_name_and_secrets(&o)?;
             Ok((
-                s.secrets(&o)?,
+                secrets,
                 s.quota_reached(&o, now)?,
-                s.org_name(&o)?.unwrap_or_default(),
+                name.unwrap_or_default(),
                 manifest,
                 s.runners(&o)?,
             ))

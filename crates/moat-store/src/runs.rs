@@ -351,6 +351,30 @@ pub struct Claimed {
     pub more_queued: bool,
 }
 
+/// What a claim found ([`Store::claim`]).
+#[derive(Debug, Clone)]
+pub enum ClaimLook {
+    /// It took this run.
+    Took(Box<Claimed>),
+    /// Nothing to take now, but a queued run it could take was locked for
+    /// the moment by another writer (a finish being asked, a cancel): no
+    /// change may come to say it is free again, so the claim looks again
+    /// soon.
+    Locked,
+    /// Nothing to take.
+    Nothing,
+}
+
+impl ClaimLook {
+    /// The run taken, if any.
+    pub fn took(self) -> Option<Claimed> {
+        match self {
+            ClaimLook::Took(claimed) => Some(*claimed),
+            ClaimLook::Locked | ClaimLook::Nothing => None,
+        }
+    }
+}
+
 /// What deciding an operation of a run needs ([`Store::op_context`]).
 #[derive(Debug, Clone)]
 pub struct OpContext {
@@ -496,7 +520,7 @@ impl Store {
             cpu_millis: 0,
             memory_bytes: 0,
         };
-        self.claim(&ask, &mut |_| Ok(None))
+        self.claim(&ask, &mut |_| Ok(None)).map(ClaimLook::took)
     }
 
     /// Claims for `ask.runner` the oldest queued run of its org and
@@ -510,14 +534,15 @@ impl Store {
     /// On PostgreSQL, claims of one org, and claims onto one host, take
     /// turns (transaction-scoped advisory locks, org before host), so that
     /// a quota or a co-tenancy rule holds across replicas; queued rows
-    /// another claim has locked are skipped. The answer says whether other
+    /// another writer has locked are skipped, and said to be
+    /// ([`ClaimLook::Locked`]). A run taken says whether other
     /// runs were queued there too (a hint: another claim may have taken
     /// them meanwhile), so that only then another waiting claim looks.
     pub fn claim(
         &self,
         ask: &ClaimAsk<'_>,
         place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
-    ) -> Result<Option<Claimed>, StoreError> {
+    ) -> Result<ClaimLook, StoreError> {
         self.tx(|tx| claim_in(tx, ask, place))
     }
     /// Gives a run `runner` holds back to the queue, unfinished, with its
@@ -845,6 +870,11 @@ pub struct PlacementRefusal {
     pub policies: Vec<String>,
 }
 
+/// The queued runs a claim may take (org, environment, the runner's
+/// manifest hash, the classes it offers).
+const TAKEABLE: &str = "q.org_id = ? AND q.environment = ? AND q.state = 'queued'
+    AND (q.manifest_hash IS NULL OR q.manifest_hash = ?) AND (q.needs_classes & ?) = q.needs_classes";
+
 /// Queued runs one claim looks at, oldest first: those the placement
 /// policy refuses are passed over for younger ones.
 const CANDIDATES: i64 = 64;
@@ -870,7 +900,7 @@ fn claim_in(
     tx: &mut dyn Tx,
     ask: &ClaimAsk<'_>,
     place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
-) -> Result<Option<Claimed>, StoreError> {
+) -> Result<ClaimLook, StoreError> {
     // Most asks find nothing queued: those take no turn.
     let queued = tx
         .query_one(
@@ -880,7 +910,7 @@ fn claim_in(
         )?
         .is_some();
     if !queued {
-        return Ok(None);
+        return Ok(ClaimLook::Nothing);
     }
     let runner = crate::runners::get(tx, ask.runner)?;
     // Runners that named no host count as one host: who shares a machine
@@ -895,11 +925,11 @@ fn claim_in(
     let mut too_big = None;
     if let Some(w) = &runner {
         if w.draining {
-            return Ok(None);
+            return Ok(ClaimLook::Nothing);
         }
         // Fresh figures, read under the turns just taken.
         let Some(held) = crate::runners::held_if_standing(tx, &w.id)? else {
-            return Ok(None);
+            return Ok(ClaimLook::Nothing);
         };
         too_big = never_fits(w, ask);
         let fits = |have: i64, reserved: i64, need: i64| {
@@ -910,31 +940,26 @@ fn claim_in(
                 || !fits(w.cpu_millis, held.cpu_millis, ask.cpu_millis)
                 || !fits(w.memory_bytes, held.memory_bytes, ask.memory_bytes))
         {
-            return Ok(None);
+            return Ok(ClaimLook::Nothing);
         }
     }
     if crate::quotas::reached(tx, ask.org, ask.now)?.is_some() {
-        return Ok(None);
+        return Ok(ClaimLook::Nothing);
     }
     let offered = runner.as_ref().map_or(1, |w| w.classes);
     // The org's name comes with them, for the placement policy.
     let sql = format!(
         "SELECT {COLUMNS}, (SELECT o.name FROM orgs o WHERE o.id = q.org_id) AS org_name
-         FROM runs q WHERE q.org_id = ? AND q.environment = ?
-           AND q.state = 'queued' AND (q.manifest_hash IS NULL OR q.manifest_hash = ?)
-           AND (q.needs_classes & ?) = q.needs_classes
-         ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
+         FROM runs q WHERE {TAKEABLE} ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
         skip = tx.skip_locked()
     );
-    let candidates = tx.query(
-        &sql,
-        &[
-            ask.org.into(),
-            ask.environment.into(),
-            ask.manifest_hash.into(),
-            offered.into(),
-        ],
-    )?;
+    let takeable = [
+        ask.org.into(),
+        ask.environment.into(),
+        ask.manifest_hash.into(),
+        offered.into(),
+    ];
+    let candidates = tx.query(&sql, &takeable)?;
     let host_id = host.clone().flatten();
     if let Some(why) = too_big {
         // Each would be refused alike: say so on them, take none.
@@ -945,10 +970,22 @@ fn claim_in(
             };
             note_refusal(tx, ask, &decode(row)?, host_id.as_deref(), refusal)?;
         }
-        return Ok(None);
+        return Ok(ClaimLook::Nothing);
     }
     if candidates.is_empty() {
-        return Ok(None);
+        // Skipped rows (another writer's lock) are told apart from none.
+        let locked = tx.dialect() == crate::Dialect::Postgres
+            && tx
+                .query_one(
+                    &format!("SELECT 1 AS queued FROM runs q WHERE {TAKEABLE} LIMIT 1"),
+                    &takeable,
+                )?
+                .is_some();
+        return Ok(if locked {
+            ClaimLook::Locked
+        } else {
+            ClaimLook::Nothing
+        });
     }
     let tenants = match &host {
         Some(host) => tenants_on(tx, host.as_deref(), ask.org)?,
@@ -968,10 +1005,10 @@ fn claim_in(
         })?;
         match refusal {
             Some(refusal) => note_refusal(tx, ask, &run, host_id.as_deref(), refusal)?,
-            None => return take(tx, ask, &run.id).map(Some),
+            None => return Ok(ClaimLook::Took(Box::new(take(tx, ask, &run.id)?))),
         }
     }
-    Ok(None)
+    Ok(ClaimLook::Nothing)
 }
 
 /// Why no run of this runner's manifest could ever fit it, even with

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use moat_core::EventType;
 use moat_store::{
-    Claimed, NewApproval, NewArtifact, NewOp, NewRun, OpResult, OpState, RunState, RunnerRequest,
-    RunnerRow, Store, TempPostgres, TokenKind,
+    ClaimAsk, ClaimLook, Claimed, NewApproval, NewArtifact, NewOp, NewRun, OpResult, OpState,
+    RunState, RunnerRequest, RunnerRow, Store, TempPostgres, TokenKind,
 };
 use serde_json::json;
 
@@ -1427,18 +1427,22 @@ fn queue_messages_are_sent_once_per_key_retried_with_backoff_dead_lettered_and_r
 fn store_without_statistics() -> (Store, postgres::Client, TempPostgres) {
     let pg = TempPostgres::create().expect("PostgreSQL (see backends())");
     let store = Store::open(&pg.url).expect("postgres store");
-    let mut raw = pg
-        .url
-        .parse::<postgres::Config>()
-        .expect("url")
-        .connect(postgres::NoTls)
-        .expect("connect");
+    let mut raw = raw_connection(&pg);
     raw.batch_execute(
         "ALTER TABLE ops SET (autovacuum_enabled = false);
          ALTER TABLE runs SET (autovacuum_enabled = false);",
     )
     .expect("autovacuum off");
     (store, raw, pg)
+}
+
+/// A connection of the test's own to `pg`, beside the store's.
+fn raw_connection(pg: &TempPostgres) -> postgres::Client {
+    pg.url
+        .parse::<postgres::Config>()
+        .expect("url")
+        .connect(postgres::NoTls)
+        .expect("connect")
 }
 
 /// Rows of `table` read (by sequential and index scans) over the life of
@@ -1678,4 +1682,40 @@ fn an_ops_context_is_its_run_its_manifest_and_its_orgs_secrets() {
         );
         assert_eq!(claimed.secrets.len(), 2);
     }
+}
+
+/// On PostgreSQL a claim skips a queued run that another writer holds
+/// locked for the moment (its finish being asked as it is claimed), and
+/// says so: no change may follow to wake the claim, so it must look again
+/// itself. Once the lock is gone the run is taken, and with nothing left
+/// the answer is that there is nothing.
+#[test]
+fn a_claim_says_when_a_run_it_could_take_is_locked() {
+    let pg = TempPostgres::create().expect("PostgreSQL (see backends())");
+    let store = Store::open(&pg.url).expect("postgres store");
+    let mut raw = raw_connection(&pg);
+    let a = org(&store, "a");
+    run(&store, &a, "r", 1);
+    let ask = ClaimAsk {
+        org: &a,
+        environment: "test",
+        runner: "runner-1",
+        manifest_hash: "m",
+        now: 20,
+        lease_ms: 1_000,
+        cpu_millis: 0,
+        memory_bytes: 0,
+    };
+    let claim = || store.claim(&ask, &mut |_| Ok(None)).expect("claim");
+    let mut holding = raw.transaction().expect("begin");
+    holding
+        .execute("SELECT 1 FROM runs WHERE id = 'r' FOR UPDATE", &[])
+        .expect("lock");
+    assert!(matches!(claim(), ClaimLook::Locked));
+    holding.commit().expect("commit");
+    match claim() {
+        ClaimLook::Took(claimed) => assert_eq!(claimed.run.id, "r"),
+        other => panic!("the unlocked run is taken: {other:?}"),
+    }
+    assert!(matches!(claim(), ClaimLook::Nothing));
 }

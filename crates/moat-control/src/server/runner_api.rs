@@ -18,7 +18,8 @@ use moat_core::event_data::{
 };
 use moat_core::{Envelope, Event, EventData, EventType, OpKind, SandboxMode, SignedManifest};
 use moat_store::{
-    Kept, NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp, typed_event,
+    ClaimLook, Kept, NewArtifact, OpResult as StoreOpResult, RunState, RunnerRow, stamp,
+    typed_event,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -485,30 +486,46 @@ pub async fn claim(
     let lease = state.config.lease.as_millis() as i64;
     let r = runner.clone();
     let placing = Arc::clone(&state);
-    let claimed = state
-        .wait_for(
-            Duration::from_millis(q.wait_ms.unwrap_or(0)),
-            Topic::Queue {
-                org: runner.org_id.clone(),
-                environment: runner.environment.clone(),
-            },
-            move |s| {
-                let ask = moat_store::ClaimAsk {
-                    org: &r.org_id,
-                    environment: &r.environment,
-                    runner: &r.id,
-                    manifest_hash: &r.manifest_hash,
-                    now: clock.now_ms(),
-                    lease_ms: lease,
-                    cpu_millis: terms.cpu_millis,
-                    memory_bytes: terms.memory_bytes,
-                };
-                s.claim(&ask, &mut |candidate| {
-                    Ok(place(&placing.config.placement, candidate))
-                })
-            },
-        )
-        .await?;
+    let probe = move |s: &moat_store::Store| {
+        let ask = moat_store::ClaimAsk {
+            org: &r.org_id,
+            environment: &r.environment,
+            runner: &r.id,
+            manifest_hash: &r.manifest_hash,
+            now: clock.now_ms(),
+            lease_ms: lease,
+            cpu_millis: terms.cpu_millis,
+            memory_bytes: terms.memory_bytes,
+        };
+        let look = s.claim(&ask, &mut |candidate| {
+            Ok(place(&placing.config.placement, candidate))
+        })?;
+        Ok(match look {
+            ClaimLook::Nothing => None,
+            found => Some(found),
+        })
+    };
+    let waited = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms.unwrap_or(0));
+    let mut again = LOCKED_FIRST_RETRY;
+    let claimed = loop {
+        let wait = waited.saturating_duration_since(tokio::time::Instant::now());
+        let topic = Topic::Queue {
+            org: runner.org_id.clone(),
+            environment: runner.environment.clone(),
+        };
+        match state.wait_for(wait, topic, probe.clone()).await? {
+            Some(ClaimLook::Took(claimed)) => break Some(*claimed),
+            // A run it could take was locked for a moment (its finish
+            // being asked as it was queued): its queuing's wake-up was
+            // this claim's turn, and no other change may follow, so it
+            // looks again itself, soon, then less often.
+            Some(ClaimLook::Locked) if tokio::time::Instant::now() + again < waited => {
+                tokio::time::sleep(again).await;
+                again = (again * 2).min(LOCKED_LAST_RETRY);
+            }
+            _ => break None,
+        }
+    };
     let Some(moat_store::Claimed { run, more_queued }) = claimed else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
@@ -547,6 +564,11 @@ pub async fn claim(
     };
     Ok(Json(claim).into_response())
 }
+
+/// How soon a claim that found a takeable run locked looks again, at first
+/// and at most (doubling in between).
+const LOCKED_FIRST_RETRY: Duration = Duration::from_millis(5);
+const LOCKED_LAST_RETRY: Duration = Duration::from_millis(500);
 
 /// The placement policy's answer for one queued run and the claiming
 /// runner's host.

@@ -505,7 +505,9 @@ pub async fn claim(
             found => Some(found),
         })
     };
-    let waited = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms.unwrap_or(0));
+    // The looks again below stay within the one long poll's bound.
+    let waited = tokio::time::Instant::now()
+        + Duration::from_millis(q.wait_ms.unwrap_or(0)).min(super::MAX_WAIT);
     let mut again = LOCKED_FIRST_RETRY;
     let claimed = loop {
         let wait = waited.saturating_duration_since(tokio::time::Instant::now());

@@ -93,13 +93,7 @@ fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
     );
     let workspace = runner.state.join("runs").join(run);
     assert!(workspace.join("output/made.txt").exists());
-    call(
-        "POST",
-        &format!("{}/v1/runs/{run}/finish", serve.url),
-        &acme,
-        None,
-    );
-    wait_state(&serve, &acme, run, "succeeded");
+    finish_run(&serve, &acme, run);
 
     let destroyed = wait_run_event(&serve, &acme, run, "run.destroyed");
     assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
@@ -154,13 +148,7 @@ fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
     // teardown says so rather than look through every process on the host.
     let empty = "run-td-empty";
     create_run(&serve, &acme, empty);
-    call(
-        "POST",
-        &format!("{}/v1/runs/{empty}/finish", serve.url),
-        &acme,
-        None,
-    );
-    wait_state(&serve, &acme, empty, "succeeded");
+    finish_run(&serve, &acme, empty);
     let destroyed = wait_run_event(&serve, &acme, empty, "run.destroyed");
     assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
     assert_eq!(

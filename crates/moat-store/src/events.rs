@@ -173,6 +173,42 @@ impl Store {
         self.tx(|tx| append(tx, org, events))
     }
 
+    /// Appends `event` of `org` if its run is one of the org's (`false`:
+    /// no such run, nothing appended). On PostgreSQL the look for the run
+    /// also reads and locks the ledger's head: one round trip.
+    pub fn append_run_event(&self, org: &str, event: &Event) -> Result<bool, StoreError> {
+        let run = event.run_id.as_str();
+        self.tx(|tx| {
+            let exists =
+                "EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM ? AND r.id = ?)";
+            if tx.dialect() != Dialect::Postgres {
+                let found = tx.query_one(
+                    &format!("SELECT {exists} AS found"),
+                    &[org.into(), run.into()],
+                )?;
+                if found.map(|row| row.int("found")).transpose()? != Some(1) {
+                    return Ok(false);
+                }
+                append(tx, org, std::slice::from_ref(event))?;
+                return Ok(true);
+            }
+            let head = tx
+                .query_one(
+                    &format!(
+                        "SELECT {HEAD_COLUMNS}, {exists} AS found
+                         FROM ledger_head h WHERE h.id = 1 FOR UPDATE OF h"
+                    ),
+                    &[org.into(), run.into()],
+                )?
+                .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+            if head.int("found")? != 1 {
+                return Ok(false);
+            }
+            append_after(tx, org, std::slice::from_ref(event), &head)?;
+            Ok(true)
+        })
+    }
+
     /// Events of `org` after `after` (oldest first), of one run if given.
     pub fn events(
         &self,

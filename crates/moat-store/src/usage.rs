@@ -3,8 +3,8 @@
 
 use moat_core::event_data::RunUsage;
 
-use crate::db::{Dialect, Tx};
-use crate::{Store, StoreError};
+use crate::db::Dialect;
+use crate::{Store, StoreError, Value};
 
 /// One org's totals for one UTC day.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,13 +48,18 @@ fn signed(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Adds one ended run's `used` to its org's day (in the caller's
-/// transaction; one statement).
-pub(crate) fn add(tx: &mut dyn Tx, org: &str, now: i64, used: &RunUsage) -> Result<(), StoreError> {
+/// The statement that adds one ended run's `used` to its org's day, and
+/// its parameters (run in the caller's transaction, alone or in a `WITH`).
+pub(crate) fn add_statement(
+    dialect: Dialect,
+    org: &str,
+    now: i64,
+    used: &RunUsage,
+) -> (String, Vec<Value>) {
     let day: String = moat_core::time::stamp_ms(now).chars().take(10).collect();
     let ops = used.ops.values().fold(0u64, |a, n| a.saturating_add(*n));
     let failed = ops.saturating_sub(used.ops.get("succeeded").copied().unwrap_or(0));
-    let larger = match tx.dialect() {
+    let larger = match dialect {
         Dialect::Postgres => "GREATEST",
         Dialect::Sqlite => "MAX",
     };
@@ -77,26 +82,23 @@ pub(crate) fn add(tx: &mut dyn Tx, org: &str, now: i64, used: &RunUsage) -> Resu
         COUNTED.join(", "),
         sums.join(", ")
     );
-    tx.execute(
-        &sql,
-        &[
-            org.into(),
-            day.as_str().into(),
-            1i64.into(),
-            signed(ops).into(),
-            signed(failed).into(),
-            signed(used.programs).into(),
-            signed(used.cpu_ms).into(),
-            signed(used.program_wall_ms).into(),
-            signed(used.egress_requests).into(),
-            signed(used.egress_bytes_out).into(),
-            signed(used.egress_bytes_in).into(),
-            signed(used.violations).into(),
-            signed(used.bytes_written).into(),
-            signed(used.peak_memory_bytes).into(),
-        ],
-    )?;
-    Ok(())
+    let params = vec![
+        org.into(),
+        day.as_str().into(),
+        1i64.into(),
+        signed(ops).into(),
+        signed(failed).into(),
+        signed(used.programs).into(),
+        signed(used.cpu_ms).into(),
+        signed(used.program_wall_ms).into(),
+        signed(used.egress_requests).into(),
+        signed(used.egress_bytes_out).into(),
+        signed(used.egress_bytes_in).into(),
+        signed(used.violations).into(),
+        signed(used.bytes_written).into(),
+        signed(used.peak_memory_bytes).into(),
+    ];
+    (sql, params)
 }
 
 impl Store {

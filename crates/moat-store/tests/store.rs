@@ -682,7 +682,7 @@ fn concurrent_dispatches_hand_ops_out_in_order_and_each_is_answered_once() {
 }
 
 #[test]
-fn a_run_that_ends_expires_its_open_approvals() {
+fn a_run_that_ends_fails_its_waiting_ops_expires_its_approvals_and_counts_its_usage() {
     for b in backends() {
         let s = &b.store;
         let a = held_run(s, 1, 20, 60_000);
@@ -699,9 +699,70 @@ fn a_run_that_ends_expires_its_open_approvals() {
             ..queued(&a, "o", &empty)
         };
         s.insert_op(&waiting, 21).unwrap().expect("op");
+        s.insert_op(&queued(&a, "q", &empty), 21)
+            .unwrap()
+            .expect("op");
+        // What its runner reported: counted at the end.
+        let request: moat_core::event_data::NetworkRequest = serde_json::from_value(json!({
+            "host": "example.test", "method": "GET", "port": 443, "decision": "allowed",
+            "bytesOut": 300, "bytesIn": 7000,
+        }))
+        .expect("network.request");
+        s.append_events(
+            &a,
+            &[moat_store::typed_event(
+                moat_core::EventData::NetworkRequest(request),
+                "r",
+                21,
+            )],
+        )
+        .unwrap();
         assert!(
             s.force_end_run(&a, "r", RunState::Failed, "operator", 22)
                 .unwrap()
+        );
+        let queued_op = s.op(&a, "r", "q").unwrap().expect("op");
+        assert_eq!(queued_op.state, OpState::Failed, "{}", s.backend());
+        assert_eq!(
+            queued_op.result.expect("result")["error"]["reason"],
+            "run_ended"
+        );
+        assert_eq!(
+            s.run(&a, "r").unwrap().expect("run").state,
+            RunState::Failed
+        );
+        // Its usage, as the event says and as the org's day adds it up:
+        // the ops counted once failed, the request's bytes.
+        let usage = s
+            .events_of_run("r")
+            .unwrap()
+            .into_iter()
+            .find(|e| e.event.event_type == EventType::RunUsage)
+            .expect("run.usage");
+        assert_eq!(
+            usage.event.data["ops"],
+            json!({"failed": 2}),
+            "{}",
+            s.backend()
+        );
+        assert_eq!(
+            (
+                &usage.event.data["egressRequests"],
+                &usage.event.data["egressBytesOut"],
+                &usage.event.data["egressBytesIn"]
+            ),
+            (&json!(1), &json!(300), &json!(7000)),
+            "{}",
+            s.backend()
+        );
+        let day = s.usage_days(&a, 1).unwrap();
+        assert_eq!(
+            day.iter()
+                .map(|d| (d.runs, d.ops, d.ops_failed, d.egress_bytes_in))
+                .collect::<Vec<_>>(),
+            [(1, 2, 2, 7000)],
+            "{}",
+            s.backend()
         );
         let approval = s.approval(&a, "apr").unwrap().expect("approval");
         assert_eq!(approval.state, moat_store::ApprovalState::Expired);
@@ -1718,4 +1779,36 @@ fn a_claim_says_when_a_run_it_could_take_is_locked() {
         other => panic!("the unlocked run is taken: {other:?}"),
     }
     assert!(matches!(claim(), ClaimLook::Nothing));
+}
+
+#[test]
+fn a_run_event_is_appended_only_to_a_run_of_the_org() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 20, 60_000);
+        let other = org(s, "b");
+        let destroyed = |run: &str| {
+            moat_store::typed_event(
+                moat_core::EventData::RunDestroyed(moat_core::event_data::RunDestroyed {
+                    runner_id: "runner-1".into(),
+                    ok: true,
+                    checks: Vec::new(),
+                }),
+                run,
+                30,
+            )
+        };
+        let before = s.all_events(0, 100_000).unwrap().len();
+        assert!(!s.append_run_event(&a, &destroyed("nope")).unwrap());
+        assert!(!s.append_run_event(&other, &destroyed("r")).unwrap());
+        assert_eq!(s.all_events(0, 100_000).unwrap().len(), before);
+        assert!(s.append_run_event(&a, &destroyed("r")).unwrap());
+        assert_eq!(
+            event_types(s, "r").last().map(String::as_str),
+            Some("run.destroyed"),
+            "{}",
+            s.backend()
+        );
+        assert!(s.verify_ledger().unwrap().is_ok(), "{}", s.backend());
+    }
 }

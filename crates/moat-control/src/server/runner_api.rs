@@ -1542,15 +1542,9 @@ pub async fn destroyed(
         ok: checks.iter().all(|c| c.ok),
         checks,
     });
-    let id = run_id.clone();
+    let event = typed_event(data, &run_id, now);
     let recorded = state
-        .db(move |s| {
-            if s.run(&runner.org_id, &id)?.is_none() {
-                return Ok(false);
-            }
-            s.append_events(&runner.org_id, &[typed_event(data, &id, now)])?;
-            Ok(true)
-        })
+        .db(move |s| s.append_run_event(&runner.org_id, &event))
         .await?;
     if !recorded {
         return Err(ApiError::not_found(format_args!("run {run_id}")));

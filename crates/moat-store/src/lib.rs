@@ -60,8 +60,8 @@ pub use queues::{
 };
 pub use runners::{RunnerRequest, RunnerRow, Standing};
 pub use runs::{
-    ClaimAsk, ClaimLook, Claimed, NewRun, OpContext, PlacementAsk, PlacementRefusal, RunRow,
-    RunState, stamp, typed_event,
+    ClaimAsk, ClaimLook, Claimed, NewRun, NewRunContext, OpContext, PlacementAsk, PlacementRefusal,
+    RunRow, RunState, stamp, typed_event,
 };
 pub use secrets::{SealedSecret, ToolRow, ToolTokenRow};
 pub use usage::UsageDay;

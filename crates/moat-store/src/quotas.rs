@@ -17,17 +17,24 @@ fn unsigned(n: Option<i64>) -> Option<u64> {
 
 /// The org's quota (`None`: none set).
 pub(crate) fn get(tx: &mut dyn Tx, org: &str) -> Result<Option<Quota>, StoreError> {
-    let Some(row) = tx.query_one(
-        "SELECT concurrent_runs, cpu_seconds, storage_bytes, egress_bytes, period, over
-         FROM org_quotas WHERE org_id = ?",
+    tx.query_one(
+        &format!("SELECT {COLUMNS} FROM org_quotas WHERE org_id = ?"),
         &[org.into()],
     )?
-    else {
-        return Ok(None);
-    };
+    .as_ref()
+    .map(decode)
+    .transpose()
+}
+
+/// A quota's columns (in a select list that may join them to others).
+pub(crate) const COLUMNS: &str =
+    "concurrent_runs, cpu_seconds, storage_bytes, egress_bytes, period, over";
+
+/// A quota from its [`COLUMNS`].
+pub(crate) fn decode(row: &crate::Row) -> Result<Quota, StoreError> {
     let period = row.text("period")?;
     let over = row.text("over")?;
-    Ok(Some(Quota {
+    Ok(Quota {
         concurrent_runs: unsigned(row.opt_int("concurrent_runs")?),
         cpu_seconds: unsigned(row.opt_int("cpu_seconds")?),
         storage_bytes: unsigned(row.opt_int("storage_bytes")?),
@@ -36,7 +43,7 @@ pub(crate) fn get(tx: &mut dyn Tx, org: &str) -> Result<Option<Quota>, StoreErro
             .ok_or_else(|| StoreError::Corrupt(format!("quota period {period:?}")))?,
         over: OverQuota::parse(&over)
             .ok_or_else(|| StoreError::Corrupt(format!("quota over {over:?}")))?,
-    }))
+    })
 }
 
 /// What `org` has used in the period of `quota` that holds `now`: its
@@ -77,12 +84,20 @@ pub(crate) fn reached(
     org: &str,
     now: i64,
 ) -> Result<Option<(Exceeded, OverQuota)>, StoreError> {
-    let Some(quota) = get(tx, org)? else {
+    let quota = get(tx, org)?;
+    reached_of(tx, org, quota, now)
+}
+
+/// As [`reached`], with the org's quota already read.
+pub(crate) fn reached_of(
+    tx: &mut dyn Tx,
+    org: &str,
+    quota: Option<Quota>,
+    now: i64,
+) -> Result<Option<(Exceeded, OverQuota)>, StoreError> {
+    let Some(quota) = quota.filter(|q| !q.is_empty()) else {
         return Ok(None);
     };
-    if quota.is_empty() {
-        return Ok(None);
-    }
     let used = used(tx, org, quota.period, now)?;
     Ok(quota.exceeded(&used).map(|e| (e, quota.over)))
 }

@@ -173,15 +173,7 @@ impl Store {
     }
 
     pub fn runners(&self, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
-        self.read(|tx| {
-            tx.query(
-                &format!("{READ} WHERE org_id = ? ORDER BY registered_ms"),
-                &[org.into()],
-            )?
-            .iter()
-            .map(decode)
-            .collect()
-        })
+        self.read(|tx| of_org(tx, org))
     }
 
     /// Moves a runner to a refreshed manifest (hash and policy).
@@ -384,4 +376,15 @@ fn spend_nonce(
             Ok(fresh)
         }
     }
+}
+
+/// The org's runners, oldest first, in `tx`.
+pub(crate) fn of_org(tx: &mut dyn Tx, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
+    tx.query(
+        &format!("{READ} WHERE org_id = ? ORDER BY registered_ms"),
+        &[org.into()],
+    )?
+    .iter()
+    .map(decode)
+    .collect()
 }

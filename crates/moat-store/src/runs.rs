@@ -429,6 +429,42 @@ pub struct OpContext {
     pub secrets: Vec<crate::SealedSecret>,
 }
 
+/// The manifest (columns `m_...`, of the first row) and the org's sealed
+/// secrets (columns `secret_...`, one row each) of a context's rows.
+fn manifest_and_secrets(
+    rows: &[Row],
+) -> Result<(Option<crate::ManifestRow>, Vec<crate::SealedSecret>), StoreError> {
+    let manifest = match rows.first().map(|row| row.opt_text("m_hash")).transpose()? {
+        Some(Some(_)) => rows
+            .first()
+            .map(|row| crate::objects::decode_manifest_as(row, "m_"))
+            .transpose()?,
+        _ => None,
+    };
+    let secrets = rows
+        .iter()
+        .filter(|row| matches!(row.opt_text("secret_name"), Ok(Some(_))))
+        .map(|row| crate::secrets::sealed_as(row, "secret_"))
+        .collect::<Result<_, StoreError>>()?;
+    Ok((manifest, secrets))
+}
+
+/// What creating a run checks and shows ([`Store::new_run_context`]).
+#[derive(Debug, Clone, Default)]
+pub struct NewRunContext {
+    /// The org's name (`None`: no such org).
+    pub org_name: Option<String>,
+    /// The org's sealed secrets, by name.
+    pub secrets: Vec<crate::SealedSecret>,
+    /// The manifest the run would be decided under, if any (revoked ones
+    /// included: the caller says what a revoked one means).
+    pub manifest: Option<crate::ManifestRow>,
+    /// The quota the org has reached, and what its setting says to do.
+    pub quota_reached: Option<(moat_core::quota::Exceeded, moat_core::quota::OverQuota)>,
+    /// The org's runners, oldest first.
+    pub runners: Vec<crate::RunnerRow>,
+}
+
 /// New run parameters.
 pub struct NewRun<'a> {
     pub org: &'a str,
@@ -480,15 +516,7 @@ impl Store {
             let Some(row) = rows.first() else {
                 return Ok(None);
             };
-            let manifest = match row.opt_text("m_hash")? {
-                Some(_) => Some(crate::objects::decode_manifest_as(row, "m_")?),
-                None => None,
-            };
-            let secrets = rows
-                .iter()
-                .filter(|row| matches!(row.opt_text("secret_name"), Ok(Some(_))))
-                .map(|row| crate::secrets::sealed_as(row, "secret_"))
-                .collect::<Result<_, StoreError>>()?;
+            let (manifest, secrets) = manifest_and_secrets(&rows)?;
             Ok(Some(OpContext {
                 run: decode(row)?,
                 org_name: row.opt_text("org_name")?.unwrap_or_default(),
@@ -498,6 +526,70 @@ impl Store {
                     .map(moat_core::WorkloadClass::from_mask),
                 secrets,
             }))
+        })
+    }
+
+    /// What creating a run of `org` in `environment` checks and shows, in
+    /// two statements (the first has one row per secret of the org): the
+    /// org's name (`None`: no such org), its sealed secrets, the manifest
+    /// the run would be decided under (`pinned` by hash, else the
+    /// environment's current one), the quota the org has reached, if any
+    /// (a third statement when it has a quota), and its runners.
+    pub fn new_run_context(
+        &self,
+        org: &str,
+        environment: &str,
+        pinned: Option<&str>,
+        now: i64,
+    ) -> Result<NewRunContext, StoreError> {
+        self.read(|tx| {
+            let (manifest_hash, first) = match pinned {
+                Some(hash) => ("?".to_owned(), hash),
+                None => (
+                    format!(
+                        "(SELECT m.hash FROM manifests m WHERE m.org_id = o.id
+                           AND m.environment = ? AND {} LIMIT 1)",
+                        crate::objects::CURRENT
+                    ),
+                    environment,
+                ),
+            };
+            let sql = format!(
+                "SELECT o.name AS org_name, {manifest}, q.org_id AS quota_org, {quota},
+                   s.name AS secret_name, s.nonce AS secret_nonce,
+                   s.ciphertext AS secret_ciphertext, s.updated_ms AS secret_updated_ms
+                 FROM orgs o
+                 LEFT JOIN manifests pm ON pm.org_id = o.id AND pm.hash = {manifest_hash}
+                 LEFT JOIN org_quotas q ON q.org_id = o.id
+                 LEFT JOIN secrets s ON s.org_id = o.id
+                 WHERE o.id = ? ORDER BY s.name",
+                manifest = crate::objects::manifest_columns_as("pm", "m_"),
+                quota = crate::quotas::COLUMNS
+                    .split(',')
+                    .map(|c| format!("q.{}", c.trim()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            let rows = tx.query(&sql, &[first.into(), org.into()])?;
+            let runners = crate::runners::of_org(tx, org)?;
+            let Some(row) = rows.first() else {
+                return Ok(NewRunContext {
+                    runners,
+                    ..NewRunContext::default()
+                });
+            };
+            let (manifest, secrets) = manifest_and_secrets(&rows)?;
+            let quota = match row.opt_text("quota_org")? {
+                Some(_) => Some(crate::quotas::decode(row)?),
+                None => None,
+            };
+            Ok(NewRunContext {
+                org_name: Some(row.text("org_name")?),
+                secrets,
+                manifest,
+                quota_reached: crate::quotas::reached_of(tx, org, quota, now)?,
+                runners,
+            })
         })
     }
 

@@ -110,6 +110,19 @@ fn op_finished(at: i64) -> moat_core::Event {
     )
 }
 
+/// A manifest of environment `prod` (its signed text a stand-in).
+fn prod_manifest(hash: &str, published: i64, key: &str) -> moat_store::ManifestRow {
+    moat_store::ManifestRow {
+        hash: hash.into(),
+        environment: "prod".into(),
+        signed: "{}".into(),
+        signed_by: key.into(),
+        expires_ms: 10_000,
+        published_ms: published,
+        revoked: false,
+    }
+}
+
 fn event_types(store: &Store, run: &str) -> Vec<String> {
     store
         .all_events(0, 100_000)
@@ -853,17 +866,10 @@ fn nonces_manifests_and_builds() {
         assert!(s.revoke_runner_build(&a, "h1").unwrap());
         assert!(!s.runner_build_allowed(&a, "h1").unwrap());
 
-        let row = |hash: &str, published: i64, key: &str| moat_store::ManifestRow {
-            hash: hash.into(),
-            environment: "prod".into(),
-            signed: "{}".into(),
-            signed_by: key.into(),
-            expires_ms: 10_000,
-            published_ms: published,
-            revoked: false,
-        };
-        s.publish_manifest(&a, &row("m1", 1, "k1")).unwrap();
-        s.publish_manifest(&a, &row("m2", 2, "k2")).unwrap();
+        s.publish_manifest(&a, &prod_manifest("m1", 1, "k1"))
+            .unwrap();
+        s.publish_manifest(&a, &prod_manifest("m2", 2, "k2"))
+            .unwrap();
         assert_eq!(
             s.current_manifest(&a, "prod")
                 .unwrap()
@@ -1810,5 +1816,69 @@ fn a_run_event_is_appended_only_to_a_run_of_the_org() {
             s.backend()
         );
         assert!(s.verify_ledger().unwrap().is_ok(), "{}", s.backend());
+    }
+}
+
+#[test]
+fn a_new_runs_context_is_what_its_separate_reads_say() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 20, 60_000);
+        let context =
+            |env: &str, pinned: Option<&str>| s.new_run_context(&a, env, pinned, 30).unwrap();
+        // Nothing set: the org's name, its (one) runner-less context.
+        let bare = context("prod", None);
+        assert_eq!(bare.org_name.as_deref(), Some("a"), "{}", s.backend());
+        assert!(bare.secrets.is_empty() && bare.manifest.is_none());
+        assert!(bare.quota_reached.is_none());
+        for (hash, published, key) in [("m1", 1, "k1"), ("m2", 2, "k2")] {
+            s.publish_manifest(&a, &prod_manifest(hash, published, key))
+                .unwrap();
+        }
+        s.put_secret(&a, "zeta", b"n1", b"c1", 3).unwrap();
+        s.put_secret(&a, "alpha", b"n2", b"c2", 4).unwrap();
+        // One run is held (held_run): a quota of one concurrent run is
+        // reached.
+        let quota: moat_core::quota::Quota =
+            serde_json::from_value(json!({"concurrentRuns": 1})).expect("quota");
+        s.set_quota(&a, &quota, 5).unwrap();
+        for (env, pinned) in [("prod", None), ("prod", Some("m1")), ("test", None)] {
+            let got = context(env, pinned);
+            let (name, secrets) = s.org_name_and_secrets(&a).unwrap();
+            let manifest = match pinned {
+                Some(hash) => s.manifest(&a, hash).unwrap(),
+                None => s.current_manifest(&a, env).unwrap(),
+            };
+            assert_eq!(got.org_name, name, "{}", s.backend());
+            assert_eq!(
+                got.secrets.iter().map(|x| &x.name).collect::<Vec<_>>(),
+                ["alpha", "zeta"]
+            );
+            assert_eq!(
+                format!("{:?}", got.secrets),
+                format!("{secrets:?}"),
+                "{}",
+                s.backend()
+            );
+            assert_eq!(
+                got.manifest.as_ref().map(|m| m.hash.as_str()),
+                manifest.as_ref().map(|m| m.hash.as_str()),
+                "{env} {pinned:?} {}",
+                s.backend()
+            );
+            assert_eq!(
+                got.quota_reached.as_ref().map(|(e, _)| e.to_string()),
+                s.quota_reached(&a, 30).unwrap().map(|(e, _)| e.to_string()),
+            );
+            assert!(got.quota_reached.is_some(), "{}", s.backend());
+            assert_eq!(got.runners.len(), s.runners(&a).unwrap().len());
+        }
+        assert_eq!(
+            context("prod", None).manifest.map(|m| m.hash),
+            Some("m2".to_owned())
+        );
+        // No such org: nothing.
+        let none = s.new_run_context("no-such-org", "prod", None, 30).unwrap();
+        assert!(none.org_name.is_none() && none.secrets.is_empty() && none.manifest.is_none());
     }
 }

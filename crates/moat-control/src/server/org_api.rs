@@ -108,22 +108,16 @@ pub async fn create_run(
     let manifest_hash = body.manifest_hash;
     let (o, e, h) = (org.clone(), environment.clone(), manifest_hash.clone());
     let now = state.now();
-    let (sealed, reached, org_name, manifest, runners) = state
-        .db(move |s| {
-            let manifest = match &h {
-                Some(hash) => s.manifest(&o, hash)?,
-                None => s.current_manifest(&o, &e)?,
-            };
-            let (name, secrets) = s.org_name_and_secrets(&o)?;
-            Ok((
-                secrets,
-                s.quota_reached(&o, now)?,
-                name.unwrap_or_default(),
-                manifest,
-                s.runners(&o)?,
-            ))
-        })
+    let moat_store::NewRunContext {
+        org_name,
+        secrets: sealed,
+        manifest,
+        quota_reached: reached,
+        runners,
+    } = state
+        .db(move |s| s.new_run_context(&o, &e, h.as_deref(), now))
         .await?;
+    let org_name = org_name.unwrap_or_default();
     let context = WaitingContext {
         runners,
         quota: reached.as_ref().map(|(exceeded, _)| exceeded.to_string()),

@@ -158,6 +158,20 @@ fn a_finished_run_leaves_nothing_on_its_runner_and_says_so() {
         "{destroyed}"
     );
     assert!(!runner.state.join("runs").join(empty).exists());
+    // Torn down before its finish, the teardown went with it: recorded
+    // last, after the run's end.
+    let types: Vec<String> = run_events(&serve, &acme, empty)
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        types.ends_with(&[
+            "run.usage".into(),
+            "run.finished".into(),
+            "run.destroyed".into()
+        ]),
+        "{types:?}"
+    );
     assert_ledger_intact(&serve);
     drop(runner);
 }

@@ -66,6 +66,12 @@ pub struct Registered {
     pub lease_ms: u64,
     /// The longest `?wait_ms=` the control plane honours.
     pub max_wait_ms: u64,
+    /// A run's finish may carry its teardown ([`FinishBody::teardown`]):
+    /// one request where a run that started nothing took two. Older
+    /// control planes do not say so (false): the runner reports the
+    /// teardown on its own.
+    #[serde(default)]
+    pub finish_takes_teardown: bool,
 }
 
 /// `POST /v1/runner/events`: the runner's own provenance events.
@@ -245,6 +251,13 @@ pub struct FinishBody {
     /// left open, closed then): shell events, as with a result.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<moat_core::Event>,
+    /// The run's teardown, done before its finish (a run that started
+    /// nothing on the runner): recorded after its end, in the same
+    /// transaction, as `POST .../destroyed` would record it. Only to a
+    /// control plane that says it takes one
+    /// ([`Registered::finish_takes_teardown`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teardown: Option<Teardown>,
 }
 
 /// `POST /v1/runner/runs/{run}/shell-ended`: what a run's shell recorded

@@ -435,6 +435,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         claims_over: std::sync::atomic::AtomicBool::new(false),
         serving: Mutex::new(std::collections::HashSet::new()),
         served: std::sync::Condvar::new(),
+        finish_takes_teardown: registered.finish_takes_teardown,
     };
     runner.serve()
 }

@@ -68,6 +68,20 @@ pub(crate) struct Runner {
     /// (both use `runs/<id>`).
     pub serving: Mutex<std::collections::HashSet<String>>,
     pub served: std::sync::Condvar,
+    /// The control plane takes a run's teardown with its finish
+    /// (`Registered::finish_takes_teardown`).
+    pub finish_takes_teardown: bool,
+}
+
+/// What a run served here has left on this host so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// No shell was started: only its directories, if any.
+    Nothing,
+    /// A shell was started: its sandboxes and processes are looked for.
+    Shell,
+    /// Torn down, and the teardown reported with the run's finish.
+    Reported,
 }
 
 /// Marks a run as served here until dropped (its teardown done).
@@ -202,10 +216,9 @@ impl Runner {
             self.metrics.run_active(1);
             Serving(self, run_id.clone())
         };
-        // Whether a shell was started for it here: its teardown looks for
-        // what that could have left.
-        let mut shell_started = false;
-        let result = self.execute_run(claim, &mut shell_started);
+        // What it left here so far: what its teardown looks for.
+        let mut left = Left::Nothing;
+        let result = self.execute_run(claim, &mut left);
         // It names a directory and a URL path segment: only a plain id.
         if !moat_core::op::is_plain_id(run_id) {
             if let Err(e) = result {
@@ -219,15 +232,36 @@ impl Runner {
                 state: RunEnd::Failed,
                 error: Some(e.to_string()),
                 events: Vec::new(),
+                teardown: None,
             };
             let _ = self.client.finish(run_id, &body);
         }
-        self.destroy(run_id, shell_started);
+        match left {
+            Left::Reported => {}
+            Left::Nothing => self.destroy(run_id, false),
+            Left::Shell => self.destroy(run_id, true),
+        }
     }
 
     /// The run's teardown on this host (its shell, if it had one, is gone
     /// by now), reported as `run.destroyed`.
     fn destroy(&self, run_id: &str, shell_started: bool) {
+        let checks = self.tear_down(run_id, shell_started);
+        if let Err(e) = self
+            .client
+            .destroyed(run_id, &moat_api::runner::Teardown { checks })
+        {
+            eprintln!("moat runner: run {run_id}: reporting its teardown failed: {e}");
+        }
+    }
+
+    /// The run's teardown on this host, counted and its failures said:
+    /// what its report says.
+    fn tear_down(
+        &self,
+        run_id: &str,
+        shell_started: bool,
+    ) -> Vec<moat_core::event_data::TeardownCheck> {
         let workspace = self.config.state_dir.join("runs").join(run_id);
         let expose_dir = self.expose_dir(run_id);
         if let Err(e) = std::fs::remove_dir_all(&expose_dir)
@@ -260,16 +294,12 @@ impl Runner {
                 failed.check, failed.detail
             );
         }
-        if let Err(e) = self
-            .client
-            .destroyed(run_id, &moat_api::runner::Teardown { checks })
-        {
-            eprintln!("moat runner: run {run_id}: reporting its teardown failed: {e}");
-        }
+        checks
     }
 
-    /// `shell_started` is set as a shell is started for the run.
-    fn execute_run(&self, claim: &Claim, shell_started: &mut bool) -> Result<(), RunnerError> {
+    /// `left` says what the run has left here as it goes: a shell once
+    /// one is started, or that its teardown was reported with its finish.
+    fn execute_run(&self, claim: &Claim, left: &mut Left) -> Result<(), RunnerError> {
         let run_id = claim.run.id.as_str();
         // It names a directory here and a URL path segment: never trust its shape.
         if !moat_core::op::is_plain_id(run_id) {
@@ -383,7 +413,7 @@ impl Runner {
                             {
                                 private_dir(dir)?;
                             }
-                            *shell_started = true;
+                            *left = Left::Shell;
                             let started = self.start_shell(
                                 &workspace,
                                 manifest_file.as_deref(),
@@ -464,12 +494,25 @@ impl Runner {
                         self.renewing(run_id, || {}, || shell.end(SHELL_END_WAIT));
                         events = recorded_since(ledger, ledger_seq, run_id)?;
                     }
+                    // A run that started nothing here is torn down now
+                    // and its teardown goes with its finish: one request
+                    // where there were two (to a control plane that takes
+                    // it so).
+                    let teardown = (matches!(left, Left::Nothing) && self.finish_takes_teardown)
+                        .then(|| moat_api::runner::Teardown {
+                            checks: self.tear_down(run_id, false),
+                        });
+                    let reported = teardown.is_some();
                     let body = FinishBody {
                         state: RunEnd::Succeeded,
                         error: None,
                         events,
+                        teardown,
                     };
                     self.client.finish(run_id, &body)?;
+                    if reported {
+                        *left = Left::Reported;
+                    }
                     return Ok(());
                 }
                 Next::Ended => return Ok(()),

@@ -214,12 +214,13 @@ fn set_state(
     Ok(())
 }
 
-/// Ends `run` in a final `state` with its event; ops still waiting fail.
+/// Ends `run` in a final `state` with its event, then `then` (what the
+/// end closed) in the same append; ops still waiting fail.
 fn end(
     tx: &mut dyn Tx,
     run: &RunRow,
-    state: RunState,
-    reason: Option<&str>,
+    (state, reason): (RunState, Option<&str>),
+    then: &[Event],
     now: i64,
 ) -> Result<(), StoreError> {
     let failed = json!({"status": "error", "error": {"reason": "run_ended", "message": format!("the run ended ({})", state.as_str())}})
@@ -312,6 +313,7 @@ fn end(
     let (add_usage, params) = crate::usage::add_statement(tx.dialect(), &run.org_id, now, &used);
     ended.push(typed_event(EventData::RunUsage(used), &run.id, now));
     ended.push(typed_event(data, &run.id, now));
+    ended.extend_from_slice(then);
     if postgres {
         // The day's usage added, and the ledger's head read and locked, in
         // one statement: the last write before the events.
@@ -839,10 +841,30 @@ impl Store {
         runner: &str,
         run: &str,
         end: (RunState, Option<&str>),
-        events: &[moat_core::Event],
+        events: &[Event],
         now: i64,
     ) -> Result<bool, StoreError> {
-        self.end_live_run(org, run, Some(runner), end, events, now)
+        let ended = self.end_live_run(org, run, Some(runner), end, events, None, now)?;
+        Ok(ended == Some(true))
+    }
+
+    /// As [`Store::finish_run`], with the run's teardown (`torn_down`, the
+    /// runner's `run.destroyed`) recorded last in the same transaction,
+    /// whether or not the finish took effect, as the runner's report of
+    /// it alone would be: `None` if the org has no such run (nothing
+    /// recorded), else whether the finish took effect.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish_torn_down_run(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        end: (RunState, Option<&str>),
+        events: &[Event],
+        torn_down: &Event,
+        now: i64,
+    ) -> Result<Option<bool>, StoreError> {
+        self.end_live_run(org, run, Some(runner), end, events, Some(torn_down), now)
     }
 
     /// Ends a run from the control plane's side (dead-letter on manifest
@@ -855,35 +877,41 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        self.end_live_run(org, run, None, (state, Some(reason)), &[], now)
+        let ended = self.end_live_run(org, run, None, (state, Some(reason)), &[], None, now)?;
+        Ok(ended == Some(true))
     }
 
-    /// Ends `run` if it is live (and held by `holder`, when given).
+    /// Ends `run` if it is live (and held by `holder`, when given), then
+    /// records `last` if given, ended or not: `None` if the org has no
+    /// such run, else whether it ended it.
+    #[allow(clippy::too_many_arguments)]
     fn end_live_run(
         &self,
         org: &str,
         run: &str,
         holder: Option<&str>,
-        (state, reason): (RunState, Option<&str>),
-        events: &[moat_core::Event],
+        end_as: (RunState, Option<&str>),
+        events: &[Event],
+        last: Option<&Event>,
         now: i64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<bool>, StoreError> {
         self.tx(|tx| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM runs WHERE org_id IS NOT DISTINCT FROM ? AND id = ?{}",
                 tx.for_update()
             );
             let Some(row) = tx.query_one(&sql, &[org.into(), run.into()])? else {
-                return Ok(false);
+                return Ok(None);
             };
             let row = decode(&row)?;
             let held = holder.is_none_or(|h| row.runner_id.as_deref() == Some(h));
             if row.state.is_final() || !held {
-                return Ok(false);
+                crate::events::append(tx, org, last.map(std::slice::from_ref).unwrap_or_default())?;
+                return Ok(Some(false));
             }
-            end(tx, &row, state, reason, now)?;
-            crate::events::append(tx, org, events)?;
-            Ok(true)
+            let then: Vec<Event> = events.iter().chain(last).cloned().collect();
+            end(tx, &row, end_as, &then, now)?;
+            Ok(Some(true))
         })
     }
 
@@ -930,7 +958,7 @@ impl Store {
                     events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
                     handled.push((run.id, RunState::Queued));
                 } else {
-                    end(tx, &run, RunState::DeadLettered, Some("lease_expired"), now)?;
+                    end(tx, &run, (RunState::DeadLettered, Some("lease_expired")), &[], now)?;
                     handled.push((run.id, RunState::DeadLettered));
                 }
             }
@@ -958,7 +986,7 @@ impl Store {
             let mut ended = Vec::new();
             for row in rows {
                 let run = decode(&row)?;
-                end(tx, &run, RunState::Succeeded, Some("idle_timeout"), now)?;
+                end(tx, &run, (RunState::Succeeded, Some("idle_timeout")), &[], now)?;
                 ended.push(run.id);
             }
             Ok(ended)

@@ -1882,3 +1882,57 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
         assert!(none.org_name.is_none() && none.secrets.is_empty() && none.manifest.is_none());
     }
 }
+
+#[test]
+fn a_finish_with_its_teardown_records_the_teardown_last_ended_or_not() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 20, 60_000);
+        let torn_down = moat_store::typed_event(
+            moat_core::EventData::RunDestroyed(moat_core::event_data::RunDestroyed {
+                runner_id: "runner-1".into(),
+                ok: true,
+                checks: Vec::new(),
+            }),
+            "r",
+            30,
+        );
+        let finish = |run: &str| {
+            s.finish_torn_down_run(
+                &a,
+                "runner-1",
+                run,
+                (RunState::Succeeded, None),
+                &[],
+                &torn_down,
+                30,
+            )
+            .unwrap()
+        };
+        let before = s.all_events(0, 100_000).unwrap().len();
+        assert_eq!(finish("nope"), None, "{}", s.backend());
+        assert_eq!(s.all_events(0, 100_000).unwrap().len(), before);
+        assert_eq!(finish("r"), Some(true), "{}", s.backend());
+        assert_eq!(
+            s.run(&a, "r").unwrap().expect("run").state,
+            RunState::Succeeded
+        );
+        let types = event_types(s, "r");
+        assert!(
+            types.ends_with(&[
+                "run.usage".into(),
+                "run.finished".into(),
+                "run.destroyed".into()
+            ]),
+            "{types:?} {}",
+            s.backend()
+        );
+        // Sent again (its answer lost): the finish records nothing more,
+        // the teardown is recorded as a second report of it would be.
+        assert_eq!(finish("r"), Some(false), "{}", s.backend());
+        let again = event_types(s, "r");
+        assert_eq!(again.len(), types.len() + 1, "{again:?}");
+        assert_eq!(again.last().map(String::as_str), Some("run.destroyed"));
+        assert!(s.verify_ledger().unwrap().is_ok(), "{}", s.backend());
+    }
+}

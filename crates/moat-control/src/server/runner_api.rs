@@ -324,6 +324,7 @@ pub async fn register(
         runner_id: runner.id,
         lease_ms: u64::try_from(state.config.lease.as_millis()).unwrap_or(u64::MAX),
         max_wait_ms: u64::try_from(super::MAX_WAIT.as_millis()).unwrap_or(u64::MAX),
+        finish_takes_teardown: true,
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -1349,6 +1350,7 @@ pub async fn finish(
         state: end,
         error,
         mut events,
+        teardown,
     } = parse(&body)?;
     let end = match end {
         RunEnd::Succeeded => RunState::Succeeded,
@@ -1356,6 +1358,13 @@ pub async fn finish(
     };
     check_closing(&mut events, &runner, &run_id, "with a run's end")?;
     let now = state.now();
+    let torn_down = match teardown {
+        Some(Teardown { checks }) => {
+            check_teardown(&checks)?;
+            Some(destroyed_event(&runner, &run_id, checks, now))
+        }
+        None => None,
+    };
     let run = run_id.clone();
     let st = Arc::clone(&state);
     let finished = state
@@ -1367,15 +1376,19 @@ pub async fn finish(
                 Ok(held) => held,
                 Err(e) => return Ok(Err(e)),
             };
-            s.finish_run(
-                &runner.org_id,
-                &runner.id,
-                &run,
-                (end, error.as_deref()),
-                if held { &events } else { &[] },
-                now,
-            )
-            .map(Ok)
+            let (org, closing) = (&runner.org_id, if held { &events[..] } else { &[] });
+            let end = (end, error.as_deref());
+            let Some(torn_down) = &torn_down else {
+                return s
+                    .finish_run(org, &runner.id, &run, end, closing, now)
+                    .map(Ok);
+            };
+            // Its teardown is recorded as `destroyed` records it: for a
+            // run of the org, whoever holds it now.
+            match s.finish_torn_down_run(org, &runner.id, &run, end, closing, torn_down, now)? {
+                Some(finished) => Ok(Ok(finished)),
+                None => Ok(Err(ApiError::not_found(format_args!("run {run}")))),
+            }
         })
         .await??;
     state.notify_run(&run_id);
@@ -1536,13 +1549,7 @@ pub async fn destroyed(
 ) -> ApiResult<Json<Recorded>> {
     let Teardown { checks } = parse(&body)?;
     check_teardown(&checks)?;
-    let now = state.now();
-    let data = EventData::RunDestroyed(RunDestroyed {
-        runner_id: runner.id.clone(),
-        ok: checks.iter().all(|c| c.ok),
-        checks,
-    });
-    let event = typed_event(data, &run_id, now);
+    let event = destroyed_event(&runner, &run_id, checks, state.now());
     let recorded = state
         .db(move |s| s.append_run_event(&runner.org_id, &event))
         .await?;
@@ -1550,6 +1557,22 @@ pub async fn destroyed(
         return Err(ApiError::not_found(format_args!("run {run_id}")));
     }
     Ok(Json(Recorded { recorded: true }))
+}
+
+/// The runner's `run.destroyed`: it names the runner, which speaks for
+/// its own host only.
+fn destroyed_event(
+    runner: &RunnerRow,
+    run: &str,
+    checks: Vec<TeardownCheck>,
+    now: i64,
+) -> moat_core::Event {
+    let data = EventData::RunDestroyed(RunDestroyed {
+        runner_id: runner.id.clone(),
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+    });
+    typed_event(data, run, now)
 }
 
 /// A runner that started tore down leftovers of runs it no longer holds

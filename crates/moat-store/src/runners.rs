@@ -233,27 +233,71 @@ pub(crate) struct Held {
 }
 
 /// What the runs of runner `id` take of it, if it still stands
-/// ([`RUNNER_STANDS`]; `None`: it does not): one statement, as a claim
-/// reads both under its turns.
-pub(crate) fn held_if_standing(tx: &mut dyn Tx, id: &str) -> Result<Option<Held>, StoreError> {
+/// ([`RUNNER_STANDS`]; `None`: it does not), with the quota of `org` (its
+/// runner's): one statement, as a claim reads them under its turns.
+pub(crate) fn held_if_standing(
+    tx: &mut dyn Tx,
+    id: &str,
+    org: &str,
+) -> Result<Option<(Held, Option<moat_core::quota::Quota>)>, StoreError> {
+    let quota = crate::quotas::COLUMNS
+        .split(',')
+        .map(|c| format!("q.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
     let row = tx.query_one(
         &format!(
-            "SELECT h.runs, h.cpu, h.memory FROM runners w,
-               (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
+            "SELECT h.runs, h.cpu, h.memory, q.org_id AS quota_org, {quota} FROM runners w
+               CROSS JOIN (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
                        CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
                 FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
+               LEFT JOIN org_quotas q ON q.org_id = ?
              WHERE w.id = ? AND {RUNNER_STANDS}"
         ),
-        &[id.into(), id.into()],
+        &[id.into(), org.into(), id.into()],
     )?;
     row.map(|row| {
-        Ok(Held {
+        let held = Held {
             runs: row.int("runs")?,
             cpu_millis: row.int("cpu")?,
             memory_bytes: row.int("memory")?,
-        })
+        };
+        let quota = match row.opt_text("quota_org")? {
+            Some(_) => Some(crate::quotas::decode(&row)?),
+            None => None,
+        };
+        Ok((held, quota))
     })
     .transpose()
+}
+
+/// Runner `id` (`None`: no such runner), read as a claim takes its turns
+/// (PostgreSQL, in one statement): transaction-scoped advisory locks, its
+/// org's (`org_turn`, evaluated first, in the `FROM`), then its host's
+/// (runners that named no host share one). Every claim takes them in that
+/// order, so two turns never wait for each other crosswise; SQLite runs one
+/// writing transaction at a time anyway.
+pub(crate) fn get_taking_turns(
+    tx: &mut dyn Tx,
+    id: &str,
+    org_turn: &str,
+) -> Result<Option<RunnerRow>, StoreError> {
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT w.*, CASE WHEN w.id IS NULL THEN 0 ELSE (SELECT 1 FROM
+                   (SELECT pg_advisory_xact_lock(hashtextextended('host:' || COALESCE(w.host_id, ''), 7701))) l)
+                   END AS host_turn
+                 FROM (SELECT 1 AS org_turn FROM (SELECT pg_advisory_xact_lock(hashtextextended(?, 7701))) o) t
+                 LEFT JOIN ({READ} WHERE id = ?) w ON TRUE"
+            ),
+            &[org_turn.into(), id.into()],
+        )?
+        .ok_or_else(|| StoreError::Corrupt("a claim's turns read no row".into()))?;
+    match row.opt_text("id")? {
+        Some(_) => decode(&row).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Where a runner stands for one signed request.

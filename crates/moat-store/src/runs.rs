@@ -1055,47 +1055,32 @@ const TAKEABLE: &str = "q.org_id = ? AND q.environment = ? AND q.state = 'queued
 /// policy refuses are passed over for younger ones.
 const CANDIDATES: i64 = 64;
 
-/// Holds transaction-scoped advisory locks on `keys`, in their order,
-/// in one statement (PostgreSQL; SQLite runs one writing transaction at a
-/// time anyway). Every caller names its keys in the same order (org, then
-/// host), so two turns never wait for each other crosswise.
-fn take_turns(tx: &mut dyn Tx, keys: &[String]) -> Result<(), StoreError> {
-    if tx.dialect() == crate::Dialect::Postgres && !keys.is_empty() {
-        // A target list is evaluated left to right.
-        let locks = vec!["pg_advisory_xact_lock(hashtextextended(?, 7701))"; keys.len()].join(", ");
-        let params: Vec<crate::Value> = keys.iter().map(|k| k.as_str().into()).collect();
-        tx.query_one(
-            &format!("SELECT 1 AS locked FROM (SELECT {locks}) l"),
-            &params,
-        )?;
-    }
-    Ok(())
-}
-
 fn claim_in(
     tx: &mut dyn Tx,
     ask: &ClaimAsk<'_>,
     place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
 ) -> Result<ClaimLook, StoreError> {
-    let runner = crate::runners::get(tx, ask.runner)?;
     // Runners that named no host count as one host: who shares a machine
     // with them is unknown, so a co-tenancy rule sees all of them together.
+    let org_turn = format!("org:{}", ask.org);
+    let runner = if tx.dialect() == crate::Dialect::Postgres {
+        crate::runners::get_taking_turns(tx, ask.runner, &org_turn)?
+    } else {
+        crate::runners::get(tx, ask.runner)?
+    };
     let host = runner.as_ref().map(|w| w.host_id.clone());
-    let mut turns = vec![format!("org:{}", ask.org)];
-    turns.extend(
-        host.as_ref()
-            .map(|host| format!("host:{}", host.as_deref().unwrap_or_default())),
-    );
-    take_turns(tx, &turns)?;
     let mut too_big = None;
+    // The org's quota, read with what the runner holds when it has one.
+    let mut quota = None;
     if let Some(w) = &runner {
         if w.draining {
             return Ok(ClaimLook::Nothing);
         }
         // Fresh figures, read under the turns just taken.
-        let Some(held) = crate::runners::held_if_standing(tx, &w.id)? else {
+        let Some((held, org_quota)) = crate::runners::held_if_standing(tx, &w.id, ask.org)? else {
             return Ok(ClaimLook::Nothing);
         };
+        quota = Some(org_quota);
         too_big = never_fits(w, ask);
         let fits = |have: i64, reserved: i64, need: i64| {
             have == 0 || reserved.saturating_add(need) <= have
@@ -1108,7 +1093,11 @@ fn claim_in(
             return Ok(ClaimLook::Nothing);
         }
     }
-    if crate::quotas::reached(tx, ask.org, ask.now)?.is_some() {
+    let reached = match quota {
+        Some(quota) => crate::quotas::reached_of(tx, ask.org, quota, ask.now)?,
+        None => crate::quotas::reached(tx, ask.org, ask.now)?,
+    };
+    if reached.is_some() {
         return Ok(ClaimLook::Nothing);
     }
     let offered = runner.as_ref().map_or(1, |w| w.classes);

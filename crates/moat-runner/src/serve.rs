@@ -74,12 +74,14 @@ pub(crate) struct Runner {
 }
 
 /// What a run served here has left on this host so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Left {
     /// No shell was started: only its directories, if any.
     Nothing,
     /// A shell was started: its sandboxes and processes are looked for.
     Shell,
+    /// Torn down (these checks), not reported yet.
+    TornDown(Vec<moat_core::event_data::TeardownCheck>),
     /// Torn down, and the teardown reported with the run's finish.
     Reported,
 }
@@ -240,6 +242,7 @@ impl Runner {
             Left::Reported => {}
             Left::Nothing => self.destroy(run_id, false),
             Left::Shell => self.destroy(run_id, true),
+            Left::TornDown(checks) => self.report_teardown(run_id, checks),
         }
     }
 
@@ -247,6 +250,11 @@ impl Runner {
     /// by now), reported as `run.destroyed`.
     fn destroy(&self, run_id: &str, shell_started: bool) {
         let checks = self.tear_down(run_id, shell_started);
+        self.report_teardown(run_id, checks);
+    }
+
+    /// `POST .../destroyed`: a failure is only said.
+    fn report_teardown(&self, run_id: &str, checks: Vec<moat_core::event_data::TeardownCheck>) {
         if let Err(e) = self
             .client
             .destroyed(run_id, &moat_api::runner::Teardown { checks })
@@ -494,24 +502,42 @@ impl Runner {
                         self.renewing(run_id, || {}, || shell.end(SHELL_END_WAIT));
                         events = recorded_since(ledger, ledger_seq, run_id)?;
                     }
-                    // A run that started nothing here is torn down now
-                    // and its teardown goes with its finish: one request
-                    // where there were two (to a control plane that takes
-                    // it so).
-                    let teardown = (matches!(left, Left::Nothing) && self.finish_takes_teardown)
-                        .then(|| moat_api::runner::Teardown {
-                            checks: self.tear_down(run_id, false),
-                        });
-                    let reported = teardown.is_some();
-                    let body = FinishBody {
+                    let mut body = FinishBody {
                         state: RunEnd::Succeeded,
                         error: None,
                         events,
-                        teardown,
+                        teardown: None,
                     };
-                    self.client.finish(run_id, &body)?;
-                    if reported {
-                        *left = Left::Reported;
+                    if !(matches!(left, Left::Nothing) && self.finish_takes_teardown) {
+                        self.client.finish(run_id, &body)?;
+                        return Ok(());
+                    }
+                    // A run that started nothing here is torn down now
+                    // and its teardown goes with its finish: one request
+                    // where there were two.
+                    let checks = self.tear_down(run_id, false);
+                    body.teardown = Some(moat_api::runner::Teardown {
+                        checks: checks.clone(),
+                    });
+                    match self.client.finish(run_id, &body) {
+                        Ok(_) => *left = Left::Reported,
+                        // A replica of an older build (a rolling upgrade,
+                        // a rollback) refuses the field, and a teardown
+                        // refused must not fail the run: the finish goes
+                        // alone, the teardown is reported after it.
+                        Err(e) if matches!(e.status(), Some(400 | 422)) => {
+                            eprintln!(
+                                "moat runner: run {run_id}: its finish with its teardown was \
+                                 refused ({e}); sending them apart"
+                            );
+                            *left = Left::TornDown(checks);
+                            body.teardown = None;
+                            self.client.finish(run_id, &body)?;
+                        }
+                        Err(e) => {
+                            *left = Left::TornDown(checks);
+                            return Err(e.into());
+                        }
                     }
                     return Ok(());
                 }

@@ -316,7 +316,11 @@ fn end(
     ended.extend_from_slice(then);
     if postgres {
         // The day's usage added, and the ledger's head read and locked, in
-        // one statement: the last write before the events.
+        // one statement: the last write before the events. (PostgreSQL
+        // runs the unread WITH after the head is locked: builds before
+        // this one locked the day's row first, so during a rolling
+        // upgrade two run ends may deadlock; the database breaks it and
+        // the transaction is retried, see `retrying`.)
         let head = tx
             .query_one(
                 &format!(

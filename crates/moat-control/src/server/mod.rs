@@ -241,7 +241,11 @@ impl AppState {
         let store = Arc::clone(&self.config.store);
         let flavor = tokio::runtime::Handle::current().runtime_flavor();
         let answer = if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
-            tokio::task::block_in_place(move || call(&store))
+            // A call that panics answers 500, as a blocking task's would,
+            // rather than cut the connection.
+            let call = std::panic::AssertUnwindSafe(move || call(&store));
+            tokio::task::block_in_place(move || std::panic::catch_unwind(call))
+                .map_err(|_| ApiError::internal("store task panicked"))?
         } else {
             tokio::task::spawn_blocking(move || call(&store))
                 .await

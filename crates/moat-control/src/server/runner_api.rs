@@ -1371,7 +1371,9 @@ pub async fn finish(
         .db(move |s| {
             // What the run's end closed (browser sessions left open) is
             // recorded while the run is this runner's, with its end in one
-            // transaction: a finish sent again records nothing twice.
+            // transaction: a finish sent again records nothing twice (a
+            // teardown sent with it is recorded again, as a teardown
+            // report sent again is).
             let held = match file_closing(s, &st, &runner, &run, &mut events)? {
                 Ok(held) => held,
                 Err(e) => return Ok(Err(e)),

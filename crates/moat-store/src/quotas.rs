@@ -30,6 +30,25 @@ pub(crate) fn get(tx: &mut dyn Tx, org: &str) -> Result<Option<Quota>, StoreErro
 pub(crate) const COLUMNS: &str =
     "concurrent_runs, cpu_seconds, storage_bytes, egress_bytes, period, over";
 
+/// The quota's columns of `org_quotas` joined as `table` (`LEFT JOIN`),
+/// with `quota_org` saying whether a row joined: for [`decode_joined`].
+pub(crate) fn joined_columns(table: &str) -> String {
+    let columns = COLUMNS
+        .split(',')
+        .map(|c| format!("{table}.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{table}.org_id AS quota_org, {columns}")
+}
+
+/// The quota of a row with [`joined_columns`] (`None`: none set).
+pub(crate) fn decode_joined(row: &crate::Row) -> Result<Option<Quota>, StoreError> {
+    match row.opt_text("quota_org")? {
+        Some(_) => decode(row).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// A quota from its [`COLUMNS`].
 pub(crate) fn decode(row: &crate::Row) -> Result<Quota, StoreError> {
     let period = row.text("period")?;

@@ -240,14 +240,10 @@ pub(crate) fn held_if_standing(
     id: &str,
     org: &str,
 ) -> Result<Option<(Held, Option<moat_core::quota::Quota>)>, StoreError> {
-    let quota = crate::quotas::COLUMNS
-        .split(',')
-        .map(|c| format!("q.{}", c.trim()))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let quota = crate::quotas::joined_columns("q");
     let row = tx.query_one(
         &format!(
-            "SELECT h.runs, h.cpu, h.memory, q.org_id AS quota_org, {quota} FROM runners w
+            "SELECT h.runs, h.cpu, h.memory, {quota} FROM runners w
                CROSS JOIN (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
                        CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
                 FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
@@ -262,11 +258,7 @@ pub(crate) fn held_if_standing(
             cpu_millis: row.int("cpu")?,
             memory_bytes: row.int("memory")?,
         };
-        let quota = match row.opt_text("quota_org")? {
-            Some(_) => Some(crate::quotas::decode(&row)?),
-            None => None,
-        };
-        Ok((held, quota))
+        Ok((held, crate::quotas::decode_joined(&row)?))
     })
     .transpose()
 }

@@ -440,11 +440,10 @@ pub struct OpContext {
 fn manifest_and_secrets(
     rows: &[Row],
 ) -> Result<(Option<crate::ManifestRow>, Vec<crate::SealedSecret>), StoreError> {
-    let manifest = match rows.first().map(|row| row.opt_text("m_hash")).transpose()? {
-        Some(Some(_)) => rows
-            .first()
-            .map(|row| crate::objects::decode_manifest_as(row, "m_"))
-            .transpose()?,
+    let manifest = match rows.first() {
+        Some(row) if row.opt_text("m_hash")?.is_some() => {
+            Some(crate::objects::decode_manifest_as(row, "m_")?)
+        }
         _ => None,
     };
     let secrets = rows
@@ -561,7 +560,7 @@ impl Store {
                 ),
             };
             let sql = format!(
-                "SELECT o.name AS org_name, {manifest}, q.org_id AS quota_org, {quota},
+                "SELECT o.name AS org_name, {manifest}, {quota},
                    s.name AS secret_name, s.nonce AS secret_nonce,
                    s.ciphertext AS secret_ciphertext, s.updated_ms AS secret_updated_ms
                  FROM orgs o
@@ -570,11 +569,7 @@ impl Store {
                  LEFT JOIN secrets s ON s.org_id = o.id
                  WHERE o.id = ? ORDER BY s.name",
                 manifest = crate::objects::manifest_columns_as("pm", "m_"),
-                quota = crate::quotas::COLUMNS
-                    .split(',')
-                    .map(|c| format!("q.{}", c.trim()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                quota = crate::quotas::joined_columns("q"),
             );
             let rows = tx.query(&sql, &[first.into(), org.into()])?;
             let runners = crate::runners::of_org(tx, org)?;
@@ -585,10 +580,7 @@ impl Store {
                 });
             };
             let (manifest, secrets) = manifest_and_secrets(&rows)?;
-            let quota = match row.opt_text("quota_org")? {
-                Some(_) => Some(crate::quotas::decode(row)?),
-                None => None,
-            };
+            let quota = crate::quotas::decode_joined(row)?;
             Ok(NewRunContext {
                 org_name: Some(row.text("org_name")?),
                 secrets,

@@ -345,7 +345,22 @@ impl Store {
     /// The database answers a statement (a readiness probe): on PostgreSQL
     /// on a connection from the pool, opened anew if the pooled ones died.
     pub fn ping(&self) -> Result<(), StoreError> {
-        self.read(|tx| tx.query_one("SELECT 1 AS one", &[]).map(drop))
+        // A pooled connection the database ended fails once and is
+        // dropped; the next look takes another (at most the pool's size),
+        // so readiness follows the database as soon as it is back.
+        let mut tries = 0;
+        loop {
+            match self.read(|tx| tx.query_one("SELECT 1 AS one", &[]).map(drop)) {
+                Err(StoreError::Postgres(e))
+                    if tries < POOL_MAX
+                        && (e.is_closed()
+                            || e.code() == Some(&postgres::error::SqlState::ADMIN_SHUTDOWN)) =>
+                {
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Runs `body`, which writes with ONE statement (an `UPDATE ...

@@ -21,6 +21,10 @@ fn chained(org: &str, body: &[u8]) -> Vec<u8> {
     bytes
 }
 
+/// Most events appended by one statement that also moves the head
+/// ([`InStatement`]); more go in batches after the head is locked.
+pub(crate) const IN_STATEMENT_MOST: usize = 8;
+
 /// Most events in one INSERT statement.
 const INSERT_BATCH: usize = 32;
 
@@ -68,6 +72,14 @@ pub fn append(
 ) -> Result<Vec<StoredEvent>, StoreError> {
     if events.is_empty() {
         return Ok(Vec::new());
+    }
+    if tx.dialect() == Dialect::Postgres && events.len() <= IN_STATEMENT_MOST {
+        let chain = InStatement::new(org, events)?;
+        let (ctes, params) = chain.ctes(None);
+        let row = tx
+            .query_one(&format!("WITH {ctes} SELECT {}", chain.columns()), &params)?
+            .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+        return chain.stored(&row);
     }
     let sql = format!(
         "SELECT seq AS head_seq, hash AS head_hash FROM ledger_head WHERE id = 1{}",
@@ -141,6 +153,134 @@ pub(crate) fn append_after(
     tx.execute(MOVE_HEAD, &head)?;
     note_appended(events);
     Ok(stored)
+}
+
+/// PostgreSQL: `events` of `org` appended after the ledger's head inside
+/// a statement of the caller's, as CTEs of its `WITH`: the head read and
+/// locked, each event's hash computed by the database by the rule of
+/// [`chain_hash`] (`sha256` over the previous hash, the sequence number
+/// and [`chained`]), the events inserted and the head moved, in the one
+/// statement. A single-statement write then needs no transaction of its
+/// own, and the head is never held across a round trip. The chain the
+/// database computed is checked against this process's own computation
+/// when the row comes back ([`InStatement::stored`]).
+pub(crate) struct InStatement<'a> {
+    org: &'a str,
+    events: &'a [Event],
+    bodies: Vec<Vec<u8>>,
+}
+
+/// The chain's hash of the event after `prev` (a CTE with `seq` and
+/// `hash`), over the bytes of the parameter (`chained`), as
+/// [`chain_hash`] computes it. The text hashed is ASCII (hex and digits),
+/// the same bytes in every database encoding.
+const NEXT_HASH: &str = "encode(sha256(convert_to(p.hash || chr(10) || (p.seq + 1)::text || chr(10), 'UTF8') || ?::bytea), 'hex')";
+
+impl<'a> InStatement<'a> {
+    pub fn new(org: &'a str, events: &'a [Event]) -> Result<Self, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::Encode("an append of no events".into()));
+        }
+        let bodies = events
+            .iter()
+            .map(|event| {
+                moat_core::hash::canonical_json(event)
+                    .map_err(|e| StoreError::Encode(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(InStatement {
+            org,
+            events,
+            bodies,
+        })
+    }
+
+    /// The CTEs (to follow the caller's own in its `WITH`, after a comma)
+    /// and their parameters, in order. With `gate`, the name of a CTE of
+    /// the caller's, nothing is appended (nor the head locked) unless it
+    /// yields a row.
+    pub fn ctes(&self, gate: Option<&str>) -> (String, Vec<Value>) {
+        let gate = gate
+            .map(|cte| format!(" AND EXISTS (SELECT 1 FROM {cte})"))
+            .unwrap_or_default();
+        let mut sql = format!(
+            "chain_head AS MATERIALIZED (SELECT h.seq, h.hash FROM ledger_head h
+                 WHERE h.id = 1{gate} FOR UPDATE OF h)"
+        );
+        let mut params = Vec::with_capacity(self.events.len() * 5);
+        let mut prev = "chain_head".to_owned();
+        for (i, body) in self.bodies.iter().enumerate() {
+            sql.push_str(&format!(
+                ",\n chain_{i} AS MATERIALIZED (SELECT p.seq + 1 AS seq, p.hash AS prev_hash,
+                     {NEXT_HASH} AS hash FROM {prev} p)"
+            ));
+            params.push(Value::from(chained(self.org, body)));
+            prev = format!("chain_{i}");
+        }
+        let rows: Vec<String> = (0..self.events.len())
+            .map(|i| {
+                format!(
+                    "SELECT seq, ?::text, ?::text, ?::text, ?::bytea, prev_hash, hash FROM chain_{i}"
+                )
+            })
+            .collect();
+        for (event, body) in self.events.iter().zip(&self.bodies) {
+            params.extend([
+                Value::from(self.org),
+                Value::from(event.run_id.as_str()),
+                Value::from(event.event_type.as_str()),
+                Value::from(body.clone()),
+            ]);
+        }
+        sql.push_str(&format!(
+            ",\n chain_inserted AS (INSERT INTO events
+                 (seq, org_id, run_id, event_type, body, prev_hash, hash) {}),
+             chain_moved AS (UPDATE ledger_head SET seq = c.seq, hash = c.hash
+                 FROM {prev} c WHERE ledger_head.id = 1)",
+            rows.join(" UNION ALL ")
+        ));
+        (sql, params)
+    }
+
+    /// The columns the caller's final `SELECT` returns for
+    /// [`InStatement::stored`] (scalar subqueries: no join needed).
+    pub fn columns(&self) -> String {
+        format!(
+            "(SELECT seq FROM chain_head) AS head_seq, (SELECT hash FROM chain_head) AS head_hash,
+             (SELECT hash FROM chain_{}) AS chain_last",
+            self.events.len().saturating_sub(1)
+        )
+    }
+
+    /// What was appended, from the caller's row (see
+    /// [`InStatement::columns`]): the chain computed here from the head the
+    /// statement read must end where the database's did; if not, the
+    /// database does not hash as this build does: an error (a caller's
+    /// transaction rolls back; a statement alone was written, and the
+    /// ledger's verification will name the event).
+    pub fn stored(self, row: &crate::Row) -> Result<Vec<StoredEvent>, StoreError> {
+        let head = row.opt_int("head_seq")?.zip(row.opt_text("head_hash")?);
+        let (mut seq, mut prev) =
+            head.ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+        let mut stored = Vec::with_capacity(self.events.len());
+        for (event, body) in self.events.iter().zip(&self.bodies) {
+            seq += 1;
+            let hash = chain_hash(&prev, seq, &chained(self.org, body));
+            stored.push(StoredEvent {
+                seq,
+                prev_hash: std::mem::replace(&mut prev, hash.clone()),
+                hash,
+                event: event.clone(),
+            });
+        }
+        if row.text("chain_last")? != prev {
+            return Err(StoreError::Corrupt(format!(
+                "the database's chain hash for event #{seq} is not this build's"
+            )));
+        }
+        note_appended(self.events);
+        Ok(stored)
+    }
 }
 
 fn note_appended(events: &[Event]) {

@@ -315,23 +315,25 @@ fn end(
     ended.push(typed_event(data, &run.id, now));
     ended.extend_from_slice(then);
     if postgres {
-        // The day's usage added, and the ledger's head read and locked, in
-        // one statement: the last write before the events. (PostgreSQL
-        // runs the unread WITH after the head is locked: builds before
-        // this one locked the day's row first, so during a rolling
-        // upgrade two run ends may deadlock; the database breaks it and
-        // the transaction is retried, see `retrying`.)
-        let head = tx
+        // The day's usage added and the events appended after the ledger's
+        // head in one statement, the last write of the run's end. (The
+        // head is locked before the day's row, as the data-modifying WITH
+        // nothing reads runs last; older builds locked the row first, so
+        // during a rolling upgrade two run ends may deadlock: the database
+        // breaks it and the transaction is retried, see `retrying`.)
+        let chain = events::InStatement::new(&run.org_id, &ended)?;
+        let (ctes, chained) = chain.ctes(None);
+        let params: Vec<crate::Value> = params.into_iter().chain(chained).collect();
+        let row = tx
             .query_one(
                 &format!(
-                    "WITH added AS ({add_usage}) SELECT {} FROM ledger_head h
-                     WHERE h.id = 1 FOR UPDATE OF h",
-                    events::HEAD_COLUMNS
+                    "WITH added AS ({add_usage}), {ctes} SELECT {}",
+                    chain.columns()
                 ),
                 &params,
             )?
             .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
-        events::append_after(tx, &run.org_id, &ended, &head)?;
+        chain.stored(&row)?;
     } else {
         tx.execute(&add_usage, &params)?;
         events::append(tx, &run.org_id, &ended)?;
@@ -489,9 +491,21 @@ pub struct NewRun<'a> {
     pub volumes: &'a [crate::Attach<'a>],
 }
 
+impl NewRun<'_> {
+    /// Nothing to write beside the run itself (no volume, no stored input).
+    fn alone(&self) -> bool {
+        self.volumes.is_empty() && self.blobs.is_empty()
+    }
+}
+
 impl Store {
     /// Queues a new run (and records `run.created`).
+    /// On PostgreSQL a run with nothing beside it is one statement, with
+    /// no transaction around it.
     pub fn create_run(&self, run: &NewRun<'_>, now: i64) -> Result<RunRow, StoreError> {
+        if self.backend() == "postgres" && run.alone() {
+            return self.single(|tx| create_run_in(tx, run, now));
+        }
         self.tx(|tx| create_run_in(tx, run, now))
     }
 
@@ -1155,7 +1169,7 @@ fn claim_in(
         })?;
         match refusal {
             Some(refusal) => note_refusal(tx, ask, &run, host_id.as_deref(), refusal)?,
-            None => return Ok(ClaimLook::Took(Box::new(take(tx, ask, &run.id)?))),
+            None => return Ok(ClaimLook::Took(Box::new(take(tx, ask, &run)?))),
         }
     }
     Ok(ClaimLook::Nothing)
@@ -1241,8 +1255,9 @@ fn note_refusal(
     Ok(())
 }
 
-/// Hands the queued run `id` to the claiming runner, with its reservation.
-fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, id: &str) -> Result<Claimed, StoreError> {
+/// Hands the queued run `queued` (read, and on PostgreSQL locked, by the
+/// claim) to the claiming runner, with its reservation.
+fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed, StoreError> {
     // The state is a parameter: a cached plan cannot then use the index
     // of queued runs (its WHERE is not implied), whose scan would read
     // every queued run, only the primary key (migration V13).
@@ -1255,56 +1270,72 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, id: &str) -> Result<Claimed, StoreE
              AND m.environment = runs.environment AND m.state = 'queued'
              AND m.id <> runs.id) AS more_queued"
     );
-    // On PostgreSQL the claim also reads and locks the ledger's head for
-    // its event, as the last write of its transaction: one round trip
-    // less, the head held no longer. (Joined to the head, a row whose run
-    // columns are null: the run was not taken.)
-    let postgres = tx.dialect() == crate::Dialect::Postgres;
-    let sql = if postgres {
-        format!(
-            "WITH taken AS ({update}) SELECT taken.*, {} FROM ledger_head h
-             LEFT JOIN taken ON TRUE WHERE h.id = 1 FOR UPDATE OF h",
-            events::HEAD_COLUMNS
-        )
-    } else {
-        update
-    };
-    let Some(row) = tx
-        .query_one(
-            &sql,
-            &[
-                ask.runner.into(),
-                ask.manifest_hash.into(),
-                (ask.now + ask.lease_ms).into(),
-                ask.now.into(),
-                ask.now.into(),
-                ask.cpu_millis.into(),
-                ask.memory_bytes.into(),
-                id.into(),
-                crate::RunState::Queued.as_str().into(),
-            ],
-        )?
-        .filter(|row| !matches!(row.opt_text("id"), Ok(None)))
-    else {
-        return Err(StoreError::Corrupt(format!(
-            "run {id} was locked for the claim but is no longer queued"
-        )));
-    };
-    let more_queued = row.int("more_queued")? != 0;
-    let run = decode(&row)?;
+    let params = [
+        ask.runner.into(),
+        ask.manifest_hash.into(),
+        (ask.now + ask.lease_ms).into(),
+        ask.now.into(),
+        ask.now.into(),
+        ask.cpu_millis.into(),
+        ask.memory_bytes.into(),
+        queued.id.as_str().into(),
+        crate::RunState::Queued.as_str().into(),
+    ];
+    // The event says what the statement writes: the row is the claim's
+    // (locked on PostgreSQL), so its attempts do not move meanwhile.
+    let attempt = queued.attempts + 1;
     let data = EventData::RunClaimed(RunClaimed {
         runner_id: ask.runner.to_owned(),
         manifest_hash: ask.manifest_hash.to_owned(),
-        attempt: run.attempts,
-        lease_until: stamp(run.lease_until_ms),
+        attempt,
+        lease_until: stamp(ask.now + ask.lease_ms),
     });
-    let claimed = [typed_event(data, &run.id, ask.now)];
-    if postgres {
-        events::append_after(tx, ask.org, &claimed, &row)?;
+    let claimed = [typed_event(data, &queued.id, ask.now)];
+    let gone = || {
+        StoreError::Corrupt(format!(
+            "run {} was locked for the claim but is no longer queued",
+            queued.id
+        ))
+    };
+    // On PostgreSQL the statement that takes the run also appends its
+    // event (the ledger's head locked there, the last write of the
+    // claim's transaction): one round trip.
+    let (row, appended) = if tx.dialect() == crate::Dialect::Postgres {
+        let chain = events::InStatement::new(ask.org, &claimed)?;
+        let (ctes, chained) = chain.ctes(Some("taken"));
+        let params: Vec<crate::Value> = params.into_iter().chain(chained).collect();
+        let row = tx
+            .query_one(
+                &format!(
+                    "WITH taken AS ({update}), {ctes} SELECT taken.*, {} FROM taken",
+                    chain.columns()
+                ),
+                &params,
+            )?
+            .ok_or_else(gone)?;
+        (row, Some(chain))
     } else {
-        events::append(tx, ask.org, &claimed)?;
+        (tx.query_one(&update, &params)?.ok_or_else(gone)?, None)
+    };
+    let run = decode(&row)?;
+    if run.attempts != attempt {
+        return Err(StoreError::Corrupt(format!(
+            "run {} changed while its claim held it",
+            run.id
+        )));
     }
-    Ok(Claimed { run, more_queued })
+    match appended {
+        Some(chain) => {
+            chain.stored(&row)?;
+        }
+        None => {
+            events::append(tx, ask.org, &claimed)?;
+        }
+    }
+    Ok(Claimed {
+        more_queued: row.int("more_queued")? != 0,
+        run,
+    })
 }
 
 /// [`Store::create_run`] inside `tx`.
@@ -1351,28 +1382,27 @@ pub(crate) fn create_run_in(
         )
     };
     // A run with nothing to write beside it (the common case): on
-    // PostgreSQL the statement that inserts it also returns it and reads
-    // and locks the ledger's head (two round trips fewer). Otherwise the
-    // head is locked only once the rest is written, as every append does:
-    // it serialises every writer.
-    if tx.dialect() == crate::Dialect::Postgres && run.volumes.is_empty() && run.blobs.is_empty() {
-        let row = tx
-            .query_one(
-                &format!(
-                    "WITH ins AS ({insert} RETURNING {COLUMNS})
-                     SELECT ins.*, {} FROM ledger_head h LEFT JOIN ins ON TRUE
-                     WHERE h.id = 1 FOR UPDATE OF h",
-                    events::HEAD_COLUMNS
-                ),
-                &values,
-            )?
-            .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
-        // (Joined to the head, a row whose run columns are null: the id
-        // was taken.)
-        if row.opt_text("id")?.is_none() {
+    // PostgreSQL one statement inserts it, returns it and appends its
+    // event after the ledger's head (which it holds for that statement
+    // only). Otherwise the head is locked only once the rest is written,
+    // as every append does: it serialises every writer.
+    if tx.dialect() == crate::Dialect::Postgres && run.alone() {
+        let created = [created(&[])];
+        let chain = events::InStatement::new(run.org, &created)?;
+        let (ctes, appended) = chain.ctes(Some("ins"));
+        let params: Vec<crate::Value> = values.into_iter().chain(appended).collect();
+        let Some(row) = tx.query_one(
+            &format!(
+                "WITH ins AS ({insert} RETURNING {COLUMNS}), {ctes}
+                 SELECT ins.*, {} FROM ins",
+                chain.columns()
+            ),
+            &params,
+        )?
+        else {
             return Err(StoreError::Conflict(format!("run {}", run.id)));
-        }
-        events::append_after(tx, run.org, &[created(&[])], &row)?;
+        };
+        chain.stored(&row)?;
         return decode(&row);
     }
     if tx.execute(insert, &values)? == 0 {

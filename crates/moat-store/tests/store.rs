@@ -1936,3 +1936,65 @@ fn a_finish_with_its_teardown_records_the_teardown_last_ended_or_not() {
         assert!(s.verify_ledger().unwrap().is_ok(), "{}", s.backend());
     }
 }
+
+/// Appends from several connections at once, of one event or several (on
+/// PostgreSQL the database computes the chain in the statement that
+/// appends up to eight; more go in batches after the head is locked):
+/// one chain, every event in it once, each linked to the one before.
+#[test]
+fn concurrent_appends_make_one_chain() {
+    for b in backends() {
+        let a = org(&b.store, "a");
+        let before = b.store.all_events(0, 100_000).unwrap().len();
+        let handles: Vec<_> = (0..4)
+            .map(|t: usize| {
+                let s = Arc::clone(&b.store);
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let mut appended = 0;
+                    for i in 0..20 {
+                        let n = [1, 3, 12][(i + t) % 3];
+                        let events: Vec<_> = (0..n)
+                            .map(|k| {
+                                moat_store::typed_event(
+                                    moat_core::EventData::RunReleased(
+                                        moat_core::event_data::RunReleased {
+                                            runner_id: format!("w{t}"),
+                                            attempts: k as i64,
+                                        },
+                                    ),
+                                    &format!("rün-{t}-{i}"),
+                                    1,
+                                )
+                            })
+                            .collect();
+                        let stored = s.append_events(&a, &events).expect("append");
+                        assert_eq!(stored.len(), n);
+                        for pair in stored.windows(2) {
+                            assert_eq!(pair[1].seq, pair[0].seq + 1);
+                            assert_eq!(pair[1].prev_hash, pair[0].hash);
+                        }
+                        appended += n;
+                    }
+                    appended
+                })
+            })
+            .collect();
+        let appended: usize = handles
+            .into_iter()
+            .map(|h| h.join().expect("appender"))
+            .sum();
+        let all = b.store.all_events(0, 100_000).unwrap();
+        assert_eq!(all.len(), before + appended, "{}", b.store.backend());
+        assert!(
+            all.windows(2).all(|p| p[1].prev_hash == p[0].hash),
+            "{}",
+            b.store.backend()
+        );
+        assert!(
+            b.store.verify_ledger().unwrap().is_ok(),
+            "{}",
+            b.store.backend()
+        );
+    }
+}

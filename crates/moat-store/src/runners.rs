@@ -315,60 +315,118 @@ pub enum RunnerRequest {
     Checked(Standing),
 }
 
+/// A runner with its build's, manifest's and enrolment's standing (no
+/// count of held runs): what every signed request reads.
+fn standing_select(filter: &str) -> String {
+    format!(
+        "SELECT {COLUMNS}, 0 AS slots_used, 0 AS cpu_reserved, 0 AS memory_reserved,
+           EXISTS (SELECT 1 FROM runner_builds b WHERE b.org_id = r.org_id
+                   AND b.sha256 = r.runner_hash AND b.revoked = 0) AS build_allowed,
+           EXISTS (SELECT 1 FROM manifests m WHERE m.org_id = r.org_id
+                   AND m.hash = r.manifest_hash AND m.revoked = 0
+                   AND NOT EXISTS (SELECT 1 FROM revoked_keys k
+                       WHERE k.org_id = m.org_id AND k.public_key = m.signed_by))
+             AS manifest_standing,
+           (r.enrolment_id IS NULL OR EXISTS (SELECT 1 FROM runner_enrolments e
+                   WHERE e.id = r.enrolment_id AND e.revoked_ms IS NULL))
+             AS enrolment_standing
+         FROM runners r WHERE {filter}"
+    )
+}
+
+fn standing_of(row: &Row, fresh_nonce: bool) -> Result<Standing, StoreError> {
+    Ok(Standing {
+        runner: decode(row)?,
+        fresh_nonce,
+        build_allowed: row.int("build_allowed")? == 1,
+        manifest_standing: row.int("manifest_standing")? == 1,
+        enrolment_standing: row.int("enrolment_standing")? == 1,
+    })
+}
+
 impl Store {
-    /// Everything a signed runner request needs, in one transaction: the
-    /// runner; `verify` (the signature check, with the runner's key); then,
-    /// only for a verified request, its nonce spent and its standing.
+    /// Everything a signed runner request needs: the runner; `verify` (the
+    /// signature check, with the runner's key); then, only for a verified
+    /// request, its nonce spent and its standing.
+    ///
+    /// `verified_with`: a key the caller already checked the request's
+    /// signature with (the runner's key when last seen). While it is still
+    /// the runner's key, the runner is read and the nonce spent in one
+    /// statement on PostgreSQL; otherwise (a new key, no such runner) as
+    /// without it.
     pub fn runner_request(
         &self,
         id: &str,
         nonce: &str,
         now: i64,
         nonce_expires_ms: i64,
+        verified_with: Option<&str>,
         mut verify: impl FnMut(&RunnerRow) -> bool,
     ) -> Result<RunnerRequest, StoreError> {
-        // The hot path of every signed request, in two round trips: the
-        // runner with its build's and manifest's standing (no count of held
-        // runs), then, once its signature checks out, its nonce spent.
-        let found = self.read(|tx| {
-            tx.query_one(
-                &format!(
-                    "SELECT {COLUMNS}, 0 AS slots_used, 0 AS cpu_reserved, 0 AS memory_reserved,
-                       EXISTS (SELECT 1 FROM runner_builds b WHERE b.org_id = r.org_id
-                               AND b.sha256 = r.runner_hash AND b.revoked = 0) AS build_allowed,
-                       EXISTS (SELECT 1 FROM manifests m WHERE m.org_id = r.org_id
-                               AND m.hash = r.manifest_hash AND m.revoked = 0
-                               AND NOT EXISTS (SELECT 1 FROM revoked_keys k
-                                   WHERE k.org_id = m.org_id AND k.public_key = m.signed_by))
-                         AS manifest_standing,
-                       (r.enrolment_id IS NULL OR EXISTS (SELECT 1 FROM runner_enrolments e
-                               WHERE e.id = r.enrolment_id AND e.revoked_ms IS NULL))
-                         AS enrolment_standing
-                     FROM runners r WHERE r.id = ?"
-                ),
-                &[id.into()],
-            )
-        })?;
+        if let Some(key) = verified_with
+            && let Some(standing) = self.spend_as(id, key, nonce, now, nonce_expires_ms)?
+        {
+            return Ok(RunnerRequest::Checked(standing));
+        }
+        // Otherwise in two round trips: the runner with its standing, then,
+        // once its signature checks out with the key read, its nonce spent.
+        let found = self.read(|tx| tx.query_one(&standing_select("r.id = ?"), &[id.into()]))?;
         let Some(row) = found else {
             return Ok(RunnerRequest::UnknownRunner);
         };
         let runner = decode(&row)?;
-        let (build_allowed, manifest_standing, enrolment_standing) = (
-            row.int("build_allowed")? == 1,
-            row.int("manifest_standing")? == 1,
-            row.int("enrolment_standing")? == 1,
-        );
         if !verify(&runner) {
             return Ok(RunnerRequest::Refused(runner));
         }
         let fresh_nonce = self.single(|tx| spend_nonce(tx, id, nonce, nonce_expires_ms, now))?;
-        Ok(RunnerRequest::Checked(Standing {
-            runner,
-            fresh_nonce,
-            build_allowed,
-            manifest_standing,
-            enrolment_standing,
-        }))
+        Ok(RunnerRequest::Checked(standing_of(&row, fresh_nonce)?))
+    }
+
+    /// The request's nonce spent and the runner's standing read, if runner
+    /// `id` still has `key` (`None`: nothing was recorded).
+    fn spend_as(
+        &self,
+        id: &str,
+        key: &str,
+        nonce: &str,
+        now: i64,
+        nonce_expires_ms: i64,
+    ) -> Result<Option<Standing>, StoreError> {
+        let filter = "r.id = ? AND r.public_key = ?";
+        self.single(|tx| {
+            if tx.dialect() == Dialect::Sqlite {
+                let Some(row) = tx.query_one(&standing_select(filter), &[id.into(), key.into()])?
+                else {
+                    return Ok(None);
+                };
+                let fresh = spend_nonce(tx, id, nonce, nonce_expires_ms, now)?;
+                return standing_of(&row, fresh).map(Some);
+            }
+            // The nonce goes in only with the runner found with the key.
+            let Some(row) = tx.query_one(
+                &format!(
+                    "WITH found AS MATERIALIZED ({}),
+                     fresh AS (INSERT INTO request_nonces (runner_id, nonce, expires_ms)
+                         SELECT id, ?, ? FROM found
+                         ON CONFLICT (runner_id, nonce) DO NOTHING RETURNING 1),
+                     seen AS (UPDATE runners SET seen_ms = ? FROM found WHERE runners.id = found.id)
+                     SELECT found.*, (SELECT COUNT(*) FROM fresh) AS fresh FROM found",
+                    standing_select(filter)
+                ),
+                &[
+                    id.into(),
+                    key.into(),
+                    nonce.into(),
+                    nonce_expires_ms.into(),
+                    now.into(),
+                ],
+            )?
+            else {
+                return Ok(None);
+            };
+            let fresh = row.int("fresh")? == 1;
+            standing_of(&row, fresh).map(Some)
+        })
     }
 }
 

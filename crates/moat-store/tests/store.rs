@@ -839,7 +839,7 @@ fn nonces_manifests_and_builds() {
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s
-            .runner_request("runner", nonce, 2, 100, |_| verified)
+            .runner_request("runner", nonce, 2, 100, None, |_| verified)
             .unwrap()
         {
             RunnerRequest::Checked(standing) => Some(standing.fresh_nonce),
@@ -855,10 +855,39 @@ fn nonces_manifests_and_builds() {
         assert_eq!(fresh("n1", true), Some(true));
         assert_eq!(fresh("n1", true), Some(false), "replayed nonce accepted");
         assert!(matches!(
-            s.runner_request("nobody", "n2", 2, 100, |_| true).unwrap(),
+            s.runner_request("nobody", "n2", 2, 100, None, |_| true)
+                .unwrap(),
             RunnerRequest::UnknownRunner
         ));
-        assert_eq!(s.prune_nonces(200).unwrap(), 2);
+        // A request the caller verified with the runner's current key: no
+        // second check, the nonce spent once all the same.
+        let known = |nonce: &str, key: &str, verified: bool| {
+            let mut asked = false;
+            let answer = match s
+                .runner_request("runner", nonce, 2, 100, Some(key), |_| {
+                    asked = true;
+                    verified
+                })
+                .unwrap()
+            {
+                RunnerRequest::Checked(standing) => Some(standing.fresh_nonce),
+                RunnerRequest::Refused(_) => None,
+                RunnerRequest::UnknownRunner => panic!("runner not found"),
+            };
+            (answer, asked)
+        };
+        assert_eq!(known("n3", "k", false), (Some(true), false));
+        assert_eq!(known("n3", "k", true), (Some(false), false), "replay");
+        // A key that is no longer the runner's: checked again with the
+        // current one, nothing recorded when that fails.
+        assert_eq!(known("n4", "old", false), (None, true));
+        assert_eq!(known("n4", "old", true), (Some(true), true));
+        assert!(matches!(
+            s.runner_request("nobody", "n5", 2, 100, Some("k"), |_| true)
+                .unwrap(),
+            RunnerRequest::UnknownRunner
+        ));
+        assert_eq!(s.prune_nonces(200).unwrap(), 4);
 
         s.allow_runner_build(&a, "h1", "v1", 1).unwrap();
         assert!(s.runner_build_allowed(&a, "h1").unwrap());

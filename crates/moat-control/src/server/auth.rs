@@ -271,6 +271,66 @@ pub async fn reject(
     ApiError::forbidden(reason.as_str(), message)
 }
 
+/// A signed runner request, as received.
+struct SignedRequest {
+    runner: String,
+    method: String,
+    path: String,
+    timestamp: i64,
+    nonce: String,
+    body: Vec<u8>,
+    signature: String,
+}
+
+impl SignedRequest {
+    /// Its signature checks out with `key` (base64).
+    fn verifies(&self, key: &str) -> bool {
+        let signed = request_sig::Signed {
+            runner: &self.runner,
+            method: &self.method,
+            path_and_query: &self.path,
+            timestamp_ms: self.timestamp,
+            nonce: &self.nonce,
+            body: &self.body,
+        };
+        PublicKey::from_base64(key).is_ok_and(|key| signed.verify(&key, &self.signature).is_ok())
+    }
+}
+
+/// The public key each runner last signed a request with (a hint the
+/// store checks against the runner's current key, never trusted alone).
+#[derive(Default)]
+pub(crate) struct RunnerKeys(std::sync::Mutex<std::collections::HashMap<String, String>>);
+
+impl RunnerKeys {
+    /// More runners than any deployment has: past it the hints start over.
+    const MOST: usize = 100_000;
+
+    fn get(&self, runner: &str) -> Option<String> {
+        self.lock().get(runner).cloned()
+    }
+
+    fn put(&self, runner: &str, key: &str) {
+        let mut keys = self.lock();
+        if keys.get(runner).map(String::as_str) != Some(key) {
+            if keys.len() >= Self::MOST {
+                keys.clear();
+            }
+            keys.insert(runner.to_owned(), key.to_owned());
+        }
+    }
+
+    fn forget(&self, runner: &str) {
+        self.lock().remove(runner);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The runner that signed this request, once its signature, timestamp and
 /// nonce check out and its build, manifest and signing key still stand.
 pub async fn runner(
@@ -295,30 +355,38 @@ pub async fn runner(
         .path_and_query()
         .map_or(uri.path(), |p| p.as_str())
         .to_owned();
-    let (method, signature, body) = (
-        method.as_str().to_owned(),
-        signature.to_owned(),
-        body.to_vec(),
-    );
+    let request = SignedRequest {
+        runner: id.clone(),
+        method: method.as_str().to_owned(),
+        path,
+        timestamp,
+        nonce: nonce.clone(),
+        body: body.to_vec(),
+        signature: signature.to_owned(),
+    };
+    // With the key this runner signed with last time, when it still
+    // verifies: the store then reads the runner and spends the nonce in
+    // one trip, if that is still the runner's key.
+    let known = state
+        .runner_keys
+        .get(&id)
+        .filter(|key| request.verifies(key));
     let now = state.now();
     let expires = timestamp.saturating_add(2 * request_sig::MAX_SKEW_MS);
-    let spent = nonce.clone();
+    let asked = id.clone();
     let checked = state
         .db(move |s| {
-            s.runner_request(&id, &spent, now, expires, |runner| {
-                let signed = request_sig::Signed {
-                    runner: &runner.id,
-                    method: &method,
-                    path_and_query: &path,
-                    timestamp_ms: timestamp,
-                    nonce: &nonce,
-                    body: &body,
-                };
-                PublicKey::from_base64(&runner.public_key)
-                    .is_ok_and(|key| signed.verify(&key, &signature).is_ok())
+            s.runner_request(&asked, &nonce, now, expires, known.as_deref(), |runner| {
+                request.verifies(&runner.public_key)
             })
         })
         .await?;
+    match &checked {
+        RunnerRequest::Checked(standing) => {
+            state.runner_keys.put(&id, &standing.runner.public_key);
+        }
+        _ => state.runner_keys.forget(&id),
+    }
     let standing = match checked {
         RunnerRequest::UnknownRunner => return Err(ApiError::unauthorized("unknown runner")),
         RunnerRequest::Refused(runner) => {

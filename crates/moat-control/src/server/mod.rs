@@ -116,6 +116,8 @@ pub struct AppState {
         std::sync::Mutex<std::collections::HashMap<(String, String), runner_api::ManifestTerms>>,
     /// Requests to runs' ports waiting for their runners' tunnels.
     ingress: Arc<ingress::Ingress>,
+    /// The key each runner last signed with (see `auth::runner`).
+    runner_keys: auth::RunnerKeys,
 }
 
 impl AppState {
@@ -156,6 +158,7 @@ impl AppState {
             metrics,
             lifetimes: std::sync::Mutex::default(),
             ingress,
+            runner_keys: auth::RunnerKeys::default(),
         })
     }
 

@@ -75,9 +75,8 @@ pub fn append(
     }
     if tx.dialect() == Dialect::Postgres && events.len() <= IN_STATEMENT_MOST {
         let chain = InStatement::new(org, events)?;
-        let (ctes, params) = chain.ctes(None);
-        let row = tx
-            .query_one(&format!("WITH {ctes} SELECT {}", chain.columns()), &params)?
+        let row = chain
+            .query_one(tx, "", [], None, "")?
             .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
         return chain.stored(&row);
     }
@@ -91,15 +90,9 @@ pub fn append(
     append_after(tx, org, events, &head)
 }
 
-/// The columns that read the ledger's head (and, on PostgreSQL, lock it
-/// to commit) in a statement of the caller's, for [`append_after`]:
-/// `FROM ledger_head h WHERE h.id = 1 FOR UPDATE OF h`.
-pub(crate) const HEAD_COLUMNS: &str = "h.seq AS head_seq, h.hash AS head_hash";
-
-/// As [`append`], after the head the caller read and locked in its
-/// transaction (`head_seq` and `head_hash` of `head`, see
-/// [`HEAD_COLUMNS`]): one round trip less.
-pub(crate) fn append_after(
+/// As [`append`], after the head read and locked (`head_seq` and
+/// `head_hash` of `head`).
+fn append_after(
     tx: &mut dyn Tx,
     org: &str,
     events: &[Event],
@@ -199,7 +192,7 @@ impl<'a> InStatement<'a> {
     /// and their parameters, in order. With `gate`, the name of a CTE of
     /// the caller's, nothing is appended (nor the head locked) unless it
     /// yields a row.
-    pub fn ctes(&self, gate: Option<&str>) -> (String, Vec<Value>) {
+    fn ctes(&self, gate: Option<&str>) -> (String, Vec<Value>) {
         let gate = gate
             .map(|cte| format!(" AND EXISTS (SELECT 1 FROM {cte})"))
             .unwrap_or_default();
@@ -242,9 +235,35 @@ impl<'a> InStatement<'a> {
         (sql, params)
     }
 
+    /// Runs `WITH {with}, <the chain's CTEs> SELECT <the chain's
+    /// columns>{and_select}` in `tx`: `with`, the caller's own CTEs (or
+    /// nothing), takes `params`, the chain's parameters follow; `gate` as
+    /// for [`InStatement::ctes`]; `and_select`, the rest of the `SELECT`
+    /// (more columns after a comma, a `FROM`), may be empty.
+    pub fn query_one(
+        &self,
+        tx: &mut dyn Tx,
+        with: &str,
+        params: impl IntoIterator<Item = Value>,
+        gate: Option<&str>,
+        and_select: &str,
+    ) -> Result<Option<crate::Row>, StoreError> {
+        let (ctes, chained) = self.ctes(gate);
+        let params: Vec<Value> = params.into_iter().chain(chained).collect();
+        let with = if with.is_empty() {
+            ctes
+        } else {
+            format!("{with}, {ctes}")
+        };
+        tx.query_one(
+            &format!("WITH {with} SELECT {}{and_select}", self.columns()),
+            &params,
+        )
+    }
+
     /// The columns the caller's final `SELECT` returns for
     /// [`InStatement::stored`] (scalar subqueries: no join needed).
-    pub fn columns(&self) -> String {
+    fn columns(&self) -> String {
         format!(
             "(SELECT seq FROM chain_head) AS head_seq, (SELECT hash FROM chain_head) AS head_hash,
              (SELECT hash FROM chain_{}) AS chain_last",
@@ -315,36 +334,40 @@ impl Store {
 
     /// Appends `event` of `org` if its run is one of the org's (`false`:
     /// no such run, nothing appended). On PostgreSQL the look for the run
-    /// also reads and locks the ledger's head: one round trip.
+    /// and the append are one statement, with no transaction around it.
     pub fn append_run_event(&self, org: &str, event: &Event) -> Result<bool, StoreError> {
         let run = event.run_id.as_str();
-        self.tx(|tx| {
-            let exists =
-                "EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM ? AND r.id = ?)";
-            if tx.dialect() != Dialect::Postgres {
-                let found = tx.query_one(
-                    &format!("SELECT {exists} AS found"),
-                    &[org.into(), run.into()],
-                )?;
-                if found.map(|row| row.int("found")).transpose()? != Some(1) {
+        let exists =
+            "EXISTS (SELECT 1 FROM runs r WHERE r.org_id IS NOT DISTINCT FROM ? AND r.id = ?)";
+        if self.backend() == "postgres" {
+            let events = std::slice::from_ref(event);
+            return self.single(|tx| {
+                let chain = InStatement::new(org, events)?;
+                let row = chain
+                    .query_one(
+                        tx,
+                        &format!("found AS MATERIALIZED (SELECT 1 AS one WHERE {exists})"),
+                        [org.into(), run.into()],
+                        Some("found"),
+                        ", (SELECT COUNT(*) FROM found) AS found",
+                    )?
+                    .ok_or_else(|| StoreError::Corrupt("no row".into()))?;
+                if row.int("found")? != 1 {
                     return Ok(false);
                 }
-                append(tx, org, std::slice::from_ref(event))?;
-                return Ok(true);
-            }
-            let head = tx
-                .query_one(
-                    &format!(
-                        "SELECT {HEAD_COLUMNS}, {exists} AS found
-                         FROM ledger_head h WHERE h.id = 1 FOR UPDATE OF h"
-                    ),
-                    &[org.into(), run.into()],
-                )?
-                .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
-            if head.int("found")? != 1 {
+                chain.stored(&row)?;
+                Ok(true)
+            });
+        }
+        self.tx(|tx| {
+            let found = tx.query_one(
+                &format!("SELECT {exists} AS found"),
+                &[org.into(), run.into()],
+            )?;
+            if found.map(|row| row.int("found")).transpose()? != Some(1) {
                 return Ok(false);
             }
-            append_after(tx, org, std::slice::from_ref(event), &head)?;
+            append(tx, org, std::slice::from_ref(event))?;
             Ok(true)
         })
     }

@@ -325,41 +325,38 @@ impl Store {
             ];
             let delete = "DELETE FROM tool_tokens WHERE run_id = ? AND op_id = ?";
             // Only events left to write (the common case): on PostgreSQL
-            // one statement does the above and reads and locks the
+            // one statement does the above and appends them after the
             // ledger's head (two round trips fewer). Otherwise the head is
             // locked only once the rest is written, as every append does:
             // it serialises every writer.
             let only_events = !result.events.is_empty()
+                && result.events.len() <= events::IN_STATEMENT_MOST
                 && result.heads.is_empty()
                 && result.artifacts.is_empty()
                 && result.held.is_empty()
                 && !crate::quarantine::records_any(result.events);
             if tx.dialect() == crate::db::Dialect::Postgres {
-                let (lock, head) = if only_events {
-                    (
-                        " FOR UPDATE OF h",
-                        format!(", {}", events::HEAD_COLUMNS),
-                    )
-                } else {
-                    ("", String::new())
-                };
+                let with = format!(
+                    "done AS ({update} RETURNING 1),
+                     gone AS ({delete} AND EXISTS (SELECT 1 FROM done))"
+                );
+                let updated = ", (SELECT COUNT(*) FROM done) AS updated";
+                if only_events {
+                    let chain = events::InStatement::new(result.org, result.events)?;
+                    let row = chain
+                        .query_one(tx, &with, params, Some("done"), updated)?
+                        .ok_or_else(|| StoreError::Corrupt("no row".into()))?;
+                    if row.int("updated")? == 0 {
+                        return Ok(false);
+                    }
+                    chain.stored(&row)?;
+                    return Ok(true);
+                }
                 let row = tx
-                    .query_one(
-                        &format!(
-                            "WITH done AS ({update} RETURNING 1),
-                             gone AS ({delete} AND EXISTS (SELECT 1 FROM done))
-                             SELECT (SELECT COUNT(*) FROM done) AS updated{head}
-                             FROM ledger_head h WHERE h.id = 1{lock}"
-                        ),
-                        &params,
-                    )?
-                    .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+                    .query_one(&format!("WITH {with} SELECT 1 AS one{updated}"), &params)?
+                    .ok_or_else(|| StoreError::Corrupt("no row".into()))?;
                 if row.int("updated")? == 0 {
                     return Ok(false);
-                }
-                if only_events {
-                    events::append_after(tx, result.org, result.events, &row)?;
-                    return Ok(true);
                 }
             } else {
                 if tx.execute(update, &params[..8])? == 0 {
@@ -418,35 +415,38 @@ pub(crate) fn insert_op_in(
         ]
     };
     // With events and nothing else to write before them (no approval), on
-    // PostgreSQL the statement that queues the op also reads and locks the
-    // ledger's head.
+    // PostgreSQL the statement that queues the op also appends them after
+    // the ledger's head.
     let postgres = tx.dialect() == crate::db::Dialect::Postgres;
-    let with_head = postgres && op.approval.is_none() && !op.events.is_empty();
+    let appending = postgres
+        && op.approval.is_none()
+        && !op.events.is_empty()
+        && op.events.len() <= events::IN_STATEMENT_MOST;
+    let mut chain = None;
     let inserted = if postgres {
         // One statement: the counter, the op numbered from it, whether
-        // the run took it, and the head if wanted.
-        let (head, from) = if with_head {
-            (
-                format!(", {}", events::HEAD_COLUMNS),
-                "ledger_head h LEFT JOIN ins ON TRUE WHERE h.id = 1 FOR UPDATE OF h",
-            )
-        } else {
-            (String::new(), "(SELECT 1 AS one) one LEFT JOIN ins ON TRUE")
-        };
-        let sql = format!(
-            "WITH counted AS ({counter}),
+        // the run took it, and its events if wanted.
+        let with = format!(
+            "counted AS ({counter}),
              ins AS (INSERT INTO ops {columns} SELECT ?, ?, ?, counted.last_op_n, ?, ?, ?, ?, ?, ?, ?
-                     FROM counted ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS})
-             SELECT ins.*, (SELECT COUNT(*) FROM counted) AS counted{head} FROM {from}"
+                     FROM counted ON CONFLICT (run_id, id) DO NOTHING RETURNING {COLUMNS})"
         );
+        let select = "ins.*, (SELECT COUNT(*) FROM counted) AS counted
+             FROM (SELECT 1 AS one) one LEFT JOIN ins ON TRUE";
         let [run, id, org, _, rest @ ..] = values(crate::Value::Null);
         let params: Vec<crate::Value> = [op.org.into(), op.run.into(), run, id, org]
             .into_iter()
             .chain(rest)
             .collect();
-        let row = tx
-            .query_one(&sql, &params)?
-            .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
+        let row = if appending {
+            let appended = events::InStatement::new(op.org, op.events)?;
+            let row = appended.query_one(tx, &with, params, Some("ins"), &format!(", {select}"))?;
+            chain = Some(appended);
+            row
+        } else {
+            tx.query_one(&format!("WITH {with} SELECT {select}"), &params)?
+        }
+        .ok_or_else(|| StoreError::Corrupt("no row".into()))?;
         if row.int("counted")? == 0 {
             return Ok(None);
         }
@@ -464,13 +464,12 @@ pub(crate) fn insert_op_in(
             &values(n.into()),
         )?
     };
-    // (Joined to the head, a row whose op columns are null: nothing was
-    // inserted.)
+    // (A row whose op columns are null: nothing was inserted.)
     let Some(inserted) = inserted.filter(|row| !matches!(row.opt_text("id"), Ok(None))) else {
         return Err(StoreError::Conflict(format!("operation {}", op.id)));
     };
-    if with_head {
-        events::append_after(tx, op.org, op.events, &inserted)?;
+    if let Some(chain) = chain {
+        chain.stored(&inserted)?;
         return decode(&inserted).map(Some);
     }
     if let Some(approval) = &op.approval {

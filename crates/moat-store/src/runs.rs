@@ -322,16 +322,8 @@ fn end(
         // during a rolling upgrade two run ends may deadlock: the database
         // breaks it and the transaction is retried, see `retrying`.)
         let chain = events::InStatement::new(&run.org_id, &ended)?;
-        let (ctes, chained) = chain.ctes(None);
-        let params: Vec<crate::Value> = params.into_iter().chain(chained).collect();
-        let row = tx
-            .query_one(
-                &format!(
-                    "WITH added AS ({add_usage}), {ctes} SELECT {}",
-                    chain.columns()
-                ),
-                &params,
-            )?
+        let row = chain
+            .query_one(tx, &format!("added AS ({add_usage})"), params, None, "")?
             .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
         chain.stored(&row)?;
     } else {
@@ -1302,15 +1294,13 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed,
     // claim's transaction): one round trip.
     let (row, appended) = if tx.dialect() == crate::Dialect::Postgres {
         let chain = events::InStatement::new(ask.org, &claimed)?;
-        let (ctes, chained) = chain.ctes(Some("taken"));
-        let params: Vec<crate::Value> = params.into_iter().chain(chained).collect();
-        let row = tx
+        let row = chain
             .query_one(
-                &format!(
-                    "WITH taken AS ({update}), {ctes} SELECT taken.*, {} FROM taken",
-                    chain.columns()
-                ),
-                &params,
+                tx,
+                &format!("taken AS ({update})"),
+                params,
+                Some("taken"),
+                ", taken.* FROM taken",
             )?
             .ok_or_else(gone)?;
         (row, Some(chain))
@@ -1389,15 +1379,12 @@ pub(crate) fn create_run_in(
     if tx.dialect() == crate::Dialect::Postgres && run.alone() {
         let created = [created(&[])];
         let chain = events::InStatement::new(run.org, &created)?;
-        let (ctes, appended) = chain.ctes(Some("ins"));
-        let params: Vec<crate::Value> = values.into_iter().chain(appended).collect();
-        let Some(row) = tx.query_one(
-            &format!(
-                "WITH ins AS ({insert} RETURNING {COLUMNS}), {ctes}
-                 SELECT ins.*, {} FROM ins",
-                chain.columns()
-            ),
-            &params,
+        let Some(row) = chain.query_one(
+            tx,
+            &format!("ins AS ({insert} RETURNING {COLUMNS})"),
+            values,
+            Some("ins"),
+            ", ins.* FROM ins",
         )?
         else {
             return Err(StoreError::Conflict(format!("run {}", run.id)));

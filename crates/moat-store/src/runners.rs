@@ -230,33 +230,63 @@ pub(crate) struct Held {
     pub runs: i64,
     pub cpu_millis: i64,
     pub memory_bytes: i64,
+    /// On PostgreSQL, the names of the orgs other than the claim's whose
+    /// runs runners on the runner's host hold now (runners that named no
+    /// host count as one host), read in the same statement; `None` on
+    /// SQLite, where they are read when needed.
+    pub tenants: Option<Vec<String>>,
 }
 
 /// What the runs of runner `id` take of it, if it still stands
 /// ([`RUNNER_STANDS`]; `None`: it does not), with the quota of `org` (its
-/// runner's): one statement, as a claim reads them under its turns.
+/// runner's) and, on PostgreSQL, the other tenants of its host: one
+/// statement, as a claim reads them under its turns.
 pub(crate) fn held_if_standing(
     tx: &mut dyn Tx,
     id: &str,
     org: &str,
 ) -> Result<Option<(Held, Option<moat_core::quota::Quota>)>, StoreError> {
     let quota = crate::quotas::joined_columns("q");
+    let postgres = tx.dialect() == Dialect::Postgres;
+    let (tenants, mut params): (&str, Vec<crate::Value>) = if postgres {
+        (
+            ", (SELECT json_agg(t.name ORDER BY t.name)::text FROM (SELECT DISTINCT o.name
+                 FROM runs r JOIN runners v ON v.id = r.runner_id JOIN orgs o ON o.id = r.org_id
+                 WHERE (v.host_id = w.host_id OR (v.host_id IS NULL AND w.host_id IS NULL))
+                   AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')) t) AS tenants",
+            vec![org.into()],
+        )
+    } else {
+        ("", Vec::new())
+    };
+    params.extend([id.into(), org.into(), id.into()]);
     let row = tx.query_one(
         &format!(
-            "SELECT h.runs, h.cpu, h.memory, {quota} FROM runners w
+            "SELECT h.runs, h.cpu, h.memory, {quota}{tenants} FROM runners w
                CROSS JOIN (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
                        CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
                 FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
                LEFT JOIN org_quotas q ON q.org_id = ?
              WHERE w.id = ? AND {RUNNER_STANDS}"
         ),
-        &[id.into(), org.into(), id.into()],
+        &params,
     )?;
     row.map(|row| {
+        let tenants = if postgres {
+            let names = row.opt_text("tenants")?;
+            Some(match names {
+                Some(json) => serde_json::from_str(&json)
+                    .map_err(|e| StoreError::Corrupt(format!("a host's tenants: {e}")))?,
+                None => Vec::new(),
+            })
+        } else {
+            None
+        };
         let held = Held {
             runs: row.int("runs")?,
             cpu_millis: row.int("cpu")?,
             memory_bytes: row.int("memory")?,
+            tenants,
         };
         Ok((held, crate::quotas::decode_joined(&row)?))
     })

@@ -1072,16 +1072,21 @@ fn claim_in(
     };
     let host = runner.as_ref().map(|w| w.host_id.clone());
     let mut too_big = None;
-    // The org's quota, read with what the runner holds when it has one.
+    // The org's quota, read with what the runner holds when it has one
+    // (and on PostgreSQL its host's other tenants, for the placement
+    // policy, before any queued run is locked).
     let mut quota = None;
+    let mut tenants = None;
     if let Some(w) = &runner {
         if w.draining {
             return Ok(ClaimLook::Nothing);
         }
         // Fresh figures, read under the turns just taken.
-        let Some((held, org_quota)) = crate::runners::held_if_standing(tx, &w.id, ask.org)? else {
+        let Some((mut held, org_quota)) = crate::runners::held_if_standing(tx, &w.id, ask.org)?
+        else {
             return Ok(ClaimLook::Nothing);
         };
+        tenants = held.tenants.take();
         quota = Some(org_quota);
         too_big = never_fits(w, ask);
         let fits = |have: i64, reserved: i64, need: i64| {
@@ -1143,9 +1148,10 @@ fn claim_in(
             ClaimLook::Nothing
         });
     }
-    let tenants = match &host {
-        Some(host) => tenants_on(tx, host.as_deref(), ask.org)?,
-        None => Vec::new(),
+    let tenants = match (tenants, &host) {
+        (Some(tenants), _) => tenants,
+        (None, Some(host)) => tenants_on(tx, host.as_deref(), ask.org)?,
+        (None, None) => Vec::new(),
     };
     let org_name = match candidates.first().map(|row| row.opt_text("org_name")) {
         Some(name) => name?.unwrap_or_else(|| ask.org.to_owned()),

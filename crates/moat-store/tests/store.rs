@@ -2027,3 +2027,109 @@ fn concurrent_appends_make_one_chain() {
         );
     }
 }
+
+/// A standing runner `id` of `org` on `host` (build `h`, manifest `m` of
+/// environment `test`, both allowed by the caller).
+fn runner_on(org: &str, id: &str, host: Option<&str>) -> RunnerRow {
+    RunnerRow {
+        id: id.into(),
+        org_id: org.into(),
+        runner_hash: "h".into(),
+        manifest_hash: "m".into(),
+        policy_hash: "p".into(),
+        version: "1".into(),
+        environment: "test".into(),
+        ops: json!([]),
+        sandbox_mode: "workspace-write".into(),
+        boot_time: "t".into(),
+        public_key: "k".into(),
+        registered_ms: 1,
+        seen_ms: 1,
+        slots: 4,
+        slots_used: 0,
+        enrolment_id: None,
+        classes: 1,
+        host_features: None,
+        host_id: host.map(str::to_owned),
+        labels: None,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        draining: false,
+        cpu_reserved: 0,
+        memory_reserved: 0,
+    }
+}
+
+/// What the placement policy is told about a claiming runner's host: the
+/// names of the other orgs whose runs runners on that host hold now
+/// (runners that named no host count as one host), its own org never.
+#[test]
+fn a_claim_tells_placement_the_other_tenants_of_the_runners_host() {
+    for b in backends() {
+        let s = &b.store;
+        let orgs: Vec<String> = ["acme", "globex", "initech"]
+            .iter()
+            .map(|name| {
+                let id = org(s, name);
+                s.allow_runner_build(&id, "h", "1", 1).unwrap();
+                s.publish_manifest(
+                    &id,
+                    &moat_store::ManifestRow {
+                        environment: "test".into(),
+                        ..prod_manifest("m", 1, "k")
+                    },
+                )
+                .unwrap();
+                id
+            })
+            .collect();
+        let (acme, globex, initech) = (&orgs[0], &orgs[1], &orgs[2]);
+        for (org, id, host) in [
+            (globex, "g1", Some("host-1")),
+            (initech, "i0", None),
+            (acme, "a1", Some("host-1")),
+            (acme, "a2", Some("host-2")),
+            (acme, "a0", None),
+        ] {
+            s.register_runner(&runner_on(org, id, host)).unwrap();
+        }
+        // globex holds a run on host-1, initech one on a runner of no host.
+        run(s, globex, "g-run", 1);
+        run(s, initech, "i-run", 1);
+        assert!(
+            s.claim_run(globex, "test", "g1", "m", 2, 60_000)
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            s.claim_run(initech, "test", "i0", "m", 2, 60_000)
+                .unwrap()
+                .is_some()
+        );
+        let seen = |runner: &str, id: &str| {
+            run(s, acme, id, 1);
+            let mut tenants = None;
+            let ask = ClaimAsk {
+                org: acme,
+                environment: "test",
+                runner,
+                manifest_hash: "m",
+                now: 3,
+                lease_ms: 60_000,
+                cpu_millis: 0,
+                memory_bytes: 0,
+            };
+            let look = s
+                .claim(&ask, &mut |candidate| {
+                    tenants = Some(candidate.tenants.to_vec());
+                    Ok(None)
+                })
+                .unwrap();
+            assert!(matches!(look, ClaimLook::Took(_)), "{}", s.backend());
+            tenants.expect("placement asked")
+        };
+        assert_eq!(seen("a1", "a-1"), ["globex"], "{}", s.backend());
+        assert!(seen("a2", "a-2").is_empty(), "{}", s.backend());
+        assert_eq!(seen("a0", "a-0"), ["initech"], "{}", s.backend());
+    }
+}

@@ -171,8 +171,13 @@ const NEXT_HASH: &str = "encode(sha256(convert_to(p.hash || chr(10) || (p.seq + 
 
 impl<'a> InStatement<'a> {
     pub fn new(org: &'a str, events: &'a [Event]) -> Result<Self, StoreError> {
-        if events.is_empty() {
-            return Err(StoreError::Encode("an append of no events".into()));
+        if events.is_empty() || events.len() > IN_STATEMENT_MOST {
+            // More would make a statement that grows with them (a CTE per
+            // event): those go in batches (`append`).
+            return Err(StoreError::Encode(format!(
+                "{} events to append in one statement (1 to {IN_STATEMENT_MOST})",
+                events.len()
+            )));
         }
         let bodies = events
             .iter()
@@ -239,7 +244,9 @@ impl<'a> InStatement<'a> {
     /// columns>{and_select}` in `tx`: `with`, the caller's own CTEs (or
     /// nothing), takes `params`, the chain's parameters follow; `gate` as
     /// for [`InStatement::ctes`]; `and_select`, the rest of the `SELECT`
-    /// (more columns after a comma, a `FROM`), may be empty.
+    /// (more columns after a comma, a `FROM`), may be empty and takes no
+    /// parameters (they would be numbered after the chain's). Needs
+    /// PostgreSQL 12 or later (`MATERIALIZED`).
     pub fn query_one(
         &self,
         tx: &mut dyn Tx,

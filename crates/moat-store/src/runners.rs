@@ -432,23 +432,29 @@ impl Store {
                 let fresh = spend_nonce(tx, id, nonce, nonce_expires_ms, now)?;
                 return standing_of(&row, fresh).map(Some);
             }
-            // The nonce goes in only with the runner found with the key.
+            // The nonce goes in only with the runner found with the key,
+            // and still holding it as the statement writes (a new key
+            // committed meanwhile: nothing recorded, no row).
             let Some(row) = tx.query_one(
                 &format!(
                     "WITH found AS MATERIALIZED ({}),
+                     seen AS (UPDATE runners SET seen_ms = ? FROM found
+                         WHERE runners.id = found.id AND runners.public_key = ?
+                         RETURNING runners.id),
                      fresh AS (INSERT INTO request_nonces (runner_id, nonce, expires_ms)
-                         SELECT id, ?, ? FROM found
-                         ON CONFLICT (runner_id, nonce) DO NOTHING RETURNING 1),
-                     seen AS (UPDATE runners SET seen_ms = ? FROM found WHERE runners.id = found.id)
-                     SELECT found.*, (SELECT COUNT(*) FROM fresh) AS fresh FROM found",
+                         SELECT id, ?, ? FROM seen
+                         ON CONFLICT (runner_id, nonce) DO NOTHING RETURNING 1)
+                     SELECT found.*, (SELECT COUNT(*) FROM fresh) AS fresh FROM found
+                     WHERE EXISTS (SELECT 1 FROM seen)",
                     standing_select(filter)
                 ),
                 &[
                     id.into(),
                     key.into(),
+                    now.into(),
+                    key.into(),
                     nonce.into(),
                     nonce_expires_ms.into(),
-                    now.into(),
                 ],
             )?
             else {

@@ -314,7 +314,7 @@ fn end(
     ended.push(typed_event(EventData::RunUsage(used), &run.id, now));
     ended.push(typed_event(data, &run.id, now));
     ended.extend_from_slice(then);
-    if postgres {
+    if postgres && ended.len() <= events::IN_STATEMENT_MOST {
         // The day's usage added and the events appended after the ledger's
         // head in one statement, the last write of the run's end. (The
         // head is locked before the day's row, as the data-modifying WITH
@@ -327,8 +327,11 @@ fn end(
             .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
         chain.stored(&row)?;
     } else {
-        tx.execute(&add_usage, &params)?;
+        // More events than one statement takes (a runner reports up to
+        // thousands with its finish): appended in batches, the head locked
+        // before the day's row as above.
         events::append(tx, &run.org_id, &ended)?;
+        tx.execute(&add_usage, &params)?;
     }
     Ok(())
 }

@@ -2133,3 +2133,44 @@ fn a_claim_tells_placement_the_other_tenants_of_the_runners_host() {
         assert_eq!(seen("a0", "a-0"), ["initech"], "{}", s.backend());
     }
 }
+
+/// A run's end with more events than one statement appends (a runner's
+/// finish reports up to thousands): all of them recorded, after the run's
+/// usage and end, in one chain.
+#[test]
+fn a_runs_end_with_many_events_records_them_all() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 1, 20, 60_000);
+        let reported: Vec<_> = (0..40).map(|i| op_finished(30 + i)).collect();
+        assert!(
+            s.finish_run(
+                &a,
+                "runner-1",
+                "r",
+                (RunState::Succeeded, None),
+                &reported,
+                100
+            )
+            .unwrap(),
+            "{}",
+            s.backend()
+        );
+        let types = event_types(s, "r");
+        let ended = types
+            .iter()
+            .position(|t| t == "run.finished")
+            .expect("run.finished");
+        assert_eq!(types[ended - 1], "run.usage", "{}", s.backend());
+        assert_eq!(
+            types[ended + 1..]
+                .iter()
+                .filter(|t| *t == "op.finished")
+                .count(),
+            40,
+            "{}",
+            s.backend()
+        );
+        assert!(s.verify_ledger().unwrap().is_ok(), "{}", s.backend());
+    }
+}

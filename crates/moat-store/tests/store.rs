@@ -811,31 +811,11 @@ fn nonces_manifests_and_builds() {
         let s = &b.store;
         let a = org(s, "a");
         s.register_runner(&RunnerRow {
-            id: "runner".into(),
-            org_id: a.clone(),
             runner_hash: "h1".into(),
             manifest_hash: "m1".into(),
-            policy_hash: "p".into(),
-            version: "1".into(),
             environment: "prod".into(),
-            ops: json!([]),
-            sandbox_mode: "workspace-write".into(),
-            boot_time: "t".into(),
-            public_key: "k".into(),
-            registered_ms: 1,
-            seen_ms: 1,
             slots: 1,
-            slots_used: 0,
-            enrolment_id: None,
-            classes: 1,
-            host_features: None,
-            host_id: None,
-            labels: None,
-            cpu_millis: 0,
-            memory_bytes: 0,
-            draining: false,
-            cpu_reserved: 0,
-            memory_reserved: 0,
+            ..runner_on(&a, "runner", None)
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s
@@ -2028,8 +2008,8 @@ fn concurrent_appends_make_one_chain() {
     }
 }
 
-/// A standing runner `id` of `org` on `host` (build `h`, manifest `m` of
-/// environment `test`, both allowed by the caller).
+/// A runner `id` of `org` on `host` (build `h`, manifest `m` of
+/// environment `test`, key `k`; it stands once the caller allows both).
 fn runner_on(org: &str, id: &str, host: Option<&str>) -> RunnerRow {
     RunnerRow {
         id: id.into(),

@@ -313,16 +313,28 @@ when { ["globex", "initech"].contains(principal.name)
        && (context.tenants.contains("globex") || context.tenants.contains("initech")) };
 "#;
 
+/// On both backends: the claim reads the host's other tenants in SQL of
+/// its own on each (on PostgreSQL with what the runner holds).
 #[test]
 fn placement_keeps_dedicated_hosts_and_separated_tenants_apart_and_a_drain_stops_a_runner() {
     let dir = tempfile::tempdir().unwrap();
     let setup = setup(dir.path());
-    let db = format!("sqlite:{}", dir.path().join("control.db").display());
     let policy = dir.path().join("placement.cedar");
     std::fs::write(&policy, PLACEMENT).unwrap();
+    for db in databases(dir.path()) {
+        let backend = if db.url.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgres"
+        };
+        placement_on(dir.path(), &setup, &policy, &db.url, backend);
+    }
+}
+
+fn placement_on(dir: &Path, setup: &Setup, policy: &Path, db: &str, backend: &str) {
     let serve = Serve::start_with(
-        &setup,
-        &db,
+        setup,
+        db,
         "127.0.0.1:0",
         &["--placement-policy", policy.to_str().unwrap()],
     );
@@ -330,21 +342,28 @@ fn placement_keeps_dedicated_hosts_and_separated_tenants_apart_and_a_drain_stops
         .iter()
         .map(|name| {
             let token = org(&serve, name);
-            prepare_org(&serve, &setup, &token);
+            prepare_org(&serve, setup, &token);
             token
         })
         .collect();
     let (acme, globex, initech) = (&tokens[0], &tokens[1], &tokens[2]);
     let dedicated = ["--host-id", "host-1", "--label", "dedicated=acme"];
-    let _acme_1 = Runner::start_with(&serve, &setup, acme, "acme-1", &dedicated);
-    let mut globex_1 = Runner::start_with(&serve, &setup, globex, "globex-1", &dedicated);
-    let _globex_2 =
-        Runner::start_with(&serve, &setup, globex, "globex-2", &["--host-id", "host-2"]);
+    // Each backend's runners have state directories of their own.
+    let name = |n: &str| format!("{n}-{backend}");
+    let _acme_1 = Runner::start_with(&serve, setup, acme, &name("acme-1"), &dedicated);
+    let mut globex_1 = Runner::start_with(&serve, setup, globex, &name("globex-1"), &dedicated);
+    let _globex_2 = Runner::start_with(
+        &serve,
+        setup,
+        globex,
+        &name("globex-2"),
+        &["--host-id", "host-2"],
+    );
     let _initech_2 = Runner::start_with(
         &serve,
-        &setup,
+        setup,
         initech,
-        "initech-2",
+        &name("initech-2"),
         &["--host-id", "host-2"],
     );
     wait_runners(&serve, globex, 2);
@@ -428,7 +447,7 @@ fn placement_keeps_dedicated_hosts_and_separated_tenants_apart_and_a_drain_stops
         .as_str()
         .unwrap()
         .to_owned();
-    let token_file = dir.path().join("globex-token");
+    let token_file = dir.join(format!("globex-token-{backend}"));
     std::fs::write(&token_file, globex).unwrap();
     let (ok, said) = moat(&serve, &token_file, &["runner", "drain", &globex_1_id]);
     assert!(ok, "{said}");

@@ -237,6 +237,15 @@ pub(crate) struct Held {
     pub tenants: Option<Vec<String>>,
 }
 
+/// The live runs of orgs other than the claim's (its one parameter) on the
+/// host of runner `w` (a row in scope), with their orgs as `o`; runners
+/// that named no host count as one host. A `FROM` body: the placement
+/// policy's `tenants`.
+pub(crate) const HOST_TENANTS: &str = "runs r JOIN runners v ON v.id = r.runner_id
+    JOIN orgs o ON o.id = r.org_id
+    WHERE (v.host_id = w.host_id OR (v.host_id IS NULL AND w.host_id IS NULL))
+      AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')";
+
 /// What the runs of runner `id` take of it, if it still stands
 /// ([`RUNNER_STANDS`]; `None`: it does not), with the quota of `org` (its
 /// runner's) and, on PostgreSQL, the other tenants of its host: one
@@ -248,16 +257,16 @@ pub(crate) fn held_if_standing(
 ) -> Result<Option<(Held, Option<moat_core::quota::Quota>)>, StoreError> {
     let quota = crate::quotas::joined_columns("q");
     let postgres = tx.dialect() == Dialect::Postgres;
-    let (tenants, mut params): (&str, Vec<crate::Value>) = if postgres {
+    let (tenants, mut params): (String, Vec<crate::Value>) = if postgres {
         (
-            ", (SELECT json_agg(t.name ORDER BY t.name)::text FROM (SELECT DISTINCT o.name
-                 FROM runs r JOIN runners v ON v.id = r.runner_id JOIN orgs o ON o.id = r.org_id
-                 WHERE (v.host_id = w.host_id OR (v.host_id IS NULL AND w.host_id IS NULL))
-                   AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')) t) AS tenants",
+            format!(
+                ", (SELECT json_agg(t.name ORDER BY t.name)::text
+                    FROM (SELECT DISTINCT o.name FROM {HOST_TENANTS}) t) AS tenants"
+            ),
             vec![org.into()],
         )
     } else {
-        ("", Vec::new())
+        (String::new(), Vec::new())
     };
     params.extend([id.into(), org.into(), id.into()]);
     let row = tx.query_one(

@@ -1073,7 +1073,6 @@ fn claim_in(
     } else {
         crate::runners::get(tx, ask.runner)?
     };
-    let host = runner.as_ref().map(|w| w.host_id.clone());
     let mut too_big = None;
     // The org's quota, read with what the runner holds when it has one
     // (and on PostgreSQL its host's other tenants, for the placement
@@ -1124,7 +1123,7 @@ fn claim_in(
         offered.into(),
     ];
     let candidates = tx.query(&sql, &takeable)?;
-    let host_id = host.clone().flatten();
+    let host_id = runner.as_ref().and_then(|w| w.host_id.clone());
     if let Some(why) = too_big {
         // Each would be refused alike: say so on them, take none.
         for row in &candidates {
@@ -1151,9 +1150,9 @@ fn claim_in(
             ClaimLook::Nothing
         });
     }
-    let tenants = match (tenants, &host) {
+    let tenants = match (tenants, &runner) {
         (Some(tenants), _) => tenants,
-        (None, Some(host)) => tenants_on(tx, host.as_deref(), ask.org)?,
+        (None, Some(w)) => tenants_of(tx, &w.id, ask.org)?,
         (None, None) => Vec::new(),
     };
     let org_name = match candidates.first().map(|row| row.opt_text("org_name")) {
@@ -1197,23 +1196,16 @@ fn never_fits(w: &crate::RunnerRow, ask: &ClaimAsk<'_>) -> Option<String> {
     None
 }
 
-/// The names of the orgs other than `org` whose runs runners on `host`
-/// (`None`: runners that named no host) hold now.
-fn tenants_on(tx: &mut dyn Tx, host: Option<&str>, org: &str) -> Result<Vec<String>, StoreError> {
-    let on_host = match host {
-        Some(_) => "w.host_id = ?",
-        None => "w.host_id IS NULL",
-    };
-    let mut params: Vec<crate::Value> = host.map(Into::into).into_iter().collect();
-    params.push(org.into());
+/// The names of the orgs other than `org` whose runs runners on runner
+/// `id`'s host hold now (on PostgreSQL read with what the runner holds,
+/// see `held_if_standing`).
+fn tenants_of(tx: &mut dyn Tx, id: &str, org: &str) -> Result<Vec<String>, StoreError> {
     tx.query(
         &format!(
-            "SELECT DISTINCT o.name FROM runs r JOIN runners w ON w.id = r.runner_id
-               JOIN orgs o ON o.id = r.org_id
-             WHERE {on_host} AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')
-             ORDER BY o.name"
+            "SELECT DISTINCT o.name FROM runners w, {} AND w.id = ? ORDER BY o.name",
+            crate::runners::HOST_TENANTS
         ),
-        &params,
+        &[org.into(), id.into()],
     )?
     .iter()
     .map(|row| row.text("name"))

@@ -1851,6 +1851,15 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
         let quota: moat_core::quota::Quota =
             serde_json::from_value(json!({"concurrentRuns": 1})).expect("quota");
         s.set_quota(&a, &quota, 5).unwrap();
+        // Its runners, registered out of id order (the list is oldest
+        // first, whatever their environment); another org's is not its.
+        let b_org = org(s, "b");
+        for (org, id, registered) in [(&a, "w-2", 7), (&a, "w-1", 8), (&b_org, "w-0", 6)] {
+            let mut runner = runner_on(org, id, Some("host-1"));
+            runner.registered_ms = registered;
+            runner.environment = if id == "w-1" { "prod" } else { "test" }.into();
+            s.register_runner(&runner).unwrap();
+        }
         for (env, pinned) in [("prod", None), ("prod", Some("m1")), ("test", None)] {
             let got = context(env, pinned);
             let (name, secrets) = s.org_name_and_secrets(&a).unwrap();
@@ -1880,7 +1889,16 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
                 s.quota_reached(&a, 30).unwrap().map(|(e, _)| e.to_string()),
             );
             assert!(got.quota_reached.is_some(), "{}", s.backend());
-            assert_eq!(got.runners.len(), s.runners(&a).unwrap().len());
+            assert_eq!(got.runners, s.runners(&a).unwrap(), "{}", s.backend());
+            assert_eq!(
+                got.runners
+                    .iter()
+                    .map(|w| w.id.as_str())
+                    .collect::<Vec<_>>(),
+                ["w-2", "w-1"],
+                "{}",
+                s.backend()
+            );
         }
         assert_eq!(
             context("prod", None).manifest.map(|m| m.hash),

@@ -1,7 +1,7 @@
 //! Test fixtures, behind the `test-fixtures` feature: never in a build
 //! that ships.
 
-use crate::StoreError;
+use crate::{RunnerRow, StoreError};
 
 /// A PostgreSQL database of its own for one test, dropped afterwards.
 /// The server comes from `MOAT_TEST_POSTGRES` (a libpq `key=value` string;
@@ -39,5 +39,37 @@ impl Drop for TempPostgres {
                 self.name
             ));
         }
+    }
+}
+
+/// A registered runner `id` of `org` as tests need one: environment
+/// `test`, one workload class, four slots, key `k`, no host, nothing held.
+pub fn runner_row(org: &str, id: &str) -> RunnerRow {
+    RunnerRow {
+        id: id.into(),
+        org_id: org.into(),
+        runner_hash: "h".into(),
+        manifest_hash: "m".into(),
+        policy_hash: "p".into(),
+        version: "1".into(),
+        environment: "test".into(),
+        ops: serde_json::json!([]),
+        sandbox_mode: "workspace-write".into(),
+        boot_time: "t".into(),
+        public_key: "k".into(),
+        registered_ms: 1,
+        seen_ms: 1,
+        slots: 4,
+        slots_used: 0,
+        enrolment_id: None,
+        classes: 1,
+        host_features: None,
+        host_id: None,
+        labels: None,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        draining: false,
+        cpu_reserved: 0,
+        memory_reserved: 0,
     }
 }

@@ -46,7 +46,7 @@ pub use db::{Dialect, Row, Tx, Value};
 pub use enrolments::EnrolmentRow;
 pub use events::Page;
 #[cfg(feature = "test-fixtures")]
-pub use fixtures::TempPostgres;
+pub use fixtures::{TempPostgres, runner_row};
 pub use gauges::Waiting;
 pub use held::{HeldExport, HeldOutcome, HeldRow};
 pub use objects::{ArtifactRow, Kept, ManifestRow, NewArtifact};

@@ -2030,31 +2030,8 @@ fn concurrent_appends_make_one_chain() {
 /// environment `test`, key `k`; it stands once the caller allows both).
 fn runner_on(org: &str, id: &str, host: Option<&str>) -> RunnerRow {
     RunnerRow {
-        id: id.into(),
-        org_id: org.into(),
-        runner_hash: "h".into(),
-        manifest_hash: "m".into(),
-        policy_hash: "p".into(),
-        version: "1".into(),
-        environment: "test".into(),
-        ops: json!([]),
-        sandbox_mode: "workspace-write".into(),
-        boot_time: "t".into(),
-        public_key: "k".into(),
-        registered_ms: 1,
-        seen_ms: 1,
-        slots: 4,
-        slots_used: 0,
-        enrolment_id: None,
-        classes: 1,
-        host_features: None,
         host_id: host.map(str::to_owned),
-        labels: None,
-        cpu_millis: 0,
-        memory_bytes: 0,
-        draining: false,
-        cpu_reserved: 0,
-        memory_reserved: 0,
+        ..moat_store::runner_row(org, id)
     }
 }
 

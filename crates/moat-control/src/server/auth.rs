@@ -14,7 +14,7 @@ use moat_core::event_data::{RunnerRejected, RunnerRejection};
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_store::{RunnerRequest, RunnerRow, TokenKind, typed_event};
+use moat_store::{RunnerRequest, RunnerRow, Standing, TokenKind, typed_event};
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
@@ -324,6 +324,19 @@ impl RunnerKeys {
         self.lock().remove(runner);
     }
 
+    /// Keeps the key the store last gave for `runner`. A request refused
+    /// for its signature leaves the hint as it was (a forger cannot cost
+    /// the runner its next request's one-trip check); the store confirms a
+    /// hint before anything relies on it.
+    fn learn(&self, runner: &str, checked: &RunnerRequest) {
+        match checked {
+            RunnerRequest::Checked(Standing { runner: row, .. }) | RunnerRequest::Refused(row) => {
+                self.put(runner, &row.public_key);
+            }
+            RunnerRequest::UnknownRunner => self.forget(runner),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
         self.0
             .lock()
@@ -381,12 +394,7 @@ pub async fn runner(
             })
         })
         .await?;
-    match &checked {
-        RunnerRequest::Checked(standing) => {
-            state.runner_keys.put(&id, &standing.runner.public_key);
-        }
-        _ => state.runner_keys.forget(&id),
-    }
+    state.runner_keys.learn(&id, &checked);
     let standing = match checked {
         RunnerRequest::UnknownRunner => return Err(ApiError::unauthorized("unknown runner")),
         RunnerRequest::Refused(runner) => {
@@ -475,5 +483,45 @@ impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
             .map_err(|_| ApiError::bad_request("request body unreadable or too large"))?;
         let runner = runner(state, &parts.method, &parts.uri, &parts.headers, &body).await?;
         Ok(SignedRunner { runner, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str) -> RunnerRow {
+        RunnerRow {
+            public_key: key.into(),
+            ..moat_store::runner_row("o", "w")
+        }
+    }
+
+    fn checked(key: &str) -> RunnerRequest {
+        RunnerRequest::Checked(Standing {
+            runner: row(key),
+            fresh_nonce: true,
+            build_allowed: true,
+            manifest_standing: true,
+            enrolment_standing: true,
+        })
+    }
+
+    #[test]
+    fn the_key_hint_follows_the_store_and_outlives_a_forged_request() {
+        let keys = RunnerKeys::default();
+        keys.learn("w", &checked("k1"));
+        assert_eq!(keys.get("w").as_deref(), Some("k1"));
+        // A forged request: refused, the runner's key as the store has it.
+        keys.learn("w", &RunnerRequest::Refused(row("k1")));
+        assert_eq!(keys.get("w").as_deref(), Some("k1"));
+        // A new key (the runner restarted): the store's word replaces it.
+        keys.learn("w", &RunnerRequest::Refused(row("k2")));
+        assert_eq!(keys.get("w").as_deref(), Some("k2"));
+        keys.learn("w", &checked("k3"));
+        assert_eq!(keys.get("w").as_deref(), Some("k3"));
+        // No such runner any more: nothing kept.
+        keys.learn("w", &RunnerRequest::UnknownRunner);
+        assert_eq!(keys.get("w"), None);
     }
 }

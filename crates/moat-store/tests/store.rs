@@ -1854,11 +1854,17 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
         // Its runners, registered out of id order (the list is oldest
         // first, whatever their environment); another org's is not its.
         let b_org = org(s, "b");
-        for (org, id, registered) in [(&a, "w-2", 7), (&a, "w-1", 8), (&b_org, "w-0", 6)] {
-            let mut runner = runner_on(org, id, Some("host-1"));
-            runner.registered_ms = registered;
-            runner.environment = if id == "w-1" { "prod" } else { "test" }.into();
-            s.register_runner(&runner).unwrap();
+        for (org, id, registered_ms, environment) in [
+            (&a, "w-2", 7, "test"),
+            (&a, "w-1", 8, "prod"),
+            (&b_org, "w-0", 6, "test"),
+        ] {
+            s.register_runner(&RunnerRow {
+                registered_ms,
+                environment: environment.into(),
+                ..runner_on(org, id, None)
+            })
+            .unwrap();
         }
         for (env, pinned) in [("prod", None), ("prod", Some("m1")), ("test", None)] {
             let got = context(env, pinned);
@@ -1889,13 +1895,12 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
                 s.quota_reached(&a, 30).unwrap().map(|(e, _)| e.to_string()),
             );
             assert!(got.quota_reached.is_some(), "{}", s.backend());
-            assert_eq!(got.runners, s.runners(&a).unwrap(), "{}", s.backend());
             assert_eq!(
                 got.runners
                     .iter()
-                    .map(|w| w.id.as_str())
+                    .map(|w| (w.id.as_str(), w.environment.as_str()))
                     .collect::<Vec<_>>(),
-                ["w-2", "w-1"],
+                [("w-2", "test"), ("w-1", "prod")],
                 "{}",
                 s.backend()
             );

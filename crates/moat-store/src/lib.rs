@@ -35,6 +35,7 @@ mod runners;
 mod runs;
 mod secrets;
 mod tls;
+mod turns;
 mod usage;
 mod volumes;
 
@@ -219,6 +220,8 @@ pub struct Store {
     backend: Backend,
     /// Told of every event once the transaction that appended it commits.
     observer: std::sync::OnceLock<EventObserver>,
+    /// Claims' turns within this process (see [`Store::claim`]).
+    claim_turns: turns::ClaimTurns,
 }
 
 /// What [`Store::observe_appends`] calls with each committed batch.
@@ -278,6 +281,7 @@ impl Store {
         Ok(Store {
             backend,
             observer: std::sync::OnceLock::new(),
+            claim_turns: turns::ClaimTurns::new(),
         })
     }
 

@@ -679,11 +679,14 @@ impl Store {
     /// ([`ClaimLook::Locked`]). A run taken says whether other
     /// runs were queued there too (a hint: another claim may have taken
     /// them meanwhile), so that only then another waiting claim looks.
+    /// Within this process, claims of one org take turns from their look
+    /// on, so that none opens a transaction for a run another is taking.
     pub fn claim(
         &self,
         ask: &ClaimAsk<'_>,
         place: &mut dyn FnMut(&PlacementAsk<'_>) -> Result<Option<PlacementRefusal>, StoreError>,
     ) -> Result<ClaimLook, StoreError> {
+        let _turn = self.claim_turns.take(ask.org);
         // Most asks find nothing queued: a plain read says so, with no
         // transaction (on PostgreSQL two round trips fewer; on SQLite no
         // write lock taken) and no turn. A run queued after it is found

@@ -626,17 +626,23 @@ pub async fn next(
     let st = Arc::clone(&state);
     let r = runner.clone();
     let id = run_id.clone();
+    // The run first: with no operation open there is none to hand over,
+    // and most looks end there in one statement. An operation queued after
+    // the read wakes the wait (its change comes after the look).
     let probe = move |s: &moat_store::Store| {
         let now = st.now();
-        if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
+        let Some((run, open)) = s.run_with_open_ops(&r.org_id, &id)? else {
+            return Ok(Some(Err(Next::Ended)));
+        };
+        if run.state.is_final() {
+            return Ok(Some(Err(Next::Ended)));
+        }
+        if open > 0
+            && let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)?
+        {
             return Ok(Some(Ok(op)));
         }
-        match s.run_with_open_ops(&r.org_id, &id)? {
-            Some((run, _)) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
-            Some((run, 0)) if run.finish_wanted => Ok(Some(Err(Next::Finish))),
-            None => Ok(Some(Err(Next::Ended))),
-            _ => Ok(None),
-        }
+        Ok((open == 0 && run.finish_wanted).then_some(Err(Next::Finish)))
     };
     // Taken before the first look: a change after it wakes the wait.
     let changes = state.watch(Topic::Run(run_id.clone()));
@@ -652,7 +658,10 @@ pub async fn next(
             if let Err(stop) = lifecycle::in_flight(clock, &life, grace, false) {
                 return Ok(First::Expired(held.id, stop));
             }
-            if let Some(op) = s.dispatch_op(&org, &rid, &run, now)? {
+            // Nothing open (as the renewal counted): nothing to hand over.
+            if open > 0
+                && let Some(op) = s.dispatch_op(&org, &rid, &run, now)?
+            {
                 return Ok(First::Looked(Some(Ok(op))));
             }
             // As `probe` decides, from the run as the renewal left it: an
@@ -1374,10 +1383,12 @@ pub async fn finish(
             // transaction: a finish sent again records nothing twice (a
             // teardown sent with it is recorded again, as a teardown
             // report sent again is).
-            let held = match file_closing(s, &st, &runner, &run, &mut events)? {
-                Ok(held) => held,
-                Err(e) => return Ok(Err(e)),
-            };
+            // With nothing to close, no read: the end checks the holder.
+            let held = !events.is_empty()
+                && match file_closing(s, &st, &runner, &run, &mut events)? {
+                    Ok(held) => held,
+                    Err(e) => return Ok(Err(e)),
+                };
             let (org, closing) = (&runner.org_id, if held { &events[..] } else { &[] });
             let end = (end, error.as_deref());
             let Some(torn_down) = &torn_down else {

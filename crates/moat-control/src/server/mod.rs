@@ -106,12 +106,12 @@ pub struct AppState {
     feed: Option<moat_store::ChangeFeed>,
     /// The Inspector's last full ledger verification (rate-limited).
     ledger_check: tokio::sync::Mutex<Option<inspector::LedgerCheck>>,
+    /// Counters for `/metrics`, fed by every event the store commits.
+    pub metrics: Arc<moat_metrics::Metrics>,
     /// Manifests' lifetimes and grace by (org, hash), as every claim and
     /// every next step of a run reads them: what they come from (the
     /// signed manifest and the expiry it was published with) never changes
     /// for a hash; revocation is checked with the runner, not here.
-    /// Counters for `/metrics`, fed by every event the store commits.
-    pub metrics: Arc<moat_metrics::Metrics>,
     pub(crate) lifetimes:
         std::sync::Mutex<std::collections::HashMap<(String, String), runner_api::ManifestTerms>>,
     /// Requests to runs' ports waiting for their runners' tunnels.

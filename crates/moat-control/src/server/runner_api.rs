@@ -626,23 +626,19 @@ pub async fn next(
     let st = Arc::clone(&state);
     let r = runner.clone();
     let id = run_id.clone();
-    // The run first: with no operation open there is none to hand over,
-    // and most looks end there in one statement. An operation queued after
-    // the read wakes the wait (its change comes after the look).
+    // An operation first: most wake-ups are one queued, handed over in
+    // one statement.
     let probe = move |s: &moat_store::Store| {
         let now = st.now();
-        let Some((run, open)) = s.run_with_open_ops(&r.org_id, &id)? else {
-            return Ok(Some(Err(Next::Ended)));
-        };
-        if run.state.is_final() {
-            return Ok(Some(Err(Next::Ended)));
-        }
-        if open > 0
-            && let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)?
-        {
+        if let Some(op) = s.dispatch_op(&r.org_id, &r.id, &id, now)? {
             return Ok(Some(Ok(op)));
         }
-        Ok((open == 0 && run.finish_wanted).then_some(Err(Next::Finish)))
+        match s.run_with_open_ops(&r.org_id, &id)? {
+            Some((run, _)) if run.state.is_final() => Ok(Some(Err(Next::Ended))),
+            Some((run, 0)) if run.finish_wanted => Ok(Some(Err(Next::Finish))),
+            None => Ok(Some(Err(Next::Ended))),
+            _ => Ok(None),
+        }
     };
     // Taken before the first look: a change after it wakes the wait.
     let changes = state.watch(Topic::Run(run_id.clone()));

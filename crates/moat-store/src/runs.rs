@@ -689,8 +689,9 @@ impl Store {
         let _turn = self.claim_turns.take(ask.org);
         // Most asks find nothing queued: a plain read says so, with no
         // transaction (on PostgreSQL two round trips fewer; on SQLite no
-        // write lock taken) and no turn. A run queued after it is found
-        // by the next ask, as it would be after a look inside one.
+        // write lock taken) and no turn taken in the database (only this
+        // process's, above). A run queued after it is found by the next
+        // ask, as it would be after a look inside one.
         let queued = self.read(|tx| {
             tx.query_one(
                 "SELECT 1 AS queued FROM runs WHERE org_id = ? AND environment = ?

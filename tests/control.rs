@@ -341,6 +341,45 @@ fn operations_flow_agent_to_runner_and_back_on_both_backends() {
     }
 }
 
+/// A run the agent asked to finish while it was queued is finished from
+/// its claim: the claim's answer says so and the runner reports the end
+/// without asking for a next step, so the lease the claim took is the
+/// run's last (an ask would have renewed it).
+#[test]
+fn a_run_asked_to_finish_while_queued_is_finished_from_its_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for db in databases(dir.path()) {
+        let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        create_run(&serve, &acme, "early");
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/runs/early/finish", serve.url),
+            &acme,
+            None,
+        );
+        assert_eq!((status, &body["state"]), (200, &json!("queued")), "{body}");
+        let _runner = Runner::start(&serve, &setup, &acme, "runner-1");
+        wait_state(&serve, &acme, "early", "succeeded");
+        let destroyed = wait_run_event(&serve, &acme, "early", "run.destroyed");
+        assert_eq!(destroyed["data"]["ok"], true, "{destroyed}");
+        let events = run_events(&serve, &acme, "early");
+        let claimed: Vec<_> = events
+            .iter()
+            .filter(|e| e["type"] == "run.claimed")
+            .collect();
+        assert_eq!(claimed.len(), 1, "{events:?}");
+        let (_, run) = call("GET", &format!("{}/v1/runs/early", serve.url), &acme, None);
+        assert_eq!(
+            run["leaseUntil"], claimed[0]["data"]["leaseUntil"],
+            "the lease was renewed after the claim: the runner asked for a next step ({run})"
+        );
+        assert_ledger_intact(&serve);
+    }
+}
+
 #[test]
 fn a_killed_runner_loses_its_run_and_a_restarted_control_plane_is_rejoined() {
     let dir = tempfile::tempdir().unwrap();

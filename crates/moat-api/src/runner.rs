@@ -89,12 +89,19 @@ pub struct EventsRecorded {
 
 /// `POST /v1/runner/claim`: a run, its inputs with their bytes, and the
 /// latest time it may finish on the runner's manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Claim {
     pub run: RunView,
     pub inputs: Vec<RunInput>,
     pub finish_by: String,
+    /// The run's first step, when the claim already knows it: `finish`
+    /// for a run the agent asked to finish while it was queued, with no
+    /// operation open. The runner then takes it without asking `next`
+    /// (one request fewer); absent, it asks. Older control planes never
+    /// say, older runners ignore it and ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Next>,
 }
 
 /// `POST /v1/runner/runs/{run}/next`: what to do next in a run.

@@ -330,6 +330,8 @@ impl Runner {
         // The manifest generation it serves under: a refresh (by any slot)
         // takes over at this run's next operation boundary, in a new shell.
         let mut shell: Option<(ShellChild, u64)> = None;
+        // The first step, when the claim already said it.
+        let mut told = claim.next.clone();
         loop {
             // An operation boundary: a drain gives the run back here (its
             // workspace goes with it: the next runner starts from the
@@ -368,7 +370,11 @@ impl Runner {
             // Each `next` renews the lease as it starts: its wait must end
             // well before the lease would (a control plane run with a
             // lease shorter than LONG_POLL lost every idle run's).
-            let next = match self.client.next(run_id, LONG_POLL.min(self.heartbeat)) {
+            let asked = match told.take() {
+                Some(next) => Ok(Some(next)),
+                None => self.client.next(run_id, LONG_POLL.min(self.heartbeat)),
+            };
+            let next = match asked {
                 Ok(Some(next)) => next,
                 Ok(None) => continue,
                 // The lease was lost, the manifest expired, the runner was

@@ -394,6 +394,10 @@ pub struct Claimed {
     /// Other runs were queued in its org and environment when it was
     /// claimed.
     pub more_queued: bool,
+    /// The agent had already asked to finish it and none of its
+    /// operations was open: its runner's next step is its end, as the
+    /// runner's first ask for it would answer.
+    pub finish_now: bool,
 }
 
 /// What a claim found ([`Store::claim`]).
@@ -1265,7 +1269,14 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed,
          WHERE id = ? AND state = ?
          RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
              AND m.environment = runs.environment AND m.state = 'queued'
-             AND m.id <> runs.id) AS more_queued"
+             AND m.id <> runs.id) AS more_queued{open}",
+        // Counted only for a run the agent asked to finish while it was
+        // queued, and on SQLite apart (its RETURNING reads no other table).
+        open = if queued.finish_wanted && tx.dialect() == crate::Dialect::Postgres {
+            OPEN_OPS
+        } else {
+            ""
+        }
     );
     let params = [
         ask.runner.into(),
@@ -1327,8 +1338,16 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed,
             events::append(tx, ask.org, &claimed)?;
         }
     }
+    let finish_now = if !run.finish_wanted {
+        false
+    } else if queued.finish_wanted && tx.dialect() == crate::Dialect::Postgres {
+        row.int("open_ops")? == 0
+    } else {
+        get_with_open_ops(tx, ask.org, &run.id)?.is_some_and(|(_, open)| open == 0)
+    };
     Ok(Claimed {
         more_queued: row.int("more_queued")? != 0,
+        finish_now,
         run,
     })
 }

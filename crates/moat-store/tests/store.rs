@@ -550,6 +550,40 @@ fn a_claim_says_whether_other_runs_wait_in_its_queue() {
 }
 
 #[test]
+fn a_claim_says_finish_now_only_for_a_run_asked_to_finish_with_nothing_open() {
+    for b in backends() {
+        let s = &b.store;
+        let a = org(s, "a");
+        let empty = serde_json::json!({});
+        // Taken in id order (created together): asked to finish with
+        // nothing open; asked to finish with an operation queued; not asked.
+        run(s, &a, "done", 1);
+        s.request_finish(&a, "done", 11).unwrap().expect("done");
+        run(s, &a, "r", 1);
+        s.insert_op(&queued(&a, "o", &empty), 12).unwrap();
+        s.request_finish(&a, "r", 13).unwrap().expect("r");
+        run(s, &a, "waiting", 1);
+        let claim = |runner: &str| {
+            s.claim_run(&a, "test", runner, "m", 20, 1_000)
+                .unwrap()
+                .map(|c| (c.run.id, c.finish_now))
+        };
+        let backend = s.backend();
+        assert_eq!(claim("w1"), Some(("done".into(), true)), "{backend}");
+        assert_eq!(claim("w2"), Some(("r".into(), false)), "{backend}");
+        assert_eq!(claim("w3"), Some(("waiting".into(), false)), "{backend}");
+        // The claim changed nothing else: the finish it said is the
+        // runner's to report, from the claim.
+        assert!(
+            s.finish_run(&a, "w1", "done", (RunState::Succeeded, None), &[], 30)
+                .unwrap(),
+            "{backend}"
+        );
+        assert!(s.verify_ledger().unwrap().is_ok(), "{backend}");
+    }
+}
+
+#[test]
 fn concurrent_claims_take_each_run_once() {
     for b in backends() {
         let s = &b.store;

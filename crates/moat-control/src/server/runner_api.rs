@@ -529,7 +529,12 @@ pub async fn claim(
             _ => break None,
         }
     };
-    let Some(moat_store::Claimed { run, more_queued }) = claimed else {
+    let Some(moat_store::Claimed {
+        run,
+        more_queued,
+        finish_now,
+    }) = claimed
+    else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     state.notify_run(&run.id);
@@ -564,6 +569,10 @@ pub async fn claim(
         run: run_view(&run)?,
         inputs: inputs?,
         finish_by: moat_core::time::stamp(deadline),
+        // What its first `next` would answer at once: the lease was just
+        // taken, and the run is not near its manifest's end (the deadline
+        // above was checked).
+        next: finish_now.then_some(Next::Finish),
     };
     Ok(Json(claim).into_response())
 }

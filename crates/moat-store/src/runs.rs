@@ -821,7 +821,8 @@ impl Store {
     }
 
     /// The agent is done with the run: the runner finishes it after the
-    /// queued ops. A queued run (never claimed) succeeds at once.
+    /// queued ops. A queued run is finished by the runner that claims it
+    /// (its claim says so: [`Claimed::finish_now`]).
     pub fn request_finish(
         &self,
         org: &str,

@@ -1260,6 +1260,11 @@ fn note_refusal(
 /// Hands the queued run `queued` (read, and on PostgreSQL locked, by the
 /// claim) to the claiming runner, with its reservation.
 fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed, StoreError> {
+    // Its open operations are counted only for a run the agent asked to
+    // finish while it was queued (the row is the claim's, so that does not
+    // move meanwhile), on PostgreSQL in the taking statement; SQLite's
+    // RETURNING reads no other table.
+    let inline_open = queued.finish_wanted && tx.dialect() == crate::Dialect::Postgres;
     // The state is a parameter: a cached plan cannot then use the index
     // of queued runs (its WHERE is not implied), whose scan would read
     // every queued run, only the primary key (migration V13).
@@ -1271,13 +1276,7 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed,
          RETURNING {COLUMNS}, EXISTS (SELECT 1 FROM runs m WHERE m.org_id = runs.org_id
              AND m.environment = runs.environment AND m.state = 'queued'
              AND m.id <> runs.id) AS more_queued{open}",
-        // Counted only for a run the agent asked to finish while it was
-        // queued, and on SQLite apart (its RETURNING reads no other table).
-        open = if queued.finish_wanted && tx.dialect() == crate::Dialect::Postgres {
-            OPEN_OPS
-        } else {
-            ""
-        }
+        open = if inline_open { OPEN_OPS } else { "" }
     );
     let params = [
         ask.runner.into(),
@@ -1339,13 +1338,12 @@ fn take(tx: &mut dyn Tx, ask: &ClaimAsk<'_>, queued: &RunRow) -> Result<Claimed,
             events::append(tx, ask.org, &claimed)?;
         }
     }
-    let finish_now = if !run.finish_wanted {
-        false
-    } else if queued.finish_wanted && tx.dialect() == crate::Dialect::Postgres {
-        row.int("open_ops")? == 0
-    } else {
-        get_with_open_ops(tx, ask.org, &run.id)?.is_some_and(|(_, open)| open == 0)
-    };
+    let finish_now = queued.finish_wanted
+        && if inline_open {
+            row.int("open_ops")? == 0
+        } else {
+            get_with_open_ops(tx, ask.org, &run.id)?.is_some_and(|(_, open)| open == 0)
+        };
     Ok(Claimed {
         more_queued: row.int("more_queued")? != 0,
         finish_now,

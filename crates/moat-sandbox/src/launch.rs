@@ -989,8 +989,13 @@ fn setup_and_supervise(
     // When a step above failed first (a no-op otherwise).
     let _ = placement.restore();
     if let Err(e) = outside {
-        drop(sync);
+        // Killed before it can see the hang-up: an init that read the closed
+        // socket first would report that its launcher went away, and that
+        // echo would be recorded in place of the cause. Once the kill is
+        // sent, init dies on its next way back from the kernel, so nothing
+        // it could write after the hang-up reaches the status pipe.
         let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
+        drop(sync);
         guard.reap();
         read_status(status_read, status_lines);
         // Only now, with init gone from it, can the cgroup go.

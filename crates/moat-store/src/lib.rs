@@ -22,6 +22,7 @@ mod events;
 mod fixtures;
 mod gauges;
 mod held;
+mod known_tokens;
 mod migrate;
 mod objects;
 mod ops;
@@ -222,6 +223,8 @@ pub struct Store {
     observer: std::sync::OnceLock<EventObserver>,
     /// Claims' turns within this process (see [`Store::claim`]).
     claim_turns: turns::ClaimTurns,
+    /// Admin and agent tokens found (see [`Store::org_of_token`]).
+    known_tokens: known_tokens::KnownTokens,
 }
 
 /// What [`Store::observe_appends`] calls with each committed batch.
@@ -282,6 +285,7 @@ impl Store {
             backend,
             observer: std::sync::OnceLock::new(),
             claim_turns: turns::ClaimTurns::new(),
+            known_tokens: known_tokens::KnownTokens::new(),
         })
     }
 

@@ -107,12 +107,19 @@ impl Store {
         Ok(self.org_of_token(token_hash)?.map(|(org, _)| org))
     }
 
-    /// The org and kind of an admin or agent token.
+    /// The org and kind of an admin or agent token. A token found is
+    /// answered from this process's memory for a few seconds after (such a
+    /// token's row never changes: see `known_tokens`); an unknown one is
+    /// looked up every time.
     pub fn org_of_token(
         &self,
         token_hash: &str,
     ) -> Result<Option<(String, TokenKind)>, StoreError> {
-        self.read(|tx| {
+        let now = std::time::Instant::now();
+        if let Some(known) = self.known_tokens.get(token_hash, now) {
+            return Ok(Some(known));
+        }
+        let found = self.read(|tx| {
             let Some(row) = tx.query_one(
                 "SELECT org_id, kind FROM tokens WHERE hash = ? AND kind IN ('api', 'agent')",
                 &[token_hash.into()],
@@ -126,7 +133,11 @@ impl Store {
                 TokenKind::Api
             };
             Ok(Some((row.text("org_id")?, kind)))
-        })
+        })?;
+        if let Some((org, kind)) = &found {
+            self.known_tokens.keep(token_hash, org, *kind, now);
+        }
+        Ok(found)
     }
 
     /// Spends a bootstrap token: its org if it was unused and unexpired

@@ -190,6 +190,62 @@ fn orgs_tokens_and_scoping() {
     }
 }
 
+/// Two stores on one database, as two replicas of the control plane.
+fn replicas() -> Vec<(
+    Store,
+    Store,
+    Option<tempfile::TempDir>,
+    Option<TempPostgres>,
+)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite:{}", dir.path().join("moat.db").display());
+    let sqlite = (
+        Store::open(&url).expect("sqlite store"),
+        Store::open(&url).expect("sqlite store"),
+    );
+    let pg = TempPostgres::create().expect("PostgreSQL (see backends)");
+    let postgres = (
+        Store::open(&pg.url).expect("postgres store"),
+        Store::open(&pg.url).expect("postgres store"),
+    );
+    vec![
+        (sqlite.0, sqlite.1, Some(dir), None),
+        (postgres.0, postgres.1, None, Some(pg)),
+    ]
+}
+
+#[test]
+fn a_token_another_replica_adds_works_at_once_and_a_bootstrap_token_never_passes_for_an_api_one() {
+    for (one, other, _dir, _pg) in replicas() {
+        let a = org(&one, "a");
+        // Unknown here first: an unknown token is not remembered as such.
+        assert_eq!(other.org_of_token("agent-1").unwrap(), None);
+        one.add_token(&a, "agent-1", TokenKind::Agent, 0).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                other.org_of_token("agent-1").unwrap(),
+                Some((a.clone(), TokenKind::Agent)),
+                "{}",
+                other.backend()
+            );
+        }
+        assert_eq!(
+            other.org_of_token("hash-a").unwrap(),
+            Some((a.clone(), TokenKind::Api))
+        );
+        one.add_token(&a, "boot", TokenKind::Bootstrap, i64::MAX)
+            .unwrap();
+        for _ in 0..2 {
+            assert_eq!(other.org_of_token("boot").unwrap(), None);
+        }
+        assert_eq!(
+            other.spend_bootstrap_token("boot", 1).unwrap().as_deref(),
+            Some(a.as_str())
+        );
+        assert_eq!(one.spend_bootstrap_token("boot", 1).unwrap(), None);
+    }
+}
+
 #[test]
 fn ops_finish_once_and_artifacts_stay_in_their_org() {
     for b in backends() {

@@ -176,6 +176,11 @@ impl Store {
         self.read(|tx| of_org(tx, org))
     }
 
+    /// The presence of the org's runners, oldest first (see [`RunnerPresence`]).
+    pub fn runner_presence(&self, org: &str) -> Result<Vec<RunnerPresence>, StoreError> {
+        self.read(|tx| presence_of_org(tx, org))
+    }
+
     /// Moves a runner to a refreshed manifest (hash and policy).
     pub fn set_runner_manifest(
         &self,
@@ -515,6 +520,42 @@ fn spend_nonce(
             Ok(fresh)
         }
     }
+}
+
+/// Whether a runner is there to take a run, and what it offers: what says
+/// why a queued run waits. Read without what the runner holds (three
+/// lookups of its runs each), which that does not need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunnerPresence {
+    pub id: String,
+    pub environment: String,
+    pub seen_ms: i64,
+    /// The workload classes it offers, as bits.
+    pub classes: i64,
+    pub draining: bool,
+}
+
+/// The presence of the org's runners, oldest first, in `tx`.
+pub(crate) fn presence_of_org(
+    tx: &mut dyn Tx,
+    org: &str,
+) -> Result<Vec<RunnerPresence>, StoreError> {
+    tx.query(
+        "SELECT id, environment, seen_ms, classes, draining FROM runners
+         WHERE org_id = ? ORDER BY registered_ms",
+        &[org.into()],
+    )?
+    .iter()
+    .map(|row| {
+        Ok(RunnerPresence {
+            id: row.text("id")?,
+            environment: row.text("environment")?,
+            seen_ms: row.int("seen_ms")?,
+            classes: row.int("classes")?,
+            draining: row.int("draining")? != 0,
+        })
+    })
+    .collect()
 }
 
 /// The org's runners, oldest first, in `tx`.

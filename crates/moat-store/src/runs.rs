@@ -467,8 +467,8 @@ pub struct NewRunContext {
     pub manifest: Option<crate::ManifestRow>,
     /// The quota the org has reached, and what its setting says to do.
     pub quota_reached: Option<(moat_core::quota::Exceeded, moat_core::quota::OverQuota)>,
-    /// The org's runners, oldest first.
-    pub runners: Vec<crate::RunnerRow>,
+    /// The presence of the org's runners, oldest first.
+    pub runners: Vec<crate::RunnerPresence>,
 }
 
 /// New run parameters.
@@ -585,7 +585,7 @@ impl Store {
                 quota = crate::quotas::joined_columns("q"),
             );
             let rows = tx.query(&sql, &[first.into(), org.into()])?;
-            let runners = crate::runners::of_org(tx, org)?;
+            let runners = crate::runners::presence_of_org(tx, org)?;
             let Some(row) = rows.first() else {
                 return Ok(NewRunContext {
                     runners,

@@ -276,13 +276,13 @@ fn waiting_context(
     }
     Ok(WaitingContext {
         quota: s.quota_reached(org, now)?.map(|(e, _)| e.to_string()),
-        runners: s.runners(org)?,
+        runners: s.runner_presence(org)?,
     })
 }
 
 #[derive(Default)]
 struct WaitingContext {
-    runners: Vec<moat_store::RunnerRow>,
+    runners: Vec<moat_store::RunnerPresence>,
     quota: Option<String>,
 }
 

@@ -4,7 +4,7 @@
 use base64::Engine as _;
 use moat_api::org::{ArtifactView, OpView};
 use moat_api::{ManifestView, RunInput, RunView};
-use moat_store::{ArtifactRow, ManifestRow, OpRow, RunRow, RunnerRow, stamp};
+use moat_store::{ArtifactRow, ManifestRow, OpRow, RunRow, RunnerPresence, stamp};
 
 use super::error::{ApiError, ApiResult};
 
@@ -58,7 +58,7 @@ const RUNNER_ALIVE_MS: i64 = 120_000;
 /// last runner that asked.
 pub fn waiting_reason(
     run: &RunRow,
-    runners: &[RunnerRow],
+    runners: &[RunnerPresence],
     quota: Option<&str>,
     now: i64,
 ) -> Option<String> {
@@ -68,7 +68,7 @@ pub fn waiting_reason(
     if let Some(quota) = quota {
         return Some(quota.to_owned());
     }
-    let live: Vec<&RunnerRow> = runners
+    let live: Vec<&RunnerPresence> = runners
         .iter()
         .filter(|w| w.environment == run.environment && now - w.seen_ms <= RUNNER_ALIVE_MS)
         .collect();
@@ -79,7 +79,7 @@ pub fn waiting_reason(
             RUNNER_ALIVE_MS / 1000
         ));
     }
-    let able: Vec<&&RunnerRow> = live
+    let able: Vec<&&RunnerPresence> = live
         .iter()
         .filter(|w| w.classes & run.needs_classes == run.needs_classes)
         .collect();

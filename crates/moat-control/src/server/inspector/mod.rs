@@ -192,7 +192,7 @@ async fn run(
             let quarantined = s.run_quarantine(&org, &lookup)?;
             let (runners, quota) = if run.state == moat_store::RunState::Queued {
                 let quota = s.quota_reached(&org, now)?.map(|(e, _)| e.to_string());
-                (s.runners(&org)?, quota)
+                (s.runner_presence(&org)?, quota)
             } else {
                 (Vec::new(), None)
             };

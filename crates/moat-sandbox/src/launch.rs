@@ -948,7 +948,7 @@ fn setup_and_supervise(
             idmapped.apply(spec, userns)?;
         }
         sys::write_all(sync.as_raw_fd(), b"M").map_err(io_err(Layer::Launcher, "sync"))?;
-        if let (Some(to_init), Some(userns)) = (netns_send, &userns) {
+        if let (Some(to_init), Some(userns)) = (netns_send.as_ref(), &userns) {
             let netns = netns::make_for_init(userns, to_init, listeners.is_some())?;
             // Before init lets the program go: a forwarder that cannot run
             // refuses the run.
@@ -989,19 +989,22 @@ fn setup_and_supervise(
     // When a step above failed first (a no-op otherwise).
     let _ = placement.restore();
     if let Err(e) = outside {
-        // Killed before it can see the hang-up: an init that read the closed
-        // socket first would report that its launcher went away, and that
-        // echo would be recorded in place of the cause. Once the kill is
+        // Killed before it can see the hang-up: an init that read a closed
+        // socket first (the sync one, or the one its network namespace
+        // comes on) would report that its launcher went away or that no
+        // namespace came, and that echo would be recorded in place of the
+        // cause. Once the kill is
         // sent, init dies on its next way back from the kernel, so nothing
         // it could write after the hang-up reaches the status pipe.
         let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
-        drop(sync);
+        drop((sync, netns_send));
         guard.reap();
         read_status(status_read, status_lines);
         // Only now, with init gone from it, can the cgroup go.
         drop(cgroup);
         return Err(e);
     }
+    drop(netns_send);
     let cap = spec.limits.max_output_bytes;
     let tcp = crate::child::tcp_rules(spec);
     // The sandbox's pid namespace (init's): a Landlock domain a program

@@ -25,12 +25,14 @@ use crate::sys;
 
 /// Makes the namespace and sends it to init. `userns` is the sandbox's user
 /// namespace (opened before init changed its ids), `to_init` the launcher's
-/// end of the socket init receives it on; it is closed here, so init sees end
-/// of file if no namespace came. With `keep`, the launcher gets the
-/// namespace too (the `ingress-only` forwarder joins it).
+/// end of the socket init receives it on. The launcher closes that end only
+/// once init is gone or has the namespace: closed while init waits on it,
+/// init would report that no namespace came, in place of the helper's
+/// failure. With `keep`, the launcher gets the namespace too (the
+/// `ingress-only` forwarder joins it).
 pub(crate) fn make_for_init(
     userns: &OwnedFd,
-    to_init: OwnedFd,
+    to_init: &OwnedFd,
     keep: bool,
 ) -> Result<Option<OwnedFd>, SetupError> {
     let (errors, error_write) =
@@ -52,7 +54,7 @@ pub(crate) fn make_for_init(
         }
     })
     .map_err(|e| SetupError::io(Layer::Network, "starting the namespace helper", e))?;
-    drop((error_write, to_init, to_launcher));
+    drop((error_write, to_launcher));
     let mut status = 0;
     // SAFETY: reaping our own child (it has exited: vfork_run returned);
     // status is a valid int.

@@ -542,7 +542,7 @@ pub(crate) fn presence_of_org(
 ) -> Result<Vec<RunnerPresence>, StoreError> {
     tx.query(
         "SELECT id, environment, seen_ms, classes, draining FROM runners
-         WHERE org_id = ? ORDER BY registered_ms",
+         WHERE org_id = ? ORDER BY registered_ms, id",
         &[org.into()],
     )?
     .iter()
@@ -561,7 +561,7 @@ pub(crate) fn presence_of_org(
 /// The org's runners, oldest first, in `tx`.
 pub(crate) fn of_org(tx: &mut dyn Tx, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
     tx.query(
-        &format!("{READ} WHERE org_id = ? ORDER BY registered_ms"),
+        &format!("{READ} WHERE org_id = ? ORDER BY registered_ms, id"),
         &[org.into()],
     )?
     .iter()

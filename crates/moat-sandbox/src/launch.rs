@@ -993,9 +993,9 @@ fn setup_and_supervise(
         // socket first (the sync one, or the one its network namespace
         // comes on) would report that its launcher went away or that no
         // namespace came, and that echo would be recorded in place of the
-        // cause. Once the kill is
-        // sent, init dies on its next way back from the kernel, so nothing
-        // it could write after the hang-up reaches the status pipe.
+        // cause. Once the kill is sent, init dies on its next way back from
+        // the kernel, so nothing it could write after the hang-up reaches
+        // the status pipe.
         let _ = sys::pidfd_send_signal(&guard.pidfd, libc::SIGKILL);
         drop((sync, netns_send));
         guard.reap();

@@ -31,7 +31,6 @@ pub(crate) struct KnownTokens {
     found: Mutex<HashMap<String, Known>>,
 }
 
-#[derive(Clone)]
 struct Known {
     org: String,
     kind: TokenKind,

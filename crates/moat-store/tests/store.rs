@@ -14,14 +14,16 @@ use serde_json::json;
 
 struct Backend {
     store: Arc<Store>,
+    /// What `store` was opened with (another replica opens it too).
+    url: String,
     _dir: Option<tempfile::TempDir>,
     _pg: Option<TempPostgres>,
 }
 
 fn backends() -> Vec<Backend> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sqlite = Store::open(&format!("sqlite:{}", dir.path().join("moat.db").display()))
-        .expect("sqlite store");
+    let sqlite_url = format!("sqlite:{}", dir.path().join("moat.db").display());
+    let sqlite = Store::open(&sqlite_url).expect("sqlite store");
     let pg = TempPostgres::create().expect(
         "PostgreSQL is needed for the store tests: bash tests/suite.sh starts a throwaway one \
          (set MOAT_TEST_POSTGRES to a libpq key=value string to use another server)",
@@ -30,11 +32,13 @@ fn backends() -> Vec<Backend> {
     vec![
         Backend {
             store: Arc::new(sqlite),
+            url: sqlite_url,
             _dir: Some(dir),
             _pg: None,
         },
         Backend {
             store: Arc::new(postgres),
+            url: pg.url.clone(),
             _dir: None,
             _pg: Some(pg),
         },
@@ -190,34 +194,12 @@ fn orgs_tokens_and_scoping() {
     }
 }
 
-/// Two stores on one database, as two replicas of the control plane.
-fn replicas() -> Vec<(
-    Store,
-    Store,
-    Option<tempfile::TempDir>,
-    Option<TempPostgres>,
-)> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite:{}", dir.path().join("moat.db").display());
-    let sqlite = (
-        Store::open(&url).expect("sqlite store"),
-        Store::open(&url).expect("sqlite store"),
-    );
-    let pg = TempPostgres::create().expect("PostgreSQL (see backends)");
-    let postgres = (
-        Store::open(&pg.url).expect("postgres store"),
-        Store::open(&pg.url).expect("postgres store"),
-    );
-    vec![
-        (sqlite.0, sqlite.1, Some(dir), None),
-        (postgres.0, postgres.1, None, Some(pg)),
-    ]
-}
-
 #[test]
 fn a_token_another_replica_adds_works_at_once_and_a_bootstrap_token_never_passes_for_an_api_one() {
-    for (one, other, _dir, _pg) in replicas() {
-        let a = org(&one, "a");
+    for b in backends() {
+        // Another replica of the control plane, on the same database.
+        let (one, other) = (&b.store, Store::open(&b.url).expect("another store"));
+        let a = org(one, "a");
         // Unknown here first: an unknown token is not remembered as such.
         assert_eq!(other.org_of_token("agent-1").unwrap(), None);
         one.add_token(&a, "agent-1", TokenKind::Agent, 0).unwrap();

@@ -107,6 +107,13 @@ impl Store {
         Ok(self.org_of_token(token_hash)?.map(|(org, _)| org))
     }
 
+    /// [`Store::org_of_token`]'s answer if it is in this process's memory:
+    /// no database, so a caller on an async thread may ask it in place
+    /// (`None`: ask `org_of_token`).
+    pub fn known_org_of_token(&self, token_hash: &str) -> Option<(String, TokenKind)> {
+        self.known_tokens.get(token_hash, std::time::Instant::now())
+    }
+
     /// The org and kind of an admin or agent token. A token found is
     /// answered from this process's memory for a few seconds after (such a
     /// token's row never changes: see `known_tokens`); an unknown one is

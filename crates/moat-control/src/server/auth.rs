@@ -119,10 +119,22 @@ async fn token_org(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<(Str
         ApiError::unauthorized("an API token is required (Authorization: Bearer ...)")
     })?;
     let hash = sha256_hex(token.as_bytes());
-    state
-        .db(move |s| s.org_of_token(&hash))
+    found_token(state, hash)
         .await?
         .ok_or_else(|| ApiError::unauthorized("unknown API token"))
+}
+
+/// The org and kind of the token whose hash is `hash`: from memory when
+/// this replica found it lately (no store call, so no hand-off of the
+/// worker), else from the store.
+async fn found_token(
+    state: &Arc<AppState>,
+    hash: String,
+) -> ApiResult<Option<(String, TokenKind)>> {
+    if let Some(known) = state.config.store.known_org_of_token(&hash) {
+        return Ok(Some(known));
+    }
+    state.db(move |s| s.org_of_token(&hash)).await
 }
 
 /// An org's admin, as approvals record them: the org and the token's
@@ -138,7 +150,7 @@ pub struct Operator {
 pub async fn operator_of(state: &Arc<AppState>, token: &str) -> ApiResult<Operator> {
     let hash = sha256_hex(token.as_bytes());
     let who = format!("token:{}", &hash[..16]);
-    match state.db(move |s| s.org_of_token(&hash)).await? {
+    match found_token(state, hash).await? {
         Some((org, TokenKind::Api)) => Ok(Operator { org, who }),
         Some(_) => Err(ApiError::forbidden(
             "admin_token_required",

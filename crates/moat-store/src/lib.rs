@@ -152,16 +152,35 @@ enum Backend {
 /// cannot take the server's every connection.
 struct PgPool {
     connect: tls::PgConnect,
-    /// Idle connections, and how many are open in all.
-    state: Mutex<(Vec<db::PgConn>, usize)>,
+    state: Mutex<PoolState>,
+    /// Signalled when a connection comes back or a slot frees, only while
+    /// a caller waits (a signal costs a system call even with no waiter).
     returned: Condvar,
     replan: replan::Replan,
 }
 
 const POOL_MAX: usize = 32;
 
+#[derive(Default)]
+struct PoolState {
+    idle: Vec<db::PgConn>,
+    /// Connections open in all, idle or taken.
+    open: usize,
+    /// Callers waiting for a connection.
+    waiting: usize,
+}
+
+impl PoolState {
+    /// Wakes one waiting caller, if any.
+    fn wake_one(&self, returned: &Condvar) {
+        if self.waiting > 0 {
+            returned.notify_one();
+        }
+    }
+}
+
 impl PgPool {
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, (Vec<db::PgConn>, usize)>, StoreError> {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, PoolState>, StoreError> {
         self.state
             .lock()
             .map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))
@@ -179,40 +198,45 @@ impl PgPool {
     fn take_open(&self) -> Result<db::PgConn, StoreError> {
         let mut state = self.lock()?;
         loop {
-            while let Some(conn) = state.0.pop() {
+            while let Some(conn) = state.idle.pop() {
                 if !conn.client.is_closed() {
                     return Ok(conn);
                 }
-                state.1 -= 1;
+                state.open -= 1;
             }
-            if state.1 < POOL_MAX {
-                state.1 += 1;
+            if state.open < POOL_MAX {
+                state.open += 1;
                 drop(state);
                 return match self.connect.connect() {
                     Ok(client) => Ok(db::PgConn::new(client)),
                     Err(e) => {
-                        self.lock()?.1 -= 1;
-                        self.returned.notify_one();
+                        let mut state = self.lock()?;
+                        state.open -= 1;
+                        state.wake_one(&self.returned);
                         Err(e.into())
                     }
                 };
             }
-            state = self
-                .returned
-                .wait(state)
-                .map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))?;
+            state.waiting += 1;
+            let woken = self.returned.wait(state);
+            state =
+                woken.map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))?;
+            state.waiting -= 1;
         }
     }
 
     fn give(&self, conn: db::PgConn) {
-        if let Ok(mut state) = self.lock() {
-            if conn.client.is_closed() {
-                state.1 -= 1;
-            } else {
-                state.0.push(conn);
-            }
+        let Ok(mut state) = self.lock() else {
+            // Poisoned: whoever waits is told (and finds it poisoned too).
+            self.returned.notify_all();
+            return;
+        };
+        if conn.client.is_closed() {
+            state.open -= 1;
+        } else {
+            state.idle.push(conn);
         }
-        self.returned.notify_one();
+        state.wake_one(&self.returned);
     }
 }
 
@@ -262,7 +286,7 @@ impl Store {
         {
             Backend::Postgres(Box::new(PgPool {
                 connect: tls::PgConnect::parse(url, password)?,
-                state: Mutex::new((Vec::new(), 0)),
+                state: Mutex::new(PoolState::default()),
                 returned: Condvar::new(),
                 replan: replan::Replan::default(),
             }))

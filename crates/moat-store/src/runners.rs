@@ -558,6 +558,37 @@ pub(crate) fn presence_of_org(
     .collect()
 }
 
+/// On PostgreSQL, the presence of the runners of org `o` (an alias of
+/// the query it joins) as one JSON text column `runner_presence`: a
+/// `LATERAL` join, so that a statement that reads the org anyway reads its
+/// runners too, with no round trip of their own. Read by
+/// [`presence_of_json`].
+pub(crate) const PRESENCE_JOINED_PG: &str = "CROSS JOIN LATERAL (
+       SELECT json_agg(json_build_array(w.id, w.environment, w.seen_ms, w.classes, w.draining)
+                       ORDER BY w.registered_ms, w.id)::text AS runner_presence
+       FROM runners w WHERE w.org_id = o.id) rp";
+
+/// The runners [`PRESENCE_JOINED_PG`] read, oldest first.
+pub(crate) fn presence_of_json(text: Option<String>) -> Result<Vec<RunnerPresence>, StoreError> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    let rows: Vec<(String, String, i64, i64, i64)> = serde_json::from_str(&text)
+        .map_err(|e| StoreError::Corrupt(format!("runners' presence: {e}")))?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, environment, seen_ms, classes, draining)| RunnerPresence {
+                id,
+                environment,
+                seen_ms,
+                classes,
+                draining: draining != 0,
+            },
+        )
+        .collect())
+}
+
 /// The org's runners, oldest first, in `tx`.
 pub(crate) fn of_org(tx: &mut dyn Tx, org: &str) -> Result<Vec<RunnerRow>, StoreError> {
     tx.query(

@@ -1926,18 +1926,21 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
         // Its runners, registered out of id order (the list is oldest
         // first, whatever their environment); another org's is not its.
         let b_org = org(s, "b");
-        for (org, id, registered_ms, environment) in [
-            (&a, "w-2", 7, "test"),
-            (&a, "w-1", 8, "prod"),
-            (&b_org, "w-0", 6, "test"),
+        for (org, id, registered_ms, environment, classes) in [
+            (&a, "w-2", 7, "test", 3),
+            (&a, "w-1", 8, "prod", 1),
+            (&b_org, "w-0", 6, "test", 1),
         ] {
             s.register_runner(&RunnerRow {
                 registered_ms,
                 environment: environment.into(),
+                classes,
                 ..runner_on(org, id, None)
             })
             .unwrap();
         }
+        // One draining: read as it is.
+        assert!(s.drain_runner(&a, "w-1").unwrap());
         for (env, pinned) in [("prod", None), ("prod", Some("m1")), ("test", None)] {
             let got = context(env, pinned);
             let (name, secrets) = s.org_name_and_secrets(&a).unwrap();
@@ -1973,6 +1976,21 @@ fn a_new_runs_context_is_what_its_separate_reads_say() {
                     .map(|w| (w.id.as_str(), w.environment.as_str()))
                     .collect::<Vec<_>>(),
                 [("w-2", "test"), ("w-1", "prod")],
+                "{}",
+                s.backend()
+            );
+            assert_eq!(
+                got.runners,
+                s.runner_presence(&a).unwrap(),
+                "{}",
+                s.backend()
+            );
+            assert_eq!(
+                got.runners
+                    .iter()
+                    .map(|w| (w.classes, w.draining))
+                    .collect::<Vec<_>>(),
+                [(3, false), (1, true)],
                 "{}",
                 s.backend()
             );

@@ -225,8 +225,11 @@ fn end(
 ) -> Result<(), StoreError> {
     let failed = json!({"status": "error", "error": {"reason": "run_ended", "message": format!("the run ended ({})", state.as_str())}})
         .to_string();
-    let fail_ops = "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
-         WHERE run_id = ? AND state IN ('pending_approval', 'queued', 'dispatched')";
+    let fail_ops = format!(
+        "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
+         WHERE run_id = ? AND state IN ({})",
+        quoted_list(&OPS_FAILED_AT_END)
+    );
     // Approvals still asked for have nothing left to approve; but a file
     // held for an export's approval is stored here, not on the runner, and
     // waits for its approver (or its expiry) after the run.
@@ -237,15 +240,19 @@ fn end(
          RETURNING id, op_id, rule, risk";
     let id = run.id.as_str();
     let postgres = tx.dialect() == crate::Dialect::Postgres;
-    let expired = if postgres {
+    let (expired, used) = if postgres {
         // One statement: its three writes touch three tables, and each
-        // runs to completion whether or not the query reads it.
-        tx.query(
+        // runs to completion whether or not the query reads it; it reads
+        // what the run used too (as it was before the statement: the ops
+        // it fails are counted as failed by `usage_of`).
+        let rows = tx.query(
             &format!(
                 "WITH run_end AS (UPDATE runs SET state = ?, error = ?, updated_ms = ? WHERE id = ?),
                  failed AS ({fail_ops}),
                  expired AS ({expire_approvals})
-                 SELECT id, op_id, rule, risk FROM expired"
+                 SELECT id, op_id, rule, risk, NULL AS state, 0 AS n, NULL AS body FROM expired
+                 UNION ALL
+                 SELECT NULL, NULL, NULL, NULL, u.state, u.n, u.body FROM ({USAGE_READ}) u"
             ),
             &[
                 state.as_str().into(),
@@ -257,12 +264,26 @@ fn end(
                 id.into(),
                 now.into(),
                 id.into(),
+                id.into(),
+                run.org_id.as_str().into(),
+                id.into(),
             ],
-        )?
+        )?;
+        // An expired approval's row has its id; the usage rows have none.
+        let (mut expired, mut used) = (Vec::new(), Vec::new());
+        for row in rows {
+            if row.opt_text("id")?.is_some() {
+                expired.push(row);
+            } else {
+                used.push(row);
+            }
+        }
+        (expired, usage_of(&used, true)?)
     } else {
         set_state(tx, run, state, reason, now)?;
-        tx.execute(fail_ops, &[failed.into(), now.into(), id.into()])?;
-        tx.query(expire_approvals, &[now.into(), id.into()])?
+        tx.execute(&fail_ops, &[failed.into(), now.into(), id.into()])?;
+        let expired = tx.query(expire_approvals, &[now.into(), id.into()])?;
+        (expired, usage(tx, run)?)
     };
     let mut ended = Vec::with_capacity(expired.len() + 1);
     for row in &expired {
@@ -309,7 +330,6 @@ fn end(
             attempts,
         }),
     };
-    let used = usage(tx, run)?;
     let (add_usage, params) = crate::usage::add_statement(tx.dialect(), &run.org_id, now, &used);
     ended.push(typed_event(EventData::RunUsage(used), &run.id, now));
     ended.push(typed_event(data, &run.id, now));
@@ -336,27 +356,54 @@ fn end(
     Ok(())
 }
 
+/// The states of a run's ops that its end fails.
+const OPS_FAILED_AT_END: [&str; 3] = ["pending_approval", "queued", "dispatched"];
+
+fn quoted_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|item| format!("'{item}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a run used, as rows: its ops counted by state (rows with a state),
+/// then the reports its runners sent (rows with a body). Parameters: the
+/// run's id, its org, its id.
+const USAGE_READ: &str =
+    "SELECT state, COUNT(*) AS n, NULL AS body FROM ops WHERE run_id = ? GROUP BY state
+     UNION ALL
+     SELECT NULL, 0, body FROM events WHERE org_id = ? AND run_id = ?
+       AND event_type IN ('sandbox.exec.finished', 'network.request')";
+
 /// What `run` used, from its ops and the reports its runners sent (in the
-/// caller's transaction, as the run ends).
+/// caller's transaction, as the run ends, after its open ops failed).
 fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
-    let mut usage = RunUsage::default();
-    // One statement: its ops counted by state (rows with a state), then
-    // the reports (rows with a body).
     let rows = tx.query(
-        "SELECT state, COUNT(*) AS n, NULL AS body FROM ops WHERE run_id = ? GROUP BY state
-         UNION ALL
-         SELECT NULL, 0, body FROM events WHERE org_id = ? AND run_id = ?
-           AND event_type IN ('sandbox.exec.finished', 'network.request')",
+        USAGE_READ,
         &[
             run.id.as_str().into(),
             run.org_id.as_str().into(),
             run.id.as_str().into(),
         ],
     )?;
+    usage_of(&rows, false)
+}
+
+/// A run's usage from [`USAGE_READ`]'s rows; `before_end`: read before its
+/// end failed its open ops, which are counted as failed.
+fn usage_of(rows: &[crate::db::Row], before_end: bool) -> Result<RunUsage, StoreError> {
+    let mut usage = RunUsage::default();
     for row in rows {
         if let Some(state) = row.opt_text("state")? {
             let n = u64::try_from(row.int("n")?).unwrap_or(0);
-            usage.ops.insert(state, n);
+            let state = if before_end && OPS_FAILED_AT_END.contains(&state.as_str()) {
+                "failed".to_owned()
+            } else {
+                state
+            };
+            let count = usage.ops.entry(state).or_insert(0);
+            *count = count.saturating_add(n);
             continue;
         }
         // (Runners report the figures below: saturate, never overflow.)

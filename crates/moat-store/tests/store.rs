@@ -787,6 +787,12 @@ fn a_run_that_ends_fails_its_waiting_ops_expires_its_approvals_and_counts_its_us
         s.insert_op(&queued(&a, "q", &empty), 21)
             .unwrap()
             .expect("op");
+        // One that had failed before: counted with those the end fails.
+        let failed_before = NewOp {
+            state: OpState::Failed,
+            ..queued(&a, "f", &empty)
+        };
+        s.insert_op(&failed_before, 21).unwrap().expect("op");
         // What its runner reported: counted at the end.
         let request: moat_core::event_data::NetworkRequest = serde_json::from_value(json!({
             "host": "example.test", "method": "GET", "port": 443, "decision": "allowed",
@@ -817,7 +823,7 @@ fn a_run_that_ends_fails_its_waiting_ops_expires_its_approvals_and_counts_its_us
             RunState::Failed
         );
         // Its usage, as the event says and as the org's day adds it up:
-        // the ops counted once failed, the request's bytes.
+        // the ops counted once, failed, the request's bytes.
         let usage = s
             .events_of_run("r")
             .unwrap()
@@ -826,7 +832,7 @@ fn a_run_that_ends_fails_its_waiting_ops_expires_its_approvals_and_counts_its_us
             .expect("run.usage");
         assert_eq!(
             usage.event.data["ops"],
-            json!({"failed": 2}),
+            json!({"failed": 3}),
             "{}",
             s.backend()
         );
@@ -845,7 +851,7 @@ fn a_run_that_ends_fails_its_waiting_ops_expires_its_approvals_and_counts_its_us
             day.iter()
                 .map(|d| (d.runs, d.ops, d.ops_failed, d.egress_bytes_in))
                 .collect::<Vec<_>>(),
-            [(1, 2, 2, 7000)],
+            [(1, 3, 3, 7000)],
             "{}",
             s.backend()
         );

@@ -251,60 +251,110 @@ pub(crate) const HOST_TENANTS: &str = "runs r JOIN runners v ON v.id = r.runner_
     WHERE (v.host_id = w.host_id OR (v.host_id IS NULL AND w.host_id IS NULL))
       AND r.org_id <> ? AND r.state IN ('claimed', 'running', 'paused')";
 
+/// A read [`held_if_standing`] makes in its statement (PostgreSQL): a
+/// `SELECT` whose rows each have an `id` that is not null, with its
+/// parameters.
+pub(crate) struct AlsoRead<'a> {
+    pub select: &'a str,
+    pub params: &'a [crate::Value],
+}
+
+/// What [`held_if_standing`] read.
+pub(crate) struct HeldFigures {
+    pub held: Held,
+    /// The org's quota (`None`: none set).
+    pub quota: Option<moat_core::quota::Quota>,
+    /// The rows of its `also` read.
+    pub also: Vec<crate::Row>,
+}
+
 /// What the runs of runner `id` take of it, if it still stands
 /// ([`RUNNER_STANDS`]; `None`: it does not), with the quota of `org` (its
-/// runner's) and, on PostgreSQL, the other tenants of its host: one
-/// statement, as a claim reads them under its turns.
+/// runner's) and, on PostgreSQL, the other tenants of its host and the
+/// rows of `also`, if given: one statement, as a claim reads them under
+/// its turns.
 pub(crate) fn held_if_standing(
     tx: &mut dyn Tx,
     id: &str,
     org: &str,
-) -> Result<Option<(Held, Option<moat_core::quota::Quota>)>, StoreError> {
+    also: Option<AlsoRead<'_>>,
+) -> Result<Option<HeldFigures>, StoreError> {
     let quota = crate::quotas::joined_columns("q");
     let postgres = tx.dialect() == Dialect::Postgres;
-    let (tenants, mut params): (String, Vec<crate::Value>) = if postgres {
-        (
-            format!(
-                ", (SELECT json_agg(t.name ORDER BY t.name)::text
-                    FROM (SELECT DISTINCT o.name FROM {HOST_TENANTS}) t) AS tenants"
-            ),
-            vec![org.into()],
+    let mut params: Vec<crate::Value> = Vec::new();
+    let (with_also, also_columns, join_also) = match &also {
+        Some(also) if postgres => {
+            params.extend(also.params.iter().cloned());
+            (
+                format!("WITH also AS ({}) ", also.select),
+                ", also.*",
+                "LEFT JOIN also ON TRUE",
+            )
+        }
+        Some(_) => {
+            return Err(StoreError::Corrupt(
+                "a read joined to a runner's figures is for PostgreSQL".into(),
+            ));
+        }
+        None => (String::new(), "", ""),
+    };
+    let tenants = if postgres {
+        params.push(org.into());
+        format!(
+            ", (SELECT json_agg(t.name ORDER BY t.name)::text
+                FROM (SELECT DISTINCT o.name FROM {HOST_TENANTS}) t) AS tenants"
         )
     } else {
-        (String::new(), Vec::new())
+        String::new()
     };
     params.extend([id.into(), org.into(), id.into()]);
-    let row = tx.query_one(
+    let rows = tx.query(
         &format!(
-            "SELECT h.runs, h.cpu, h.memory, {quota}{tenants} FROM runners w
+            "{with_also}SELECT h.runs, h.cpu, h.memory, {quota}{tenants}{also_columns} FROM runners w
                CROSS JOIN (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
                        CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
                 FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
                LEFT JOIN org_quotas q ON q.org_id = ?
+               {join_also}
              WHERE w.id = ? AND {RUNNER_STANDS}"
         ),
         &params,
     )?;
-    row.map(|row| {
-        let tenants = if postgres {
-            let names = row.opt_text("tenants")?;
-            Some(match names {
-                Some(json) => serde_json::from_str(&json)
-                    .map_err(|e| StoreError::Corrupt(format!("a host's tenants: {e}")))?,
-                None => Vec::new(),
-            })
-        } else {
-            None
-        };
-        let held = Held {
-            runs: row.int("runs")?,
-            cpu_millis: row.int("cpu")?,
-            memory_bytes: row.int("memory")?,
-            tenants,
-        };
-        Ok((held, crate::quotas::decode_joined(&row)?))
-    })
-    .transpose()
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let also_rows = if also.is_some() {
+        let mut read = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.opt_text("id")?.is_some() {
+                read.push(row.clone());
+            }
+        }
+        read
+    } else {
+        Vec::new()
+    };
+    let tenants = if postgres {
+        let names = row.opt_text("tenants")?;
+        Some(match names {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("a host's tenants: {e}")))?,
+            None => Vec::new(),
+        })
+    } else {
+        None
+    };
+    let held = Held {
+        runs: row.int("runs")?,
+        cpu_millis: row.int("cpu")?,
+        memory_bytes: row.int("memory")?,
+        tenants,
+    };
+    Ok(Some(HeldFigures {
+        held,
+        quota: crate::quotas::decode_joined(row)?,
+        also: also_rows,
+    }))
 }
 
 /// Runner `id` (`None`: no such runner), read as a claim takes its turns

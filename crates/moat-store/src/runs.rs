@@ -1144,21 +1144,46 @@ fn claim_in(
     } else {
         crate::runners::get(tx, ask.runner)?
     };
+    let offered = runner.as_ref().map_or(1, |w| w.classes);
+    // The org's name comes with them, for the placement policy.
+    let sql = format!(
+        "SELECT {COLUMNS}, (SELECT o.name FROM orgs o WHERE o.id = q.org_id) AS org_name
+         FROM runs q WHERE {TAKEABLE} ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
+        skip = tx.skip_locked()
+    );
+    let takeable = [
+        ask.org.into(),
+        ask.environment.into(),
+        ask.manifest_hash.into(),
+        offered.into(),
+    ];
     let mut too_big = None;
     // The org's quota, read with what the runner holds when it has one
     // (and on PostgreSQL its host's other tenants, for the placement
-    // policy, before any queued run is locked).
+    // policy, and the queued runs it could take, locked: one statement).
     let mut quota = None;
     let mut tenants = None;
+    let mut candidates = None;
     if let Some(w) = &runner {
         if w.draining {
             return Ok(ClaimLook::Nothing);
         }
+        let also = (tx.dialect() == crate::Dialect::Postgres).then(|| crate::runners::AlsoRead {
+            select: &sql,
+            params: &takeable,
+        });
         // Fresh figures, read under the turns just taken.
-        let Some((mut held, org_quota)) = crate::runners::held_if_standing(tx, &w.id, ask.org)?
+        let Some(crate::runners::HeldFigures {
+            mut held,
+            quota: org_quota,
+            also: queued,
+        }) = crate::runners::held_if_standing(tx, &w.id, ask.org, also)?
         else {
             return Ok(ClaimLook::Nothing);
         };
+        if tx.dialect() == crate::Dialect::Postgres {
+            candidates = Some(queued);
+        }
         tenants = held.tenants.take();
         quota = Some(org_quota);
         too_big = never_fits(w, ask);
@@ -1180,20 +1205,10 @@ fn claim_in(
     if reached.is_some() {
         return Ok(ClaimLook::Nothing);
     }
-    let offered = runner.as_ref().map_or(1, |w| w.classes);
-    // The org's name comes with them, for the placement policy.
-    let sql = format!(
-        "SELECT {COLUMNS}, (SELECT o.name FROM orgs o WHERE o.id = q.org_id) AS org_name
-         FROM runs q WHERE {TAKEABLE} ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
-        skip = tx.skip_locked()
-    );
-    let takeable = [
-        ask.org.into(),
-        ask.environment.into(),
-        ask.manifest_hash.into(),
-        offered.into(),
-    ];
-    let candidates = tx.query(&sql, &takeable)?;
+    let candidates = match candidates {
+        Some(read) => read,
+        None => tx.query(&sql, &takeable)?,
+    };
     let host_id = runner.as_ref().and_then(|w| w.host_id.clone());
     if let Some(why) = too_big {
         // Each would be refused alike: say so on them, take none.

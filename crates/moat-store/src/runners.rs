@@ -253,10 +253,12 @@ pub(crate) const HOST_TENANTS: &str = "runs r JOIN runners v ON v.id = r.runner_
 
 /// A read [`held_if_standing`] makes in its statement (PostgreSQL): a
 /// `SELECT` whose rows each have an `id` that is not null, with its
-/// parameters.
+/// parameters, and the order its rows come back in (`ORDER BY` terms on
+/// its columns, qualified `also.`).
 pub(crate) struct AlsoRead<'a> {
     pub select: &'a str,
     pub params: &'a [crate::Value],
+    pub order: &'a str,
 }
 
 /// What [`held_if_standing`] read.
@@ -282,22 +284,14 @@ pub(crate) fn held_if_standing(
     let quota = crate::quotas::joined_columns("q");
     let postgres = tx.dialect() == Dialect::Postgres;
     let mut params: Vec<crate::Value> = Vec::new();
-    let (with_also, also_columns, join_also) = match &also {
-        Some(also) if postgres => {
-            params.extend(also.params.iter().cloned());
-            (
-                format!("WITH also AS ({}) ", also.select),
-                ", also.*",
-                "LEFT JOIN also ON TRUE",
-            )
-        }
-        Some(_) => {
+    if let Some(also) = &also {
+        if !postgres {
             return Err(StoreError::Corrupt(
                 "a read joined to a runner's figures is for PostgreSQL".into(),
             ));
         }
-        None => (String::new(), "", ""),
-    };
+        params.extend(also.params.iter().cloned());
+    }
     let tenants = if postgres {
         params.push(org.into());
         format!(
@@ -308,18 +302,26 @@ pub(crate) fn held_if_standing(
         String::new()
     };
     params.extend([id.into(), org.into(), id.into()]);
-    let rows = tx.query(
-        &format!(
-            "{with_also}SELECT h.runs, h.cpu, h.memory, {quota}{tenants}{also_columns} FROM runners w
-               CROSS JOIN (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
-                       CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
-                FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
-               LEFT JOIN org_quotas q ON q.org_id = ?
-               {join_also}
-             WHERE w.id = ? AND {RUNNER_STANDS}"
+    let figures = format!(
+        "SELECT h.runs, h.cpu, h.memory, {quota}{tenants} FROM runners w
+           CROSS JOIN (SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu,
+                   CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS memory
+            FROM runs WHERE runner_id = ? AND state IN ('claimed', 'running', 'paused')) h
+           LEFT JOIN org_quotas q ON q.org_id = ?
+         WHERE w.id = ? AND {RUNNER_STANDS}"
+    );
+    let sql = match &also {
+        // The figures once (materialized: the host's tenants are not
+        // looked up again for each row joined), then each row of `also`
+        // beside them, in its order.
+        Some(also) => format!(
+            "WITH also AS ({}), figures AS MATERIALIZED ({figures})
+             SELECT figures.*, also.* FROM figures LEFT JOIN also ON TRUE ORDER BY {}",
+            also.select, also.order
         ),
-        &params,
-    )?;
+        None => figures,
+    };
+    let rows = tx.query(&sql, &params)?;
     let Some(row) = rows.first() else {
         return Ok(None);
     };

@@ -1171,6 +1171,7 @@ fn claim_in(
         let also = (tx.dialect() == crate::Dialect::Postgres).then(|| crate::runners::AlsoRead {
             select: &sql,
             params: &takeable,
+            order: "also.created_ms, also.id",
         });
         // Fresh figures, read under the turns just taken.
         let Some(crate::runners::HeldFigures {

@@ -243,16 +243,19 @@ fn end(
     let (expired, used) = if postgres {
         // One statement: its three writes touch three tables, and each
         // runs to completion whether or not the query reads it; it reads
-        // what the run used too (as it was before the statement: the ops
-        // it fails are counted as failed by `usage_of`).
+        // what the run used too, as it was before the statement (see
+        // `usage_before_end`), and how many ops it failed.
         let rows = tx.query(
             &format!(
                 "WITH run_end AS (UPDATE runs SET state = ?, error = ?, updated_ms = ? WHERE id = ?),
-                 failed AS ({fail_ops}),
+                 failed AS ({fail_ops} RETURNING id),
                  expired AS ({expire_approvals})
-                 SELECT id, op_id, rule, risk, NULL AS state, 0 AS n, NULL AS body FROM expired
+                 SELECT 'expired' AS part, id, op_id, rule, risk, NULL AS state, 0 AS n,
+                   CAST(NULL AS BYTEA) AS body FROM expired
                  UNION ALL
-                 SELECT NULL, NULL, NULL, NULL, u.state, u.n, u.body FROM ({USAGE_READ}) u"
+                 SELECT 'failed', NULL, NULL, NULL, NULL, NULL, COUNT(*), NULL FROM failed
+                 UNION ALL
+                 SELECT 'usage', NULL, NULL, NULL, NULL, u.state, u.n, u.body FROM ({USAGE_READ}) u"
             ),
             &[
                 state.as_str().into(),
@@ -269,16 +272,20 @@ fn end(
                 id.into(),
             ],
         )?;
-        // An expired approval's row has its id; the usage rows have none.
-        let (mut expired, mut used) = (Vec::new(), Vec::new());
+        let (mut expired, mut used, mut failed_now) = (Vec::new(), Vec::new(), 0);
         for row in rows {
-            if row.opt_text("id")?.is_some() {
-                expired.push(row);
-            } else {
-                used.push(row);
+            match row.text("part")?.as_str() {
+                "expired" => expired.push(row),
+                "failed" => failed_now = row.int("n")?,
+                _ => used.push(row),
             }
         }
-        (expired, usage_of(&used, true)?)
+        let used = match usage_before_end(&used, failed_now)? {
+            Some(used) => used,
+            // An op changed under the statement: read again, after it.
+            None => usage(tx, run)?,
+        };
+        (expired, used)
     } else {
         set_state(tx, run, state, reason, now)?;
         tx.execute(&fail_ops, &[failed.into(), now.into(), id.into()])?;
@@ -388,6 +395,32 @@ fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
         ],
     )?;
     usage_of(&rows, false)
+}
+
+/// A run's usage from [`USAGE_READ`]'s rows read in the statement that
+/// ended it, which failed `failed_now` of its ops. That read sees the ops
+/// as they were before the statement, so those in a state the end fails
+/// are counted as failed, if the end failed every one of them. An op
+/// another writer was moving out of such a state (its result recorded,
+/// its approval denied) as the statement began is read in its old state,
+/// but the statement, waiting for that writer, left it as it became: then
+/// the end failed fewer than were read (`None`: read again).
+fn usage_before_end(
+    rows: &[crate::db::Row],
+    failed_now: i64,
+) -> Result<Option<RunUsage>, StoreError> {
+    let mut open = 0i64;
+    for row in rows {
+        if let Some(state) = row.opt_text("state")?
+            && OPS_FAILED_AT_END.contains(&state.as_str())
+        {
+            open = open.saturating_add(row.int("n")?);
+        }
+    }
+    if open != failed_now {
+        return Ok(None);
+    }
+    usage_of(rows, true).map(Some)
 }
 
 /// A run's usage from [`USAGE_READ`]'s rows; `before_end`: read before its

@@ -1906,6 +1906,78 @@ fn a_run_event_is_appended_only_to_a_run_of_the_org() {
     }
 }
 
+/// PostgreSQL only: on SQLite one transaction writes at a time, so no
+/// op's result can be half-written as a run ends.
+#[test]
+fn a_run_ended_while_its_ops_result_is_being_recorded_counts_the_result() {
+    let b = backends()
+        .into_iter()
+        .find(|b| b.store.backend() == "postgres")
+        .expect("the PostgreSQL backend");
+    let s = Arc::clone(&b.store);
+    let a = held_run(&s, 1, 20, 60_000);
+    let empty = json!({});
+    s.insert_op(&queued(&a, "o", &empty), 21)
+        .unwrap()
+        .expect("op");
+    s.dispatch_op(&a, "runner-1", "r", 22)
+        .unwrap()
+        .expect("dispatched");
+    // Another writer records the op's result and has not committed when
+    // the run's end begins: the end waits for it, then leaves the op
+    // succeeded, as it became.
+    let mut writer = postgres::Client::connect(&b.url, postgres::NoTls).expect("connect");
+    let mut result = writer.transaction().expect("begin");
+    result
+        .execute(
+            "UPDATE ops SET state = 'succeeded' WHERE run_id = 'r' AND id = 'o'",
+            &[],
+        )
+        .expect("the op's result");
+    let ending = {
+        let (s, a) = (Arc::clone(&s), a.clone());
+        std::thread::spawn(move || s.force_end_run(&a, "r", RunState::Failed, "operator", 30))
+    };
+    // Until the end's statement waits for the op's row.
+    let mut watcher = postgres::Client::connect(&b.url, postgres::NoTls).expect("connect");
+    let waiting = (0..1000).any(|_| {
+        let row = watcher
+            .query_one(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .expect("pg_stat_activity");
+        let n: i64 = row.get(0);
+        n > 0 || {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(waiting, "the run's end never waited for the op's row");
+    result.commit().expect("commit");
+    assert!(ending.join().expect("the end's thread").unwrap());
+    assert_eq!(
+        s.op(&a, "r", "o").unwrap().expect("op").state,
+        OpState::Succeeded
+    );
+    let usage = s
+        .events_of_run("r")
+        .unwrap()
+        .into_iter()
+        .find(|e| e.event.event_type == EventType::RunUsage)
+        .expect("run.usage");
+    assert_eq!(usage.event.data["ops"], json!({"succeeded": 1}));
+    let day = s.usage_days(&a, 1).unwrap();
+    assert_eq!(
+        day.iter()
+            .map(|d| (d.ops, d.ops_failed))
+            .collect::<Vec<_>>(),
+        [(1, 0)]
+    );
+    assert!(s.verify_ledger().unwrap().is_ok());
+}
+
 #[test]
 fn a_new_runs_context_is_what_its_separate_reads_say() {
     for b in backends() {

@@ -82,6 +82,18 @@ fn held_run(store: &Store, attempts: i64, now: i64, lease: i64) -> String {
     a
 }
 
+/// What run `r`'s `run.usage` event says.
+fn usage_of_r(store: &Store) -> serde_json::Value {
+    store
+        .events_of_run("r")
+        .unwrap()
+        .into_iter()
+        .find(|e| e.event.event_type == EventType::RunUsage)
+        .expect("run.usage")
+        .event
+        .data
+}
+
 /// A queued op `id` of run `r` with an empty envelope and decision.
 fn queued<'a>(org: &'a str, id: &'a str, empty: &'a serde_json::Value) -> NewOp<'a> {
     NewOp {
@@ -824,23 +836,13 @@ fn a_run_that_ends_fails_its_waiting_ops_expires_its_approvals_and_counts_its_us
         );
         // Its usage, as the event says and as the org's day adds it up:
         // the ops counted once, failed, the request's bytes.
-        let usage = s
-            .events_of_run("r")
-            .unwrap()
-            .into_iter()
-            .find(|e| e.event.event_type == EventType::RunUsage)
-            .expect("run.usage");
-        assert_eq!(
-            usage.event.data["ops"],
-            json!({"failed": 3}),
-            "{}",
-            s.backend()
-        );
+        let usage = usage_of_r(s);
+        assert_eq!(usage["ops"], json!({"failed": 3}), "{}", s.backend());
         assert_eq!(
             (
-                &usage.event.data["egressRequests"],
-                &usage.event.data["egressBytesOut"],
-                &usage.event.data["egressBytesIn"]
+                &usage["egressRequests"],
+                &usage["egressBytesOut"],
+                &usage["egressBytesIn"]
             ),
             (&json!(1), &json!(300), &json!(7000)),
             "{}",
@@ -1961,13 +1963,8 @@ fn a_run_ended_while_its_ops_result_is_being_recorded_counts_the_result() {
         s.op(&a, "r", "o").unwrap().expect("op").state,
         OpState::Succeeded
     );
-    let usage = s
-        .events_of_run("r")
-        .unwrap()
-        .into_iter()
-        .find(|e| e.event.event_type == EventType::RunUsage)
-        .expect("run.usage");
-    assert_eq!(usage.event.data["ops"], json!({"succeeded": 1}));
+    let usage = usage_of_r(&s);
+    assert_eq!(usage["ops"], json!({"succeeded": 1}));
     let day = s.usage_days(&a, 1).unwrap();
     assert_eq!(
         day.iter()

@@ -452,8 +452,8 @@ fn unhex(text: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// `text` (a replica's hex name and a plain run id) as an SQL string literal.
-fn literal(text: &str) -> String {
+/// `text` as an SQL string literal (quotes doubled).
+pub(crate) fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 

@@ -369,7 +369,7 @@ const OPS_FAILED_AT_END: [&str; 3] = ["pending_approval", "queued", "dispatched"
 fn quoted_list(items: &[&str]) -> String {
     items
         .iter()
-        .map(|item| format!("'{item}'"))
+        .map(|item| crate::changes::literal(item))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -1201,7 +1201,8 @@ fn claim_in(
         if w.draining {
             return Ok(ClaimLook::Nothing);
         }
-        let also = (tx.dialect() == crate::Dialect::Postgres).then(|| crate::runners::AlsoRead {
+        let joined = tx.dialect() == crate::Dialect::Postgres;
+        let also = joined.then(|| crate::runners::AlsoRead {
             select: &sql,
             params: &takeable,
             order: "also.created_ms, also.id",
@@ -1215,9 +1216,7 @@ fn claim_in(
         else {
             return Ok(ClaimLook::Nothing);
         };
-        if tx.dialect() == crate::Dialect::Postgres {
-            candidates = Some(queued);
-        }
+        candidates = joined.then_some(queued);
         tenants = held.tenants.take();
         quota = Some(org_quota);
         too_big = never_fits(w, ask);

@@ -52,6 +52,11 @@ fn org(store: &Store, name: &str) -> String {
 }
 
 fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
+    run_at(store, org, id, max_attempts, 10);
+}
+
+/// [`run`], created at `now`.
+fn run_at(store: &Store, org: &str, id: &str, max_attempts: i64, now: i64) {
     store
         .create_run(
             &NewRun {
@@ -65,7 +70,7 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
                 needs_classes: &[],
                 volumes: &[],
             },
-            10,
+            now,
         )
         .expect("run");
 }
@@ -1908,14 +1913,78 @@ fn a_run_event_is_appended_only_to_a_run_of_the_org() {
     }
 }
 
+/// The PostgreSQL backend of [`backends`], for what only it can show.
+fn postgres_backend() -> Backend {
+    backends()
+        .into_iter()
+        .find(|b| b.store.backend() == "postgres")
+        .expect("the PostgreSQL backend")
+}
+
+/// Whether, within about 10 s, at least `n` sessions on the database at
+/// `url` wait for a lock (a row another writer holds).
+fn lock_waiters_reach(url: &str, n: i64) -> bool {
+    let mut watcher = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    (0..1000).any(|_| {
+        let row = watcher
+            .query_one(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .expect("pg_stat_activity");
+        let waiting: i64 = row.get(0);
+        waiting >= n || {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            false
+        }
+    })
+}
+
+/// PostgreSQL only (SQLite has one connection, no pool): more store calls
+/// at once than the pool opens connections; those beyond it wait for a
+/// connection and each is woken as one comes back.
+#[test]
+fn store_calls_beyond_the_pools_connections_wait_and_all_complete() {
+    let b = postgres_backend();
+    let s = Arc::clone(&b.store);
+    let a = org(&s, "a");
+    run(&s, &a, "r", 1);
+    // The run's row held by another writer: every call below blocks on
+    // it, holding its connection, until that writer commits.
+    let mut writer = postgres::Client::connect(&b.url, postgres::NoTls).expect("connect");
+    let mut holding = writer.transaction().expect("begin");
+    holding
+        .execute("UPDATE runs SET updated_ms = 11 WHERE id = 'r'", &[])
+        .expect("lock the run");
+    const CALLS: i64 = 40;
+    let (done, finished) = std::sync::mpsc::channel();
+    for i in 0..CALLS {
+        let (s, a, done) = (Arc::clone(&s), a.clone(), done.clone());
+        std::thread::spawn(move || {
+            let asked = s.request_finish(&a, "r", 20 + i).map(|run| run.is_some());
+            let _ = done.send(asked);
+        });
+    }
+    // The pool full: 32 calls wait for the row, the rest for a connection.
+    assert!(
+        lock_waiters_reach(&b.url, 32),
+        "the pool's connections never all waited on the row"
+    );
+    holding.commit().expect("commit");
+    for _ in 0..CALLS {
+        let asked = finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a store call waiting for a connection was never woken");
+        assert!(asked.expect("request_finish"));
+    }
+}
+
 /// PostgreSQL only: on SQLite one transaction writes at a time, so no
 /// op's result can be half-written as a run ends.
 #[test]
 fn a_run_ended_while_its_ops_result_is_being_recorded_counts_the_result() {
-    let b = backends()
-        .into_iter()
-        .find(|b| b.store.backend() == "postgres")
-        .expect("the PostgreSQL backend");
+    let b = postgres_backend();
     let s = Arc::clone(&b.store);
     let a = held_run(&s, 1, 20, 60_000);
     let empty = json!({});
@@ -1941,22 +2010,10 @@ fn a_run_ended_while_its_ops_result_is_being_recorded_counts_the_result() {
         std::thread::spawn(move || s.force_end_run(&a, "r", RunState::Failed, "operator", 30))
     };
     // Until the end's statement waits for the op's row.
-    let mut watcher = postgres::Client::connect(&b.url, postgres::NoTls).expect("connect");
-    let waiting = (0..1000).any(|_| {
-        let row = watcher
-            .query_one(
-                "SELECT COUNT(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .expect("pg_stat_activity");
-        let n: i64 = row.get(0);
-        n > 0 || {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            false
-        }
-    });
-    assert!(waiting, "the run's end never waited for the op's row");
+    assert!(
+        lock_waiters_reach(&b.url, 1),
+        "the run's end never waited for the op's row"
+    );
     result.commit().expect("commit");
     assert!(ending.join().expect("the end's thread").unwrap());
     assert_eq!(
@@ -2205,6 +2262,83 @@ fn runner_on(org: &str, id: &str, host: Option<&str>) -> RunnerRow {
     }
 }
 
+/// Org `name` where a runner of [`runner_on`] stands (its build allowed,
+/// its manifest published); the org's id.
+fn org_runners_stand_in(s: &Store, name: &str) -> String {
+    let id = org(s, name);
+    s.allow_runner_build(&id, "h", "1", 1).unwrap();
+    s.publish_manifest(
+        &id,
+        &moat_store::ManifestRow {
+            environment: "test".into(),
+            ..prod_manifest("m", 1, "k")
+        },
+    )
+    .unwrap();
+    id
+}
+
+/// A standing runner's claim (on PostgreSQL the queued runs are read with
+/// its figures) is offered the queued runs oldest first, whatever their
+/// ids, passes over those the placement policy refuses, and takes the
+/// first it allows.
+#[test]
+fn a_standing_runners_claim_is_offered_the_oldest_queued_runs_first() {
+    for b in backends() {
+        let s = &b.store;
+        let acme = org_runners_stand_in(s, "acme");
+        for id in ["w1", "w2"] {
+            s.register_runner(&runner_on(&acme, id, None)).unwrap();
+        }
+        for (id, now) in [("r-c", 11), ("r-a", 12), ("r-b", 13)] {
+            run_at(s, &acme, id, 1, now);
+        }
+        let claim = |runner: &str, refused: &[&str]| {
+            let ask = ClaimAsk {
+                org: &acme,
+                environment: "test",
+                runner,
+                manifest_hash: "m",
+                now: 20,
+                lease_ms: 60_000,
+                cpu_millis: 0,
+                memory_bytes: 0,
+            };
+            let mut offered = Vec::new();
+            let look = s
+                .claim(&ask, &mut |candidate| {
+                    offered.push(candidate.run.id.clone());
+                    Ok(refused.contains(&candidate.run.id.as_str()).then(|| {
+                        moat_store::PlacementRefusal {
+                            reason: "placement_waiting: refused by the test".into(),
+                            policies: Vec::new(),
+                        }
+                    }))
+                })
+                .unwrap();
+            let took = match look {
+                ClaimLook::Took(claimed) => Some(claimed.run.id),
+                _ => None,
+            };
+            (offered, took)
+        };
+        let backend = s.backend();
+        assert_eq!(
+            claim("w1", &["r-c"]),
+            (
+                vec!["r-c".to_owned(), "r-a".to_owned()],
+                Some("r-a".to_owned())
+            ),
+            "{backend}"
+        );
+        assert_eq!(
+            claim("w2", &["r-c", "r-b"]),
+            (vec!["r-c".to_owned(), "r-b".to_owned()], None),
+            "{backend}"
+        );
+    }
+}
+
 /// What the placement policy is told about a claiming runner's host: the
 /// names of the other orgs whose runs runners on that host hold now
 /// (runners that named no host count as one host), its own org never.
@@ -2214,19 +2348,7 @@ fn a_claim_tells_placement_the_other_tenants_of_the_runners_host() {
         let s = &b.store;
         let orgs: Vec<String> = ["acme", "globex", "initech"]
             .iter()
-            .map(|name| {
-                let id = org(s, name);
-                s.allow_runner_build(&id, "h", "1", 1).unwrap();
-                s.publish_manifest(
-                    &id,
-                    &moat_store::ManifestRow {
-                        environment: "test".into(),
-                        ..prod_manifest("m", 1, "k")
-                    },
-                )
-                .unwrap();
-                id
-            })
+            .map(|name| org_runners_stand_in(s, name))
             .collect();
         let (acme, globex, initech) = (&orgs[0], &orgs[1], &orgs[2]);
         for (org, id, host) in [

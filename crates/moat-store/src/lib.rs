@@ -186,13 +186,31 @@ impl PgPool {
             .map_err(|_| StoreError::Corrupt("connection pool lock poisoned".into()))
     }
 
-    /// A connection whose prepared statements were planned for the tables
-    /// as they are now (give or take a doubling).
-    fn take(&self) -> Result<db::PgConn, StoreError> {
+    /// Calls `body` with a connection whose prepared statements were
+    /// planned for the tables as they are now (give or take a doubling),
+    /// and takes it back however `body` ends. After a panic (caught
+    /// further up: a handler's bug must not stop the server) the
+    /// connection's state is not known, so it is closed rather than kept,
+    /// and its slot freed; before, each such panic lost a slot for good,
+    /// and once all [`POOL_MAX`] were lost every store call waited for
+    /// ever.
+    fn with<T>(
+        &self,
+        body: impl FnOnce(&mut db::PgConn) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let mut conn = self.take_open()?;
         let epoch = self.replan.epoch(&mut conn.client);
         conn.replan_from(epoch);
-        Ok(conn)
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut conn))) {
+            Ok(result) => {
+                self.give(conn, true);
+                result
+            }
+            Err(panic) => {
+                self.give(conn, false);
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 
     fn take_open(&self) -> Result<db::PgConn, StoreError> {
@@ -225,16 +243,18 @@ impl PgPool {
         }
     }
 
-    fn give(&self, conn: db::PgConn) {
+    /// Takes `conn` back: kept for the next caller, or (`keep` false, or
+    /// the database closed it) closed and its slot freed.
+    fn give(&self, conn: db::PgConn, keep: bool) {
         let Ok(mut state) = self.lock() else {
             // Poisoned: whoever waits is told (and finds it poisoned too).
             self.returned.notify_all();
             return;
         };
-        if conn.client.is_closed() {
-            state.open -= 1;
-        } else {
+        if keep && !conn.client.is_closed() {
             state.idle.push(conn);
+        } else {
+            state.open -= 1;
         }
         state.wake_one(&self.returned);
     }
@@ -299,10 +319,7 @@ impl Store {
                     .map_err(|_| StoreError::Corrupt("store lock poisoned".into()))?,
             )?,
             Backend::Postgres(pool) => {
-                let mut conn = pool.take()?;
-                let migrated = migrate::postgres(&mut conn);
-                pool.give(conn);
-                migrated?;
+                pool.with(migrate::postgres)?;
             }
         }
         Ok(Store {
@@ -365,12 +382,7 @@ impl Store {
             Backend::Sqlite(conn) => {
                 sqlite_tx(conn, rusqlite::TransactionBehavior::Deferred, &mut body)
             }
-            Backend::Postgres(pool) => {
-                let mut conn = pool.take()?;
-                let result = body(&mut conn.autocommit());
-                pool.give(conn);
-                result
-            }
+            Backend::Postgres(pool) => pool.with(|conn| body(&mut conn.autocommit())),
         }
     }
 
@@ -405,14 +417,9 @@ impl Store {
     ) -> Result<T, StoreError> {
         match &self.backend {
             Backend::Sqlite(_) => self.tx(body),
-            Backend::Postgres(pool) => retrying(|| {
-                self.observed(|| {
-                    let mut conn = pool.take()?;
-                    let result = body(&mut conn.autocommit());
-                    pool.give(conn);
-                    result
-                })
-            }),
+            Backend::Postgres(pool) => {
+                retrying(|| self.observed(|| pool.with(|conn| body(&mut conn.autocommit()))))
+            }
         }
     }
 
@@ -424,17 +431,12 @@ impl Store {
             Backend::Sqlite(conn) => {
                 sqlite_tx(conn, rusqlite::TransactionBehavior::Immediate, body)
             }
-            Backend::Postgres(pool) => {
-                let mut conn = pool.take()?;
-                let result = (|| {
-                    let mut tx = conn.transaction()?;
-                    let value = body(&mut tx)?;
-                    tx.commit()?;
-                    Ok(value)
-                })();
-                pool.give(conn);
-                result
-            }
+            Backend::Postgres(pool) => pool.with(|conn| {
+                let mut tx = conn.transaction()?;
+                let value = body(&mut tx)?;
+                tx.commit()?;
+                Ok(value)
+            }),
         }
     }
 }

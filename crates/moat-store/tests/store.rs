@@ -2441,3 +2441,46 @@ fn a_runs_end_with_many_events_records_them_all() {
         assert!(s.verify_ledger().unwrap().is_ok(), "{}", s.backend());
     }
 }
+
+/// PostgreSQL only (SQLite has one connection, no pool): a store call that
+/// panics (a handler's panic is caught, the server goes on) gives its
+/// connection's slot back, and what it wrote before panicking is not kept.
+/// More panics than the pool has connections, then store calls still
+/// complete.
+#[test]
+fn store_calls_that_panic_give_their_connections_back_and_keep_nothing() {
+    let b = postgres_backend();
+    let s = Arc::clone(&b.store);
+    let a = org(&s, "a");
+    run(&s, &a, "r", 1);
+    let (done, answered) = std::sync::mpsc::channel();
+    let owner = a.clone();
+    // On a thread of its own: with slots lost, a call waits for ever.
+    std::thread::spawn(move || {
+        // Each panic prints its message: the hook is the whole test binary's.
+        for i in 0..40 {
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if i % 2 == 0 {
+                    let _ = s.read(|_| -> Result<(), moat_store::StoreError> {
+                        panic!("a reader's bug")
+                    });
+                } else {
+                    let _ = s.tx(|tx| -> Result<(), moat_store::StoreError> {
+                        tx.execute("UPDATE runs SET updated_ms = 99 WHERE id = 'r'", &[])?;
+                        panic!("a writer's bug, after its write")
+                    });
+                }
+            }));
+            assert!(panicked.is_err(), "call {i} did not panic");
+        }
+        let _ = done.send(s.run(&owner, "r").map(|r| r.map(|r| r.updated_ms)));
+    });
+    let updated = answered
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("store calls after panics waited for connections that never came back");
+    assert_eq!(
+        updated.expect("run").expect("the run"),
+        10,
+        "a panicked transaction's write was kept"
+    );
+}

@@ -573,8 +573,16 @@ fn a_finish_records_what_the_end_closed_once_and_only_from_the_holder() {
             )
             .unwrap()
         };
+        // An op still open: a finish that does not end the run leaves it.
+        let empty = json!({});
+        s.insert_op(&queued(&a, "o", &empty), 110)
+            .unwrap()
+            .expect("op");
+        let op_state = || s.op(&a, "r", "o").unwrap().expect("op").state;
         assert!(!ended("runner-2"), "another runner finished the run");
+        assert_eq!(op_state(), OpState::Queued, "{}", s.backend());
         assert!(ended("runner-1"));
+        assert_eq!(op_state(), OpState::Failed, "{}", s.backend());
         // Sent again (its answer lost): nothing more is recorded.
         assert!(!ended("runner-1"));
         let types = event_types(s, "r");
@@ -2163,9 +2171,27 @@ fn a_finish_with_its_teardown_records_the_teardown_last_ended_or_not() {
             )
             .unwrap()
         };
+        let other = org(s, "b");
         let before = s.all_events(0, 100_000).unwrap().len();
         assert_eq!(finish("nope"), None, "{}", s.backend());
+        // Another org's runner: its run is not there, whatever its id.
+        let theirs = s
+            .finish_torn_down_run(
+                &other,
+                "runner-1",
+                "r",
+                (RunState::Failed, None),
+                &[],
+                &torn_down,
+                30,
+            )
+            .unwrap();
+        assert_eq!(theirs, None, "{}", s.backend());
         assert_eq!(s.all_events(0, 100_000).unwrap().len(), before);
+        assert_eq!(
+            s.run(&a, "r").unwrap().expect("run").state,
+            RunState::Claimed
+        );
         assert_eq!(finish("r"), Some(true), "{}", s.backend());
         assert_eq!(
             s.run(&a, "r").unwrap().expect("run").state,

@@ -225,15 +225,13 @@ impl PgPool {
             if state.open < POOL_MAX {
                 state.open += 1;
                 drop(state);
-                return match self.connect.connect() {
-                    Ok(client) => Ok(db::PgConn::new(client)),
-                    Err(e) => {
-                        let mut state = self.lock()?;
-                        state.open -= 1;
-                        state.wake_one(&self.returned);
-                        Err(e.into())
-                    }
-                };
+                let opened = self.connect.connect().and_then(db::PgConn::new);
+                if opened.is_err() {
+                    let mut state = self.lock()?;
+                    state.open -= 1;
+                    state.wake_one(&self.returned);
+                }
+                return opened.map_err(StoreError::from);
             }
             state.waiting += 1;
             let woken = self.returned.wait(state);

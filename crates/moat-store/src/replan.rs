@@ -1,9 +1,10 @@
 //! Prepared statements planned again once a table has grown.
 //!
-//! PostgreSQL plans a prepared statement for its parameters five times,
-//! then settles on a generic plan that it keeps until the statistics of a
-//! table the statement reads change, which is autovacuum's next ANALYZE,
-//! up to a minute away. A plan settled on while a table was one page long
+//! A pooled connection plans a prepared statement generically at its
+//! first use (`plan_cache_mode`, see `db::GENERIC_PLANS`; PostgreSQL's
+//! default plans it five times for its parameters first) and keeps that
+//! plan until the statistics of a table the statement reads change, which
+//! is autovacuum's next ANALYZE, up to a minute away. A plan settled on while a table was one page long
 //! reads that table from end to end, which is rightly cheapest for one page:
 //! measured on the control plane's benchmark, the lookup of a run by its
 //! primary key kept a sequential scan while `runs` grew from one row to

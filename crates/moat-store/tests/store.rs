@@ -1764,6 +1764,21 @@ fn an_orgs_runs_are_read_by_index_before_any_statistics() {
     );
 }
 
+/// On PostgreSQL the pool's connections plan a statement generically from
+/// its first use, not five times for its parameters first (each pooled
+/// connection prepares its statements anew after a table doubled). The
+/// tests that count rows read on a fresh database (above) hold with it.
+#[test]
+fn pooled_connections_plan_generically_from_a_statements_first_use() {
+    let b = postgres_backend();
+    let mode = b
+        .store
+        .read(|tx| tx.query_one("SELECT current_setting('plan_cache_mode') AS mode", &[]))
+        .unwrap()
+        .expect("a row");
+    assert_eq!(mode.text("mode").unwrap(), "force_generic_plan");
+}
+
 /// On PostgreSQL, a lookup planned while its table was one page long is
 /// planned again once the table has grown, without waiting for new
 /// statistics: a run looked up by key often enough for the plan to settle

@@ -215,225 +215,83 @@ fn set_state(
 }
 
 /// Ends `run` in a final `state` with its event, then `then` (what the
-/// end closed) in the same append; ops still waiting fail. The caller
-/// read the run (on PostgreSQL, locked).
+/// end closed) in the same append; ops still waiting fail.
 fn end(
     tx: &mut dyn Tx,
     run: &RunRow,
-    end_as: (RunState, Option<&str>),
+    (state, reason): (RunState, Option<&str>),
     then: &[Event],
     now: i64,
 ) -> Result<(), StoreError> {
-    let ended = if tx.dialect() == crate::Dialect::Postgres {
-        end_statement(tx, &run.org_id, &run.id, None, end_as, now)?.ok_or_else(|| {
-            StoreError::Corrupt(format!("run {} was locked for its end but is gone", run.id))
-        })?
-    } else {
-        let (state, reason) = end_as;
-        set_state(tx, run, state, reason, now)?;
-        tx.execute(
-            &fail_ops_sql(),
-            &[
-                run_ended_result(state).into(),
-                now.into(),
-                run.id.as_str().into(),
-            ],
-        )?;
-        let expired = tx.query(
-            &format!("{EXPIRE_APPROVALS} RETURNING {EXPIRED_COLUMNS}"),
-            &[now.into(), run.id.as_str().into()],
-        )?;
-        Ended {
-            runner_id: run.runner_id.clone(),
-            attempts: run.attempts,
-            expired,
-            used: usage(tx, &run.org_id, &run.id)?,
-        }
-    };
-    let ending = Ending {
-        org: &run.org_id,
-        id: &run.id,
-        runner_id: ended.runner_id,
-        attempts: ended.attempts,
-    };
-    record_end(tx, ending, end_as, ended.expired, ended.used, then, now)
-}
-
-/// PostgreSQL: ends run `id` of `org` if it is live and, with `holder`
-/// given, held by it, with what [`end`] records: `false` (nothing done)
-/// otherwise. The run is found and ended by one statement, with no read
-/// (and lock) of it before.
-fn end_if_live(
-    tx: &mut dyn Tx,
-    org: &str,
-    id: &str,
-    holder: Option<&str>,
-    end_as: (RunState, Option<&str>),
-    then: &[Event],
-    now: i64,
-) -> Result<bool, StoreError> {
-    let Some(ended) = end_statement(tx, org, id, Some(holder), end_as, now)? else {
-        return Ok(false);
-    };
-    let ending = Ending {
-        org,
-        id,
-        runner_id: ended.runner_id,
-        attempts: ended.attempts,
-    };
-    record_end(tx, ending, end_as, ended.expired, ended.used, then, now)?;
-    Ok(true)
-}
-
-/// What an end's statement did and read.
-struct Ended {
-    runner_id: Option<String>,
-    attempts: i64,
-    /// The approvals it expired ([`EXPIRED_COLUMNS`]).
-    expired: Vec<Row>,
-    used: RunUsage,
-}
-
-/// The run an end's events are about.
-struct Ending<'a> {
-    org: &'a str,
-    id: &'a str,
-    runner_id: Option<String>,
-    attempts: i64,
-}
-
-/// The result an op still open gets when its run ends.
-fn run_ended_result(state: RunState) -> String {
-    json!({"status": "error", "error": {"reason": "run_ended", "message": format!("the run ended ({})", state.as_str())}})
-        .to_string()
-}
-
-/// Fails a run's ops still open. Parameters: the result, the time, the run.
-fn fail_ops_sql() -> String {
-    format!(
+    let failed = json!({"status": "error", "error": {"reason": "run_ended", "message": format!("the run ended ({})", state.as_str())}})
+        .to_string();
+    let fail_ops = format!(
         "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
          WHERE run_id = ? AND state IN ({})",
         quoted_list(&OPS_FAILED_AT_END)
-    )
-}
-
-/// Approvals still asked for have nothing left to approve; but a file held
-/// for an export's approval is stored here, not on the runner, and waits
-/// for its approver (or its expiry) after the run. Parameters: the time,
-/// the run.
-const EXPIRE_APPROVALS: &str =
-    "UPDATE approvals SET state = 'expired', resolved_ms = ?, reason = 'the run ended'
-     WHERE run_id = ? AND state = 'pending'
-       AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.approval_id = approvals.id)";
-
-/// What an end reads of each approval it expired.
-const EXPIRED_COLUMNS: &str = "id, op_id, rule, risk";
-
-/// PostgreSQL: run `id` of `org` ended (its open ops failed, its pending
-/// approvals expired) in one statement, which reads what the run used as
-/// well, as it was before the statement (see `usage_before_end`), and how
-/// many ops it failed. With `live_for` given, only a live run, held by
-/// that holder if one is named (else nothing is written: `None`); without,
-/// the caller holds the run's row locked.
-fn end_statement(
-    tx: &mut dyn Tx,
-    org: &str,
-    id: &str,
-    live_for: Option<Option<&str>>,
-    (state, reason): (RunState, Option<&str>),
-    now: i64,
-) -> Result<Option<Ended>, StoreError> {
-    let mut only = String::new();
-    let mut holder_param = Vec::new();
-    if let Some(holder) = live_for {
-        let finals: Vec<&str> = RunState::ALL
-            .iter()
-            .filter(|s| s.is_final())
-            .map(|s| s.as_str())
-            .collect();
-        only = format!(" AND state NOT IN ({})", quoted_list(&finals));
-        if let Some(holder) = holder {
-            only.push_str(" AND runner_id IS NOT DISTINCT FROM ?");
-            holder_param.push(holder.into());
-        }
-    }
-    // Its three writes touch three tables, and each runs to completion
-    // whether or not the query reads it; the ops' and approvals' wait for
-    // the run's (they read it), so nothing is written unless it is.
-    let sql = format!(
-        "WITH run_end AS (UPDATE runs SET state = ?, error = ?, updated_ms = ?
-             WHERE id = ? AND org_id IS NOT DISTINCT FROM ?{only}
-             RETURNING runner_id, attempts),
-         failed AS ({fail_ops} AND EXISTS (SELECT 1 FROM run_end) RETURNING id),
-         expired AS ({EXPIRE_APPROVALS} AND EXISTS (SELECT 1 FROM run_end)
-             RETURNING {EXPIRED_COLUMNS})
-         SELECT 'expired' AS part, id, op_id, rule, risk, NULL AS state, 0 AS n,
-           CAST(NULL AS BYTEA) AS body, CAST(NULL AS TEXT) AS runner_id, CAST(0 AS BIGINT) AS attempts
-           FROM expired
-         UNION ALL
-         SELECT 'failed', NULL, NULL, NULL, NULL, NULL, COUNT(*), NULL, NULL, 0 FROM failed
-         UNION ALL
-         SELECT 'ended', NULL, NULL, NULL, NULL, NULL, 0, NULL, runner_id, attempts FROM run_end
-         UNION ALL
-         SELECT 'usage', NULL, NULL, NULL, NULL, u.state, u.n, u.body, NULL, 0 FROM ({USAGE_READ}) u",
-        fail_ops = fail_ops_sql()
     );
-    let mut params: Vec<crate::Value> = vec![
-        state.as_str().into(),
-        reason.map(str::to_owned).into(),
-        now.into(),
-        id.into(),
-        org.into(),
-    ];
-    params.extend(holder_param);
-    params.extend([
-        run_ended_result(state).into(),
-        now.into(),
-        id.into(),
-        now.into(),
-        id.into(),
-        id.into(),
-        org.into(),
-        id.into(),
-    ]);
-    let rows = tx.query(&sql, &params)?;
-    let (mut expired, mut used, mut failed_now, mut run) = (Vec::new(), Vec::new(), 0, None);
-    for row in rows {
-        match row.text("part")?.as_str() {
-            "expired" => expired.push(row),
-            "failed" => failed_now = row.int("n")?,
-            "ended" => run = Some((row.opt_text("runner_id")?, row.int("attempts")?)),
-            _ => used.push(row),
-        }
-    }
-    let Some((runner_id, attempts)) = run else {
-        return Ok(None);
-    };
-    let used = match usage_before_end(&used, failed_now)? {
-        Some(used) => used,
-        // An op changed under the statement: read again, after it.
-        None => usage(tx, org, id)?,
-    };
-    Ok(Some(Ended {
-        runner_id,
-        attempts,
-        expired,
-        used,
-    }))
-}
-
-/// The events of `run`'s end (the approvals it expired, what it used, its
-/// end, then `then`) appended, and what it used added to its org's day.
-fn record_end(
-    tx: &mut dyn Tx,
-    run: Ending<'_>,
-    (state, reason): (RunState, Option<&str>),
-    expired: Vec<Row>,
-    used: RunUsage,
-    then: &[Event],
-    now: i64,
-) -> Result<(), StoreError> {
+    // Approvals still asked for have nothing left to approve; but a file
+    // held for an export's approval is stored here, not on the runner, and
+    // waits for its approver (or its expiry) after the run.
+    let expire_approvals =
+        "UPDATE approvals SET state = 'expired', resolved_ms = ?, reason = 'the run ended'
+         WHERE run_id = ? AND state = 'pending'
+           AND NOT EXISTS (SELECT 1 FROM held_exports h WHERE h.approval_id = approvals.id)
+         RETURNING id, op_id, rule, risk";
+    let id = run.id.as_str();
     let postgres = tx.dialect() == crate::Dialect::Postgres;
+    let (expired, used) = if postgres {
+        // One statement: its three writes touch three tables, and each
+        // runs to completion whether or not the query reads it; it reads
+        // what the run used too, as it was before the statement (see
+        // `usage_before_end`), and how many ops it failed.
+        let rows = tx.query(
+            &format!(
+                "WITH run_end AS (UPDATE runs SET state = ?, error = ?, updated_ms = ? WHERE id = ?),
+                 failed AS ({fail_ops} RETURNING id),
+                 expired AS ({expire_approvals})
+                 SELECT 'expired' AS part, id, op_id, rule, risk, NULL AS state, 0 AS n,
+                   CAST(NULL AS BYTEA) AS body FROM expired
+                 UNION ALL
+                 SELECT 'failed', NULL, NULL, NULL, NULL, NULL, COUNT(*), NULL FROM failed
+                 UNION ALL
+                 SELECT 'usage', NULL, NULL, NULL, NULL, u.state, u.n, u.body FROM ({USAGE_READ}) u"
+            ),
+            &[
+                state.as_str().into(),
+                reason.map(str::to_owned).into(),
+                now.into(),
+                id.into(),
+                failed.into(),
+                now.into(),
+                id.into(),
+                now.into(),
+                id.into(),
+                id.into(),
+                run.org_id.as_str().into(),
+                id.into(),
+            ],
+        )?;
+        let (mut expired, mut used, mut failed_now) = (Vec::new(), Vec::new(), 0);
+        for row in rows {
+            match row.text("part")?.as_str() {
+                "expired" => expired.push(row),
+                "failed" => failed_now = row.int("n")?,
+                _ => used.push(row),
+            }
+        }
+        let used = match usage_before_end(&used, failed_now)? {
+            Some(used) => used,
+            // An op changed under the statement: read again, after it.
+            None => usage(tx, run)?,
+        };
+        (expired, used)
+    } else {
+        set_state(tx, run, state, reason, now)?;
+        tx.execute(&fail_ops, &[failed.into(), now.into(), id.into()])?;
+        let expired = tx.query(expire_approvals, &[now.into(), id.into()])?;
+        (expired, usage(tx, run)?)
+    };
     let mut ended = Vec::with_capacity(expired.len() + 1);
     for row in &expired {
         let expired_one = ApprovalExpired {
@@ -444,11 +302,15 @@ fn record_end(
             via: Some("run_end".into()),
             by: None,
         };
-        let mut e = typed_event(EventData::ApprovalExpired(expired_one), run.id, now);
+        let mut e = typed_event(EventData::ApprovalExpired(expired_one), &run.id, now);
         e.op_id = Some(row.text("op_id")?);
         ended.push(e);
     }
-    let (reason, runner_id, attempts) = (reason.map(str::to_owned), run.runner_id, run.attempts);
+    let (reason, runner_id, attempts) = (
+        reason.map(str::to_owned),
+        run.runner_id.clone(),
+        run.attempts,
+    );
     let data = match state {
         RunState::DeadLettered => EventData::RunDeadLettered(RunDeadLettered {
             state: FinalRunState::DeadLettered,
@@ -475,9 +337,9 @@ fn record_end(
             attempts,
         }),
     };
-    let (add_usage, params) = crate::usage::add_statement(tx.dialect(), run.org, now, &used);
-    ended.push(typed_event(EventData::RunUsage(used), run.id, now));
-    ended.push(typed_event(data, run.id, now));
+    let (add_usage, params) = crate::usage::add_statement(tx.dialect(), &run.org_id, now, &used);
+    ended.push(typed_event(EventData::RunUsage(used), &run.id, now));
+    ended.push(typed_event(data, &run.id, now));
     ended.extend_from_slice(then);
     if postgres && ended.len() <= events::IN_STATEMENT_MOST {
         // The day's usage added and the events appended after the ledger's
@@ -486,7 +348,7 @@ fn record_end(
         // nothing reads runs last; older builds locked the row first, so
         // during a rolling upgrade two run ends may deadlock: the database
         // breaks it and the transaction is retried, see `retrying`.)
-        let chain = events::InStatement::new(run.org, &ended)?;
+        let chain = events::InStatement::new(&run.org_id, &ended)?;
         let row = chain
             .query_one(tx, &format!("added AS ({add_usage})"), params, None, "")?
             .ok_or_else(|| StoreError::Corrupt("ledger head missing".into()))?;
@@ -495,7 +357,7 @@ fn record_end(
         // More events than one statement takes (a runner reports up to
         // thousands with its finish): appended in batches, the head locked
         // before the day's row as above.
-        events::append(tx, run.org, &ended)?;
+        events::append(tx, &run.org_id, &ended)?;
         tx.execute(&add_usage, &params)?;
     }
     Ok(())
@@ -523,8 +385,15 @@ const USAGE_READ: &str =
 
 /// What `run` used, from its ops and the reports its runners sent (in the
 /// caller's transaction, as the run ends, after its open ops failed).
-fn usage(tx: &mut dyn Tx, org: &str, run: &str) -> Result<RunUsage, StoreError> {
-    let rows = tx.query(USAGE_READ, &[run.into(), org.into(), run.into()])?;
+fn usage(tx: &mut dyn Tx, run: &RunRow) -> Result<RunUsage, StoreError> {
+    let rows = tx.query(
+        USAGE_READ,
+        &[
+            run.id.as_str().into(),
+            run.org_id.as_str().into(),
+            run.id.as_str().into(),
+        ],
+    )?;
     usage_of(&rows, false)
 }
 
@@ -1143,24 +1012,6 @@ impl Store {
         now: i64,
     ) -> Result<Option<bool>, StoreError> {
         self.tx(|tx| {
-            let last_alone = last.map(std::slice::from_ref).unwrap_or_default();
-            if tx.dialect() == crate::Dialect::Postgres {
-                // Found and ended in one statement; only a run it did not
-                // end is read (rare: a finish sent again, a lost lease).
-                let then: Vec<Event> = events.iter().chain(last).cloned().collect();
-                if end_if_live(tx, org, run, holder, end_as, &then, now)? {
-                    return Ok(Some(true));
-                }
-                let found = tx.query_one(
-                    "SELECT 1 AS found FROM runs WHERE org_id IS NOT DISTINCT FROM ? AND id = ?",
-                    &[org.into(), run.into()],
-                )?;
-                if found.is_none() {
-                    return Ok(None);
-                }
-                crate::events::append(tx, org, last_alone)?;
-                return Ok(Some(false));
-            }
             let sql = format!(
                 "SELECT {COLUMNS} FROM runs WHERE org_id IS NOT DISTINCT FROM ? AND id = ?{}",
                 tx.for_update()
@@ -1171,7 +1022,7 @@ impl Store {
             let row = decode(&row)?;
             let held = holder.is_none_or(|h| row.runner_id.as_deref() == Some(h));
             if row.state.is_final() || !held {
-                crate::events::append(tx, org, last_alone)?;
+                crate::events::append(tx, org, last.map(std::slice::from_ref).unwrap_or_default())?;
                 return Ok(Some(false));
             }
             let then: Vec<Event> = events.iter().chain(last).cloned().collect();

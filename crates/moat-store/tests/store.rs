@@ -2135,6 +2135,62 @@ fn a_run_ended_while_its_ops_result_is_being_recorded_counts_the_result() {
     assert!(s.verify_ledger().unwrap().is_ok());
 }
 
+/// PostgreSQL only (as above). An operation being queued holds its run's
+/// row (its number comes from the run's counter) and has not committed
+/// when the run's finish begins: the finish waits for it, then fails the
+/// new operation too. (Ending the run in the statement that found it live,
+/// with no read and lock before, missed it: that statement's snapshot was
+/// taken before the operation committed, and the operation stayed queued
+/// on an ended run.)
+#[test]
+fn a_run_finished_while_an_op_is_being_queued_fails_that_op_too() {
+    let b = postgres_backend();
+    let s = Arc::clone(&b.store);
+    let a = held_run(&s, 1, 20, 60_000);
+    let empty = json!({});
+    s.insert_op(&queued(&a, "o1", &empty), 21)
+        .unwrap()
+        .expect("op");
+    let mut writer = postgres::Client::connect(&b.url, postgres::NoTls).expect("connect");
+    let mut queuing = writer.transaction().expect("begin");
+    let n: i64 = queuing
+        .query_one(
+            "UPDATE runs SET last_op_n = last_op_n + 1 WHERE id = 'r' RETURNING last_op_n",
+            &[],
+        )
+        .expect("the run's counter")
+        .get(0);
+    queuing
+        .execute(
+            "INSERT INTO ops SELECT (json_populate_record(o,
+                 json_build_object('id', 'o2', 'n', $1::bigint))).*
+             FROM ops o WHERE o.run_id = 'r' AND o.id = 'o1'",
+            &[&n],
+        )
+        .expect("the second op");
+    let finishing = {
+        let (s, a) = (Arc::clone(&s), a.clone());
+        std::thread::spawn(move || {
+            s.finish_run(&a, "runner-1", "r", (RunState::Succeeded, None), &[], 30)
+        })
+    };
+    assert!(
+        lock_waiters_reach(&b.url, 1),
+        "the finish never waited for the run's row"
+    );
+    queuing.commit().expect("commit");
+    assert!(finishing.join().expect("the finish's thread").unwrap());
+    for op in ["o1", "o2"] {
+        assert_eq!(
+            s.op(&a, "r", op).unwrap().expect("op").state,
+            OpState::Failed,
+            "{op}"
+        );
+    }
+    assert_eq!(usage_of_r(&s)["ops"], json!({"failed": 2}));
+    assert!(s.verify_ledger().unwrap().is_ok());
+}
+
 #[test]
 fn a_new_runs_context_is_what_its_separate_reads_say() {
     for b in backends() {

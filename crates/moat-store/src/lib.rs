@@ -189,7 +189,7 @@ impl PgPool {
     /// Calls `body` with a connection whose prepared statements were
     /// planned for the tables as they are now (give or take a doubling),
     /// and takes it back however `body` ends. After a panic (caught
-    /// further up: a handler's bug must not stop the server) the
+    /// further up in a build that unwinds; the release build aborts) the
     /// connection's state is not known, so it is closed rather than kept,
     /// and its slot freed; before, each such panic lost a slot for good,
     /// and once all [`POOL_MAX`] were lost every store call waited for
@@ -199,9 +199,12 @@ impl PgPool {
         body: impl FnOnce(&mut db::PgConn) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut conn = self.take_open()?;
-        let epoch = self.replan.epoch(&mut conn.client);
-        conn.replan_from(epoch);
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut conn))) {
+        let used = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let epoch = self.replan.epoch(&mut conn.client);
+            conn.replan_from(epoch);
+            body(&mut conn)
+        }));
+        match used {
             Ok(result) => {
                 self.give(conn, true);
                 result

@@ -254,7 +254,14 @@ fn pg_params(params: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
 /// batch, a sixteenth of the statements' executions planned, and planning
 /// a ninth of the database's time. The generic plan from the first use
 /// is the one it settled on anyway.
-const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
+///
+/// Set only where it is not already (one round trip either way): behind a
+/// pooler in transaction mode a session's `SET` would stay on whichever
+/// server connection ran it, so there the setting belongs on the role
+/// (`ALTER ROLE ... SET plan_cache_mode = force_generic_plan`, see
+/// docs/capacity.md), and then nothing is set here.
+const GENERIC_PLANS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)
+     WHERE current_setting('plan_cache_mode') <> 'force_generic_plan'";
 
 /// A pooled PostgreSQL connection with its prepared statements: each
 /// statement text is parsed once per connection, not once per use.

@@ -60,7 +60,7 @@ pub use queues::{
     Delivery, KvSnapshot, MessageRow, MessageState, NewMessage, QueueRow, Settle,
     effects as queue_effects,
 };
-pub use runners::{RequestHint, RunnerPresence, RunnerRequest, RunnerRow, Standing};
+pub use runners::{RunnerPresence, RunnerRequest, RunnerRow, Standing};
 pub use runs::{
     ClaimAsk, ClaimLook, Claimed, NewRun, NewRunContext, OpContext, PlacementAsk, PlacementRefusal,
     RunRow, RunState, stamp, typed_event,

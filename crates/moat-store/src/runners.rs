@@ -400,23 +400,6 @@ pub struct Standing {
     pub manifest_standing: bool,
     /// It came with a bootstrap token, or its enrolment is unrevoked.
     pub enrolment_standing: bool,
-    /// Whether the runner's org had a run queued in its environment, when
-    /// asked for ([`RequestHint::queue`]) and read in the request's own
-    /// statement; `None` otherwise.
-    pub queued: Option<bool>,
-}
-
-/// What the caller of [`Store::runner_request`] knows and wants beyond the
-/// request itself.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestHint<'a> {
-    /// A key the caller already checked the request's signature with (the
-    /// runner's key when last seen).
-    pub verified_with: Option<&'a str>,
-    /// Whether the runner's org has a run queued in its environment (what
-    /// a claim looks at first), read in the same statement when the
-    /// runner is read and its nonce spent in one ([`Standing::queued`]).
-    pub queue: bool,
 }
 
 /// What [`Store::runner_request`] found.
@@ -454,7 +437,6 @@ fn standing_of(row: &Row, fresh_nonce: bool) -> Result<Standing, StoreError> {
         build_allowed: row.int("build_allowed")? == 1,
         manifest_standing: row.int("manifest_standing")? == 1,
         enrolment_standing: row.int("enrolment_standing")? == 1,
-        queued: None,
     })
 }
 
@@ -463,22 +445,22 @@ impl Store {
     /// signature check, with the runner's key); then, only for a verified
     /// request, its nonce spent and its standing.
     ///
-    /// With [`RequestHint::verified_with`] still the runner's key, the
-    /// runner is read and the nonce spent in one statement on PostgreSQL
-    /// (and the queue looked at, if asked); otherwise (a new key, no such
-    /// runner, SQLite) as without it, and the queue is not looked at.
+    /// `verified_with`: a key the caller already checked the request's
+    /// signature with (the runner's key when last seen). While it is still
+    /// the runner's key, the runner is read and the nonce spent in one
+    /// statement on PostgreSQL; otherwise (a new key, no such runner) as
+    /// without it.
     pub fn runner_request(
         &self,
         id: &str,
         nonce: &str,
         now: i64,
         nonce_expires_ms: i64,
-        hint: RequestHint<'_>,
+        verified_with: Option<&str>,
         mut verify: impl FnMut(&RunnerRow) -> bool,
     ) -> Result<RunnerRequest, StoreError> {
-        if let Some(key) = hint.verified_with
-            && let Some(standing) =
-                self.spend_as(id, key, nonce, now, nonce_expires_ms, hint.queue)?
+        if let Some(key) = verified_with
+            && let Some(standing) = self.spend_as(id, key, nonce, now, nonce_expires_ms)?
         {
             return Ok(RunnerRequest::Checked(standing));
         }
@@ -505,16 +487,8 @@ impl Store {
         nonce: &str,
         now: i64,
         nonce_expires_ms: i64,
-        queue: bool,
     ) -> Result<Option<Standing>, StoreError> {
         let filter = "r.id = ? AND r.public_key = ?";
-        // `state` written out: the partial index of queued runs answers.
-        let queued = if queue {
-            ", EXISTS (SELECT 1 FROM runs q WHERE q.org_id = found.org_id
-                 AND q.environment = found.environment AND q.state = 'queued') AS queued"
-        } else {
-            ""
-        };
         self.single(|tx| {
             if tx.dialect() == Dialect::Sqlite {
                 let Some(row) = tx.query_one(&standing_select(filter), &[id.into(), key.into()])?
@@ -536,7 +510,7 @@ impl Store {
                      fresh AS (INSERT INTO request_nonces (runner_id, nonce, expires_ms)
                          SELECT id, ?, ? FROM seen
                          ON CONFLICT (runner_id, nonce) DO NOTHING RETURNING 1)
-                     SELECT found.*, (SELECT COUNT(*) FROM fresh) AS fresh{queued} FROM found
+                     SELECT found.*, (SELECT COUNT(*) FROM fresh) AS fresh FROM found
                      WHERE EXISTS (SELECT 1 FROM seen)",
                     standing_select(filter)
                 ),
@@ -553,11 +527,7 @@ impl Store {
                 return Ok(None);
             };
             let fresh = row.int("fresh")? == 1;
-            let mut standing = standing_of(&row, fresh)?;
-            if queue {
-                standing.queued = Some(row.int("queued")? == 1);
-            }
-            Ok(Some(standing))
+            standing_of(&row, fresh).map(Some)
         })
     }
 }

@@ -759,7 +759,6 @@ impl Store {
             lease_ms,
             cpu_millis: 0,
             memory_bytes: 0,
-            queued: None,
         };
         self.claim(&ask, &mut |_| Ok(None)).map(ClaimLook::took)
     }
@@ -791,21 +790,15 @@ impl Store {
         // transaction (on PostgreSQL two round trips fewer; on SQLite no
         // write lock taken) and no turn taken in the database (only this
         // process's, above). A run queued after it is found by the next
-        // ask, as it would be after a look inside one. The caller may have
-        // read it already, in the statement that checked its request.
-        let queued = match ask.queued {
-            Some(queued) => queued,
-            None => self
-                .read(|tx| {
-                    tx.query_one(
-                        "SELECT 1 AS queued FROM runs WHERE org_id = ? AND environment = ?
-                           AND state = 'queued' LIMIT 1",
-                        &[ask.org.into(), ask.environment.into()],
-                    )
-                })?
-                .is_some(),
-        };
-        if !queued {
+        // ask, as it would be after a look inside one.
+        let queued = self.read(|tx| {
+            tx.query_one(
+                "SELECT 1 AS queued FROM runs WHERE org_id = ? AND environment = ?
+                   AND state = 'queued' LIMIT 1",
+                &[ask.org.into(), ask.environment.into()],
+            )
+        })?;
+        if queued.is_none() {
             return Ok(ClaimLook::Nothing);
         }
         self.tx(|tx| claim_in(tx, ask, place))
@@ -1139,10 +1132,6 @@ pub struct ClaimAsk<'a> {
     /// manifest's limits (0: nothing).
     pub cpu_millis: i64,
     pub memory_bytes: i64,
-    /// Whether the org had a run queued in the environment, read just
-    /// before by the caller (in its request's own statement): the claim
-    /// then does not read it again. `None`: the claim reads it.
-    pub queued: Option<bool>,
 }
 
 /// A queued run the claiming runner could take, for the placement policy.

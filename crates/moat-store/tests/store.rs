@@ -8,7 +8,7 @@ use std::sync::Arc;
 use moat_core::EventType;
 use moat_store::{
     ClaimAsk, ClaimLook, Claimed, NewApproval, NewArtifact, NewOp, NewRun, OpResult, OpState,
-    RequestHint, RunState, RunnerRequest, RunnerRow, Store, TempPostgres, TokenKind,
+    RunState, RunnerRequest, RunnerRow, Store, TempPostgres, TokenKind,
 };
 use serde_json::json;
 
@@ -55,27 +55,14 @@ fn run(store: &Store, org: &str, id: &str, max_attempts: i64) {
     run_at(store, org, id, max_attempts, 10);
 }
 
-/// A request hint with the key the caller checked the signature with.
-fn verified_with(key: &str) -> RequestHint<'_> {
-    RequestHint {
-        verified_with: Some(key),
-        queue: false,
-    }
-}
-
 /// [`run`], created at `now`.
 fn run_at(store: &Store, org: &str, id: &str, max_attempts: i64, now: i64) {
-    run_in(store, org, id, "test", max_attempts, now);
-}
-
-/// [`run_at`], in `environment`.
-fn run_in(store: &Store, org: &str, id: &str, environment: &str, max_attempts: i64, now: i64) {
     store
         .create_run(
             &NewRun {
                 org,
                 id,
-                environment,
+                environment: "test",
                 inputs: &[],
                 blobs: &[],
                 manifest_hash: None,
@@ -925,9 +912,7 @@ fn nonces_manifests_and_builds() {
         })
         .unwrap();
         let fresh = |nonce: &str, verified: bool| match s
-            .runner_request("runner", nonce, 2, 100, RequestHint::default(), |_| {
-                verified
-            })
+            .runner_request("runner", nonce, 2, 100, None, |_| verified)
             .unwrap()
         {
             RunnerRequest::Checked(standing) => Some(standing.fresh_nonce),
@@ -943,7 +928,7 @@ fn nonces_manifests_and_builds() {
         assert_eq!(fresh("n1", true), Some(true));
         assert_eq!(fresh("n1", true), Some(false), "replayed nonce accepted");
         assert!(matches!(
-            s.runner_request("nobody", "n2", 2, 100, RequestHint::default(), |_| true)
+            s.runner_request("nobody", "n2", 2, 100, None, |_| true)
                 .unwrap(),
             RunnerRequest::UnknownRunner
         ));
@@ -952,7 +937,7 @@ fn nonces_manifests_and_builds() {
         let known = |nonce: &str, key: &str, verified: bool| {
             let mut asked = false;
             let answer = match s
-                .runner_request("runner", nonce, 2, 100, verified_with(key), |_| {
+                .runner_request("runner", nonce, 2, 100, Some(key), |_| {
                     asked = true;
                     verified
                 })
@@ -971,34 +956,11 @@ fn nonces_manifests_and_builds() {
         assert_eq!(known("n4", "old", false), (None, true));
         assert_eq!(known("n4", "old", true), (Some(true), true));
         assert!(matches!(
-            s.runner_request("nobody", "n5", 2, 100, verified_with("k"), |_| true)
+            s.runner_request("nobody", "n5", 2, 100, Some("k"), |_| true)
                 .unwrap(),
             RunnerRequest::UnknownRunner
         ));
-        // Asked, whether the runner's org has a run queued in its
-        // environment comes with the request's check: on PostgreSQL in its
-        // one statement; SQLite does not say (the claim reads it).
-        let queued = |nonce: &str| {
-            let hint = RequestHint {
-                queue: true,
-                ..verified_with("k")
-            };
-            match s
-                .runner_request("runner", nonce, 2, 100, hint, |_| true)
-                .unwrap()
-            {
-                RunnerRequest::Checked(standing) => standing.queued,
-                other => panic!("{other:?}"),
-            }
-        };
-        let said = |queued: bool| (b.store.backend() == "postgres").then_some(queued);
-        assert_eq!(queued("n6"), said(false), "{}", s.backend());
-        // Queued elsewhere: another environment's run is not the runner's.
-        run(s, &a, "elsewhere", 1);
-        assert_eq!(queued("n7"), said(false), "{}", s.backend());
-        run_in(s, &a, "here", "prod", 1, 3);
-        assert_eq!(queued("n8"), said(true), "{}", s.backend());
-        assert_eq!(s.prune_nonces(200).unwrap(), 7);
+        assert_eq!(s.prune_nonces(200).unwrap(), 4);
 
         s.allow_runner_build(&a, "h1", "v1", 1).unwrap();
         assert!(s.runner_build_allowed(&a, "h1").unwrap());
@@ -1906,47 +1868,6 @@ fn an_ops_context_is_its_run_its_manifest_and_its_orgs_secrets() {
     }
 }
 
-/// A claim told by its caller what the queue held (read in the request's
-/// own statement) takes that word for its first read: told nothing is
-/// queued, it looks no further; told something is, it looks inside its
-/// transaction and takes what is there, or finds nothing.
-#[test]
-fn a_claim_told_what_is_queued_takes_the_callers_word_for_its_first_read() {
-    for b in backends() {
-        let s = &b.store;
-        let a = org(s, "a");
-        run(s, &a, "r", 1);
-        let ask = |queued| ClaimAsk {
-            org: &a,
-            environment: "test",
-            runner: "runner-1",
-            manifest_hash: "m",
-            now: 20,
-            lease_ms: 60_000,
-            cpu_millis: 0,
-            memory_bytes: 0,
-            queued,
-        };
-        let look = |queued| s.claim(&ask(queued), &mut |_| Ok(None)).expect("claim");
-        assert!(
-            matches!(look(Some(false)), ClaimLook::Nothing),
-            "{}: told nothing is queued, it looked",
-            s.backend()
-        );
-        assert!(
-            matches!(look(Some(true)), ClaimLook::Took(c) if c.run.id == "r"),
-            "{}",
-            s.backend()
-        );
-        assert!(
-            matches!(look(Some(true)), ClaimLook::Nothing),
-            "{}: told wrong, it found nothing",
-            s.backend()
-        );
-        assert!(matches!(look(None), ClaimLook::Nothing), "{}", s.backend());
-    }
-}
-
 /// On PostgreSQL a claim skips a queued run that another writer holds
 /// locked for the moment (its finish being asked as it is claimed), and
 /// says so: no change may follow to wake the claim, so it must look again
@@ -1968,7 +1889,6 @@ fn a_claim_says_when_a_run_it_could_take_is_locked() {
         lease_ms: 1_000,
         cpu_millis: 0,
         memory_bytes: 0,
-        queued: None,
     };
     let claim = || store.claim(&ask, &mut |_| Ok(None)).expect("claim");
     let mut holding = raw.transaction().expect("begin");
@@ -2480,7 +2400,6 @@ fn a_standing_runners_claim_is_offered_the_oldest_queued_runs_first() {
                 lease_ms: 60_000,
                 cpu_millis: 0,
                 memory_bytes: 0,
-                queued: None,
             };
             let mut offered = Vec::new();
             let look = s
@@ -2563,7 +2482,6 @@ fn a_claim_tells_placement_the_other_tenants_of_the_runners_host() {
                 lease_ms: 60_000,
                 cpu_millis: 0,
                 memory_bytes: 0,
-                queued: None,
             };
             let look = s
                 .claim(&ask, &mut |candidate| {

@@ -14,7 +14,7 @@ use moat_core::event_data::{RunnerRejected, RunnerRejection};
 use moat_core::hash::sha256_hex;
 use moat_core::request_sig;
 use moat_core::sign::PublicKey;
-use moat_store::{RequestHint, RunnerRequest, RunnerRow, Standing, TokenKind, typed_event};
+use moat_store::{RunnerRequest, RunnerRow, Standing, TokenKind, typed_event};
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
@@ -357,17 +357,14 @@ impl RunnerKeys {
 }
 
 /// The runner that signed this request, once its signature, timestamp and
-/// nonce check out and its build, manifest and signing key still stand;
-/// with `queue`, and whether its org had a run queued in its environment
-/// when that was read in the same statement (see [`SignedRunner::queued`]).
+/// nonce check out and its build, manifest and signing key still stand.
 pub async fn runner(
     state: &Arc<AppState>,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
     body: &[u8],
-    queue: bool,
-) -> ApiResult<(RunnerRow, Option<bool>)> {
+) -> ApiResult<RunnerRow> {
     let id = header(headers, request_sig::RUNNER)?.to_owned();
     let timestamp: i64 = header(headers, request_sig::TIMESTAMP)?
         .parse()
@@ -404,11 +401,7 @@ pub async fn runner(
     let asked = id.clone();
     let checked = state
         .db(move |s| {
-            let hint = RequestHint {
-                verified_with: known.as_deref(),
-                queue,
-            };
-            s.runner_request(&asked, &nonce, now, expires, hint, |runner| {
+            s.runner_request(&asked, &nonce, now, expires, known.as_deref(), |runner| {
                 request.verifies(&runner.public_key)
             })
         })
@@ -469,42 +462,13 @@ pub async fn runner(
         )
         .await);
     }
-    Ok((runner, standing.queued))
+    Ok(runner)
 }
-
-/// Where runners claim runs (see `runner_api::claim`).
-pub(super) const CLAIM_PATH: &str = "/v1/runner/claim";
 
 /// A request signed by a registered runner, with its body (extracted last).
 pub struct SignedRunner {
     pub runner: RunnerRow,
     pub body: Bytes,
-    /// For a claim (`POST /v1/runner/claim`): whether the runner's org had
-    /// a run queued in its environment, read in the statement that checked
-    /// the request, when it could be (PostgreSQL, the runner's key as last
-    /// seen). The claim's first look then need not read it again.
-    pub queued: Option<QueueRead>,
-}
-
-/// What a claim's request read of its queue.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueRead {
-    pub queued: bool,
-    /// [`super::wake::Wakes::claim_changes`] before it was read: a change
-    /// counted since may have queued a run it could not see.
-    pub changes_before: u64,
-}
-
-impl QueueRead {
-    /// What a claim's first look may take from it with `changes_now`
-    /// counted: that nothing is queued, if none was seen and no change
-    /// came since. A run seen queued is not taken at its word: another
-    /// claim may have taken it since, and the claim's own read (under the
-    /// org's turn in this process) tells that apart before a transaction
-    /// is opened for it.
-    pub fn nothing_queued(&self, changes_now: u64) -> bool {
-        !self.queued && changes_now == self.changes_before
-    }
 }
 
 impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
@@ -529,26 +493,8 @@ impl axum::extract::FromRequest<Arc<AppState>> for SignedRunner {
         let body = axum::body::to_bytes(body, limit)
             .await
             .map_err(|_| ApiError::bad_request("request body unreadable or too large"))?;
-        let claim = parts.method == axum::http::Method::POST && parts.uri.path() == CLAIM_PATH;
-        // Counted before the queue is read (see `QueueRead`).
-        let changes_before = state.wakes.claim_changes();
-        let (runner, queued) = runner(
-            state,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            &body,
-            claim,
-        )
-        .await?;
-        Ok(SignedRunner {
-            runner,
-            body,
-            queued: queued.map(|queued| QueueRead {
-                queued,
-                changes_before,
-            }),
-        })
+        let runner = runner(state, &parts.method, &parts.uri, &parts.headers, &body).await?;
+        Ok(SignedRunner { runner, body })
     }
 }
 
@@ -570,23 +516,7 @@ mod tests {
             build_allowed: true,
             manifest_standing: true,
             enrolment_standing: true,
-            queued: None,
         })
-    }
-
-    #[test]
-    fn a_claims_read_of_an_empty_queue_holds_while_nothing_could_have_queued_a_run() {
-        let read = |queued| QueueRead {
-            queued,
-            changes_before: 7,
-        };
-        // None seen and no change counted since: nothing to look for.
-        assert!(read(false).nothing_queued(7));
-        // A change since may have queued a run the read could not see.
-        assert!(!read(false).nothing_queued(8));
-        // Seen queued: the claim reads again (it may be taken by now).
-        assert!(!read(true).nothing_queued(7));
-        assert!(!read(true).nothing_queued(9));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::decide::{ACTING, Decided, decide, denied_result};
 pub async fn element(
     State(state): State<Arc<AppState>>,
     Path((run_id, op_id)): Path<(String, String)>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<ElementDecision>> {
     let ElementBody {
         mut element,

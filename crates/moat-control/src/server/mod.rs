@@ -390,7 +390,7 @@ pub fn routes() -> routes::Routes {
         .on(POST, "/v1/tool-tokens/call", tools_api::token_call)
         .on(POST, "/v1/runner/register", runner_api::register)
         .on(POST, "/v1/runner/events", runner_api::events)
-        .on(POST, auth::CLAIM_PATH, runner_api::claim)
+        .on(POST, "/v1/runner/claim", runner_api::claim)
         .on(GET, "/v1/runner/manifest", runner_api::manifest)
         .on(POST, "/v1/runner/manifest", runner_api::refreshed)
         .on(POST, "/v1/runner/runs/{run}/next", runner_api::next)

@@ -333,7 +333,7 @@ pub async fn register(
 /// `.manifest.loaded`, `.manifest.refresh_failed`).
 pub async fn events(
     State(state): State<Arc<AppState>>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<EventsRecorded>> {
     let EventsBody { mut events } = parse(&body)?;
     const ALLOWED: [EventType; 5] = [
@@ -459,7 +459,7 @@ pub struct WaitQuery {
 pub async fn claim(
     State(state): State<Arc<AppState>>,
     Query(q): Query<WaitQuery>,
-    SignedRunner { runner, queued, .. }: SignedRunner,
+    SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Response> {
     let terms = terms(&state, &runner).await?;
     let (life, grace) = (terms.life, terms.grace);
@@ -487,19 +487,7 @@ pub async fn claim(
     let lease = state.config.lease.as_millis() as i64;
     let r = runner.clone();
     let placing = Arc::clone(&state);
-    // What the request's check read of the queue answers the first look
-    // only (a later one follows a change), and only that nothing is
-    // queued, if that still holds now that the claim listens for changes
-    // (the first look comes after).
-    let first_look = Arc::new(std::sync::Mutex::new(queued));
     let probe = move |s: &moat_store::Store| {
-        let read = first_look
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        let queued = read
-            .is_some_and(|read| read.nothing_queued(placing.wakes.claim_changes()))
-            .then_some(false);
         let ask = moat_store::ClaimAsk {
             org: &r.org_id,
             environment: &r.environment,
@@ -509,7 +497,6 @@ pub async fn claim(
             lease_ms: lease,
             cpu_millis: terms.cpu_millis,
             memory_bytes: terms.memory_bytes,
-            queued,
         };
         let look = s.claim(&ask, &mut |candidate| {
             Ok(place(&placing.config.placement, candidate))
@@ -1059,7 +1046,7 @@ pub(super) fn check_shell_event(e: &mut Event, runner: &RunnerRow) -> ApiResult<
 pub async fn result(
     State(state): State<Arc<AppState>>,
     Path((run_id, op_id)): Path<(String, String)>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let ResultBody {
         result,
@@ -1371,7 +1358,7 @@ fn scrub_report(
 pub async fn finish(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let FinishBody {
         state: end,
@@ -1433,7 +1420,7 @@ pub async fn finish(
 pub async fn shell_ended(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let ShellEnded { mut events } = parse(&body)?;
     check_closing(&mut events, &runner, &run_id, "as a shell ends")?;
@@ -1576,7 +1563,7 @@ fn check_teardown(checks: &[TeardownCheck]) -> ApiResult<()> {
 pub async fn destroyed(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let Teardown { checks } = parse(&body)?;
     check_teardown(&checks)?;
@@ -1610,7 +1597,7 @@ fn destroyed_event(
 /// (`runner.janitor`).
 pub async fn janitor(
     State(state): State<Arc<AppState>>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let Janitor { runs, checks } = parse(&body)?;
     check_teardown(&checks)?;
@@ -1645,7 +1632,7 @@ pub async fn manifest(
 /// The runner swapped to a refreshed manifest (at an operation boundary).
 pub async fn refreshed(
     State(state): State<Arc<AppState>>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<ManifestRefreshed>> {
     let ManifestRefreshed { manifest_hash } = parse(&body)?;
     let (org, env) = (runner.org_id.clone(), runner.environment.clone());

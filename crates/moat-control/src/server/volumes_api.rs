@@ -147,7 +147,7 @@ fn sha256_of(text: &str) -> ApiResult<moat_core::ids::Sha256> {
 pub async fn missing(
     State(state): State<Arc<AppState>>,
     Path((run_id, name)): Path<(String, String)>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<ChunkNames>> {
     let ChunkNames { chunks } = parse(&body)?;
     if chunks.len() > MAX_ASKED {
@@ -234,7 +234,7 @@ async fn bytes_of(
 pub async fn put_chunk(
     State(state): State<Arc<AppState>>,
     Path((run_id, name, sha)): Path<(String, String, String)>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let sha = sha256_of(&sha)?.into_string();
     if body.is_empty() || body.len() > moat_volume::chunking::MAX_CHUNK as usize {
@@ -316,7 +316,7 @@ async fn get_bytes(
 pub async fn put_snapshot(
     State(state): State<Arc<AppState>>,
     Path((run_id, name, id)): Path<(String, String, String)>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let id = sha256_of(&id)?.into_string();
     if moat_core::hash::sha256_hex(&body) != id {
@@ -412,7 +412,7 @@ pub async fn get_snapshot(
 pub async fn resumed(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
-    SignedRunner { runner, body, .. }: SignedRunner,
+    SignedRunner { runner, body }: SignedRunner,
 ) -> ApiResult<Json<Recorded>> {
     let said: RunResumed = parse(&body)?;
     let (org, id) = (runner.org_id.clone(), run_id.clone());

@@ -9,7 +9,6 @@
 //! claim, of which all but one found nothing).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{Notify, watch};
@@ -30,9 +29,6 @@ pub struct Wakes {
     any: watch::Sender<u64>,
     runs: Mutex<HashMap<String, watch::Sender<u64>>>,
     queues: Mutex<HashMap<(String, String), Arc<Notify>>>,
-    /// Counts every change that wakes a claim (a queue's, or one of
-    /// everything), waited on or not: see [`Wakes::claim_changes`].
-    claim_changes: AtomicU64,
 }
 
 /// Counts a change; returns the count it made (read in the same lock, so
@@ -52,21 +48,11 @@ impl Wakes {
             any: watch::channel(0).0,
             runs: Mutex::new(HashMap::new()),
             queues: Mutex::new(HashMap::new()),
-            claim_changes: AtomicU64::new(0),
         }
-    }
-
-    /// How many changes that wake a claim were counted so far. A queue's
-    /// change with nobody waiting on it wakes nobody; so what a claim read
-    /// of its queue before it began to wait still holds once it waits
-    /// only if this did not move in between.
-    pub fn claim_changes(&self) -> u64 {
-        self.claim_changes.load(Ordering::SeqCst)
     }
 
     /// Something changed that any waiter may care about.
     pub fn all(&self) {
-        self.claim_changes.fetch_add(1, Ordering::SeqCst);
         bump(&self.any);
     }
 
@@ -85,7 +71,6 @@ impl Wakes {
                 self.run(run);
             }
             Topic::Queue { org, environment } => {
-                self.claim_changes.fetch_add(1, Ordering::SeqCst);
                 let queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(turn) = queues.get(&(org.clone(), environment.clone())) {
                     turn.notify_one();
@@ -315,27 +300,5 @@ mod tests {
         wakes.topic(&Topic::Run("gone".into()));
         wakes.topic(&queue("gone"));
         assert_eq!(len(&wakes), (0, 0));
-    }
-
-    /// What a claim read of its queue before it waited is checked against
-    /// this count: every change that wakes a claim moves it, a queue's
-    /// with nobody waiting too (that one wakes nobody later).
-    #[test]
-    fn changes_that_wake_claims_are_counted_whoever_waits() {
-        let wakes = Wakes::new();
-        let before = wakes.claim_changes();
-        wakes.topic(&Topic::Run("r1".into()));
-        assert_eq!(
-            wakes.claim_changes(),
-            before,
-            "a run's change wakes no claim"
-        );
-        wakes.topic(&queue("nobody_waits"));
-        assert_eq!(wakes.claim_changes(), before + 1);
-        let _waiting = wakes.watch(queue("org_a"));
-        wakes.topic(&queue("org_a"));
-        assert_eq!(wakes.claim_changes(), before + 2);
-        wakes.all();
-        assert_eq!(wakes.claim_changes(), before + 3);
     }
 }

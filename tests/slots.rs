@@ -204,3 +204,129 @@ fn a_run_left_open_is_finished_after_the_idle_timeout_unless_it_waits_for_a_pers
         assert_ledger_intact(&serve);
     }
 }
+
+/// The agent asks to finish `run`, and goes on without waiting for it.
+fn ask_finish(serve: &Serve, token: &str, run: &str) {
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs/{run}/finish", serve.url),
+        token,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Waits for a runner started with `--max-runs` to stop by itself, and
+/// checks that it stopped well.
+fn wait_stopped(runner: &mut Runner) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        if let Some(status) = runner.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner did not stop after its --max-runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exited.success(), "{exited}");
+}
+
+/// A run's last report claims the slot's next run (`thenClaimMs`), which
+/// the same slot then serves: the teardown report of a run that ran an
+/// operation (its shell torn down after its finish), the finish of one
+/// that started nothing (its teardown goes with it). `--max-runs` counts
+/// the runs claimed that way: the runner asks for none past it, and stops.
+#[test]
+fn a_slots_next_run_comes_with_its_runs_last_report_within_max_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for db in databases(dir.path()) {
+        let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        let name = format!("chain-{}", db.url.len());
+        let log = dir.path().join(format!("{name}.log"));
+        let extra = ["--slots", "1", "--max-runs", "3"];
+        let mut runner = Runner::start_logged(&serve, &setup, &acme, &name, &extra, &log);
+
+        create_run(&serve, &acme, "first");
+        let op = wc(&serve, &acme, "first", "count");
+        assert_eq!(op["state"], "succeeded", "{op}");
+        finish(&serve, &acme, "first");
+        wait_run_event(&serve, &acme, "first", "run.destroyed");
+        create_run(&serve, &acme, "second");
+        finish(&serve, &acme, "second");
+        // Two runs queued at once, while the second's finish waits for
+        // the next: it takes the third (oldest), the runner's last.
+        create_run(&serve, &acme, "third");
+        create_run(&serve, &acme, "fourth");
+        finish(&serve, &acme, "third");
+        ask_finish(&serve, &acme, "fourth");
+
+        wait_stopped(&mut runner);
+        // No ask went past the third run: the fourth was never claimed.
+        assert_eq!(run_state(&serve, &acme, "fourth"), "queued");
+        assert_eq!(
+            count(&run_events(&serve, &acme, "fourth"), "run.claimed"),
+            0
+        );
+
+        let said = std::fs::read_to_string(&log).unwrap();
+        for (run, after) in [("second", "first"), ("third", "second")] {
+            assert!(
+                said.contains(&format!("claimed run {run} with run {after}'s last report")),
+                "{said}"
+            );
+        }
+        for run in ["first", "second", "third"] {
+            let types: Vec<String> = run_events(&serve, &acme, run)
+                .iter()
+                .map(|e| e["type"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            assert_eq!(count(&run_events(&serve, &acme, run), "run.claimed"), 1);
+            assert!(
+                types.ends_with(&[
+                    "run.usage".into(),
+                    "run.finished".into(),
+                    "run.destroyed".into()
+                ]),
+                "{run}: {types:?}"
+            );
+        }
+        assert_ledger_intact(&serve);
+    }
+}
+
+/// With a slot free and another's run ending, the claiming loop's claim and
+/// that run's last report would both ask for a run: `--max-runs` counts the
+/// ask in flight, so that only one of them asks for the last run allowed.
+#[test]
+fn an_ask_in_flight_counts_towards_max_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for db in databases(dir.path()) {
+        let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        let name = format!("asks-{}", db.url.len());
+        let extra = ["--slots", "2", "--max-runs", "2"];
+        let mut runner = Runner::start_with(&serve, &setup, &acme, &name, &extra);
+
+        create_run(&serve, &acme, "one");
+        finish(&serve, &acme, "one");
+        wait_run_event(&serve, &acme, "one", "run.destroyed");
+        // Both slots free again, one run left to claim: one ask waits.
+        std::thread::sleep(Duration::from_millis(300));
+        for run in ["two", "three"] {
+            create_run(&serve, &acme, run);
+            ask_finish(&serve, &acme, run);
+        }
+        wait_stopped(&mut runner);
+        wait_state(&serve, &acme, "two", "succeeded");
+        assert_eq!(run_state(&serve, &acme, "three"), "queued");
+        assert_eq!(count(&run_events(&serve, &acme, "three"), "run.claimed"), 0);
+        assert_ledger_intact(&serve);
+    }
+}

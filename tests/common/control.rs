@@ -433,13 +433,26 @@ impl Runner {
         name: &str,
         extra: &[&str],
     ) -> Runner {
-        Self::spawn(serve, setup, token, name, None, extra)
+        Self::spawn(serve, setup, token, name, None, extra, None)
+    }
+
+    /// `start_with`, its standard error written to `log` (what an operator
+    /// reads: which runs it claimed, and how).
+    pub fn start_logged(
+        serve: &Serve,
+        setup: &Setup,
+        token: &str,
+        name: &str,
+        extra: &[&str],
+        log: &Path,
+    ) -> Runner {
+        Self::spawn(serve, setup, token, name, None, extra, Some(log))
     }
 
     /// `start` as host user `uid` (no privilege): its token file and state
     /// directory are given to that user first.
     pub fn start_as(serve: &Serve, setup: &Setup, token: &str, name: &str, uid: u32) -> Runner {
-        Self::spawn(serve, setup, token, name, Some(uid), &[])
+        Self::spawn(serve, setup, token, name, Some(uid), &[], None)
     }
 
     fn spawn(
@@ -449,6 +462,7 @@ impl Runner {
         name: &str,
         uid: Option<u32>,
         extra: &[&str],
+        log: Option<&Path>,
     ) -> Runner {
         let (status, body) = call(
             "POST",
@@ -468,6 +482,9 @@ impl Runner {
             }
             // Its sandboxes take the user's own id, not a block of root's.
             command.env_remove("MOAT_UID_RANGE");
+        }
+        if let Some(log) = log {
+            command.stderr(std::fs::File::create(log).unwrap());
         }
         let child = command
             .args(["runner", "start", "--control-plane", &serve.url])

@@ -72,6 +72,13 @@ pub struct Registered {
     /// teardown on its own.
     #[serde(default)]
     pub finish_takes_teardown: bool,
+    /// A run's last report (its finish with its teardown, or its teardown
+    /// report) may claim the slot's next run ([`FinishBody::then_claim_ms`],
+    /// [`TornDown::then_claim_ms`]): one request where there were two.
+    /// Older control planes do not say so (false): the runner claims on
+    /// its own.
+    #[serde(default)]
+    pub last_report_takes_claim: bool,
 }
 
 /// `POST /v1/runner/events`: the runner's own provenance events.
@@ -265,6 +272,27 @@ pub struct FinishBody {
     /// ([`Registered::finish_takes_teardown`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teardown: Option<Teardown>,
+    /// Then claim the runner's next run, waiting up to this many
+    /// milliseconds, as `POST /v1/runner/claim?wait_ms=` would: the run
+    /// comes with the answer ([`Reported::claim`]), whether or not this
+    /// finish took effect. Only to a control plane that says it takes one
+    /// ([`Registered::last_report_takes_claim`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then_claim_ms: Option<u64>,
+}
+
+/// The answer to a run's last report (its finish, its teardown).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reported {
+    /// Whether it was recorded (a finish: `false` when the end already
+    /// was, or the run is no longer this runner's).
+    pub recorded: bool,
+    /// The run its `thenClaimMs` claimed; absent when none came in time or
+    /// none was asked for (or the runner may claim nothing now: draining,
+    /// its manifest expired; its own claim says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Box<Claim>>,
 }
 
 /// `POST /v1/runner/runs/{run}/shell-ended`: what a run's shell recorded
@@ -276,12 +304,23 @@ pub struct ShellEnded {
     pub events: Vec<moat_core::Event>,
 }
 
-/// `POST /v1/runner/runs/{run}/destroyed`: the runner tore the run down
-/// (recorded as `run.destroyed`).
+/// A run's teardown, as a finish carries it ([`FinishBody::teardown`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Teardown {
     pub checks: Vec<moat_core::event_data::TeardownCheck>,
+}
+
+/// `POST /v1/runner/runs/{run}/destroyed`: the runner tore the run down
+/// (recorded as `run.destroyed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TornDown {
+    pub checks: Vec<moat_core::event_data::TeardownCheck>,
+    /// As [`FinishBody::then_claim_ms`]: the run's last report, it claims
+    /// the slot's next run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then_claim_ms: Option<u64>,
 }
 
 /// `POST /v1/runner/janitor`: leftovers of runs this runner no longer
@@ -331,6 +370,44 @@ mod tests {
         )?;
         assert_eq!(r.lease_ms, 30_000);
         assert!(serde_json::from_str::<Registered>(r#"{"runnerId":"r"}"#).is_err());
+        assert!(
+            !r.last_report_takes_claim,
+            "an older control plane takes no claim with a report"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_older_control_planes_answer_to_a_last_report_reads_as_one_with_no_claim()
+    -> Result<(), serde_json::Error> {
+        let finished: Reported = serde_json::from_str(r#"{"recorded":true}"#)?;
+        assert_eq!(
+            finished,
+            Reported {
+                recorded: true,
+                claim: None
+            }
+        );
+        // And a finish that asks for no claim is what older runners sent.
+        let body = FinishBody {
+            state: RunEnd::Succeeded,
+            error: None,
+            events: Vec::new(),
+            teardown: None,
+            then_claim_ms: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&body)?,
+            serde_json::json!({"state": "succeeded"})
+        );
+        let torn_down = TornDown {
+            checks: Vec::new(),
+            then_claim_ms: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&torn_down)?,
+            serde_json::json!({"checks": []})
+        );
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use moat_api::ManifestView;
 use moat_api::runner::{
     ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
     Heartbeat, IngressDial, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered,
-    Registration, Released, ResultBody, ShellEnded, Teardown,
+    Registration, Released, Reported, ResultBody, ShellEnded, TornDown,
 };
 use moat_core::Event;
 use moat_core::event_data::RunResumed;
@@ -214,23 +214,30 @@ impl RunnerClient {
         )
     }
 
-    /// `POST /v1/runner/runs/{run}/finish`.
-    pub fn finish(&self, run: &str, body: &FinishBody) -> Result<bool, ClientError> {
+    /// `POST /v1/runner/runs/{run}/finish`: whether the end was recorded,
+    /// and the next run when the body asked for one (`then_claim_ms`).
+    pub fn finish(&self, run: &str, body: &FinishBody) -> Result<Reported, ClientError> {
         let path = format!("/v1/runner/runs/{}/finish", segment(run));
-        self.post_recorded(&format!("finishing run {run}"), &path, body)
+        self.call(
+            &format!("finishing run {run}"),
+            "POST",
+            &path,
+            Some(body),
+            Retry::WhileUnavailable,
+        )
     }
 
-    /// `POST /v1/runner/runs/{run}/destroyed`: the run's teardown here.
-    pub fn destroyed(&self, run: &str, teardown: &Teardown) -> Result<(), ClientError> {
+    /// `POST /v1/runner/runs/{run}/destroyed`: the run's teardown here,
+    /// and the next run when the body asked for one (`then_claim_ms`).
+    pub fn destroyed(&self, run: &str, torn_down: &TornDown) -> Result<Reported, ClientError> {
         let path = format!("/v1/runner/runs/{}/destroyed", segment(run));
-        let _: Recorded = self.call(
+        self.call(
             &format!("run {run}: reporting its teardown"),
             "POST",
             &path,
-            Some(teardown),
+            Some(torn_down),
             Retry::WhileUnavailable,
-        )?;
-        Ok(())
+        )
     }
 
     /// `POST /v1/runner/janitor`: leftovers of earlier runs, torn down.

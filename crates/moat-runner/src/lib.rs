@@ -11,6 +11,7 @@
 // Only moat-sandbox may hold unsafe code (each block with its SAFETY line).
 #![forbid(unsafe_code)]
 
+mod claims;
 mod error;
 mod ingress;
 mod manifests;
@@ -422,6 +423,7 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
             .map_err(|e| RunnerError::Setup(e.to_string()))?;
         eprintln!("moat runner: metrics at http://{bound}/metrics");
     }
+    let claims = claims::Claims::new(config.max_runs);
     let runner = serve::Runner {
         metrics,
         config,
@@ -432,10 +434,11 @@ pub fn run(config: Config) -> Result<(), RunnerError> {
         shell_state,
         heartbeat: (lease / 3).max(Duration::from_millis(200)),
         draining,
-        claims_over: std::sync::atomic::AtomicBool::new(false),
+        claims,
         serving: Mutex::new(std::collections::HashSet::new()),
         served: std::sync::Condvar::new(),
         finish_takes_teardown: registered.finish_takes_teardown,
+        last_report_takes_claim: registered.last_report_takes_claim,
     };
     runner.serve()
 }

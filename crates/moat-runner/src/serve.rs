@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
 use moat_api::runner::{
-    Claim, ElementBody, ElementDecision, FinishBody, Next, ResultBody, RunEnd, ShellEnded,
-    TOOL_PROFILE,
+    Claim, ElementBody, ElementDecision, FinishBody, Next, Reported, ResultBody, RunEnd,
+    ShellEnded, TOOL_PROFILE, TornDown,
 };
 use moat_client::RunnerClient;
 use moat_core::{Envelope, OpResult};
@@ -17,6 +17,7 @@ use moat_ledger::Ledger;
 use moat_shell::child::ShellChild;
 
 use crate::Config;
+use crate::claims::Claims;
 use crate::error::{IoContext as _, RunnerError};
 use crate::manifests::Manifests;
 use crate::slots::{SlotGuard, Slots};
@@ -30,12 +31,12 @@ const LONG_POLL: Duration = Duration::from_secs(5);
 /// cancelled or revoked run's sandbox is stopped.
 const OP_HEARTBEAT: Duration = Duration::from_secs(1);
 
-/// Sets its flag when dropped: the claiming loop has ended.
-struct ClaimsOver<'a>(&'a AtomicBool);
+/// Says so when dropped: the claiming loop has ended.
+struct LoopOver<'a>(&'a Claims);
 
-impl Drop for ClaimsOver<'_> {
+impl Drop for LoopOver<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.end_loop();
     }
 }
 
@@ -59,10 +60,11 @@ pub(crate) struct Runner {
     /// Set by SIGTERM: claim nothing more, give held runs back at their
     /// next operation boundary, then exit.
     pub draining: Arc<AtomicBool>,
-    /// Set once the claiming loop has ended (its last long poll answered):
-    /// runs are given back only then, or that poll could claim one of them
+    /// Who may ask for a run now, within `max_runs`: the claiming loop,
+    /// and a slot whose run's finish asks for the next one. Runs are given
+    /// back only once no ask can come any more, or one could claim them
     /// again.
-    pub claims_over: AtomicBool,
+    pub claims: Claims,
     /// The runs being served or torn down here: an attempt of a run this
     /// runner lost and claimed again waits for the old attempt's teardown
     /// (both use `runs/<id>`).
@@ -71,6 +73,9 @@ pub(crate) struct Runner {
     /// The control plane takes a run's teardown with its finish
     /// (`Registered::finish_takes_teardown`).
     pub finish_takes_teardown: bool,
+    /// A run's last report may claim the slot's next run
+    /// (`Registered::last_report_takes_claim`).
+    pub last_report_takes_claim: bool,
 }
 
 /// What a run served here has left on this host so far.
@@ -104,7 +109,8 @@ impl Drop for Serving<'_> {
 
 impl Runner {
     /// Claims a run whenever a slot is free and serves each claimed run on
-    /// a thread of its own, until `max_runs` runs were claimed (then it
+    /// a thread of its own (which serves the next run its run's finish
+    /// claimed, if any), until `max_runs` runs were claimed (then it
     /// waits for them to end), the control plane refuses a claim, or
     /// SIGTERM drains it (then its runs are given back as they reach an
     /// operation boundary, and it returns once all are).
@@ -113,13 +119,14 @@ impl Runner {
         let served = std::thread::scope(|scope| {
             // However the claiming loop ends (an error too), the run
             // threads must not wait for it forever.
-            let _over = ClaimsOver(&self.claims_over);
-            let mut claimed = 0u64;
-            while self.config.max_runs.is_none_or(|max| claimed < max) {
-                let Some(in_use) = self.slots.take_unless(|| self.draining()) else {
+            let _over = LoopOver(&self.claims);
+            while let Some(in_use) = self.slots.take_unless(|| self.draining()) {
+                let slot = SlotGuard(&self.slots);
+                // Asked with its slot in hand: a slot's finish asking for
+                // its next run meanwhile is not crowded out of `max_runs`.
+                let Some(ask) = self.claims.ask_or_wait() else {
                     break;
                 };
-                let slot = SlotGuard(&self.slots);
                 self.refresh_manifest();
                 let answer = match self.client.claim(LONG_POLL) {
                     // `moat runner drain`: nothing new; what it holds is
@@ -142,14 +149,23 @@ impl Runner {
                     self.release(&claim.run.id);
                     break;
                 }
-                claimed += 1;
+                ask.took();
                 eprintln!(
                     "moat runner: claimed run {} ({in_use} of {} slots in use)",
                     claim.run.id, self.slots.total
                 );
                 scope.spawn(move || {
                     let _slot = slot;
-                    self.serve_run(&claim);
+                    // The slot's next run may come with its run's last
+                    // report.
+                    let mut claim = claim;
+                    while let Some(next) = self.serve_run(&claim) {
+                        eprintln!(
+                            "moat runner: claimed run {} with run {}'s last report",
+                            next.run.id, claim.run.id
+                        );
+                        claim = next;
+                    }
                 });
             }
             Ok(())
@@ -164,6 +180,20 @@ impl Runner {
 
     fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// An ask for the slot's next run to go with a run's last report (its
+    /// finish with its teardown, or its teardown report): only to a
+    /// control plane that takes one, while the runner is not draining and
+    /// may still claim a run; the manifest is refreshed first, as the
+    /// claiming loop does before it claims.
+    fn ask_with_report(&self) -> Option<crate::claims::Ask<'_>> {
+        if !self.last_report_takes_claim || self.draining() {
+            return None;
+        }
+        let ask = self.claims.ask()?;
+        self.refresh_manifest();
+        Some(ask)
     }
 
     /// Gives a run back to the queue (the runner is stopping). A failure
@@ -203,8 +233,8 @@ impl Runner {
     }
 
     /// One claimed run to its end, then its teardown; a run that fails here
-    /// is reported failed.
-    fn serve_run(&self, claim: &Claim) {
+    /// is reported failed. The slot's next run, if its finish claimed one.
+    fn serve_run(&self, claim: &Claim) -> Option<Claim> {
         let run_id = &claim.run.id;
         let _serving = {
             let mut serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
@@ -220,13 +250,14 @@ impl Runner {
         };
         // What it left here so far: what its teardown looks for.
         let mut left = Left::Nothing;
-        let result = self.execute_run(claim, &mut left);
+        let mut next = None;
+        let result = self.execute_run(claim, &mut left, &mut next);
         // It names a directory and a URL path segment: only a plain id.
         if !moat_core::op::is_plain_id(run_id) {
             if let Err(e) = result {
                 eprintln!("moat runner: run {run_id:?}: {e}");
             }
-            return;
+            return None;
         }
         if let Err(e) = result {
             eprintln!("moat runner: run {run_id}: {e}");
@@ -235,31 +266,56 @@ impl Runner {
                 error: Some(e.to_string()),
                 events: Vec::new(),
                 teardown: None,
+                then_claim_ms: None,
             };
             let _ = self.client.finish(run_id, &body);
         }
-        match left {
-            Left::Reported => {}
-            Left::Nothing => self.destroy(run_id, false),
-            Left::Shell => self.destroy(run_id, true),
-            Left::TornDown(checks) => self.report_teardown(run_id, checks),
+        let checks = match left {
+            Left::Reported => None,
+            Left::Nothing => Some(self.tear_down(run_id, false)),
+            Left::Shell => Some(self.tear_down(run_id, true)),
+            Left::TornDown(checks) => Some(checks),
+        };
+        if let Some(checks) = checks {
+            next = self.report_teardown(run_id, checks);
         }
+        let next: Claim = next?;
+        if self.draining() {
+            // Claimed while the drain began: straight back.
+            self.release(&next.run.id);
+            return None;
+        }
+        Some(next)
     }
 
-    /// The run's teardown on this host (its shell, if it had one, is gone
-    /// by now), reported as `run.destroyed`.
-    fn destroy(&self, run_id: &str, shell_started: bool) {
-        let checks = self.tear_down(run_id, shell_started);
-        self.report_teardown(run_id, checks);
-    }
-
-    /// `POST .../destroyed`: a failure is only said.
-    fn report_teardown(&self, run_id: &str, checks: Vec<moat_core::event_data::TeardownCheck>) {
-        if let Err(e) = self
-            .client
-            .destroyed(run_id, &moat_api::runner::Teardown { checks })
+    /// `POST .../destroyed`, the run's last report: it asks for the
+    /// slot's next run too, which it returns. A failure is only said.
+    fn report_teardown(
+        &self,
+        run_id: &str,
+        checks: Vec<moat_core::event_data::TeardownCheck>,
+    ) -> Option<Claim> {
+        let ask = self.ask_with_report();
+        let mut body = TornDown {
+            checks,
+            then_claim_ms: ask.as_ref().map(|_| LONG_POLL.as_millis() as u64),
+        };
+        let mut answer = self.client.destroyed(run_id, &body);
+        // A replica of an older build refuses the field: the report goes
+        // alone.
+        if let Err(e) = &answer
+            && body.then_claim_ms.is_some()
+            && matches!(e.status(), Some(400 | 422))
         {
-            eprintln!("moat runner: run {run_id}: reporting its teardown failed: {e}");
+            body.then_claim_ms = None;
+            answer = self.client.destroyed(run_id, &body);
+        }
+        match answer {
+            Ok(reported) => claimed_with(ask, reported),
+            Err(e) => {
+                eprintln!("moat runner: run {run_id}: reporting its teardown failed: {e}");
+                None
+            }
         }
     }
 
@@ -306,8 +362,14 @@ impl Runner {
     }
 
     /// `left` says what the run has left here as it goes: a shell once
-    /// one is started, or that its teardown was reported with its finish.
-    fn execute_run(&self, claim: &Claim, left: &mut Left) -> Result<(), RunnerError> {
+    /// one is started, or that its teardown was reported with its finish;
+    /// `slot_next`, the run its finish claimed for this slot.
+    fn execute_run(
+        &self,
+        claim: &Claim,
+        left: &mut Left,
+        slot_next: &mut Option<Claim>,
+    ) -> Result<(), RunnerError> {
         let run_id = claim.run.id.as_str();
         // It names a directory here and a URL path segment: never trust its shape.
         if !moat_core::op::is_plain_id(run_id) {
@@ -345,7 +407,7 @@ impl Runner {
                 // the run's lease must outlive the wait, or it lapses and
                 // the run is retried (counted) instead of given back.
                 let mut renewed = std::time::Instant::now();
-                while !self.claims_over.load(Ordering::Relaxed) {
+                while !self.claims.over() {
                     std::thread::sleep(Duration::from_millis(50));
                     if renewed.elapsed() >= self.heartbeat {
                         if let Err(e) = self.client.heartbeat(run_id) {
@@ -513,6 +575,7 @@ impl Runner {
                         error: None,
                         events,
                         teardown: None,
+                        then_claim_ms: None,
                     };
                     if !(matches!(left, Left::Nothing) && self.finish_takes_teardown) {
                         self.client.finish(run_id, &body)?;
@@ -520,15 +583,21 @@ impl Runner {
                     }
                     // A run that started nothing here is torn down now
                     // and its teardown goes with its finish: one request
-                    // where there were two.
+                    // where there were two. Being its last, the finish
+                    // also asks for the slot's next run: one more fewer.
                     let checks = self.tear_down(run_id, false);
                     body.teardown = Some(moat_api::runner::Teardown {
                         checks: checks.clone(),
                     });
+                    let ask = self.ask_with_report();
+                    body.then_claim_ms = ask.as_ref().map(|_| LONG_POLL.as_millis() as u64);
                     match self.client.finish(run_id, &body) {
-                        Ok(_) => *left = Left::Reported,
+                        Ok(reported) => {
+                            *left = Left::Reported;
+                            *slot_next = claimed_with(ask, reported);
+                        }
                         // A replica of an older build (a rolling upgrade,
-                        // a rollback) refuses the field, and a teardown
+                        // a rollback) refuses the fields, and a teardown
                         // refused must not fail the run: the finish goes
                         // alone, the teardown is reported after it.
                         Err(e) if matches!(e.status(), Some(400 | 422)) => {
@@ -538,6 +607,7 @@ impl Runner {
                             );
                             *left = Left::TornDown(checks);
                             body.teardown = None;
+                            body.then_claim_ms = None;
                             self.client.finish(run_id, &body)?;
                         }
                         Err(e) => {
@@ -787,6 +857,13 @@ const MAX_ELEMENT_CHECKS: usize = 3;
 
 /// The element an acting browser step's answer says it would act on
 /// (`element_unchecked`), if that is its answer.
+/// The run a last report's ask claimed, counted towards `max_runs`.
+fn claimed_with(ask: Option<crate::claims::Ask<'_>>, reported: Reported) -> Option<Claim> {
+    let (ask, claim) = (ask?, reported.claim?);
+    ask.took();
+    Some(*claim)
+}
+
 fn unchecked_element(result: &OpResult) -> Option<moat_core::element::ElementFacts> {
     if result.reason != Some(moat_core::DenialReason::ElementUnchecked) {
         return None;

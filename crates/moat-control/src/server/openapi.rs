@@ -19,7 +19,7 @@ use moat_api::queues::{
 use moat_api::runner::{
     ChunkNames, Claim, ElementBody, ElementDecision, EventsBody, EventsRecorded, FinishBody,
     Heartbeat, IngressDials, Janitor, ManifestRefreshed, Next, Recorded, Registered, Registration,
-    Released, ResultBody, ShellEnded, Teardown,
+    Released, Reported, ResultBody, ShellEnded, TornDown,
 };
 use moat_api::{ErrorBody, ManifestView, RunView};
 use moat_core::SignedManifest;
@@ -351,7 +351,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runner/runs/{run}/finish",
         "runner",
-        "End a run: `{state: succeeded|failed, error?}`.",
+        "End a run: `{state: succeeded|failed, error?, events?, teardown?, thenClaimMs?}`. With `thenClaimMs`, the runner's next run is claimed after the end is recorded, waiting up to that long, as `POST /v1/runner/claim` would: the answer's `claim` (absent when none came in time, or when the runner may claim nothing now: its own claim then says why). One request per run where there were two.",
     ),
     (
         "post",
@@ -369,7 +369,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "post",
         "/v1/runner/runs/{run}/destroyed",
         "runner",
-        "Report the run's teardown on the runner's host: each check (`processes`, `mounts`, `files`, `cgroups`) and its outcome, recorded as `run.destroyed` (a run of the runner's org, whoever holds it now: one whose lease it lost may be another runner's).",
+        "Report the run's teardown on the runner's host: each check (`processes`, `mounts`, `files`, `cgroups`) and its outcome, recorded as `run.destroyed` (a run of the runner's org, whoever holds it now: one whose lease it lost may be another runner's). With `thenClaimMs`, the run's last report, it then claims the slot's next run as a finish does.",
     ),
     (
         "post",
@@ -717,14 +717,14 @@ fn bodies(method: &str, path: &str) -> Option<Bodies> {
         }
         ("post", "/v1/runner/runs/{run}/ops/{op}/tool") => answers("200", schema::<ToolResult>),
         ("post", "/v1/runner/runs/{run}/finish") => {
-            takes(schema::<FinishBody>, "200", schema::<Recorded>)
+            takes(schema::<FinishBody>, "200", schema::<Reported>)
         }
         ("post", "/v1/runner/runs/{run}/shell-ended") => {
             takes(schema::<ShellEnded>, "200", schema::<Recorded>)
         }
         ("post", "/v1/runner/runs/{run}/release") => answers("200", schema::<Released>),
         ("post", "/v1/runner/runs/{run}/destroyed") => {
-            takes(schema::<Teardown>, "200", schema::<Recorded>)
+            takes(schema::<TornDown>, "200", schema::<Reported>)
         }
         ("post", "/v1/runner/janitor") => takes(schema::<Janitor>, "200", schema::<Recorded>),
         ("get", "/v1/volumes") => answers("200", schema::<VolumeList>),

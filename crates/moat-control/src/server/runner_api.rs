@@ -35,7 +35,8 @@ use super::wake::Topic;
 use moat_api::ManifestView;
 use moat_api::runner::{
     Claim, EventsBody, EventsRecorded, FinishBody, Heartbeat, Janitor, ManifestRefreshed, Next,
-    Recorded, Registered, Registration, Released, ResultBody, RunEnd, ShellEnded, Teardown,
+    Recorded, Registered, Registration, Released, Reported, ResultBody, RunEnd, ShellEnded,
+    Teardown, TornDown,
 };
 use moat_core::lifecycle::{self, Lifetime};
 use moat_core::op::BrowserStepArgs;
@@ -325,6 +326,7 @@ pub async fn register(
         lease_ms: u64::try_from(state.config.lease.as_millis()).unwrap_or(u64::MAX),
         max_wait_ms: u64::try_from(super::MAX_WAIT.as_millis()).unwrap_or(u64::MAX),
         finish_takes_teardown: true,
+        last_report_takes_claim: true,
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -461,9 +463,42 @@ pub async fn claim(
     Query(q): Query<WaitQuery>,
     SignedRunner { runner, .. }: SignedRunner,
 ) -> ApiResult<Response> {
-    let terms = terms(&state, &runner).await?;
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0));
+    Ok(
+        match claim_for(&state, &runner, wait, Asked::Alone).await? {
+            Some(claim) => Json(claim).into_response(),
+            None => StatusCode::NO_CONTENT.into_response(),
+        },
+    )
+}
+
+/// How a claim was asked for: what it says when the runner may claim
+/// nothing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// `POST /v1/runner/claim`: refused, and an expired manifest's refusal
+    /// recorded.
+    Alone,
+    /// With a run's last report (`thenClaimMs`): nothing claimed, nothing
+    /// recorded; the report stands, and the runner's own claim after it
+    /// is refused.
+    WithReport,
+}
+
+/// The oldest queued run `runner` may take, claimed for it, waiting up to
+/// `wait` (at most [`super::MAX_WAIT`]) for one: `None` if none came.
+async fn claim_for(
+    state: &Arc<AppState>,
+    runner: &RunnerRow,
+    wait: Duration,
+    asked: Asked,
+) -> ApiResult<Option<Claim>> {
+    let terms = terms(state, runner).await?;
     let (life, grace) = (terms.life, terms.grace);
     if runner.draining {
+        if asked == Asked::WithReport {
+            return Ok(None);
+        }
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "draining",
@@ -472,13 +507,14 @@ pub async fn claim(
     }
     let deadline = match lifecycle::claim(state.config.clock.now(), &life, grace, false) {
         Ok(deadline) => deadline,
+        Err(_) if asked == Asked::WithReport => return Ok(None),
         Err(stop) => {
             return Err(auth::reject(
-                &state,
+                state,
                 &runner.org_id,
                 stop.into(),
                 "no new claims on an expired manifest".into(),
-                auth::Rejected::runner(&runner),
+                auth::Rejected::runner(runner),
             )
             .await);
         }
@@ -486,7 +522,7 @@ pub async fn claim(
     let clock = Arc::clone(&state.config.clock);
     let lease = state.config.lease.as_millis() as i64;
     let r = runner.clone();
-    let placing = Arc::clone(&state);
+    let placing = Arc::clone(state);
     let probe = move |s: &moat_store::Store| {
         let ask = moat_store::ClaimAsk {
             org: &r.org_id,
@@ -507,8 +543,7 @@ pub async fn claim(
         })
     };
     // The looks again below stay within the one long poll's bound.
-    let waited = tokio::time::Instant::now()
-        + Duration::from_millis(q.wait_ms.unwrap_or(0)).min(super::MAX_WAIT);
+    let waited = tokio::time::Instant::now() + wait.min(super::MAX_WAIT);
     let mut again = LOCKED_FIRST_RETRY;
     let claimed = loop {
         let wait = waited.saturating_duration_since(tokio::time::Instant::now());
@@ -535,7 +570,7 @@ pub async fn claim(
         finish_now,
     }) = claimed
     else {
-        return Ok(StatusCode::NO_CONTENT.into_response());
+        return Ok(None);
     };
     state.notify_run(&run.id);
     if more_queued {
@@ -574,7 +609,7 @@ pub async fn claim(
         // above was checked).
         next: finish_now.then_some(Next::Finish),
     };
-    Ok(Json(claim).into_response())
+    Ok(Some(claim))
 }
 
 /// How soon a claim that found a takeable run locked looks again, at first
@@ -1359,12 +1394,13 @@ pub async fn finish(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
     SignedRunner { runner, body }: SignedRunner,
-) -> ApiResult<Json<Recorded>> {
+) -> ApiResult<Json<Reported>> {
     let FinishBody {
         state: end,
         error,
         mut events,
         teardown,
+        then_claim_ms,
     } = parse(&body)?;
     let end = match end {
         RunEnd::Succeeded => RunState::Succeeded,
@@ -1381,8 +1417,10 @@ pub async fn finish(
     };
     let run = run_id.clone();
     let st = Arc::clone(&state);
+    let held_by = runner.clone();
     let finished = state
         .db(move |s| {
+            let runner = held_by;
             // What the run's end closed (browser sessions left open) is
             // recorded while the run is this runner's, with its end in one
             // transaction: a finish sent again records nothing twice (a
@@ -1410,7 +1448,33 @@ pub async fn finish(
         })
         .await??;
     state.notify_run(&run_id);
-    Ok(Json(Recorded { recorded: finished }))
+    let claim = claim_after(&state, &runner, &run_id, then_claim_ms).await;
+    Ok(Json(Reported {
+        recorded: finished,
+        claim,
+    }))
+}
+
+/// The claim a run's last report asked for (`then_claim_ms`), made once
+/// the report is recorded: what it meets (a store error, nothing queued in
+/// time) is only its own answer, never the report's.
+async fn claim_after(
+    state: &Arc<AppState>,
+    runner: &RunnerRow,
+    run_id: &str,
+    then_claim_ms: Option<u64>,
+) -> Option<Box<Claim>> {
+    let wait = Duration::from_millis(then_claim_ms?);
+    match claim_for(state, runner, wait, Asked::WithReport).await {
+        Ok(claim) => claim.map(Box::new),
+        Err(e) => {
+            eprintln!(
+                "moat serve: runner {}: the claim after run {run_id}'s last report: {}",
+                runner.id, e.message
+            );
+            None
+        }
+    }
 }
 
 /// `POST /v1/runner/runs/{run}/shell-ended`: what a run's shell recorded as
@@ -1564,17 +1628,23 @@ pub async fn destroyed(
     State(state): State<Arc<AppState>>,
     Path(run_id): Path<String>,
     SignedRunner { runner, body }: SignedRunner,
-) -> ApiResult<Json<Recorded>> {
-    let Teardown { checks } = parse(&body)?;
+) -> ApiResult<Json<Reported>> {
+    let TornDown {
+        checks,
+        then_claim_ms,
+    } = parse(&body)?;
     check_teardown(&checks)?;
     let event = destroyed_event(&runner, &run_id, checks, state.now());
-    let recorded = state
-        .db(move |s| s.append_run_event(&runner.org_id, &event))
-        .await?;
+    let org = runner.org_id.clone();
+    let recorded = state.db(move |s| s.append_run_event(&org, &event)).await?;
     if !recorded {
         return Err(ApiError::not_found(format_args!("run {run_id}")));
     }
-    Ok(Json(Recorded { recorded: true }))
+    let claim = claim_after(&state, &runner, &run_id, then_claim_ms).await;
+    Ok(Json(Reported {
+        recorded: true,
+        claim,
+    }))
 }
 
 /// The runner's `run.destroyed`: it names the runner, which speaks for

@@ -973,6 +973,54 @@ fn sigterm_drains_a_runner_its_operation_finishes_and_its_run_is_queued_again_un
     assert_ledger_intact(&serve);
 }
 
+/// A run's last report asks for the slot's next run; SIGTERM comes while
+/// that ask waits, and a run is queued then: whether the ask claims it or
+/// not, it is not lost. Claimed, it is given back uncounted once no ask is
+/// in flight; the runner stops cleanly.
+#[test]
+fn sigterm_while_a_reports_claim_waits_loses_no_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    let db = &databases(dir.path())[0];
+    let serve = Serve::start(&setup, &db.url, "127.0.0.1:0");
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, &setup, &acme);
+    let mut runner = Runner::start_with(&serve, &setup, &acme, "asking", &["--slots", "1"]);
+    wait_registered(&serve, &acme, 1);
+    create_run(&serve, &acme, "done");
+    finish_run(&serve, &acme, "done");
+    wait_state(&serve, &acme, "done", "succeeded");
+
+    // Its finish's claim waits now (for up to 5 s).
+    sigterm(&runner);
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/runs", serve.url),
+        &acme,
+        Some(json!({"id": "late", "maxAttempts": 1})),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        exit_of(&mut runner, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    let (_, run) = call("GET", &format!("{}/v1/runs/late", serve.url), &acme, None);
+    assert_eq!(
+        (run["state"].as_str(), run["attempts"].as_i64()),
+        (Some("queued"), Some(0)),
+        "{run}"
+    );
+    let events = run_events(&serve, &acme, "late");
+    assert_eq!(
+        count(&events, "run.claimed"),
+        count(&events, "run.released"),
+        "{events:#?}"
+    );
+    assert_eq!(count(&events, "run.lease_expired"), 0, "{events:#?}");
+    assert!(!runner.state.join("runs/late").exists());
+    assert_ledger_intact(&serve);
+}
+
 /// `curl` against the TLS control plane: exit code, body.
 fn curl(args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new("curl")

@@ -318,7 +318,6 @@ fn an_ask_in_flight_counts_towards_max_runs() {
         finish(&serve, &acme, "one");
         wait_run_event(&serve, &acme, "one", "run.destroyed");
         // Both slots free again, one run left to claim: one ask waits.
-        std::thread::sleep(Duration::from_millis(300));
         for run in ["two", "three"] {
             create_run(&serve, &acme, run);
             ask_finish(&serve, &acme, run);

@@ -277,7 +277,11 @@ pub struct FinishBody {
     /// comes with the answer ([`Reported::claim`]), whether or not this
     /// finish took effect. Only to a control plane that says it takes one
     /// ([`Registered::last_report_takes_claim`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "thenClaimMs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub then_claim_ms: Option<u64>,
 }
 
@@ -388,6 +392,9 @@ mod tests {
                 claim: None
             }
         );
+        let asking: FinishBody =
+            serde_json::from_str(r#"{"state":"succeeded","thenClaimMs":5000}"#)?;
+        assert_eq!(asking.then_claim_ms, Some(5000));
         // And a finish that asks for no claim is what older runners sent.
         let body = FinishBody {
             state: RunEnd::Succeeded,

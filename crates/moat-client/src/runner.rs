@@ -218,26 +218,46 @@ impl RunnerClient {
     /// and the next run when the body asked for one (`then_claim_ms`).
     pub fn finish(&self, run: &str, body: &FinishBody) -> Result<Reported, ClientError> {
         let path = format!("/v1/runner/runs/{}/finish", segment(run));
-        self.call(
-            &format!("finishing run {run}"),
-            "POST",
-            &path,
-            Some(body),
-            Retry::WhileUnavailable,
-        )
+        let plain = body.then_claim_ms.map(|_| FinishBody {
+            then_claim_ms: None,
+            ..body.clone()
+        });
+        self.report(&format!("finishing run {run}"), &path, body, plain)
     }
 
     /// `POST /v1/runner/runs/{run}/destroyed`: the run's teardown here,
     /// and the next run when the body asked for one (`then_claim_ms`).
     pub fn destroyed(&self, run: &str, torn_down: &TornDown) -> Result<Reported, ClientError> {
         let path = format!("/v1/runner/runs/{}/destroyed", segment(run));
-        self.call(
-            &format!("run {run}: reporting its teardown"),
-            "POST",
-            &path,
-            Some(torn_down),
-            Retry::WhileUnavailable,
-        )
+        let plain = torn_down.then_claim_ms.map(|_| TornDown {
+            then_claim_ms: None,
+            ..torn_down.clone()
+        });
+        let what = format!("run {run}: reporting its teardown");
+        self.report(&what, &path, torn_down, plain)
+    }
+
+    /// A run's last report, retried while the control plane is
+    /// unavailable. One that asks for a claim is sent once: were its answer
+    /// lost, a retry would claim another run while the first stayed leased
+    /// here until its lease lapsed. On a failure worth retrying it goes
+    /// again as `plain`, without the ask (the claiming loop claims).
+    fn report<B: Serialize>(
+        &self,
+        what: &str,
+        path: &str,
+        body: &B,
+        plain: Option<B>,
+    ) -> Result<Reported, ClientError> {
+        let Some(plain) = plain else {
+            return self.call(what, "POST", path, Some(body), Retry::WhileUnavailable);
+        };
+        match self.call(what, "POST", path, Some(body), Retry::Once) {
+            Err(e) if e.is_transient() => {
+                self.call(what, "POST", path, Some(&plain), Retry::WhileUnavailable)
+            }
+            answered => answered,
+        }
     }
 
     /// `POST /v1/runner/janitor`: leftovers of earlier runs, torn down.

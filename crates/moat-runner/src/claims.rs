@@ -40,11 +40,13 @@ impl Claims {
         self.counts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// An ask for one run, if one more may still be claimed: for a finish,
-    /// which never waits for room (`None`: it asks for nothing).
+    /// An ask for one run, if one more may still be claimed: for a run's
+    /// last report, which never waits for room (`None`: it asks for
+    /// nothing). Once the claiming loop has ended (`max_runs` reached, a
+    /// drain, a refusal or an error), nothing more is asked for.
     pub fn ask(&self) -> Option<Ask<'_>> {
         let mut counts = self.counts();
-        if !counts.room(self.max) {
+        if counts.loop_over || !counts.room(self.max) {
             return None;
         }
         counts.asking += 1;
@@ -164,6 +166,14 @@ mod tests {
             }
             assert!(looping.join().unwrap_or(false));
         });
+    }
+
+    #[test]
+    fn nothing_is_asked_for_once_the_loop_has_ended() {
+        let claims = Claims::new(None);
+        claims.end_loop();
+        assert!(claims.ask().is_none());
+        assert!(claims.over());
     }
 
     #[test]

@@ -127,6 +127,9 @@ impl Runner {
                 let Some(ask) = self.claims.ask_or_wait() else {
                     break;
                 };
+                if self.draining() {
+                    break;
+                }
                 self.refresh_manifest();
                 let answer = match self.client.claim(LONG_POLL) {
                     // `moat runner drain`: nothing new; what it holds is
@@ -144,12 +147,10 @@ impl Runner {
                 let Some(claim) = answer else {
                     continue;
                 };
-                if self.draining() {
-                    // Claimed while the drain began: straight back.
-                    self.release(&claim.run.id);
-                    break;
-                }
                 ask.took();
+                // Claimed as a drain began, it is given back from its first
+                // operation boundary, once no ask is in flight any more.
+                let draining = self.draining();
                 eprintln!(
                     "moat runner: claimed run {} ({in_use} of {} slots in use)",
                     claim.run.id, self.slots.total
@@ -167,6 +168,9 @@ impl Runner {
                         claim = next;
                     }
                 });
+                if draining {
+                    break;
+                }
             }
             Ok(())
         });
@@ -279,13 +283,10 @@ impl Runner {
         if let Some(checks) = checks {
             next = self.report_teardown(run_id, checks);
         }
-        let next: Claim = next?;
-        if self.draining() {
-            // Claimed while the drain began: straight back.
-            self.release(&next.run.id);
-            return None;
-        }
-        Some(next)
+        // Claimed as a drain began, it is given back from its first
+        // operation boundary, once no ask is in flight any more (one could
+        // claim it again).
+        next
     }
 
     /// `POST .../destroyed`, the run's last report: it asks for the
@@ -855,8 +856,6 @@ const SHELL_END_WAIT: Duration = Duration::from_secs(45);
 /// step fail with `element_unchecked` after this.
 const MAX_ELEMENT_CHECKS: usize = 3;
 
-/// The element an acting browser step's answer says it would act on
-/// (`element_unchecked`), if that is its answer.
 /// The run a last report's ask claimed, counted towards `max_runs`.
 fn claimed_with(ask: Option<crate::claims::Ask<'_>>, reported: Reported) -> Option<Claim> {
     let (ask, claim) = (ask?, reported.claim?);
@@ -864,6 +863,8 @@ fn claimed_with(ask: Option<crate::claims::Ask<'_>>, reported: Reported) -> Opti
     Some(*claim)
 }
 
+/// The element an acting browser step's answer says it would act on
+/// (`element_unchecked`), if that is its answer.
 fn unchecked_element(result: &OpResult) -> Option<moat_core::element::ElementFacts> {
     if result.reason != Some(moat_core::DenialReason::ElementUnchecked) {
         return None;

@@ -830,21 +830,6 @@ fn an_enrolled_runner_restarted_twice_registers_each_time_with_no_new_token_and_
     assert_ledger_intact(&serve);
 }
 
-/// Waits up to `limit` for `runner`'s process to exit; its status.
-fn exit_of(runner: &mut Runner, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = runner.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the runner did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Waits until the org has `n` registered runners (a runner handles
 /// SIGTERM from before it registers).
 fn wait_registered(serve: &Serve, token: &str, n: usize) {

@@ -216,23 +216,6 @@ fn ask_finish(serve: &Serve, token: &str, run: &str) {
     assert_eq!(status, 200, "{body}");
 }
 
-/// Waits for a runner started with `--max-runs` to stop by itself, and
-/// checks that it stopped well.
-fn wait_stopped(runner: &mut Runner) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exited = loop {
-        if let Some(status) = runner.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the runner did not stop after its --max-runs"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(exited.success(), "{exited}");
-}
-
 /// A run's last report claims the slot's next run (`thenClaimMs`), which
 /// the same slot then serves: the teardown report of a run that ran an
 /// operation (its shell torn down after its finish), the finish of one
@@ -265,7 +248,7 @@ fn a_slots_next_run_comes_with_its_runs_last_report_within_max_runs() {
         finish(&serve, &acme, "third");
         ask_finish(&serve, &acme, "fourth");
 
-        wait_stopped(&mut runner);
+        assert!(exit_of(&mut runner, Duration::from_secs(30)).success());
         // No ask went past the third run: the fourth was never claimed.
         assert_eq!(run_state(&serve, &acme, "fourth"), "queued");
         assert_eq!(
@@ -322,7 +305,7 @@ fn an_ask_in_flight_counts_towards_max_runs() {
             create_run(&serve, &acme, run);
             ask_finish(&serve, &acme, run);
         }
-        wait_stopped(&mut runner);
+        assert!(exit_of(&mut runner, Duration::from_secs(30)).success());
         wait_state(&serve, &acme, "two", "succeeded");
         assert_eq!(run_state(&serve, &acme, "three"), "queued");
         assert_eq!(count(&run_events(&serve, &acme, "three"), "run.claimed"), 0);

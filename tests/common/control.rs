@@ -535,6 +535,21 @@ impl Drop for Runner {
     }
 }
 
+/// Waits up to `limit` for `runner`'s process to exit; its status.
+pub fn exit_of(runner: &mut Runner, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = runner.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A control plane on SQLite in `dir` with org `acme` ready for runs:
 /// the setup, the database's URL, the server, and acme's token.
 pub fn sqlite_plane(dir: &Path) -> (Setup, String, Serve, String) {

@@ -77,6 +77,7 @@ pub struct PlacementEngine {
     policies: PolicySet,
     hash: String,
     authorizer: Authorizer,
+    anywhere: bool,
 }
 
 fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
@@ -101,11 +102,21 @@ impl PlacementEngine {
                 }
             }
         }
+        let anywhere = places_anywhere(&policies);
         Ok(PlacementEngine {
             policies,
             hash: moat_core::hash::sha256_hex(source.as_bytes()),
             authorizer: Authorizer::new(),
+            anywhere,
         })
+    }
+
+    /// Whether it places every run on every host, whatever the request:
+    /// no policy forbids, and one permits the place action with no other
+    /// condition (the default policy). A claim then need not look past
+    /// the oldest queued run.
+    pub fn places_anywhere(&self) -> bool {
+        self.anywhere
     }
 
     /// SHA-256 of the policy text, hex.
@@ -218,6 +229,33 @@ impl PlacementEngine {
             entities,
         ))
     }
+}
+
+/// See [`PlacementEngine::places_anywhere`]. Read from the policies'
+/// scopes and conditions, never guessed: a policy this cannot read as
+/// "any principal, any host, no condition" makes the answer false.
+fn places_anywhere(policies: &PolicySet) -> bool {
+    use cedar_policy::{ActionConstraint, Effect, PrincipalConstraint, ResourceConstraint};
+    let place = uid("Action", PLACE_ACTION).ok();
+    let mut unconditional_permit = false;
+    for policy in policies.policies() {
+        if policy.effect() == Effect::Forbid {
+            return false;
+        }
+        let action_any = match policy.action_constraint() {
+            ActionConstraint::Any => true,
+            ActionConstraint::Eq(action) => Some(action) == place,
+            ActionConstraint::In(_) => false,
+        };
+        if action_any
+            && matches!(policy.principal_constraint(), PrincipalConstraint::Any)
+            && matches!(policy.resource_constraint(), ResourceConstraint::Any)
+            && !policy.has_non_scope_constraint()
+        {
+            unconditional_permit = true;
+        }
+    }
+    unconditional_permit
 }
 
 #[cfg(test)]
@@ -396,6 +434,32 @@ mod tests {
         }
         let default = PlacementEngine::new(DEFAULT_PLACEMENT).unwrap();
         assert_eq!(default.place(&request), Placement::Placed);
+    }
+
+    #[test]
+    fn only_an_unconditional_permit_without_forbids_places_anywhere() {
+        let anywhere = |text: &str| PlacementEngine::new(text).unwrap().places_anywhere();
+        assert!(anywhere(DEFAULT_PLACEMENT));
+        assert!(anywhere("permit(principal, action, resource);"));
+        assert!(anywhere(
+            r#"permit(principal, action == Moat::Action::"place", resource);
+               permit(principal == Moat::Org::"acme", action, resource);"#
+        ));
+        for narrower in [
+            POLICY,
+            "",
+            r#"permit(principal, action == Moat::Action::"other", resource);"#,
+            r#"permit(principal, action in [Moat::Action::"place"], resource);"#,
+            r#"permit(principal == Moat::Org::"acme", action, resource);"#,
+            r#"permit(principal, action, resource == Moat::Host::"h1");"#,
+            r#"permit(principal, action, resource is Moat::Host);"#,
+            r#"permit(principal, action, resource) when { context.runner != "w" };"#,
+            r#"permit(principal, action, resource) unless { principal.name == "x" };"#,
+            r#"permit(principal, action, resource);
+               forbid(principal, action, resource) when { false };"#,
+        ] {
+            assert!(!anywhere(narrower), "{narrower}");
+        }
     }
 
     #[test]

@@ -759,6 +759,7 @@ impl Store {
             lease_ms,
             cpu_millis: 0,
             memory_bytes: 0,
+            oldest_only: true,
         };
         self.claim(&ask, &mut |_| Ok(None)).map(ClaimLook::took)
     }
@@ -1132,6 +1133,12 @@ pub struct ClaimAsk<'a> {
     /// manifest's limits (0: nothing).
     pub cpu_millis: i64,
     pub memory_bytes: i64,
+    /// The placement policy places every run on every host: the claim
+    /// looks at (and on PostgreSQL locks) the oldest queued run it may
+    /// take only, not up to 64 of them. Each row a claim locks keeps an
+    /// agent's write to that run (its finish) waiting until the claim
+    /// commits, and locking costs the database a write per row.
+    pub oldest_only: bool,
 }
 
 /// A queued run the claiming runner could take, for the placement policy.
@@ -1181,7 +1188,8 @@ fn claim_in(
     // The org's name comes with them, for the placement policy.
     let sql = format!(
         "SELECT {COLUMNS}, (SELECT o.name FROM orgs o WHERE o.id = q.org_id) AS org_name
-         FROM runs q WHERE {TAKEABLE} ORDER BY q.created_ms, q.id LIMIT {CANDIDATES}{skip}",
+         FROM runs q WHERE {TAKEABLE} ORDER BY q.created_ms, q.id LIMIT {limit}{skip}",
+        limit = if ask.oldest_only { 1 } else { CANDIDATES },
         skip = tx.skip_locked()
     );
     let takeable = [

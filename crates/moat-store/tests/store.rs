@@ -1889,6 +1889,7 @@ fn a_claim_says_when_a_run_it_could_take_is_locked() {
         lease_ms: 1_000,
         cpu_millis: 0,
         memory_bytes: 0,
+        oldest_only: false,
     };
     let claim = || store.claim(&ask, &mut |_| Ok(None)).expect("claim");
     let mut holding = raw.transaction().expect("begin");
@@ -1902,6 +1903,74 @@ fn a_claim_says_when_a_run_it_could_take_is_locked() {
         other => panic!("the unlocked run is taken: {other:?}"),
     }
     assert!(matches!(claim(), ClaimLook::Nothing));
+}
+
+/// A claim that looks at the oldest queued run only (the placement policy
+/// places anywhere) locks no other: an agent's write to the next queued
+/// run (its finish) does not wait for the claim, as it does while a claim
+/// holds every candidate the policy may pass over for it.
+#[test]
+fn a_claim_for_the_oldest_run_only_locks_no_other_queued_run() {
+    let pg = TempPostgres::create().expect("PostgreSQL (see backends())");
+    let store = Store::open(&pg.url).expect("postgres store");
+    let mut raw = raw_connection(&pg);
+    for (name, oldest_only) in [("a", true), ("b", false)] {
+        let org_id = org(&store, name);
+        let (older, younger) = (format!("{name}-older"), format!("{name}-younger"));
+        run_at(&store, &org_id, &older, 1, 11);
+        run_at(&store, &org_id, &younger, 1, 12);
+        let ask = ClaimAsk {
+            org: &org_id,
+            environment: "test",
+            runner: "runner-1",
+            manifest_hash: "m",
+            now: 20,
+            lease_ms: 1_000,
+            cpu_millis: 0,
+            memory_bytes: 0,
+            oldest_only,
+        };
+        let mut placed = Vec::new();
+        let mut younger_locked = None;
+        let look = store
+            .claim(&ask, &mut |candidate| {
+                placed.push(candidate.run.id.clone());
+                // Another session's write to the younger run, while the
+                // claim's transaction is open.
+                let write = raw.query(
+                    "SELECT 1 FROM runs WHERE id = $1 FOR UPDATE NOWAIT",
+                    &[&younger],
+                );
+                younger_locked = Some(match write {
+                    Ok(_) => false,
+                    Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                        true
+                    }
+                    Err(e) => panic!("the younger run's lock: {e}"),
+                });
+                Ok(None)
+            })
+            .expect("claim");
+        match look {
+            ClaimLook::Took(claimed) => assert_eq!(claimed.run.id, older, "oldest first"),
+            other => panic!("the oldest run is taken: {other:?}"),
+        }
+        assert_eq!(
+            placed,
+            std::slice::from_ref(&older),
+            "placed once, the oldest"
+        );
+        assert_eq!(
+            younger_locked,
+            Some(!oldest_only),
+            "oldest_only: {oldest_only}"
+        );
+        // The younger run is still queued and is the next claim's.
+        match store.claim(&ask, &mut |_| Ok(None)).expect("claim") {
+            ClaimLook::Took(claimed) => assert_eq!(claimed.run.id, younger),
+            other => panic!("the younger run is taken next: {other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -2400,6 +2469,7 @@ fn a_standing_runners_claim_is_offered_the_oldest_queued_runs_first() {
                 lease_ms: 60_000,
                 cpu_millis: 0,
                 memory_bytes: 0,
+                oldest_only: false,
             };
             let mut offered = Vec::new();
             let look = s
@@ -2482,6 +2552,7 @@ fn a_claim_tells_placement_the_other_tenants_of_the_runners_host() {
                 lease_ms: 60_000,
                 cpu_millis: 0,
                 memory_bytes: 0,
+                oldest_only: false,
             };
             let look = s
                 .claim(&ask, &mut |candidate| {

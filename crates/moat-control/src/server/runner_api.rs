@@ -533,6 +533,7 @@ async fn claim_for(
             lease_ms: lease,
             cpu_millis: terms.cpu_millis,
             memory_bytes: terms.memory_bytes,
+            oldest_only: placing.config.placement.places_anywhere(),
         };
         let look = s.claim(&ask, &mut |candidate| {
             Ok(place(&placing.config.placement, candidate))

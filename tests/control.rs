@@ -1420,3 +1420,54 @@ fn a_file_that_kills_the_verifier_is_rejected_and_the_runner_carries_on() {
         "the runner process is still the one that started"
     );
 }
+
+/// A run the control plane claimed for a runner but could not hand over
+/// (reading its inputs failed: here the database's table of stored bytes
+/// is renamed away under it) is not held until its lease runs out (ten
+/// minutes here): its claim lapses at once, as a lost lease does, so it is
+/// queued again with the attempt counted, and after its last attempt it
+/// is dead-lettered. The runner never heard of it: no workspace of it on
+/// the runner's host.
+#[test]
+fn a_run_claimed_but_not_handed_over_is_given_back_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for (i, db) in databases(dir.path()).into_iter().enumerate() {
+        let serve = Serve::start_with(&setup, &db.url, "127.0.0.1:0", &["--lease", "600s"]);
+        let acme = org(&serve, "acme");
+        prepare_org(&serve, &setup, &acme);
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/runs", serve.url),
+            &acme,
+            Some(json!({"id": "stuck", "maxAttempts": 2,
+                        "inputs": [{"path": "input/a.txt", "content": "abc\n"}]})),
+        );
+        assert_eq!(status, 201, "{body}");
+        let store = moat_store::Store::open(&db.url).unwrap();
+        let rename = |from: &str, to: &str| {
+            let sql = format!("ALTER TABLE {from} RENAME TO {to}");
+            store.tx(|tx| tx.execute(&sql, &[])).unwrap();
+        };
+        rename("blobs", "blobs_away");
+        let runner = Runner::start(&serve, &setup, &acme, &format!("w-{i}"));
+        wait_state(&serve, &acme, "stuck", "dead_lettered");
+        rename("blobs_away", "blobs");
+        let events = run_events(&serve, &acme, "stuck");
+        let count = |kind: &str| events.iter().filter(|e| e["type"] == kind).count();
+        assert_eq!(
+            (
+                count("run.claimed"),
+                count("run.lease_expired"),
+                count("run.retried"),
+                count("run.dead_lettered")
+            ),
+            (2, 2, 1, 1),
+            "{events:#?}"
+        );
+        assert!(
+            !runner.state.join("runs").join("stuck").exists(),
+            "the runner never had the run"
+        );
+    }
+}

@@ -169,8 +169,14 @@ impl Serve {
         Self::start_with(setup, db, listen, &[])
     }
 
-    /// `start` with more flags for `moat serve`.
+    /// `start` with more flags for `moat serve` (a `--lease` of its own
+    /// in place of the tests' 3 s).
     pub fn start_with(setup: &Setup, db: &str, listen: &str, extra: &[&str]) -> Serve {
+        let lease: &[&str] = if extra.contains(&"--lease") {
+            &[]
+        } else {
+            &["--lease", "3s"]
+        };
         let mut child = Command::new(MOAT)
             .args([
                 "serve",
@@ -180,9 +186,8 @@ impl Serve {
                 listen,
                 "--environment",
                 "test",
-                "--lease",
-                "3s",
             ])
+            .args(lease)
             .args([
                 "--key",
                 path_str(&setup.key),

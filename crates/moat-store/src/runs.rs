@@ -363,6 +363,50 @@ fn end(
     Ok(())
 }
 
+/// `run`'s lease is lost (its runner stopped answering, or its claim was
+/// never handed over): the op in flight fails (`interrupted`), and the run
+/// is queued again while it has attempts left, else dead-lettered.
+fn lapse(tx: &mut dyn Tx, run: &RunRow, now: i64) -> Result<RunState, StoreError> {
+    tx.execute(
+        "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
+         WHERE run_id = ? AND state = 'dispatched'",
+        &[
+            json!({"status": "error", "error": {"reason": "interrupted", "message": "the runner stopped answering while the operation ran: it may or may not have taken effect; the run resumes on another runner from its last acknowledged operation (and its volumes' last snapshots), where it may be submitted again"}})
+                .to_string()
+                .into(),
+            now.into(),
+            run.id.as_str().into(),
+        ],
+    )?;
+    let data = EventData::RunLeaseExpired(RunLeaseExpired {
+        runner_id: run.runner_id.clone(),
+        attempt: run.attempts,
+        max_attempts: run.max_attempts,
+    });
+    events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
+    if run.attempts < run.max_attempts {
+        tx.execute(
+            "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0,
+                 manifest_hash = manifest_pin, updated_ms = ? WHERE id = ?",
+            &[now.into(), run.id.as_str().into()],
+        )?;
+        let data = EventData::RunRetried(RunRetried {
+            attempt: run.attempts + 1,
+        });
+        events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
+        Ok(RunState::Queued)
+    } else {
+        end(
+            tx,
+            run,
+            (RunState::DeadLettered, Some("lease_expired")),
+            &[],
+            now,
+        )?;
+        Ok(RunState::DeadLettered)
+    }
+}
+
 /// The states of a run's ops that its end fails.
 const OPS_FAILED_AT_END: [&str; 3] = ["pending_approval", "queued", "dispatched"];
 
@@ -843,6 +887,31 @@ impl Store {
         })
     }
 
+    /// Run `run`, claimed for `runner` but never handed over to it (the
+    /// control plane could not read its inputs), lapses now as a lost lease
+    /// does in [`Store::expire_leases`]: queued again with its attempt
+    /// counted, or dead-lettered after its last. `None` if the runner no
+    /// longer holds it claimed.
+    pub fn lapse_claim(
+        &self,
+        org: &str,
+        runner: &str,
+        run: &str,
+        now: i64,
+    ) -> Result<Option<RunState>, StoreError> {
+        self.tx(|tx| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM runs WHERE org_id IS NOT DISTINCT FROM ? AND id = ?
+                   AND runner_id IS NOT DISTINCT FROM ? AND state = 'claimed'{}",
+                tx.for_update()
+            );
+            let Some(row) = tx.query_one(&sql, &[org.into(), run.into(), runner.into()])? else {
+                return Ok(None);
+            };
+            lapse(tx, &decode(&row)?, now).map(Some)
+        })
+    }
+
     /// Extends the lease of a run `runner` holds (and marks it running);
     /// `None` if the runner no longer holds it (lease lost, run ended).
     pub fn renew_lease(
@@ -1039,38 +1108,8 @@ impl Store {
             let mut handled = Vec::new();
             for row in rows {
                 let run = decode(&row)?;
-                tx.execute(
-                    "UPDATE ops SET state = 'failed', result = ?, updated_ms = ?
-                     WHERE run_id = ? AND state = 'dispatched'",
-                    &[
-                        json!({"status": "error", "error": {"reason": "interrupted", "message": "the runner stopped answering while the operation ran: it may or may not have taken effect; the run resumes on another runner from its last acknowledged operation (and its volumes' last snapshots), where it may be submitted again"}})
-                            .to_string()
-                            .into(),
-                        now.into(),
-                        run.id.as_str().into(),
-                    ],
-                )?;
-                let data = EventData::RunLeaseExpired(RunLeaseExpired {
-                    runner_id: run.runner_id.clone(),
-                    attempt: run.attempts,
-                    max_attempts: run.max_attempts,
-                });
-                events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
-                if run.attempts < run.max_attempts {
-                    tx.execute(
-                        "UPDATE runs SET state = 'queued', runner_id = NULL, lease_until_ms = 0,
-                             manifest_hash = manifest_pin, updated_ms = ? WHERE id = ?",
-                        &[now.into(), run.id.as_str().into()],
-                    )?;
-                    let data = EventData::RunRetried(RunRetried {
-                        attempt: run.attempts + 1,
-                    });
-                    events::append(tx, &run.org_id, &[typed_event(data, &run.id, now)])?;
-                    handled.push((run.id, RunState::Queued));
-                } else {
-                    end(tx, &run, (RunState::DeadLettered, Some("lease_expired")), &[], now)?;
-                    handled.push((run.id, RunState::DeadLettered));
-                }
+                let state = lapse(tx, &run, now)?;
+                handled.push((run.id, state));
             }
             Ok(handled)
         })

@@ -577,6 +577,28 @@ async fn claim_for(
     if more_queued {
         state.pass_claim_turn(&runner.org_id, &runner.environment);
     }
+    match claim_of(state, &run, finish_now, deadline).await {
+        Ok(claim) => Ok(Some(claim)),
+        Err(e) => {
+            // The run is this runner's in the store, but it will never
+            // hear of it: its claim lapses now, not a lease later, as a
+            // lost lease does (its attempt counted, so a run that can
+            // never be handed over is dead-lettered in the end, not
+            // claimed for ever).
+            lapse_now(state, runner, &run.id).await;
+            Err(e)
+        }
+    }
+}
+
+/// What a runner is told of run `run` it has just claimed: the run, its
+/// inputs' bytes, and by when it must finish.
+async fn claim_of(
+    state: &Arc<AppState>,
+    run: &moat_store::RunRow,
+    finish_now: bool,
+    deadline: std::time::SystemTime,
+) -> ApiResult<Claim> {
     let stored: Vec<String> = run
         .inputs
         .as_array()
@@ -587,7 +609,7 @@ async fn claim_for(
     // A run without stored inputs needs no second trip to the store.
     let mut blobs = std::collections::HashMap::new();
     if !stored.is_empty() {
-        let org = runner.org_id.clone();
+        let org = run.org_id.clone();
         blobs = state
             .db(move |s| {
                 let mut blobs = std::collections::HashMap::new();
@@ -600,17 +622,39 @@ async fn claim_for(
             })
             .await?;
     }
-    let inputs = inputs_with_content(&run, |sha| blobs.get(sha).cloned());
-    let claim = Claim {
-        run: run_view(&run)?,
+    let inputs = inputs_with_content(run, |sha| blobs.get(sha).cloned());
+    Ok(Claim {
+        run: run_view(run)?,
         inputs: inputs?,
         finish_by: moat_core::time::stamp(deadline),
         // What its first `next` would answer at once: the lease was just
         // taken, and the run is not near its manifest's end (the deadline
         // above was checked).
         next: finish_now.then_some(Next::Finish),
-    };
-    Ok(Some(claim))
+    })
+}
+
+/// Run `run`, claimed for `runner` but not handed over, lapses now (see
+/// [`claim_for`]) and a waiting claim is woken for it; a failure is only
+/// logged: its lease then lapses in its own time.
+async fn lapse_now(state: &Arc<AppState>, runner: &RunnerRow, run: &str) {
+    let now = state.now();
+    let (org, id, run_id) = (runner.org_id.clone(), runner.id.clone(), run.to_owned());
+    match state
+        .db(move |s| s.lapse_claim(&org, &id, &run_id, now))
+        .await
+    {
+        Ok(Some(RunState::Queued)) => {
+            state.notify_run(run);
+            state.notify_queue(&runner.org_id, &runner.environment);
+        }
+        Ok(_) => state.notify_run(run),
+        Err(e) => eprintln!(
+            "moat serve: runner {}: run {run} was claimed but not handed over, and could \
+             not be given back before its lease lapses: {}",
+            runner.id, e.message
+        ),
+    }
 }
 
 /// How soon a claim that found a takeable run locked looks again, at first

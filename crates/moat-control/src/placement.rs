@@ -112,9 +112,11 @@ impl PlacementEngine {
     }
 
     /// Whether it places every run on every host, whatever the request:
-    /// no policy forbids, and one permits the place action with no other
-    /// condition (the default policy). A claim then need not look past
-    /// the oldest queued run.
+    /// no policy forbids, none has a condition (a `when` or `unless` that
+    /// fails to evaluate refuses, whatever the other policies say), and
+    /// one permits the place action for any principal and host (the
+    /// default policy). A claim then need not look past the oldest queued
+    /// run.
     pub fn places_anywhere(&self) -> bool {
         self.anywhere
     }
@@ -232,14 +234,16 @@ impl PlacementEngine {
 }
 
 /// See [`PlacementEngine::places_anywhere`]. Read from the policies'
-/// scopes and conditions, never guessed: a policy this cannot read as
-/// "any principal, any host, no condition" makes the answer false.
+/// scopes and conditions, never guessed: any forbid, or any condition,
+/// makes the answer false (a permit's condition too: `place` refuses when
+/// any policy fails to evaluate, and whether one fails can depend on the
+/// run); a scope alone never fails.
 fn places_anywhere(policies: &PolicySet) -> bool {
     use cedar_policy::{ActionConstraint, Effect, PrincipalConstraint, ResourceConstraint};
     let place = uid("Action", PLACE_ACTION).ok();
     let mut unconditional_permit = false;
     for policy in policies.policies() {
-        if policy.effect() == Effect::Forbid {
+        if policy.effect() == Effect::Forbid || policy.has_non_scope_constraint() {
             return false;
         }
         let action_any = match policy.action_constraint() {
@@ -445,6 +449,24 @@ mod tests {
             r#"permit(principal, action == Moat::Action::"place", resource);
                permit(principal == Moat::Org::"acme", action, resource);"#
         ));
+        // A permit's condition can fail to evaluate for some runs (a
+        // label read without `has`), and then `place` refuses them.
+        let failing = r#"permit(principal, action == Moat::Action::"place", resource);
+            permit(principal, action, resource)
+            when { context.classes.contains("microvm") && resource.labels.gpu == "a100" };"#;
+        assert!(!anywhere(failing));
+        let engine = PlacementEngine::new(failing).unwrap();
+        let refused = engine.place(&PlacementRequest {
+            org: "acme",
+            run: "r1",
+            environment: "prod",
+            runner: "w1",
+            host: "h1",
+            labels: &labels(&[]),
+            classes: &[WorkloadClass::Microvm],
+            tenants: &[],
+        });
+        assert!(matches!(refused, Placement::Refused { .. }), "{refused:?}");
         for narrower in [
             POLICY,
             "",

@@ -890,22 +890,26 @@ impl Store {
     /// Run `run`, claimed for `runner` but never handed over to it (the
     /// control plane could not read its inputs), lapses now as a lost lease
     /// does in [`Store::expire_leases`]: queued again with its attempt
-    /// counted, or dead-lettered after its last. `None` if the runner no
-    /// longer holds it claimed.
+    /// counted, or dead-lettered after its last. `attempt` is the claim's
+    /// (the claimed row's `attempts`): a later claim of the run, after this
+    /// one's lease ran out meanwhile, is not the one that lapses. `None` if
+    /// that claim no longer stands.
     pub fn lapse_claim(
         &self,
         org: &str,
         runner: &str,
         run: &str,
+        attempt: i64,
         now: i64,
     ) -> Result<Option<RunState>, StoreError> {
         self.tx(|tx| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM runs WHERE org_id IS NOT DISTINCT FROM ? AND id = ?
-                   AND runner_id IS NOT DISTINCT FROM ? AND state = 'claimed'{}",
+                   AND runner_id IS NOT DISTINCT FROM ? AND state = 'claimed' AND attempts = ?{}",
                 tx.for_update()
             );
-            let Some(row) = tx.query_one(&sql, &[org.into(), run.into(), runner.into()])? else {
+            let params = [org.into(), run.into(), runner.into(), attempt.into()];
+            let Some(row) = tx.query_one(&sql, &params)? else {
                 return Ok(None);
             };
             lapse(tx, &decode(&row)?, now).map(Some)

@@ -2652,3 +2652,49 @@ fn store_calls_that_panic_give_their_connections_back_and_keep_nothing() {
         "a panicked transaction's write was kept"
     );
 }
+
+/// A claim that was never handed over lapses at once, as a lost lease
+/// does, but only that claim: naming an older attempt, or another runner,
+/// lapses nothing. Its last attempt's lapse dead-letters the run.
+#[test]
+fn only_the_claim_named_lapses() {
+    for b in backends() {
+        let s = &b.store;
+        let a = held_run(s, 2, 20, 60_000);
+        assert_eq!(s.lapse_claim(&a, "runner-1", "r", 0, 30).unwrap(), None);
+        assert_eq!(s.lapse_claim(&a, "runner-2", "r", 1, 30).unwrap(), None);
+        assert_eq!(s.run(&a, "r").unwrap().unwrap().state, RunState::Claimed);
+        assert_eq!(
+            s.lapse_claim(&a, "runner-1", "r", 1, 30).unwrap(),
+            Some(RunState::Queued),
+            "{}",
+            s.backend()
+        );
+        let again = s.run(&a, "r").unwrap().unwrap();
+        assert_eq!((again.state, again.attempts), (RunState::Queued, 1));
+        // Claimed again: the first claim's attempt names it no more.
+        s.claim_run(&a, "test", "runner-1", "m", 40, 60_000)
+            .unwrap()
+            .expect("claimed again");
+        assert_eq!(s.lapse_claim(&a, "runner-1", "r", 1, 50).unwrap(), None);
+        assert_eq!(
+            s.lapse_claim(&a, "runner-1", "r", 2, 50).unwrap(),
+            Some(RunState::DeadLettered)
+        );
+        assert_eq!(
+            event_types(s, "r"),
+            [
+                "run.created",
+                "run.claimed",
+                "run.lease_expired",
+                "run.retried",
+                "run.claimed",
+                "run.lease_expired",
+                "run.usage",
+                "run.dead_lettered"
+            ],
+            "{}",
+            s.backend()
+        );
+    }
+}

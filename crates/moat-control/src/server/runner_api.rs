@@ -584,8 +584,10 @@ async fn claim_for(
             // hear of it: its claim lapses now, not a lease later, as a
             // lost lease does (its attempt counted, so a run that can
             // never be handed over is dead-lettered in the end, not
-            // claimed for ever).
-            lapse_now(state, runner, &run.id).await;
+            // claimed for ever; the price: a database fault that hits
+            // only this read costs the run an attempt at once, where a
+            // lapse took a lease).
+            lapse_now(state, runner, &run.id, run.attempts).await;
             Err(e)
         }
     }
@@ -637,11 +639,11 @@ async fn claim_of(
 /// Run `run`, claimed for `runner` but not handed over, lapses now (see
 /// [`claim_for`]) and a waiting claim is woken for it; a failure is only
 /// logged: its lease then lapses in its own time.
-async fn lapse_now(state: &Arc<AppState>, runner: &RunnerRow, run: &str) {
+async fn lapse_now(state: &Arc<AppState>, runner: &RunnerRow, run: &str, attempt: i64) {
     let now = state.now();
     let (org, id, run_id) = (runner.org_id.clone(), runner.id.clone(), run.to_owned());
     match state
-        .db(move |s| s.lapse_claim(&org, &id, &run_id, now))
+        .db(move |s| s.lapse_claim(&org, &id, &run_id, attempt, now))
         .await
     {
         Ok(Some(RunState::Queued)) => {

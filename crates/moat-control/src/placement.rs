@@ -254,7 +254,6 @@ fn places_anywhere(policies: &PolicySet) -> bool {
         if action_any
             && matches!(policy.principal_constraint(), PrincipalConstraint::Any)
             && matches!(policy.resource_constraint(), ResourceConstraint::Any)
-            && !policy.has_non_scope_constraint()
         {
             unconditional_permit = true;
         }

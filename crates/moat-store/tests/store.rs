@@ -87,6 +87,19 @@ fn held_run(store: &Store, attempts: i64, now: i64, lease: i64) -> String {
     a
 }
 
+/// A run's events when it was claimed twice and lost both leases (its
+/// second, its last attempt, dead-lettering it).
+const LAPSED_TWICE: [&str; 8] = [
+    "run.created",
+    "run.claimed",
+    "run.lease_expired",
+    "run.retried",
+    "run.claimed",
+    "run.lease_expired",
+    "run.usage",
+    "run.dead_lettered",
+];
+
 /// What run `r`'s `run.usage` event says.
 fn usage_of_r(store: &Store) -> serde_json::Value {
     store
@@ -533,22 +546,7 @@ fn a_lost_lease_retries_then_dead_letters() {
             !s.finish_run(&a, "runner-2", "r", (RunState::Succeeded, None), &[], 301)
                 .unwrap()
         );
-        let types = event_types(s, "r");
-        assert_eq!(
-            types,
-            [
-                "run.created",
-                "run.claimed",
-                "run.lease_expired",
-                "run.retried",
-                "run.claimed",
-                "run.lease_expired",
-                "run.usage",
-                "run.dead_lettered"
-            ],
-            "{}",
-            s.backend()
-        );
+        assert_eq!(event_types(s, "r"), LAPSED_TWICE, "{}", s.backend());
     }
 }
 
@@ -1868,6 +1866,22 @@ fn an_ops_context_is_its_run_its_manifest_and_its_orgs_secrets() {
     }
 }
 
+/// `runner-1`'s claim in `org`'s environment `test` at time 20, with
+/// nothing reserved.
+fn runner_1_asks(org: &str, oldest_only: bool) -> ClaimAsk<'_> {
+    ClaimAsk {
+        org,
+        environment: "test",
+        runner: "runner-1",
+        manifest_hash: "m",
+        now: 20,
+        lease_ms: 1_000,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        oldest_only,
+    }
+}
+
 /// On PostgreSQL a claim skips a queued run that another writer holds
 /// locked for the moment (its finish being asked as it is claimed), and
 /// says so: no change may follow to wake the claim, so it must look again
@@ -1880,17 +1894,7 @@ fn a_claim_says_when_a_run_it_could_take_is_locked() {
     let mut raw = raw_connection(&pg);
     let a = org(&store, "a");
     run(&store, &a, "r", 1);
-    let ask = ClaimAsk {
-        org: &a,
-        environment: "test",
-        runner: "runner-1",
-        manifest_hash: "m",
-        now: 20,
-        lease_ms: 1_000,
-        cpu_millis: 0,
-        memory_bytes: 0,
-        oldest_only: false,
-    };
+    let ask = runner_1_asks(&a, false);
     let claim = || store.claim(&ask, &mut |_| Ok(None)).expect("claim");
     let mut holding = raw.transaction().expect("begin");
     holding
@@ -1919,17 +1923,7 @@ fn a_claim_for_the_oldest_run_only_locks_no_other_queued_run() {
         let (older, younger) = (format!("{name}-older"), format!("{name}-younger"));
         run_at(&store, &org_id, &older, 1, 11);
         run_at(&store, &org_id, &younger, 1, 12);
-        let ask = ClaimAsk {
-            org: &org_id,
-            environment: "test",
-            runner: "runner-1",
-            manifest_hash: "m",
-            now: 20,
-            lease_ms: 1_000,
-            cpu_millis: 0,
-            memory_bytes: 0,
-            oldest_only,
-        };
+        let ask = runner_1_asks(&org_id, oldest_only);
         let mut placed = Vec::new();
         let mut younger_locked = None;
         let look = store
@@ -2681,20 +2675,6 @@ fn only_the_claim_named_lapses() {
             s.lapse_claim(&a, "runner-1", "r", 2, 50).unwrap(),
             Some(RunState::DeadLettered)
         );
-        assert_eq!(
-            event_types(s, "r"),
-            [
-                "run.created",
-                "run.claimed",
-                "run.lease_expired",
-                "run.retried",
-                "run.claimed",
-                "run.lease_expired",
-                "run.usage",
-                "run.dead_lettered"
-            ],
-            "{}",
-            s.backend()
-        );
+        assert_eq!(event_types(s, "r"), LAPSED_TWICE, "{}", s.backend());
     }
 }

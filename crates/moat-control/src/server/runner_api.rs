@@ -646,11 +646,12 @@ async fn lapse_now(state: &Arc<AppState>, runner: &RunnerRow, run: &str, attempt
         .db(move |s| s.lapse_claim(&org, &id, &run_id, attempt, now))
         .await
     {
-        Ok(Some(RunState::Queued)) => {
+        Ok(lapsed) => {
             state.notify_run(run);
-            state.notify_queue(&runner.org_id, &runner.environment);
+            if lapsed == Some(RunState::Queued) {
+                state.notify_queue(&runner.org_id, &runner.environment);
+            }
         }
-        Ok(_) => state.notify_run(run),
         Err(e) => eprintln!(
             "moat serve: runner {}: run {run} was claimed but not handed over, and could \
              not be given back before its lease lapses: {}",

@@ -1433,18 +1433,12 @@ fn a_run_claimed_but_not_handed_over_is_given_back_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let setup = setup(dir.path());
     for (i, db) in databases(dir.path()).into_iter().enumerate() {
-        let serve = Serve::start_with(&setup, &db.url, "127.0.0.1:0", &["--lease", "600s"]);
-        let acme = org(&serve, "acme");
-        prepare_org(&serve, &setup, &acme);
-        let (status, body) = call(
-            "POST",
-            &format!("{}/v1/runs", serve.url),
-            &acme,
-            Some(json!({"id": "stuck", "maxAttempts": 2,
-                        "inputs": [{"path": "input/a.txt", "content": "abc\n"}]})),
+        let (serve, acme, store) = one_run_to_lapse(
+            &setup,
+            &db,
+            json!({"id": "stuck", "maxAttempts": 2,
+                   "inputs": [{"path": "input/a.txt", "content": "abc\n"}]}),
         );
-        assert_eq!(status, 201, "{body}");
-        let store = moat_store::Store::open(&db.url).unwrap();
         let rename = |from: &str, to: &str| {
             let sql = format!("ALTER TABLE {from} RENAME TO {to}");
             store.tx(|tx| tx.execute(&sql, &[])).unwrap();
@@ -1453,21 +1447,92 @@ fn a_run_claimed_but_not_handed_over_is_given_back_at_once() {
         let runner = Runner::start(&serve, &setup, &acme, &format!("w-{i}"));
         wait_state(&serve, &acme, "stuck", "dead_lettered");
         rename("blobs_away", "blobs");
-        let events = run_events(&serve, &acme, "stuck");
-        let count = |kind: &str| events.iter().filter(|e| e["type"] == kind).count();
-        assert_eq!(
-            (
-                count("run.claimed"),
-                count("run.lease_expired"),
-                count("run.retried"),
-                count("run.dead_lettered")
-            ),
-            (2, 2, 1, 1),
-            "{events:#?}"
-        );
+        assert_lapsed_twice(&serve, &acme, &runner, "stuck");
+    }
+}
+
+/// A claim the control plane fails to answer (500: here a run whose stored
+/// inputs no longer read) does not stop the runner: it says so, waits a
+/// little longer each time, and claims again, while the run it could not
+/// be handed lapses each time and is dead-lettered after its last attempt;
+/// the next run is claimed and served as usual. (A refusal, 4xx, still
+/// stops it.)
+#[test]
+fn a_runner_claims_again_after_a_claim_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = setup(dir.path());
+    for (i, db) in databases(dir.path()).into_iter().enumerate() {
+        let (serve, acme, store) =
+            one_run_to_lapse(&setup, &db, json!({"id": "unreadable", "maxAttempts": 2}));
+        let corrupt = "UPDATE runs SET inputs = '[{\"path\": 5}]' WHERE id = 'unreadable'";
+        store.tx(|tx| tx.execute(corrupt, &[])).unwrap();
+        let log = dir.path().join(format!("runner-f-{i}.log"));
+        let mut runner = Runner::start_logged(&serve, &setup, &acme, &format!("f-{i}"), &[], &log);
+        // Its view no longer reads either: its state is read from the store.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let run = store.run_by_id("unreadable").unwrap().unwrap();
+            if run.state == moat_store::RunState::DeadLettered {
+                break;
+            }
+            assert!(Instant::now() < deadline, "stayed {}", run.state.as_str());
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert!(
-            !runner.state.join("runs").join("stuck").exists(),
-            "the runner never had the run"
+            runner.child.try_wait().unwrap().is_none(),
+            "the runner stopped on a failed claim"
+        );
+        let (status, body) = call(
+            "POST",
+            &format!("{}/v1/runs", serve.url),
+            &acme,
+            Some(json!({"id": "after"})),
+        );
+        assert_eq!(status, 201, "{body}");
+        finish_run(&serve, &acme, "after");
+        assert_lapsed_twice(&serve, &acme, &runner, "unreadable");
+        // It said why it waited, and waited longer the second time.
+        let said = std::fs::read_to_string(&log).unwrap();
+        let first = said.find("500 internal: run unreadable: stored inputs");
+        let paused = |pause: &str| said.find(&format!("; claiming again in {pause}\n"));
+        assert!(
+            first.is_some() && paused("1s") < paused("2s") && paused("1s").is_some(),
+            "{said}"
         );
     }
+}
+
+/// A control plane on `db` whose leases last ten minutes (a run that
+/// lapses within seconds did not lose a lease), org acme ready for runs,
+/// the run `body` describes created there, and the store, opened beside it.
+fn one_run_to_lapse(setup: &Setup, db: &Db, body: Value) -> (Serve, String, moat_store::Store) {
+    let serve = Serve::start_with(setup, &db.url, "127.0.0.1:0", &["--lease", "600s"]);
+    let acme = org(&serve, "acme");
+    prepare_org(&serve, setup, &acme);
+    let (status, answer) = call("POST", &format!("{}/v1/runs", serve.url), &acme, Some(body));
+    assert_eq!(status, 201, "{answer}");
+    let store = moat_store::Store::open(&db.url).unwrap();
+    (serve, acme, store)
+}
+
+/// Run `run` (two attempts) was claimed twice, lapsed both times and was
+/// dead-lettered after its second, and `runner` never had it (no
+/// workspace of it on the runner's host).
+fn assert_lapsed_twice(serve: &Serve, token: &str, runner: &Runner, run: &str) {
+    let events = run_events(serve, token, run);
+    let count = |kind: &str| events.iter().filter(|e| e["type"] == kind).count();
+    assert_eq!(
+        (
+            count("run.claimed"),
+            count("run.lease_expired"),
+            count("run.retried"),
+            count("run.dead_lettered")
+        ),
+        (2, 2, 1, 1),
+        "{events:#?}"
+    );
+    assert!(
+        !runner.state.join("runs").join(run).exists(),
+        "the runner never had the run"
+    );
 }

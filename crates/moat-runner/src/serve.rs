@@ -27,6 +27,11 @@ use crate::workspace::{collect_artifacts, private_dir, write_inputs};
 /// How long one long poll (a claim, a run's next step) waits.
 const LONG_POLL: Duration = Duration::from_secs(5);
 
+/// The pause after a claim the control plane failed to answer, at first
+/// and at most (doubling in between while it keeps failing).
+const FIRST_CLAIM_PAUSE: Duration = Duration::from_secs(1);
+const LAST_CLAIM_PAUSE: Duration = Duration::from_secs(30);
+
 /// The longest gap between heartbeats while an operation runs: how soon a
 /// cancelled or revoked run's sandbox is stopped.
 const OP_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -113,9 +118,12 @@ impl Runner {
     /// claimed, if any), until `max_runs` runs were claimed (then it
     /// waits for them to end), the control plane refuses a claim, or
     /// SIGTERM drains it (then its runs are given back as they reach an
-    /// operation boundary, and it returns once all are).
+    /// operation boundary, and it returns once all are). A claim the
+    /// control plane failed to answer (a 5xx it does not say is passing)
+    /// is made again after a pause, longer each time it fails again.
     pub fn serve(&self) -> Result<(), RunnerError> {
         let mut drained = false;
+        let mut pause = FIRST_CLAIM_PAUSE;
         let served = std::thread::scope(|scope| {
             // However the claiming loop ends (an error too), the run
             // threads must not wait for it forever.
@@ -142,8 +150,24 @@ impl Runner {
                         drained = true;
                         break;
                     }
+                    // A fault of the control plane's own, not a refusal:
+                    // one run it cannot hand over (its claim lapses) must
+                    // not stop every runner that is offered it.
+                    Err(e) if e.status().is_some_and(|status| status >= 500) => {
+                        // Draining, the client hands back what it would
+                        // have retried: nothing more is claimed.
+                        if self.draining() {
+                            break;
+                        }
+                        eprintln!("moat runner: {e}; claiming again in {pause:?}");
+                        drop((ask, slot));
+                        self.pause_unless_draining(pause);
+                        pause = (pause * 2).min(LAST_CLAIM_PAUSE);
+                        continue;
+                    }
                     other => other?,
                 };
+                pause = FIRST_CLAIM_PAUSE;
                 let Some(claim) = answer else {
                     continue;
                 };
@@ -184,6 +208,18 @@ impl Runner {
 
     fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Waits `pause`, or less if SIGTERM starts a drain meanwhile.
+    fn pause_unless_draining(&self, pause: Duration) {
+        let until = std::time::Instant::now() + pause;
+        while !self.draining() {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(100)));
+        }
     }
 
     /// An ask for the slot's next run to go with a run's last report (its

@@ -1482,13 +1482,7 @@ fn a_runner_claims_again_after_a_claim_that_failed() {
             runner.child.try_wait().unwrap().is_none(),
             "the runner stopped on a failed claim"
         );
-        let (status, body) = call(
-            "POST",
-            &format!("{}/v1/runs", serve.url),
-            &acme,
-            Some(json!({"id": "after"})),
-        );
-        assert_eq!(status, 201, "{body}");
+        create_run(&serve, &acme, "after");
         finish_run(&serve, &acme, "after");
         assert_lapsed_twice(&serve, &acme, &runner, "unreadable");
         // It said why it waited, and waited longer the second time.

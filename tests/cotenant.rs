@@ -43,8 +43,26 @@ struct Tenant {
 
 /// Waits for `path`; a finished op meanwhile means the program never got there.
 fn wait_file(path: &Path, op: &std::thread::ScopedJoinHandle<'_, (u16, Value)>) {
+    wait_written(path, op, |path| path.exists());
+}
+
+/// As [`wait_file`], until `path` holds a whole JSON object: the tenant
+/// writes it in place, so it exists before it is written.
+fn wait_json(path: &Path, op: &std::thread::ScopedJoinHandle<'_, (u16, Value)>) -> Value {
+    wait_written(path, op, |path| {
+        std::fs::read_to_string(path).is_ok_and(|t| t.ends_with('}'))
+    });
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Waits until `written(path)`, failing once `op` ended or after 90 s.
+fn wait_written(
+    path: &Path,
+    op: &std::thread::ScopedJoinHandle<'_, (u16, Value)>,
+    written: impl Fn(&Path) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(90);
-    while !path.exists() {
+    while !written(path) {
         let waited = if op.is_finished() {
             "the op ended"
         } else {
@@ -254,8 +272,7 @@ fn runs_of_two_orgs_on_one_host_cannot_reach_each_other() {
         release.say("go");
         for (t, op) in tenants.iter().zip(&ops) {
             let found = t.dir.join(format!("{}.json", t.tag));
-            wait_file(&found, op);
-            let found: Value = serde_json::from_slice(&std::fs::read(found).unwrap()).unwrap();
+            let found = wait_json(&found, op);
             for check in INSIDE {
                 let outcome = found[check].as_str().unwrap_or("missing");
                 assert!(outcome.starts_with("refused"), "{} {check}: {found}", t.run);

@@ -17,15 +17,14 @@
 //! that cannot be evaluated (a label read without `has`) refuses: a rule
 //! meant to keep tenants apart must not be skipped on an error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 
 use cedar_policy::{
-    Authorizer, Context, Decision, Entities, EntityId, EntityTypeName, EntityUid, PolicySet,
-    Request,
+    Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName, EntityUid,
+    PolicySet, Request, RestrictedExpression,
 };
 use moat_core::WorkloadClass;
-use serde_json::json;
 
 /// The placement policy `moat serve` runs with unless given one: every
 /// org's runs on every host (`policies/placement.cedar`, with examples).
@@ -78,11 +77,21 @@ pub struct PlacementEngine {
     hash: String,
     authorizer: Authorizer,
     anywhere: bool,
+    /// Parsed once: `Moat::Org`, `Moat::Host` and the place action.
+    org_type: EntityTypeName,
+    host_type: EntityTypeName,
+    action: EntityUid,
+}
+
+fn type_name(kind: &str) -> Result<EntityTypeName, String> {
+    EntityTypeName::from_str(&format!("Moat::{kind}")).map_err(|e| e.to_string())
 }
 
 fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
-    let kind = EntityTypeName::from_str(&format!("Moat::{kind}")).map_err(|e| e.to_string())?;
-    Ok(EntityUid::from_type_name_and_id(kind, EntityId::new(id)))
+    Ok(EntityUid::from_type_name_and_id(
+        type_name(kind)?,
+        EntityId::new(id),
+    ))
 }
 
 impl PlacementEngine {
@@ -103,11 +112,15 @@ impl PlacementEngine {
             }
         }
         let anywhere = places_anywhere(&policies);
+        let names = |why: String| PlacementError::Parse(format!("the request's names: {why}"));
         Ok(PlacementEngine {
             policies,
             hash: moat_core::hash::sha256_hex(source.as_bytes()),
             authorizer: Authorizer::new(),
             anywhere,
+            org_type: type_name("Org").map_err(names)?,
+            host_type: type_name("Host").map_err(names)?,
+            action: uid("Action", PLACE_ACTION).map_err(names)?,
         })
     }
 
@@ -145,91 +158,115 @@ impl PlacementEngine {
             reason: format!("placement_waiting: {why}"),
             policies: Vec::new(),
         };
-        let cedar_request = match self.request(request, host) {
+        let (cedar_request, entities) = match self.request(request, host) {
             Ok(built) => built,
             Err(why) => return refused(format!("the placement request: {why}")),
         };
-        let (principal, action, resource, context, entities) = cedar_request;
-        let response = match Request::new(principal, action, resource, context, None) {
-            Ok(r) => self.authorizer.is_authorized(&r, &self.policies, &entities),
-            Err(e) => return refused(format!("the placement request: {e}")),
-        };
+        let response = self
+            .authorizer
+            .is_authorized(&cedar_request, &self.policies, &entities);
         if let Some(error) = response.diagnostics().errors().next() {
             return refused(format!("the placement policy failed to evaluate: {error}"));
         }
+        if response.decision() == Decision::Allow {
+            return Placement::Placed;
+        }
+        // Refused: the policies that said so, by name, and their reasons.
         let policies: Vec<String> = response
             .diagnostics()
             .reason()
             .map(|id| self.name(id))
             .collect();
-        match response.decision() {
-            Decision::Allow => Placement::Placed,
-            Decision::Deny if policies.is_empty() => Placement::Refused {
+        if policies.is_empty() {
+            return Placement::Refused {
                 reason: format!(
                     "placement_waiting: no placement policy lets org {} run on host {host}",
                     request.org
                 ),
                 policies,
-            },
-            Decision::Deny => {
-                let reasons: Vec<&str> = response
-                    .diagnostics()
-                    .reason()
-                    .filter_map(|id| self.policies.policy(id))
-                    .filter_map(|p| p.annotation("reason"))
-                    .collect();
-                let why = if reasons.is_empty() {
-                    format!(
-                        "the placement policy ({}) keeps org {} off host {host}",
-                        policies.join(", "),
-                        request.org
-                    )
-                } else {
-                    reasons.join("; ")
-                };
-                Placement::Refused {
-                    reason: format!("placement_waiting: {why}"),
-                    policies,
-                }
-            }
+            };
+        }
+        let reasons: Vec<&str> = response
+            .diagnostics()
+            .reason()
+            .filter_map(|id| self.policies.policy(id))
+            .filter_map(|p| p.annotation("reason"))
+            .collect();
+        let why = if reasons.is_empty() {
+            format!(
+                "the placement policy ({}) keeps org {} off host {host}",
+                policies.join(", "),
+                request.org
+            )
+        } else {
+            reasons.join("; ")
+        };
+        Placement::Refused {
+            reason: format!("placement_waiting: {why}"),
+            policies,
         }
     }
 
-    #[allow(clippy::type_complexity)]
+    /// The request's entities and context, built as values: no JSON to
+    /// write and parse again for each claim (a label is a string, whatever
+    /// its name, never one of the JSON form's escapes).
     fn request(
         &self,
         request: &PlacementRequest<'_>,
         host: &str,
-    ) -> Result<(EntityUid, EntityUid, EntityUid, Context, Entities), String> {
-        let entities = Entities::from_json_value(
-            json!([
-                {"uid": {"type": "Moat::Org", "id": request.org},
-                 "attrs": {"name": request.org}, "parents": []},
-                {"uid": {"type": "Moat::Host", "id": host},
-                 "attrs": {"labels": request.labels, "runner": request.runner}, "parents": []},
-            ]),
+    ) -> Result<(Request, Entities), String> {
+        let org =
+            EntityUid::from_type_name_and_id(self.org_type.clone(), EntityId::new(request.org));
+        let host = EntityUid::from_type_name_and_id(self.host_type.clone(), EntityId::new(host));
+        let text = |value: &str| RestrictedExpression::new_string(value.to_owned());
+        let strings = |values: &mut dyn Iterator<Item = &str>| {
+            RestrictedExpression::new_set(values.map(text).collect::<Vec<_>>())
+        };
+        let labels = RestrictedExpression::new_record(
+            request
+                .labels
+                .iter()
+                .map(|(name, value)| (name.clone(), text(value))),
+        )
+        .map_err(|e| e.to_string())?;
+        let entities = Entities::from_entities(
+            [
+                Entity::new(
+                    org.clone(),
+                    HashMap::from([("name".to_owned(), text(request.org))]),
+                    HashSet::new(),
+                )
+                .map_err(|e| e.to_string())?,
+                Entity::new(
+                    host.clone(),
+                    HashMap::from([
+                        ("labels".to_owned(), labels),
+                        ("runner".to_owned(), text(request.runner)),
+                    ]),
+                    HashSet::new(),
+                )
+                .map_err(|e| e.to_string())?,
+            ],
             None,
         )
         .map_err(|e| e.to_string())?;
-        let classes: Vec<&str> = request.classes.iter().map(|c| c.as_str()).collect();
-        let context = Context::from_json_value(
-            json!({
-                "run": request.run,
-                "runner": request.runner,
-                "environment": request.environment,
-                "classes": classes,
-                "tenants": request.tenants,
-            }),
-            None,
-        )
+        let context = Context::from_pairs([
+            ("run".to_owned(), text(request.run)),
+            ("runner".to_owned(), text(request.runner)),
+            ("environment".to_owned(), text(request.environment)),
+            (
+                "classes".to_owned(),
+                strings(&mut request.classes.iter().map(|c| c.as_str())),
+            ),
+            (
+                "tenants".to_owned(),
+                strings(&mut request.tenants.iter().map(String::as_str)),
+            ),
+        ])
         .map_err(|e| e.to_string())?;
-        Ok((
-            uid("Org", request.org)?,
-            uid("Action", PLACE_ACTION)?,
-            uid("Host", host)?,
-            context,
-            entities,
-        ))
+        let request = Request::new(org, self.action.clone(), host, context, None)
+            .map_err(|e| e.to_string())?;
+        Ok((request, entities))
     }
 }
 
@@ -437,6 +474,43 @@ mod tests {
         }
         let default = PlacementEngine::new(DEFAULT_PLACEMENT).unwrap();
         assert_eq!(default.place(&request), Placement::Placed);
+    }
+
+    /// A label is a string under its name, whatever the name. Alone, one
+    /// named `__expr` made the labels' record one of Cedar's JSON escapes
+    /// when the request was written as JSON (an expression to parse: the
+    /// run was refused); as values it is a label like any other.
+    #[test]
+    fn a_label_is_a_string_whatever_its_name() {
+        let engine = PlacementEngine::new(
+            r#"permit(principal, action == Moat::Action::"place", resource)
+               when { resource.labels["__expr"] == "x" };"#,
+        )
+        .unwrap();
+        let placed = labels(&[("__expr", "x")]);
+        let mut request = PlacementRequest {
+            org: "acme",
+            run: "r",
+            environment: "test",
+            runner: "w",
+            host: "h",
+            labels: &placed,
+            classes: &[],
+            tenants: &[],
+        };
+        assert_eq!(engine.place(&request), Placement::Placed);
+        let other = labels(&[("__expr", "y")]);
+        request.labels = &other;
+        match engine.place(&request) {
+            Placement::Refused { reason, policies } => {
+                assert!(
+                    reason.contains("no placement policy lets org acme"),
+                    "{reason}"
+                );
+                assert!(policies.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -111,16 +111,16 @@ impl PlacementEngine {
                 }
             }
         }
-        let anywhere = places_anywhere(&policies);
         let names = |why: String| PlacementError::Parse(format!("the request's names: {why}"));
+        let action = uid("Action", PLACE_ACTION).map_err(names)?;
         Ok(PlacementEngine {
+            anywhere: places_anywhere(&policies, &action),
             policies,
             hash: moat_core::hash::sha256_hex(source.as_bytes()),
             authorizer: Authorizer::new(),
-            anywhere,
             org_type: type_name("Org").map_err(names)?,
             host_type: type_name("Host").map_err(names)?,
-            action: uid("Action", PLACE_ACTION).map_err(names)?,
+            action,
         })
     }
 
@@ -219,9 +219,6 @@ impl PlacementEngine {
             EntityUid::from_type_name_and_id(self.org_type.clone(), EntityId::new(request.org));
         let host = EntityUid::from_type_name_and_id(self.host_type.clone(), EntityId::new(host));
         let text = |value: &str| RestrictedExpression::new_string(value.to_owned());
-        let strings = |values: &mut dyn Iterator<Item = &str>| {
-            RestrictedExpression::new_set(values.map(text).collect::<Vec<_>>())
-        };
         let labels = RestrictedExpression::new_record(
             request
                 .labels
@@ -256,11 +253,11 @@ impl PlacementEngine {
             ("environment".to_owned(), text(request.environment)),
             (
                 "classes".to_owned(),
-                strings(&mut request.classes.iter().map(|c| c.as_str())),
+                RestrictedExpression::new_set(request.classes.iter().map(|c| text(c.as_str()))),
             ),
             (
                 "tenants".to_owned(),
-                strings(&mut request.tenants.iter().map(String::as_str)),
+                RestrictedExpression::new_set(request.tenants.iter().map(|t| text(t))),
             ),
         ])
         .map_err(|e| e.to_string())?;
@@ -275,9 +272,8 @@ impl PlacementEngine {
 /// makes the answer false (a permit's condition too: `place` refuses when
 /// any policy fails to evaluate, and whether one fails can depend on the
 /// run); a scope alone never fails.
-fn places_anywhere(policies: &PolicySet) -> bool {
+fn places_anywhere(policies: &PolicySet, place: &EntityUid) -> bool {
     use cedar_policy::{ActionConstraint, Effect, PrincipalConstraint, ResourceConstraint};
-    let place = uid("Action", PLACE_ACTION).ok();
     let mut unconditional_permit = false;
     for policy in policies.policies() {
         if policy.effect() == Effect::Forbid || policy.has_non_scope_constraint() {
@@ -285,7 +281,7 @@ fn places_anywhere(policies: &PolicySet) -> bool {
         }
         let action_any = match policy.action_constraint() {
             ActionConstraint::Any => true,
-            ActionConstraint::Eq(action) => Some(action) == place,
+            ActionConstraint::Eq(action) => &action == place,
             ActionConstraint::In(_) => false,
         };
         if action_any
